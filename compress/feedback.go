@@ -1,0 +1,251 @@
+package compress
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"sort"
+	"sync"
+)
+
+// ErrorFeedback adds error-feedback memory to a Compressor. For each gradient
+// bucket (Key.Bucket) it keeps the residual e of what compression dropped and
+// folds it into the next gradient of that bucket:
+//
+//	e ← e + g;  c ← C(e);  e ← e − D(c)
+//
+// so that, summed over steps, every gradient component is eventually sent.
+// With s = float32(e_old + g) (the sum rounded once, as the definition does),
+// the invariant after each call is, per element, e_new == float32(s − D(c)):
+// e_new + D(c) equals s within half an ulp of s.
+//
+// Calls for different buckets may run concurrently; calls for the same bucket
+// are serialized. The memory is checkpointed with Save and Load.
+type ErrorFeedback struct {
+	c       Compressor
+	mu      sync.Mutex
+	buckets map[uint64]*residual
+}
+
+type residual struct {
+	mu  sync.Mutex
+	e   []float32 // the residual
+	sum []float32 // scratch: e + g
+	dec []float32 // scratch: D(c)
+}
+
+// NewErrorFeedback returns error-feedback memory, empty, in front of c.
+func NewErrorFeedback(c Compressor) *ErrorFeedback {
+	return &ErrorFeedback{c: c, buckets: map[uint64]*residual{}}
+}
+
+// Compressor returns the compressor the memory feeds.
+func (f *ErrorFeedback) Compressor() Compressor { return f.c }
+
+func (f *ErrorFeedback) bucket(id uint64, n int) (*residual, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.buckets[id]
+	if !ok {
+		r = &residual{e: make([]float32, n)}
+		f.buckets[id] = r
+	}
+	if len(r.e) != n {
+		return nil, &SizeError{What: fmt.Sprintf("gradient length for bucket %d", id), Got: int64(n), Want: int64(len(r.e))}
+	}
+	return r, nil
+}
+
+// Compress folds grad into the residual of key.Bucket, appends the payload of
+// the sum to dst and keeps what the payload dropped as the new residual. A
+// bucket's first call sets its length; a later call with another length is a
+// *SizeError. On any error (a NaN or Inf in grad, or in e+g, is a
+// *NonFiniteError) dst is returned unchanged and the residual is untouched.
+func (f *ErrorFeedback) Compress(dst []byte, grad []float32, key Key) ([]byte, error) {
+	r, err := f.bucket(key.Bucket, len(grad))
+	if err != nil {
+		return dst, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sum) != len(grad) {
+		r.sum, r.dec = make([]float32, len(grad)), make([]float32, len(grad))
+	}
+	for i, g := range grad {
+		r.sum[i] = r.e[i] + g
+	}
+	out, err := f.c.Compress(dst, r.sum, key)
+	if err != nil {
+		return dst, err
+	}
+	if err := f.c.Decompress(r.dec, out[len(dst):]); err != nil {
+		return dst, fmt.Errorf("compress: error feedback: %s cannot decode its own payload: %w", f.c.Spec(), err)
+	}
+	for i, s := range r.sum {
+		r.e[i] = s - r.dec[i]
+	}
+	return out, nil
+}
+
+// Residual returns a copy of the residual of a bucket, or nil if the bucket
+// has not been compressed yet.
+func (f *ErrorFeedback) Residual(bucket uint64) []float32 {
+	f.mu.Lock()
+	r, ok := f.buckets[bucket]
+	f.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]float32(nil), r.e...)
+}
+
+// Buckets returns the keys of the buckets that have memory, ascending.
+func (f *ErrorFeedback) Buckets() []uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := make([]uint64, 0, len(f.buckets))
+	for id := range f.buckets {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// Reset forgets every residual.
+func (f *ErrorFeedback) Reset() {
+	f.mu.Lock()
+	f.buckets = map[uint64]*residual{}
+	f.mu.Unlock()
+}
+
+// The checkpoint format, version 1, little-endian:
+//
+//	"GCEF", version (1 byte), bucket count (uint32),
+//	per bucket ascending by key: key (uint64), length n (uint64), n float32,
+//	CRC32C of every byte before it (uint32).
+const (
+	efMagic   = "GCEF"
+	efVersion = 1
+	efChunk   = 1 << 16 // elements read per step, so a lying length cannot make Load allocate ahead of the data
+)
+
+// Save writes every residual to w in a versioned, checksummed format that
+// Load reads back exactly.
+func (f *ErrorFeedback) Save(w io.Writer) error {
+	ids := f.Buckets()
+	crc := crc32.New(castagnoli)
+	bw := bufio.NewWriter(io.MultiWriter(w, crc))
+	bw.WriteString(efMagic)
+	bw.WriteByte(efVersion)
+	var b [8]byte
+	binary.LittleEndian.PutUint32(b[:4], uint32(len(ids)))
+	bw.Write(b[:4])
+	for _, id := range ids {
+		e := f.Residual(id)
+		binary.LittleEndian.PutUint64(b[:], id)
+		bw.Write(b[:])
+		binary.LittleEndian.PutUint64(b[:], uint64(len(e)))
+		bw.Write(b[:])
+		for _, v := range e {
+			binary.LittleEndian.PutUint32(b[:4], math.Float32bits(v))
+			bw.Write(b[:4])
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("compress: saving error-feedback state: %w", err)
+	}
+	binary.LittleEndian.PutUint32(b[:4], crc.Sum32())
+	if _, err := w.Write(b[:4]); err != nil {
+		return fmt.Errorf("compress: saving error-feedback state: %w", err)
+	}
+	return nil
+}
+
+// Load replaces the memory with the state Save wrote to r. The state is
+// validated whole (magic, version, lengths, finite values, checksum) before
+// anything is replaced: on error the memory is unchanged. Buckets are matched
+// by key, so a state saved under one world size loads under another.
+func (f *ErrorFeedback) Load(r io.Reader) error {
+	crc := crc32.New(castagnoli)
+	lr := &offsetReader{r: io.TeeReader(r, crc)}
+	var hdr [9]byte
+	if err := lr.full(hdr[:]); err != nil {
+		return err
+	}
+	if string(hdr[:4]) != efMagic {
+		return &CorruptInputError{Offset: 0, Reason: fmt.Sprintf("bad error-feedback magic %q, want %q", hdr[:4], efMagic)}
+	}
+	if hdr[4] != efVersion {
+		return &VersionError{What: "error-feedback state", Got: hdr[4], Want: efVersion}
+	}
+	count := binary.LittleEndian.Uint32(hdr[5:])
+	buckets := make(map[uint64]*residual, min(count, 1024))
+	var b [16]byte
+	for range count {
+		at := lr.off
+		if err := lr.full(b[:]); err != nil {
+			return err
+		}
+		id, n := binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+		if n > MaxElements {
+			return &CorruptInputError{Offset: at + 8, Reason: fmt.Sprintf("bucket %d length %d exceeds %d", id, n, uint64(MaxElements))}
+		}
+		if _, dup := buckets[id]; dup {
+			return &CorruptInputError{Offset: at, Reason: fmt.Sprintf("bucket %d appears twice", id)}
+		}
+		var e []float32
+		raw := make([]byte, 4*min(n, efChunk))
+		for left := n; left > 0; {
+			chunk := raw[:4*min(left, efChunk)]
+			start := lr.off
+			if err := lr.full(chunk); err != nil {
+				return err
+			}
+			for i := 0; i < len(chunk); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(chunk[i:]))
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return &CorruptInputError{Offset: start + int64(i), Reason: fmt.Sprintf("non-finite residual in bucket %d", id)}
+				}
+				e = append(e, v)
+			}
+			left -= uint64(len(chunk) / 4)
+		}
+		if e == nil {
+			e = []float32{}
+		}
+		buckets[id] = &residual{e: e}
+	}
+	want := crc.Sum32()
+	var sum [4]byte
+	if _, err := io.ReadFull(r, sum[:]); err != nil {
+		return &CorruptInputError{Offset: lr.off, Reason: "error-feedback state truncated before its checksum"}
+	}
+	if got := binary.LittleEndian.Uint32(sum[:]); got != want {
+		return &ChecksumError{Got: got, Want: want}
+	}
+	f.mu.Lock()
+	f.buckets = buckets
+	f.mu.Unlock()
+	return nil
+}
+
+// offsetReader reads exactly, counting bytes, and reports a short read as a
+// CorruptInputError at the offset where data ran out.
+type offsetReader struct {
+	r   io.Reader
+	off int64
+}
+
+func (o *offsetReader) full(p []byte) error {
+	n, err := io.ReadFull(o.r, p)
+	o.off += int64(n)
+	if err != nil {
+		return &CorruptInputError{Offset: o.off, Reason: fmt.Sprintf("error-feedback state truncated (%v)", err)}
+	}
+	return nil
+}

@@ -1,0 +1,240 @@
+package compress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// The wire format, version 1. All integers are little-endian.
+//
+//	offset size field
+//	0      4    magic "GCMP"
+//	4      1    version (1)
+//	5      1    codec (Codec)
+//	6      1    source dtype (1 = float32)
+//	7      1    flags: bits 0-1 lossless stage (Lossless), bits 2-7 zero
+//	8      8    element count n (≤ MaxElements)
+//	16     4    parameter A: k (topk, randomk) or bucket size (int8/4/2, sign)
+//	20     4    parameter B: codec-specific (quantization: rounding mode)
+//	24     8    seed
+//	32     8    Key.Bucket
+//	40     8    Key.Step
+//	48     8    body length in bytes, as stored (after the lossless stage)
+//	56     -    body
+//	end-4  4    CRC32C (Castagnoli) of every byte before it
+//
+// The body layout of each codec is documented on its type. Without a lossless
+// stage its length is a function of n and the parameters alone, which is what
+// lets collectives use fixed-size buffers.
+const (
+	wireMagic   = "GCMP"
+	wireVersion = 1
+	headerLen   = 56
+	trailerLen  = 4
+	dtypeF32    = 1
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// header is a decoded payload header.
+type header struct {
+	codec    Codec
+	lossless Lossless
+	n        uint64
+	paramA   uint32
+	paramB   uint32
+	seed     uint64
+	key      Key
+	bodyLen  uint64
+}
+
+func (h *header) put(b []byte) {
+	copy(b, wireMagic)
+	b[4] = wireVersion
+	b[5] = byte(h.codec)
+	b[6] = dtypeF32
+	b[7] = byte(h.lossless)
+	binary.LittleEndian.PutUint64(b[8:], h.n)
+	binary.LittleEndian.PutUint32(b[16:], h.paramA)
+	binary.LittleEndian.PutUint32(b[20:], h.paramB)
+	binary.LittleEndian.PutUint64(b[24:], h.seed)
+	binary.LittleEndian.PutUint64(b[32:], h.key.Bucket)
+	binary.LittleEndian.PutUint64(b[40:], h.key.Step)
+	binary.LittleEndian.PutUint64(b[48:], h.bodyLen)
+}
+
+// parsePayload checks the framing of p (length, magic, version, checksum,
+// flags, body length) and returns its header and stored body.
+func parsePayload(p []byte) (*header, []byte, error) {
+	if len(p) < headerLen+trailerLen {
+		return nil, nil, &CorruptInputError{Offset: int64(len(p)), Reason: fmt.Sprintf("payload of %d bytes is shorter than the %d-byte frame", len(p), headerLen+trailerLen)}
+	}
+	if string(p[:4]) != wireMagic {
+		return nil, nil, &CorruptInputError{Offset: 0, Reason: fmt.Sprintf("bad magic %q, want %q", p[:4], wireMagic)}
+	}
+	if p[4] != wireVersion {
+		return nil, nil, &VersionError{What: "payload", Got: p[4], Want: wireVersion}
+	}
+	end := len(p) - trailerLen
+	want := crc32.Checksum(p[:end], castagnoli)
+	if got := binary.LittleEndian.Uint32(p[end:]); got != want {
+		return nil, nil, &ChecksumError{Got: got, Want: want}
+	}
+	h := &header{
+		codec:    Codec(p[5]),
+		lossless: Lossless(p[7] & 3),
+		n:        binary.LittleEndian.Uint64(p[8:]),
+		paramA:   binary.LittleEndian.Uint32(p[16:]),
+		paramB:   binary.LittleEndian.Uint32(p[20:]),
+		seed:     binary.LittleEndian.Uint64(p[24:]),
+		key:      Key{Bucket: binary.LittleEndian.Uint64(p[32:]), Step: binary.LittleEndian.Uint64(p[40:])},
+		bodyLen:  binary.LittleEndian.Uint64(p[48:]),
+	}
+	switch {
+	case p[6] != dtypeF32:
+		return nil, nil, &CorruptInputError{Offset: 6, Reason: fmt.Sprintf("unknown source dtype %d", p[6])}
+	case p[7]&^3 != 0 || h.lossless > LosslessHuff0:
+		return nil, nil, &CorruptInputError{Offset: 7, Reason: fmt.Sprintf("unknown flags %#02x", p[7])}
+	case h.n > MaxElements:
+		return nil, nil, &CorruptInputError{Offset: 8, Reason: fmt.Sprintf("element count %d exceeds %d", h.n, uint64(MaxElements))}
+	case h.bodyLen != uint64(end-headerLen):
+		return nil, nil, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d, but the frame holds %d bytes", h.bodyLen, end-headerLen)}
+	}
+	return h, p[headerLen:end], nil
+}
+
+// codec is one encoding's implementation. The generic compressor does the
+// framing, the checksum, the lossless stage and the parameter checks; a codec
+// only maps float32 values to a body of known length and back.
+type codec interface {
+	// id returns the codec written to the header.
+	id() Codec
+	// params returns header parameters A and B for n elements.
+	params(n int) (a, b uint32)
+	// seed returns the seed written to the header.
+	seed() uint64
+	// bodyLen returns the body length for n elements before the lossless stage.
+	bodyLen(n int) int
+	// encode fills body (len == bodyLen(len(src))) from src. It returns a
+	// *NonFiniteError for a NaN or Inf in src. run splits data-parallel loops.
+	encode(body []byte, src []float32, key Key, run runner) error
+	// check validates a body whose length and header parameters already match
+	// bodyLen and params. Offsets in its errors count from the body start.
+	check(body []byte, h *header) error
+	// decode sets (add == false) or adds to (add == true) dst the values of a
+	// body that passed check.
+	decode(dst []float32, body []byte, h *header, add bool, run runner)
+}
+
+// entropyTransform is implemented by codecs whose body compresses better after
+// a reversible rewrite (top-k delta-codes its indices) before the lossless stage.
+type entropyTransform interface {
+	forward(body []byte)
+	inverse(body []byte)
+}
+
+// compressor frames a codec's body into the wire format.
+type compressor struct {
+	spec     string
+	impl     codec
+	lossless Lossless
+	opts     options
+}
+
+func (c *compressor) Spec() string   { return c.spec }
+func (c *compressor) Codec() Codec   { return c.impl.id() }
+func (c *compressor) String() string { return c.spec }
+
+func (c *compressor) MaxEncodedLen(n int) int {
+	return headerLen + c.impl.bodyLen(n) + trailerLen
+}
+
+func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error) {
+	n := len(src)
+	if n > MaxElements {
+		return dst, &SizeError{What: "input length", Got: int64(n), Want: MaxElements}
+	}
+	raw := c.impl.bodyLen(n)
+	start := len(dst)
+	out := grow(dst, headerLen+raw+trailerLen)
+	body := out[start+headerLen : start+headerLen+raw]
+	if err := c.impl.encode(body, src, key, c.runner(n)); err != nil {
+		return dst, err
+	}
+	h := header{codec: c.impl.id(), n: uint64(n), seed: c.impl.seed(), key: key, bodyLen: uint64(raw)}
+	h.paramA, h.paramB = c.impl.params(n)
+	if c.lossless != LosslessNone {
+		if stored, ok := c.lossless.squeeze(body, c.impl); ok {
+			h.lossless = c.lossless
+			h.bodyLen = uint64(stored)
+			out = out[:start+headerLen+stored+trailerLen]
+		}
+	}
+	frame := out[start : len(out)-trailerLen]
+	h.put(frame)
+	binary.LittleEndian.PutUint32(out[len(out)-trailerLen:], crc32.Checksum(frame, castagnoli))
+	return out, nil
+}
+
+func (c *compressor) Decompress(dst []float32, payload []byte) error {
+	return c.decompress(dst, payload, false)
+}
+
+func (c *compressor) DecompressAdd(dst []float32, payload []byte) error {
+	return c.decompress(dst, payload, true)
+}
+
+func (c *compressor) decompress(dst []float32, payload []byte, add bool) error {
+	h, body, err := parsePayload(payload)
+	if err != nil {
+		return err
+	}
+	if h.codec != c.impl.id() {
+		return &MismatchError{Field: "codec", Got: h.codec.String(), Want: c.impl.id().String()}
+	}
+	if h.n != uint64(len(dst)) {
+		return &SizeError{What: "destination length", Got: int64(len(dst)), Want: int64(h.n)}
+	}
+	n := len(dst)
+	a, b := c.impl.params(n)
+	switch {
+	case h.paramA != a:
+		return &MismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
+	case h.paramB != b:
+		return &MismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
+	case h.seed != c.impl.seed():
+		return &MismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
+	}
+	raw := c.impl.bodyLen(n)
+	if h.lossless != LosslessNone {
+		body, err = h.lossless.expand(body, raw, c.impl)
+		if err != nil {
+			return err
+		}
+	} else if len(body) != raw {
+		return &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body of %d bytes, %s needs %d for %d elements", len(body), h.codec, raw, n)}
+	}
+	if err := c.impl.check(body, h); err != nil {
+		if ce, ok := err.(*CorruptInputError); ok {
+			if h.lossless == LosslessNone {
+				ce.Offset += headerLen
+			} else {
+				ce.Reason = "in the body after the " + h.lossless.String() + " stage: " + ce.Reason
+			}
+		}
+		return err
+	}
+	c.impl.decode(dst, body, h, add, c.runner(n))
+	return nil
+}
+
+// grow returns b extended by n bytes, reallocating only when cap is short.
+func grow(b []byte, n int) []byte {
+	if cap(b)-len(b) < n {
+		nb := make([]byte, len(b), len(b)+n)
+		copy(nb, b)
+		b = nb
+	}
+	return b[:len(b)+n]
+}
