@@ -1,0 +1,184 @@
+package compress_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// requireCodec skips t when the codec spec names is not registered yet.
+func requireCodec(t *testing.T, spec string) {
+	t.Helper()
+	name, _, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if !slices.Contains(compress.CodecNames(), name) {
+		t.Skipf("codec %q is not registered in this build", name)
+	}
+}
+
+func TestParseCanonical(t *testing.T) {
+	cases := []struct {
+		spec, want string
+		codec      compress.Codec
+	}{
+		{"none", "none", compress.CodecNone},
+		{" fp16 ", "fp16", compress.CodecFP16},
+		{"bf16:lossless=none", "bf16", compress.CodecBF16},
+		{"none:lossless=zstd", "none:lossless=zstd", compress.CodecNone},
+		{"fp16:lossless=huff0", "fp16:lossless=huff0", compress.CodecFP16},
+		{"topk:0.01", "topk:0.01", compress.CodecTopK},
+		{"topk:1e-2", "topk:0.01", compress.CodecTopK},
+		{"topk:0.0100", "topk:0.01", compress.CodecTopK},
+		{"topk:1", "topk:1", compress.CodecTopK},
+		{"topk:0.5:sampled", "topk:0.5:sampled", compress.CodecTopK},
+		{"topk:0.1:sampled:lossless=zstd", "topk:0.1:sampled:lossless=zstd", compress.CodecTopK},
+		{"randomk:0.25", "randomk:0.25", compress.CodecRandomK},
+		{"randomk:0.25:seed=0", "randomk:0.25", compress.CodecRandomK},
+		{"randomk:0.25:seed=0x10", "randomk:0.25:seed=16", compress.CodecRandomK},
+		{"int8:bucket=512", "int8", compress.CodecInt8},
+		{"int8:round=stochastic", "int8", compress.CodecInt8},
+		{"int8:round=nearest", "int8:round=nearest", compress.CodecInt8},
+		{"int8:bucket=64", "int8:bucket=64", compress.CodecInt8},
+		{"int8:seed=9:lossless=zstd", "int8:seed=9:lossless=zstd", compress.CodecInt8},
+		{"int8:lossless=zstd:bucket=512", "int8:lossless=zstd", compress.CodecInt8},
+		{"int4:bucket=512:round=stochastic:seed=0", "int4", compress.CodecInt4},
+		{"int2:bucket=1", "int2:bucket=1", compress.CodecInt2},
+		{"sign:bucket=512", "sign", compress.CodecSign},
+		{"sign:bucket=100", "sign:bucket=100", compress.CodecSign},
+		{"sign:lossless=huff0", "sign:lossless=huff0", compress.CodecSign},
+	}
+	for _, c := range cases {
+		t.Run(c.spec, func(t *testing.T) {
+			requireCodec(t, c.spec)
+			got, err := compress.Parse(c.spec)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", c.spec, err)
+			}
+			if got.Spec() != c.want || got.Codec() != c.codec {
+				t.Errorf("Parse(%q) = %s (%v), want %s (%v)", c.spec, got.Spec(), got.Codec(), c.want, c.codec)
+			}
+			again, err := compress.Parse(got.Spec())
+			if err != nil || again.Spec() != got.Spec() {
+				t.Errorf("Parse(%q) = %v, %v: the canonical spec does not round-trip", got.Spec(), again, err)
+			}
+		})
+	}
+}
+
+// TestParseOptionOrder checks that the order of options does not change the
+// compressor: the canonical spec (and so the payload) is the same.
+func TestParseOptionOrder(t *testing.T) {
+	requireCodec(t, "int4")
+	a, err := compress.Parse("int4:bucket=64:round=nearest:seed=3:lossless=huff0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := compress.Parse("int4:lossless=huff0:seed=3:round=nearest:bucket=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Spec() != b.Spec() {
+		t.Errorf("option order changes the canonical spec: %q vs %q", a.Spec(), b.Spec())
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := []struct {
+		spec string
+		want string // a part of the message naming the problem
+	}{
+		{"", "empty codec name"},
+		{"  ", "empty codec name"},
+		{":lossless=zstd", "empty codec name"},
+		{"gzip", `unknown codec "gzip"`},
+		{"FP16", `unknown codec "FP16"`},
+		{"none:", "empty argument 1"},
+		{"none::lossless=zstd", "empty argument 1"},
+		{"none:extra", `unexpected argument "extra"`},
+		{"fp16:0.5", `unexpected argument "0.5"`},
+		{"none:foo=1", `unknown option "foo"`},
+		{"none:lossless=lz4", `lossless="lz4"`},
+		{"none:lossless=zstd:lossless=zstd", `option "lossless" given twice`},
+		{"topk", "needs a ratio"},
+		{"topk:0", `ratio "0"`},
+		{"topk:1.5", `ratio "1.5"`},
+		{"topk:-0.1", `ratio "-0.1"`},
+		{"topk:NaN", `ratio "NaN"`},
+		{"topk:Inf", `ratio "Inf"`},
+		{"topk:abc", `ratio "abc"`},
+		{"topk:0.1:sampled:more", `unexpected argument "more"`},
+		{"topk:lossless=zstd:0.1", `positional argument "0.1" after an option`},
+		{"topk:sampled", `ratio "sampled"`},
+		{"randomk:0.1:seed=-1", `seed="-1"`},
+		{"randomk:0.1:sampled", `unexpected argument "sampled"`},
+		{"int8:bucket=0", `bucket="0"`},
+		{"int8:bucket=-1", `bucket="-1"`},
+		{"int8:bucket=abc", `bucket="abc"`},
+		{"int8:bucket=64:bucket=64", `option "bucket" given twice`},
+		{"int8:round=up", `round="up"`},
+		{"int8:0.5", `unexpected argument "0.5"`},
+		{"int4:seed=x", `seed="x"`},
+		{"sign:round=nearest", `unknown option "round"`},
+		{"sign:bucket=0", `bucket="0"`},
+	}
+	for _, c := range cases {
+		t.Run(c.spec, func(t *testing.T) {
+			if name, _, _ := strings.Cut(strings.TrimSpace(c.spec), ":"); name != "" && !strings.HasPrefix(c.want, "unknown codec") {
+				requireCodec(t, c.spec)
+			}
+			got, err := compress.Parse(c.spec)
+			var se *compress.SpecError
+			if !errors.As(err, &se) {
+				t.Fatalf("Parse(%q) = %v, %v; want a *compress.SpecError", c.spec, got, err)
+			}
+			if se.Spec != c.spec {
+				t.Errorf("SpecError.Spec = %q, want %q", se.Spec, c.spec)
+			}
+			if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.spec) {
+				t.Errorf("Parse(%q): message %q does not name the spec and %q", c.spec, err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  compress.Option
+		want string
+	}{
+		{"WithWorkers(0)", compress.WithWorkers(0), "WithWorkers(0)"},
+		{"WithWorkers(-3)", compress.WithWorkers(-3), "WithWorkers(-3)"},
+		{"WithMinParallel(0)", compress.WithMinParallel(0), "WithMinParallel(0)"},
+	} {
+		c1, err := compress.Parse("none", c.opt)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse with %s = %v, %v; want an error naming %s", c.name, c1, err, c.want)
+		}
+	}
+	if _, err := compress.Parse("none", compress.WithWorkers(1), compress.WithMinParallel(1)); err != nil {
+		t.Errorf("valid options rejected: %v", err)
+	}
+}
+
+func TestCodecNames(t *testing.T) {
+	names := compress.CodecNames()
+	if !slices.IsSorted(names) {
+		t.Errorf("CodecNames() = %v, not sorted", names)
+	}
+	for _, name := range names {
+		c, err := compress.Parse(name)
+		if err != nil && !strings.Contains(err.Error(), "ratio") {
+			t.Errorf("Parse(%q): %v", name, err)
+			continue
+		}
+		if err == nil && c.Codec().String() != name {
+			t.Errorf("Parse(%q).Codec().String() = %q", name, c.Codec())
+		}
+	}
+	if got := compress.Codec(200).String(); got != "codec(200)" {
+		t.Errorf("Codec(200).String() = %q", got)
+	}
+}
