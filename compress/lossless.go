@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"sync"
 
 	"github.com/klauspost/compress/huff0"
@@ -84,14 +85,33 @@ func (l Lossless) expand(stored []byte, raw int, impl codec) ([]byte, error) {
 var (
 	zstdEncOnce sync.Once
 	zstdEnc     *zstd.Encoder
-	zstdDecs    = sync.Pool{New: func() any {
-		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
-		if err != nil {
-			panic("compress: zstd decoder with static options: " + err.Error())
-		}
-		return d
-	}}
 )
+
+// The window of a frame our encoder writes for a body of raw bytes is
+// 1<<bits.Len(raw), clamped to [1 KiB, 4 MiB] (4 MiB is SpeedFastest's
+// window). Decoders are pooled by that window log and refuse larger windows,
+// so a forged frame header cannot make a small body allocate a large history.
+const (
+	zstdMinWindowLog = 10
+	zstdMaxWindowLog = 22
+)
+
+var zstdDecs [zstdMaxWindowLog + 1]sync.Pool // indexed by window log
+
+func zstdWindowLog(raw int) int {
+	return min(max(bits.Len(uint(raw)), zstdMinWindowLog), zstdMaxWindowLog)
+}
+
+func zstdDecoder(log int) *zstd.Decoder {
+	if d, ok := zstdDecs[log].Get().(*zstd.Decoder); ok {
+		return d
+	}
+	d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(1<<log))
+	if err != nil {
+		panic("compress: zstd decoder with static options: " + err.Error())
+	}
+	return d
+}
 
 func zstdEncoder() *zstd.Encoder {
 	zstdEncOnce.Do(func() {
@@ -107,8 +127,9 @@ func zstdEncoder() *zstd.Encoder {
 // zstdDecode streams stored through a pooled decoder into a buffer of exactly
 // raw bytes and fails if the stream is shorter or longer.
 func zstdDecode(stored []byte, raw int) ([]byte, error) {
-	d := zstdDecs.Get().(*zstd.Decoder)
-	defer zstdDecs.Put(d)
+	log := zstdWindowLog(raw)
+	d := zstdDecoder(log)
+	defer zstdDecs[log].Put(d)
 	if err := d.Reset(bytes.NewReader(stored)); err != nil {
 		return nil, err
 	}
