@@ -1,0 +1,352 @@
+package compress_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"math"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+func mustParse(t testing.TB, spec string, opts ...compress.Option) compress.Compressor {
+	t.Helper()
+	c, err := compress.Parse(spec, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func ramp(n int, scale float32) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = scale * float32(i%13-6) / 7
+	}
+	return x
+}
+
+// primed returns error-feedback memory over fp16 with residuals in buckets
+// 2, 7 and 40 (one of them empty) after a few steps.
+func primed(t testing.TB) *compress.ErrorFeedback {
+	t.Helper()
+	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	for step := range uint64(3) {
+		for bucket, n := range map[uint64]int{2: 33, 7: 1000, 40: 0} {
+			if _, err := f.Compress(nil, ramp(n, 1.001+float32(step)), compress.Key{Bucket: bucket, Step: step}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return f
+}
+
+// snapshot captures every residual, bit for bit, to compare memory before
+// and after a failed call.
+func snapshot(f *compress.ErrorFeedback) map[uint64][]uint32 {
+	m := map[uint64][]uint32{}
+	for _, id := range f.Buckets() {
+		e := f.Residual(id)
+		bits := make([]uint32, len(e))
+		for i, v := range e {
+			bits[i] = math.Float32bits(v)
+		}
+		m[id] = bits
+	}
+	return m
+}
+
+func sameMemory(a, b map[uint64][]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for id, e := range a {
+		if f, ok := b[id]; !ok || !slices.Equal(e, f) {
+			return false
+		}
+	}
+	return true
+}
+
+func save(t testing.TB, f *compress.ErrorFeedback) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := f.Save(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestFeedbackSaveLoad(t *testing.T) {
+	f := primed(t)
+	state := save(t, f)
+	g := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	if _, err := g.Compress(nil, ramp(5, 1), compress.Key{Bucket: 99}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Load(bytes.NewReader(state)); err != nil {
+		t.Fatal(err)
+	}
+	if !sameMemory(snapshot(f), snapshot(g)) {
+		t.Fatalf("loaded memory differs from the saved one: buckets %v vs %v", g.Buckets(), f.Buckets())
+	}
+	if again := save(t, g); !bytes.Equal(again, state) {
+		t.Errorf("Save after Load differs from the original state")
+	}
+	// Training resumes identically from the loaded state.
+	for step := uint64(3); step < 5; step++ {
+		key := compress.Key{Bucket: 7, Step: step}
+		pf, err1 := f.Compress(nil, ramp(1000, 0.3), key)
+		pg, err2 := g.Compress(nil, ramp(1000, 0.3), key)
+		if err1 != nil || err2 != nil || !bytes.Equal(pf, pg) {
+			t.Fatalf("step %d: payloads after Load differ (%v, %v)", step, err1, err2)
+		}
+	}
+	// An empty memory round-trips too.
+	empty := compress.NewErrorFeedback(mustParse(t, "none"))
+	if err := g.Load(bytes.NewReader(save(t, empty))); err != nil || len(g.Buckets()) != 0 {
+		t.Errorf("loading an empty state: %v, buckets %v", err, g.Buckets())
+	}
+}
+
+// TestFeedbackSaveLoadValues round-trips residuals holding the float32 edge
+// values: signed zeros, subnormals, the largest finite.
+func TestFeedbackSaveLoadValues(t *testing.T) {
+	vals := []float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32, math.MaxFloat32, -math.MaxFloat32, 1e-40}
+	// Compressing with none leaves a zero residual; build the state by hand.
+	state := efState(t, 1, efBucket{id: 5, vals: vals})
+	f := compress.NewErrorFeedback(mustParse(t, "none"))
+	if err := f.Load(bytes.NewReader(state)); err != nil {
+		t.Fatal(err)
+	}
+	got := f.Residual(5)
+	for i, v := range vals {
+		if math.Float32bits(got[i]) != math.Float32bits(v) {
+			t.Errorf("residual[%d] = %v, want %v", i, got[i], v)
+		}
+	}
+	if !bytes.Equal(save(t, f), state) {
+		t.Errorf("Save does not reproduce the loaded state")
+	}
+}
+
+type efBucket struct {
+	id   uint64
+	n    uint64 // claimed length; len(vals) when 0
+	vals []float32
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// efState encodes an error-feedback state in the documented checkpoint
+// format, with a valid checksum.
+func efState(t testing.TB, version byte, buckets ...efBucket) []byte {
+	t.Helper()
+	b := append([]byte("GCEF"), version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(buckets)))
+	for _, bk := range buckets {
+		n := bk.n
+		if n == 0 {
+			n = uint64(len(bk.vals))
+		}
+		b = binary.LittleEndian.AppendUint64(b, bk.id)
+		b = binary.LittleEndian.AppendUint64(b, n)
+		for _, v := range bk.vals {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		}
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+func TestFeedbackLoadErrors(t *testing.T) {
+	corrupt := func(off int64, msg string) func(*testing.T, error) {
+		return func(t *testing.T, err error) {
+			var ce *compress.CorruptInputError
+			if !errors.As(err, &ce) || ce.Offset != off || !strings.Contains(err.Error(), msg) {
+				t.Fatalf("got %v, want a *CorruptInputError at offset %d saying %q", err, off, msg)
+			}
+		}
+	}
+	valid := efState(t, 1, efBucket{id: 3, vals: []float32{1, 2}})
+	badCRC := bytes.Clone(valid)
+	badCRC[len(badCRC)-1] ^= 1
+	badMagic := bytes.Clone(valid)
+	badMagic[1] = 'X'
+	cases := []struct {
+		name  string
+		state []byte
+		check func(*testing.T, error)
+	}{
+		{"empty", nil, corrupt(0, "truncated")},
+		{"bad magic", badMagic, corrupt(0, `bad error-feedback magic "GXEF"`)},
+		{"version 2", efState(t, 2), func(t *testing.T, err error) {
+			var ve *compress.VersionError
+			if !errors.As(err, &ve) || ve.Got != 2 || ve.Want != 1 || !strings.Contains(err.Error(), "error-feedback state version 2") {
+				t.Fatalf("got %v, want a *VersionError for error-feedback state version 2", err)
+			}
+		}},
+		{"checksum", badCRC, func(t *testing.T, err error) {
+			var ce *compress.ChecksumError
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %v, want a *ChecksumError", err)
+			}
+		}},
+		{"no checksum", valid[:len(valid)-4], corrupt(int64(len(valid)-4), "before its checksum")},
+		{"duplicate bucket", efState(t, 1, efBucket{id: 3, vals: []float32{1}}, efBucket{id: 3, vals: []float32{2}}), corrupt(9+20, "bucket 3 appears twice")},
+		{"NaN", efState(t, 1, efBucket{id: 4, vals: []float32{1, float32(math.NaN())}}), corrupt(9+16+4, "non-finite residual in bucket 4")},
+		{"-Inf", efState(t, 1, efBucket{id: 4, vals: []float32{float32(math.Inf(-1))}}), corrupt(9+16, "non-finite residual in bucket 4")},
+		{"length > MaxElements", efState(t, 1, efBucket{id: 6, n: 1 << 32}), corrupt(9+8, "bucket 6 length 4294967296 exceeds")},
+		{"count past the data", binary.LittleEndian.AppendUint32([]byte("GCEF\x01"), 2), corrupt(9, "truncated")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := primed(t)
+			before := snapshot(f)
+			c.check(t, f.Load(bytes.NewReader(c.state)))
+			if !sameMemory(before, snapshot(f)) {
+				t.Errorf("memory changed although Load failed")
+			}
+		})
+	}
+}
+
+// TestFeedbackLoadTruncatedAndFlipped loads every prefix of a real state and
+// the state with each byte flipped: every one fails with a typed error and
+// leaves the memory unchanged.
+func TestFeedbackLoadTruncatedAndFlipped(t *testing.T) {
+	state := save(t, primed(t))
+	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	if _, err := f.Compress(nil, ramp(9, 1.5), compress.Key{Bucket: 1}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(f)
+	typed := func(err error) bool {
+		var ce *compress.CorruptInputError
+		var cs *compress.ChecksumError
+		var ve *compress.VersionError
+		return errors.As(err, &ce) || errors.As(err, &cs) || errors.As(err, &ve)
+	}
+	for i := range len(state) {
+		if err := f.Load(bytes.NewReader(state[:i])); !typed(err) {
+			t.Fatalf("first %d of %d bytes: got %v, want a typed error", i, len(state), err)
+		}
+	}
+	for i := range state {
+		bad := bytes.Clone(state)
+		bad[i] ^= 0x40
+		if err := f.Load(bytes.NewReader(bad)); !typed(err) {
+			t.Fatalf("byte %d of %d flipped: got %v, want a typed error", i, len(state), err)
+		}
+	}
+	if !sameMemory(before, snapshot(f)) {
+		t.Errorf("memory changed although every Load failed")
+	}
+}
+
+// TestFeedbackLoadHugeLength feeds a state that claims a bucket of 2^32−1
+// elements but holds a few bytes: Load must fail having allocated about one
+// read chunk, not the claimed 16 GiB.
+func TestFeedbackLoadHugeLength(t *testing.T) {
+	state := efState(t, 1, efBucket{id: 1, n: compress.MaxElements, vals: []float32{1, 2, 3}})
+	f := compress.NewErrorFeedback(mustParse(t, "none"))
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	err := f.Load(bytes.NewReader(state))
+	runtime.ReadMemStats(&m1)
+	var ce *compress.CorruptInputError
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want a *CorruptInputError", err)
+	}
+	const limit = 4 << 20 // a 256 KiB read chunk and change
+	if got := m1.TotalAlloc - m0.TotalAlloc; got > limit {
+		t.Errorf("Load of a %d-byte state claiming 2^32−1 elements allocated %d bytes", len(state), got)
+	}
+}
+
+// TestFeedbackSizeError changes a bucket's length between calls.
+func TestFeedbackSizeError(t *testing.T) {
+	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	if _, err := f.Compress(nil, ramp(8, 1.1), compress.Key{Bucket: 4}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(f)
+	dst := []byte("keep")
+	out, err := f.Compress(dst, ramp(9, 1), compress.Key{Bucket: 4, Step: 1})
+	var se *compress.SizeError
+	if !errors.As(err, &se) || se.Got != 9 || se.Want != 8 || !strings.Contains(se.What, "bucket 4") {
+		t.Fatalf("got %v, want a *SizeError naming bucket 4, 9 vs 8", err)
+	}
+	if string(out) != "keep" || !sameMemory(before, snapshot(f)) {
+		t.Errorf("a failed call changed dst (%q) or the memory", out)
+	}
+	// Another bucket is independent, and Reset forgets the length.
+	if _, err := f.Compress(nil, ramp(9, 1), compress.Key{Bucket: 5}); err != nil {
+		t.Errorf("another bucket: %v", err)
+	}
+	f.Reset()
+	if len(f.Buckets()) != 0 || f.Residual(4) != nil {
+		t.Fatalf("Reset left buckets %v", f.Buckets())
+	}
+	if _, err := f.Compress(nil, ramp(9, 1), compress.Key{Bucket: 4}); err != nil {
+		t.Errorf("after Reset: %v", err)
+	}
+}
+
+// TestFeedbackConcurrent compresses several buckets from several goroutines
+// (and the same bucket from two of them) while Save and Buckets run; under
+// -race it checks the locking, and the result equals a serial run.
+func TestFeedbackConcurrent(t *testing.T) {
+	const buckets, steps, n = 6, 8, 300
+	c := mustParse(t, "fp16", compress.WithWorkers(2), compress.WithMinParallel(1))
+	f := compress.NewErrorFeedback(c)
+	var wg sync.WaitGroup
+	for b := range uint64(buckets) {
+		wg.Go(func() {
+			for s := range uint64(steps) {
+				if _, err := f.Compress(nil, ramp(n, float32(b+s)+0.3), compress.Key{Bucket: b, Step: s}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	shared := func() {
+		for s := range uint64(steps) {
+			if _, err := f.Compress(nil, ramp(n, 0.7), compress.Key{Bucket: 100, Step: s}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	wg.Go(shared)
+	wg.Go(shared)
+	wg.Go(func() {
+		for range steps {
+			var buf bytes.Buffer
+			if err := f.Save(&buf); err != nil {
+				t.Error(err)
+			}
+			f.Buckets()
+		}
+	})
+	wg.Wait()
+
+	serial := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	for b := range uint64(buckets) {
+		for s := range uint64(steps) {
+			if _, err := serial.Compress(nil, ramp(n, float32(b+s)+0.3), compress.Key{Bucket: b, Step: s}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got, want := snapshot(f), snapshot(serial)
+	delete(got, 100)
+	if !sameMemory(got, want) {
+		t.Errorf("concurrent residuals differ from a serial run")
+	}
+}
