@@ -2,6 +2,7 @@ package compresstest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -348,15 +349,7 @@ func checkBadInput(t *testing.T, e *env) {
 					bad := slices.Clone(q)
 					bad[i] = v
 					Reseal(bad)
-					what := fmt.Sprintf("byte %d of %d set to %#02x, checksum fixed", i, len(q), v)
-					dst := make([]float32, m)
-					if decodeUntouched(t, e.c, dst, bad, what) == nil {
-						for j, x := range dst {
-							if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-								t.Fatalf("%s: decodes without error to a non-finite value %v at %d", what, x, j)
-							}
-						}
-					}
+					decodeFinite(t, e.c, m, bad, fmt.Sprintf("byte %d of %d set to %#02x, checksum fixed", i, len(q), v))
 				}
 			}
 		}
@@ -395,6 +388,47 @@ func decodeUntouched(t *testing.T, c compress.Compressor, dst []float32, p []byt
 		t.Errorf("%s: Decompress returned %v but DecompressAdd %v", what, errs[0], errs[1])
 	}
 	return errs[0]
+}
+
+// decodeFinite is decodeUntouched into n elements that, on success, also
+// checks every decoded value is finite: a decoder validates its input, so no
+// payload, however forged, spreads NaN or Inf into a gradient.
+func decodeFinite(t *testing.T, c compress.Compressor, n int, p []byte, what string) {
+	t.Helper()
+	dst := make([]float32, n)
+	if decodeUntouched(t, c, dst, p, what) != nil {
+		return
+	}
+	for j, x := range dst {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			t.Fatalf("%s: decodes without error to a non-finite value %v at %d", what, x, j)
+		}
+	}
+}
+
+// maxCheckLen bounds the destination CheckDecode allocates, whatever the
+// header claims.
+const maxCheckLen = 1 << 16
+
+// CheckDecode is the body of a decoder fuzz target: it decodes arbitrary
+// bytes p with c into destinations of the length p's header claims, one
+// element fewer and more, and none (lengths above 65536 are left out). Every
+// Decompress and DecompressAdd call must return without panicking, both must
+// agree on failing, a failed call must leave dst untouched, and a successful
+// one must decode finite values only.
+func CheckDecode(t *testing.T, c compress.Compressor, p []byte) {
+	t.Helper()
+	claimed := 0
+	if len(p) >= countOff+8 {
+		claimed = int(min(binary.LittleEndian.Uint64(p[countOff:]), maxCheckLen+1))
+	}
+	ns := []int{0, claimed - 1, claimed, claimed + 1}
+	slices.Sort(ns)
+	for _, n := range slices.Compact(ns) {
+		if n >= 0 && n <= maxCheckLen {
+			decodeFinite(t, c, n, p, fmt.Sprintf("%d-byte input into %d elements", len(p), n))
+		}
+	}
 }
 
 func decompress(c compress.Compressor, dst []float32, p []byte, add bool) error {
