@@ -25,7 +25,7 @@ func sealed(p []byte, edit func(p []byte)) []byte {
 	return q
 }
 
-func mustParse(t testing.TB, spec string) Compressor {
+func mustParseSpec(t testing.TB, spec string) Compressor {
 	t.Helper()
 	c, err := Parse(spec)
 	if err != nil {
@@ -37,13 +37,13 @@ func mustParse(t testing.TB, spec string) Compressor {
 // TestWireErrors walks every framing check of parsePayload and decompress and
 // checks the typed error, the offset or field it names, and its message.
 func TestWireErrors(t *testing.T) {
-	none := mustParse(t, "none")
+	none := mustParseSpec(t, "none")
 	src := []float32{1, -2, 3.5, 0.25}
 	p, err := none.Compress(nil, src, Key{Bucket: 1, Step: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp16p, err := mustParse(t, "fp16").Compress(nil, src, Key{})
+	fp16p, err := mustParseSpec(t, "fp16").Compress(nil, src, Key{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestWireErrors(t *testing.T) {
 // reported at the body offset, and that a body failing the codec's check
 // after expansion says so.
 func TestWireLosslessErrors(t *testing.T) {
-	c := mustParse(t, "none:lossless=zstd")
+	c := mustParseSpec(t, "none:lossless=zstd")
 	src := make([]float32, 256)
 	for i := range src {
 		src[i] = float32(i % 3)
@@ -227,7 +227,7 @@ func TestGolden(t *testing.T) {
 			if _, ok := codecBuilders[name]; !ok {
 				t.Skipf("codec %q is not registered in this build", name)
 			}
-			c := mustParse(t, spec)
+			c := mustParseSpec(t, spec)
 			got, err := c.Compress(nil, x, key)
 			if err != nil {
 				t.Fatal(err)
