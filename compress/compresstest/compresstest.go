@@ -42,8 +42,8 @@ var DefaultSpecs = []string{
 	"sign", "sign:bucket=100", "sign:lossless=huff0",
 }
 
-// Factory builds a backend's compressor for a spec string.
-type Factory func(spec string) (compress.Compressor, error)
+// factory builds a backend's compressor for a spec string.
+type factory func(spec string) (compress.Compressor, error)
 
 // Run runs every check on every spec in DefaultSpecs as parallel subtests
 // named after the spec. A spec whose codec this build of package compress
@@ -81,7 +81,7 @@ var checks = []struct {
 type env struct {
 	spec string
 	c    compress.Compressor
-	new  Factory
+	new  factory
 	info specInfo
 }
 
@@ -100,7 +100,7 @@ type specInfo struct {
 const defaultBucket = 512
 
 // open builds the compressor for spec or skips the test with the reason.
-func open(t *testing.T, newCompressor Factory, spec string) *env {
+func open(t *testing.T, newCompressor factory, spec string) *env {
 	t.Helper()
 	name, _, _ := strings.Cut(spec, ":")
 	if !slices.Contains(compress.CodecNames(), name) {
