@@ -51,40 +51,81 @@ var radixLevels = [...]struct{ shift, bits uint32 }{{20, 11}, {9, 11}, {0, 9}}
 // magKey returns the magnitude key of x.
 func magKey(x float32) uint32 { return math.Float32bits(x) & signMask }
 
-// firstAtLeast returns the lowest i with magKey(vals[i]) ≥ t, or -1; it
-// needs t ≤ 1<<31. It is the scan behind every pass that looks for large
-// elements, so it tests two elements per 64-bit word, eight per branch:
-// with its sign bit forced on a lane L is ≥ 2^31 ≥ t, so L − t borrows
+// The scans for large elements (collecting candidates, writing the output,
+// looking for non-finite values) skip runs of small elements eight at a
+// time: groupAtLeast reads them as four 64-bit words of two lanes each.
+// With its sign bit forced on, a lane L is ≥ 2^31 ≥ t, so L − t borrows
 // nothing from the next lane and keeps its top bit exactly when key ≥ t.
-// The lanes are tested alike, so byte order does not matter; words are
-// read at 8-byte-aligned addresses only.
-func firstAtLeast(vals []float32, t uint32) int {
-	const signs = 0x80000000_80000000
-	i := 0
-	for ; i < len(vals) && uintptr(unsafe.Pointer(&vals[i]))%8 != 0; i++ {
-		if magKey(vals[i]) >= t {
-			return i
-		}
+// Both lanes are tested alike, so byte order does not matter; words are
+// read at 8-byte-aligned addresses only (a scan handles the one element
+// before the first such address on its own, see misaligned).
+const laneSigns = 0x80000000_80000000
+
+// lanes returns t in both 32-bit lanes of a word; t ≤ 1<<31.
+func lanes(t uint32) uint64 { return uint64(t)<<32 | uint64(t) }
+
+// groupAtLeast reports whether one of the eight elements from p on, which
+// must be 8-byte aligned and in one slice, has a key ≥ t (t2 = lanes(t)).
+func groupAtLeast(p *float32, t2 uint64) bool {
+	w := (*[4]uint64)(unsafe.Pointer(p))
+	l0, l1, l2, l3 := (w[0]|laneSigns)-t2, (w[1]|laneSigns)-t2, (w[2]|laneSigns)-t2, (w[3]|laneSigns)-t2
+	return (l0|l1|l2|l3)&laneSigns != 0
+}
+
+// misaligned returns how many leading elements of vals lie before an
+// 8-byte-aligned address: 0 or 1 (0 for an empty slice).
+func misaligned(vals []float32) int {
+	if len(vals) > 0 && uintptr(unsafe.Pointer(&vals[0]))%8 != 0 {
+		return 1
 	}
-	if words := (len(vals) - i) / 2; words >= 4 {
-		w := unsafe.Slice((*uint64)(unsafe.Pointer(&vals[i])), words)
-		t2 := uint64(t)<<32 | uint64(t)
-		j := 0
-		for ; j+4 <= len(w); j += 4 {
-			b := (*[4]uint64)(w[j:])
-			l0, l1, l2, l3 := (b[0]|signs)-t2, (b[1]|signs)-t2, (b[2]|signs)-t2, (b[3]|signs)-t2
-			if (l0|l1|l2|l3)&signs != 0 {
-				break
+	return 0
+}
+
+// atLeast returns 1 if key(x) ≥ t, else 0, without a branch; t ≤ 1<<31.
+func atLeast(x float32, t uint32) int { return int((math.Float32bits(x) | 1<<31 - t) >> 31) }
+
+// firstAtLeast returns the lowest i with magKey(vals[i]) ≥ t, or -1; t ≤ 1<<31.
+func firstAtLeast(vals []float32, t uint32) int {
+	t2 := lanes(t)
+	i := 0
+	for end := misaligned(vals); ; end = min(i+8, len(vals)) {
+		for ; i < end; i++ {
+			if magKey(vals[i]) >= t {
+				return i
 			}
 		}
-		i += 2 * j
-	}
-	for ; i < len(vals); i++ {
-		if magKey(vals[i]) >= t {
-			return i
+		for i+8 <= len(vals) && !groupAtLeast(&vals[i], t2) {
+			i += 8
+		}
+		if i == len(vals) {
+			return -1
 		}
 	}
-	return -1
+}
+
+// collectAtLeast appends to pos and vals every element of blk with key ≥ t
+// (blk[i] has input index base+i), in order. Groups holding one are
+// compacted without branches.
+func collectAtLeast(pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+	t2 := lanes(t)
+	i := 0
+	for end := misaligned(blk); ; end = min(i+8, len(blk)) {
+		m := len(pos)
+		pos, vals = slices.Grow(pos, end-i)[:m+end-i], slices.Grow(vals, end-i)[:m+end-i]
+		c := m
+		for j, x := range blk[i:end] {
+			pos[c], vals[c] = uint32(base+i+j), x
+			c += atLeast(x, t)
+		}
+		pos, vals = pos[:c], vals[:c]
+		i = end
+		for i+8 <= len(blk) && !groupAtLeast(&blk[i], t2) {
+			i += 8
+		}
+		if i == len(blk) {
+			return pos, vals
+		}
+	}
 }
 
 // segment is a run of elements selection reads: a slice of the input at
@@ -238,12 +279,12 @@ func histTop(h *[histBins]uint32, vals []float32) {
 }
 
 // histUndecided counts digit (key>>shift)&mask of the elements with
-// key>>pshift == prefix.
+// key>>pshift == prefix. It adds the match (0 or 1) instead of branching on
+// it, since about as many elements match as not.
 func histUndecided(h *[histBins]uint32, vals []float32, pshift, prefix, shift, mask uint32) {
 	for _, x := range vals {
-		if u := magKey(x); u>>pshift == prefix {
-			h[u>>shift&mask&(histBins-1)]++
-		}
+		u := magKey(x)
+		h[u>>shift&mask&(histBins-1)] += (u>>pshift ^ prefix - 1) >> 31 // 1 iff equal: both sides < 2^31
 	}
 }
 
@@ -302,7 +343,7 @@ func (sel *selection) collectFromInput(run runner) {
 	sc.growCands(len(sel.segs))
 	for s := range sel.segs {
 		c := &sc.cand[s]
-		want := sc.above[s] + sc.eq[s]
+		want := sc.above[s] + sc.eq[s] + 8 // collectAtLeast grows by up to 8 at a time
 		c.pos = slices.Grow(c.pos[:0], want)
 		c.vals = slices.Grow(c.vals[:0], want)
 	}
@@ -330,15 +371,7 @@ func (sc *topkScratch) collect(input []segment, t uint32, limit int, run runner)
 			for from := 0; from < len(vals) && found.Load() <= int64(limit); from += collectBlock {
 				blk := vals[from:min(from+collectBlock, len(vals))]
 				before := len(c.pos)
-				for i := firstAtLeast(blk, t); i >= 0; {
-					c.pos = append(c.pos, uint32(input[s].base+from+i))
-					c.vals = append(c.vals, blk[i])
-					j := firstAtLeast(blk[i+1:], t)
-					if j < 0 {
-						break
-					}
-					i += 1 + j
-				}
+				c.pos, c.vals = collectAtLeast(c.pos, c.vals, blk, input[s].base+from, t)
 				found.Add(int64(len(c.pos) - before))
 			}
 		}
@@ -377,25 +410,33 @@ func (sel *selection) emit(body []byte, k int, run runner) {
 // emitSegment writes, from output slot o on, the elements of seg with key
 // above t and the first take with key equal to t.
 func emitSegment(idx, vals []byte, o int, seg *segment, t uint32, take int) {
-	at := t
+	at := t // the least key still wanted
 	if take == 0 {
 		at = t + 1
 	}
-	for i := firstAtLeast(seg.vals, at); i >= 0; {
-		x := seg.vals[i]
-		if magKey(x) == t {
-			if take--; take == 0 {
-				at = t + 1
+	x := seg.vals
+	i := 0
+	for end := misaligned(x); ; end = min(i+8, len(x)) {
+		for ; i < end; i++ {
+			u := magKey(x[i])
+			if u < at {
+				continue
 			}
+			if u == t {
+				if take--; take == 0 {
+					at = t + 1
+				}
+			}
+			binary.LittleEndian.PutUint32(idx[4*o:], uint32(seg.index(i)))
+			binary.LittleEndian.PutUint32(vals[4*o:], math.Float32bits(x[i]))
+			o++
 		}
-		binary.LittleEndian.PutUint32(idx[4*o:], uint32(seg.index(i)))
-		binary.LittleEndian.PutUint32(vals[4*o:], math.Float32bits(x))
-		o++
-		j := firstAtLeast(seg.vals[i+1:], at)
-		if j < 0 {
-			break
+		for t2 := lanes(at); i+8 <= len(x) && !groupAtLeast(&x[i], t2); {
+			i += 8
 		}
-		i += 1 + j
+		if i == len(x) {
+			return
+		}
 	}
 }
 

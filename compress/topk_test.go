@@ -547,10 +547,10 @@ func TestTopKLossless(t *testing.T) {
 	}
 }
 
-// TestFirstAtLeast compares the word-at-a-time scan with a plain loop over
-// every alignment, length and position of the first hit, with thresholds at
-// the ends of the allowed range (no key reaches 1<<31).
-func TestFirstAtLeast(t *testing.T) {
+// TestScanKernels compares firstAtLeast and collectAtLeast with plain loops
+// over every alignment, length and position of the first hit, with
+// thresholds at the ends of the allowed range (no key reaches 1<<31).
+func TestScanKernels(t *testing.T) {
 	r := rand.New(rand.NewPCG(2, 3))
 	sign := func() uint32 { return uint32(r.IntN(2)) << 31 }
 	buf := make([]float32, 80)
@@ -568,6 +568,21 @@ func TestFirstAtLeast(t *testing.T) {
 					want := slices.IndexFunc(vals, func(x float32) bool { return magKey(x) >= th })
 					if got := firstAtLeast(vals, th); got != want {
 						t.Fatalf("t=%#x start=%d n=%d: firstAtLeast = %d, want %d", th, start, n, got, want)
+					}
+					var wantPos []uint32
+					for i, x := range vals {
+						if magKey(x) >= th {
+							wantPos = append(wantPos, uint32(100+i))
+						}
+					}
+					pos, got := collectAtLeast([]uint32{7}, []float32{7}, vals, 100, th)
+					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) {
+						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast = %v, want %v", th, start, n, pos[1:], wantPos)
+					}
+					for i, p := range pos[1:] {
+						if math.Float32bits(got[i+1]) != math.Float32bits(vals[p-100]) {
+							t.Fatalf("t=%#x start=%d n=%d: collected value %d differs", th, start, n, i)
+						}
 					}
 				}
 			}
