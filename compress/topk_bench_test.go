@@ -56,33 +56,39 @@ func sparseBenchCompress(b *testing.B, spec string, src []float32) (Compressor, 
 	return c, p
 }
 
-// BenchmarkTopKEncode measures Compress for exact and sampled top-k. It
-// reports the compression ratio (input bytes / payload bytes) and, for
-// sampled top-k, its recall against the exact top-k set.
+// BenchmarkTopKEncode measures Compress for exact and sampled top-k, on one
+// goroutine (the targets) and on two (how the passes scale). It reports the
+// compression ratio (input bytes / payload bytes) and the recall: the
+// fraction of the exact top-k set the payload carries.
 func BenchmarkTopKEncode(b *testing.B) {
 	for _, size := range sparseBenchSizes {
-		for _, mode := range []string{"exact", "sampled"} {
-			b.Run(fmt.Sprintf("n=%s/%s", size.name, mode), func(b *testing.B) {
-				src := sparseBenchInput(b, size.n)
-				spec := fmt.Sprintf("topk:%g", sparseBenchRatio)
-				_, exact := sparseBenchCompress(b, spec, src)
-				if mode == "sampled" {
-					spec += ":sampled"
-				}
-				c, p := sparseBenchCompress(b, spec, src)
-				got, _ := sparseTopKBody(sparseBody(b, p))
-				want, _ := sparseTopKBody(sparseBody(b, exact))
-				b.SetBytes(int64(4 * size.n))
-				b.ResetTimer()
-				for range b.N {
-					var err error
-					if p, err = c.Compress(p[:0], src, Key{Bucket: 1, Step: 1}); err != nil {
+		for _, workers := range []int{1, 2} {
+			for _, mode := range []string{"exact", "sampled"} {
+				b.Run(fmt.Sprintf("n=%s/%s/workers=%d", size.name, mode, workers), func(b *testing.B) {
+					src := sparseBenchInput(b, size.n)
+					spec := fmt.Sprintf("topk:%g", sparseBenchRatio)
+					_, exact := sparseBenchCompress(b, spec, src)
+					if mode == "sampled" {
+						spec += ":sampled"
+					}
+					c := sparseParse(b, spec, WithWorkers(workers))
+					p, err := c.Compress(nil, src, Key{Bucket: 1, Step: 1})
+					if err != nil {
 						b.Fatal(err)
 					}
-				}
-				b.ReportMetric(float64(4*size.n)/float64(len(p)), "ratio")
-				b.ReportMetric(sparseRecall(got, want), "recall")
-			})
+					got, _ := sparseTopKBody(sparseBody(b, p))
+					want, _ := sparseTopKBody(sparseBody(b, exact))
+					b.SetBytes(int64(4 * size.n))
+					b.ResetTimer()
+					for range b.N {
+						if p, err = c.Compress(p[:0], src, Key{Bucket: 1, Step: 1}); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(4*size.n)/float64(len(p)), "ratio")
+					b.ReportMetric(sparseRecall(got, want), "recall")
+				})
+			}
 		}
 	}
 }
