@@ -39,8 +39,20 @@ type randomkCodec struct {
 	seedV uint64
 }
 
-// randomkGrain is the number of strata one parallel chunk handles at least.
+// randomkGrain is how many strata a parallel chunk holds at least, and how
+// many a chunk handles at a time: it scans or clears their elements, then
+// gathers or scatters their picks while those are in cache.
 const randomkGrain = 1024
+
+// forStrata calls fn on consecutive blocks [j0, j1) of at most randomkGrain
+// of k strata, blocks of one chunk in order, chunks over run.
+func forStrata(k int, run runner, fn func(j0, j1 int)) {
+	run(k, randomkGrain, func(lo, hi int) {
+		for j := lo; j < hi; j += randomkGrain {
+			fn(j, min(j+randomkGrain, hi))
+		}
+	})
+}
 
 func (r randomkCodec) id() Codec    { return CodecRandomK }
 func (r randomkCodec) seed() uint64 { return r.seedV }
@@ -54,7 +66,7 @@ func (r randomkCodec) encode(body []byte, src []float32, key Key, run runner) er
 	k := sparseK(r.ratio, n)
 	st := NewStream(r.seedV, key, DomainRandomK)
 	var fe firstError
-	run(k, randomkGrain, func(j0, j1 int) {
+	forStrata(k, run, func(j0, j1 int) {
 		lo, hi := stratumStart(j0, n, k), stratumStart(j1, n, k)
 		if i := firstAtLeast(src[lo:hi], nonFiniteKey); i >= 0 {
 			fe.set(j0, &NonFiniteError{Index: lo + i, Value: src[lo+i]})
@@ -79,7 +91,7 @@ func (r randomkCodec) check(body []byte, _ *header) error {
 func (r randomkCodec) decode(dst []float32, body []byte, h *header, add bool, run runner) {
 	n, k := len(dst), len(body)/4
 	st := NewStream(h.seed, h.key, DomainRandomK)
-	run(k, randomkGrain, func(j0, j1 int) {
+	forStrata(k, run, func(j0, j1 int) {
 		if !add {
 			clear(dst[stratumStart(j0, n, k):stratumStart(j1, n, k)])
 		}

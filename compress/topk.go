@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sort"
 )
 
 func init() {
@@ -92,20 +93,31 @@ func (t topkCodec) check(body []byte, h *header) error {
 	return nil
 }
 
+// decodeBlock is how many elements of dst a decode clears and scatters
+// into before moving on, so the scatter finds them in cache.
+const decodeBlock = 1 << 14
+
 func (t topkCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
 	k := len(body) / 8
-	if !add {
-		run(len(dst), 4096, func(lo, hi int) { clear(dst[lo:hi]) })
-	}
 	idx, vals := body[:4*k], body[4*k:]
-	run(k, 1024, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			p := binary.LittleEndian.Uint32(idx[4*i:])
-			v := math.Float32frombits(binary.LittleEndian.Uint32(vals[4*i:]))
-			if add {
-				v += dst[p]
+	run(len(dst), decodeBlock, func(lo, hi int) {
+		i := sort.Search(k, func(i int) bool { return binary.LittleEndian.Uint32(idx[4*i:]) >= uint32(lo) })
+		for b := lo; b < hi; b += decodeBlock {
+			e := min(b+decodeBlock, hi)
+			if !add {
+				clear(dst[b:e])
 			}
-			dst[p] = v
+			for ; i < k; i++ {
+				p := int(binary.LittleEndian.Uint32(idx[4*i:]))
+				if p >= e {
+					break
+				}
+				v := math.Float32frombits(binary.LittleEndian.Uint32(vals[4*i:]))
+				if add {
+					v += dst[p]
+				}
+				dst[p] = v
+			}
 		}
 	})
 }
