@@ -61,7 +61,17 @@ func sparseRanking(src []float32) []uint32 {
 
 // sparseTopOf returns the first k indices of a ranking, ascending.
 func sparseTopOf(ranking []uint32, k int) []uint32 {
-	return slices.Sorted(slices.Values(ranking[:k]))
+	in := make([]bool, len(ranking))
+	for _, i := range ranking[:k] {
+		in[i] = true
+	}
+	top := make([]uint32, 0, k)
+	for i, ok := range in {
+		if ok {
+			top = append(top, uint32(i))
+		}
+	}
+	return top
 }
 
 // sparseBruteTopK is the reference top-k of src, indices ascending.
@@ -196,13 +206,18 @@ func TestTopKHeader(t *testing.T) {
 	}
 }
 
-// sparseTopKLengths are lengths around the selection's cut-offs.
+// sparseTopKLengths are lengths around the selection's cut-offs and a few
+// random ones.
 func sparseTopKLengths() []int {
 	ls := []int{1, 2, 3, 7, 8, 9, 15, 16, 17, 100, 1000}
 	for _, c := range []int{segMinLen, 2 * segMinLen, sampledMinLen} {
 		ls = append(ls, c-1, c, c+1)
 	}
-	return append(ls, 1<<20+3)
+	r := rand.New(rand.NewPCG(4, 4))
+	for range 4 {
+		ls = append(ls, 1+r.IntN(5000))
+	}
+	return append(ls, sampledMinLen+r.IntN(sampledMinLen), 1<<20+3)
 }
 
 // TestTopKExactMatchesBruteForce compares both selection paths with the
