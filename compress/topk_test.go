@@ -298,6 +298,13 @@ func TestTopKSampledShortcut(t *testing.T) {
 		if r := sparseRecall(idx, want); len(idx) != k || r != 1 {
 			t.Errorf("%s %g: sampled returned %d of k=%d, recall %v", c.kind, c.ratio, len(idx), k, r)
 		}
+		exact := sparseParse(t, fmt.Sprintf("topk:%g", c.ratio))
+		if pe, err := exact.Compress(nil, src, Key{}); err != nil || !bytes.Equal(pe, p) {
+			t.Errorf("%s %g: exact and sampled payloads differ (%v)", c.kind, c.ratio, err)
+		}
+		if err := exact.Decompress(make([]float32, n), p); err != nil {
+			t.Errorf("%s %g: the exact decoder rejects a sampled payload: %v", c.kind, c.ratio, err)
+		}
 	}
 }
 
