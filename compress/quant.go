@@ -1,0 +1,366 @@
+package compress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+func init() {
+	for _, q := range []struct {
+		name string
+		id   Codec
+		bits uint
+	}{{"int8", CodecInt8, 8}, {"int4", CodecInt4, 4}, {"int2", CodecInt2, 2}} {
+		registerCodec(q.name, func(a *specArgs) (codec, error) { return newQuantCodec(a, q.id, q.bits) })
+	}
+}
+
+// quantCodec is bucketed min-max quantization to bits = 8, 4 or 2 bits per
+// element, spec int8|int4|int2[:bucket=B][:round=stochastic|nearest][:seed=S]
+// (defaults 512, stochastic, 0). Header: parameter A = B, parameter B = 0
+// (stochastic) or 1 (nearest), seed = S.
+//
+// The definition below is the reference every backend (the CUDA kernels
+// included) matches bit for bit. Every float32 operation is one IEEE
+// operation rounded to nearest even, never fused with another (in CUDA:
+// __fsub_rn, __fmul_rn, __fadd_rn, or --fmad=false); float64 operations
+// likewise. L = 2^bits − 1.
+//
+// Encoding. The n elements split into nb = ceil(n/B) buckets of B
+// consecutive elements, the last one possibly shorter. Per bucket:
+//
+//	lo, hi = least and greatest element, plus +0 (which turns −0 into +0;
+//	         −0 and +0 compare equal); a NaN or ±Inf is a *NonFiniteError
+//	         for the lowest such index
+//	d      = float64(hi) − float64(lo)
+//	scale  = float32(d / L)                               (float64 division)
+//	inv    = 0 if scale == 0, else float32(min(L / d, MaxFloat32))   (float64)
+//	top    = lo + float32(float32(L) · scale)             (largest decoded value)
+//
+// A bucket with d > MaxFloat32 or a non-finite top cannot be encoded: it is
+// a *NonFiniteError at the bucket's first maximum. Element x at global index
+// i (0 ≤ i < n) of a bucket gets
+//
+//	t    = float32(float32(x − lo) · inv)                 0 ≤ t ≤ L·(1+2^-22)
+//	r    = NewStream(S, key, DomainRound).Uniform(i)      stochastic
+//	       0.5                                            nearest
+//	code = min(trunc(float32(t + r)), L)                  t + r ≥ 0: trunc is floor
+//
+// so that code is ⌊t⌋ + 1 with probability t − ⌊t⌋ (stochastic, to the 2^-24
+// resolution of r) or t rounded half up (nearest), clamped to [0, L].
+//
+// Decoding. D(code) = lo + float32(float32(code) · scale); DecompressAdd
+// computes dst[i] = dst[i] + D(code) in float32.
+//
+// Error. With s = (hi − lo)/L and M = max(|lo|, |hi|), every element obeys
+// |x − D(code)| ≤ s·(1 + 2^-14) (stochastic) or s·(1/2 + 2^-14) (nearest)
+// + 2^-20·M + 2^-120: the last two terms are float32 rounding slack (a few
+// ulps of M; subnormal underflow). Stochastic rounding is unbiased up to the
+// same slack: E[D(code)] = x.
+//
+// Body. First nb bucket headers of 8 bytes: lo and scale as little-endian
+// float32 bits. Then the codes packed LSB-first over the whole input: code i
+// at bit offset i·bits (int4: a byte's low nibble is the even element). The
+// unused high bits of the last byte are zero. Length 8·nb + ceil(n·bits/8).
+// check rejects a non-finite lo, a scale that is negative (−0 included) or
+// not finite, a non-finite top, and nonzero padding bits.
+//
+// Parallel runs split the input at multiples of 8·B elements, which are
+// bucket and byte boundaries, so they write the same bytes as a serial run.
+type quantCodec struct {
+	codec   Codec
+	bits    uint // 8, 4 or 2
+	bucket  int  // B
+	nearest bool // round to nearest instead of stochastically
+	rngSeed uint64
+}
+
+func newQuantCodec(a *specArgs, id Codec, bits uint) (codec, error) {
+	bucket, err := bucketOption(a)
+	if err != nil {
+		return nil, err
+	}
+	round, err := a.enumOption("round", "stochastic", "nearest")
+	if err != nil {
+		return nil, err
+	}
+	seed, err := a.uintOption("seed")
+	if err != nil {
+		return nil, err
+	}
+	return &quantCodec{codec: id, bits: bits, bucket: bucket, nearest: round == "nearest", rngSeed: seed}, nil
+}
+
+func (q *quantCodec) id() Codec    { return q.codec }
+func (q *quantCodec) seed() uint64 { return q.rngSeed }
+
+func (q *quantCodec) params(int) (a, b uint32) {
+	if q.nearest {
+		return uint32(q.bucket), 1
+	}
+	return uint32(q.bucket), 0
+}
+
+// levels returns L, the largest code.
+func (q *quantCodec) levels() int32 { return 1<<q.bits - 1 }
+
+func (q *quantCodec) bodyLen(n int) int {
+	return 8*numBuckets(n, q.bucket) + packedLen(n, q.bits)
+}
+
+func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	n := len(src)
+	nb := numBuckets(n, q.bucket)
+	hdr, codes := body[:8*nb], body[8*nb:]
+	base := NewStream(q.rngSeed, key, DomainRound).base
+	var fe firstError
+	run(n, 8*q.bucket, func(from, to int) {
+		fe.set(from, q.encodeRange(hdr, codes, src, from, to, base))
+	})
+	if fe.err != nil {
+		return fe.err
+	}
+	clearPadding(codes, n*int(q.bits))
+	return nil
+}
+
+// encodeRange encodes the buckets of src[from:to]; from is a multiple of
+// 8·B, so the range starts on a bucket and a byte boundary.
+func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int, base uint64) error {
+	for s := from; s < to; s += q.bucket {
+		x := src[s:min(s+q.bucket, to)]
+		lo, hi, err := bucketRange(x, s)
+		if err != nil {
+			return err
+		}
+		d := float64(hi) - float64(lo)
+		scale := float32(d / float64(q.levels()))
+		top := lo + float32(float32(q.levels())*scale)
+		if d > math.MaxFloat32 || math.Float32bits(top)&expMask == expMask {
+			return firstMaximum(x, s, hi)
+		}
+		var inv float32
+		if scale != 0 {
+			inv = float32(min(float64(q.levels())/d, math.MaxFloat32))
+		}
+		h := hdr[8*(s/q.bucket):]
+		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
+		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
+		q.quantize(codes, x, s, lo, inv, base)
+	}
+	return nil
+}
+
+// quantize writes the codes of the bucket x, whose first element has index
+// s, with the bucket's lo and inv and the DomainRound stream base.
+func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, base uint64) {
+	levels, bits, stochastic := q.levels(), q.bits, !q.nearest
+	ctr := base + uint64(s+1)*golden // the counter of draw s
+	r := [8]float32{0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
+	// Elements before the first 8-aligned index and after the last full
+	// group of 8 share their bytes with the neighbouring bucket.
+	head := min((8-s%8)%8, len(x))
+	for k, v := range x[:head] {
+		if stochastic {
+			r[0] = roundUniform(ctr)
+			ctr += golden
+		}
+		putCode(codes, s+k, bits, quantCode(v, lo, inv, r[0], levels))
+	}
+	i := head
+	out := codes[(s+i)*int(bits)/8:]
+	for ; i+8 <= len(x); i += 8 {
+		if stochastic {
+			for k := range r {
+				r[k] = roundUniform(ctr)
+				ctr += golden
+			}
+		}
+		g := (*[8]float32)(x[i : i+8])
+		w := quantCode(g[0], lo, inv, r[0], levels) |
+			quantCode(g[1], lo, inv, r[1], levels)<<8 |
+			quantCode(g[2], lo, inv, r[2], levels)<<16 |
+			quantCode(g[3], lo, inv, r[3], levels)<<24 |
+			quantCode(g[4], lo, inv, r[4], levels)<<32 |
+			quantCode(g[5], lo, inv, r[5], levels)<<40 |
+			quantCode(g[6], lo, inv, r[6], levels)<<48 |
+			quantCode(g[7], lo, inv, r[7], levels)<<56
+		out = storeGroup(out, bits, w)
+	}
+	for k, v := range x[i:] {
+		if stochastic {
+			r[0] = roundUniform(ctr)
+			ctr += golden
+		}
+		putCode(codes, s+i+k, bits, quantCode(v, lo, inv, r[0], levels))
+	}
+}
+
+// quantCode returns min(trunc(float32(t + r)), L) with
+// t = float32(float32(x − lo) · inv); the conversions forbid fusion.
+func quantCode(x, lo, inv, r float32, levels int32) uint64 {
+	t := float32(float32(x-lo) * inv)
+	return uint64(min(int32(t+r), levels))
+}
+
+// roundUniform returns Stream.Uniform of the draw whose counter is
+// ctr = base + (i+1)·golden. It skips mix64's last step z ^ z>>31, which
+// leaves bits 40-63 of z, the only ones Uniform keeps, unchanged.
+func roundUniform(ctr uint64) float32 {
+	z := (ctr ^ ctr>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return float32(int64(z>>40)) * (1.0 / (1 << 24))
+}
+
+// storeGroup stores the codes of 8 elements, given one per byte of w (first
+// element lowest), packed to bits bits each at the start of out, and returns
+// the rest of out.
+func storeGroup(out []byte, bits uint, w uint64) []byte {
+	switch bits {
+	case 8:
+		binary.LittleEndian.PutUint64(out, w)
+	case 4:
+		w = (w | w>>4) & 0x00ff00ff00ff00ff
+		w = (w | w>>8) & 0x0000ffff0000ffff
+		binary.LittleEndian.PutUint32(out, uint32(w|w>>16))
+	case 2:
+		w = (w | w>>6) & 0x000f000f000f000f
+		w = (w | w>>12) & 0x000000ff000000ff
+		binary.LittleEndian.PutUint16(out, uint16(w|w>>24))
+	}
+	return out[bits:]
+}
+
+// loadGroup returns the packed codes of the 8 elements from index i, which
+// is a multiple of 8.
+func loadGroup(codes []byte, i int, bits uint) uint64 {
+	switch bits {
+	case 8:
+		return binary.LittleEndian.Uint64(codes[i:])
+	case 4:
+		return uint64(binary.LittleEndian.Uint32(codes[i/2:]))
+	case 2:
+		return uint64(binary.LittleEndian.Uint16(codes[i/4:]))
+	default:
+		return uint64(codes[i/8])
+	}
+}
+
+// bucketRange returns the least and greatest elements of x (non-empty), as
+// +0 if zero, or the *NonFiniteError for its first NaN or ±Inf; x starts at
+// index s of the input.
+func bucketRange(x []float32, s int) (lo, hi float32, err error) {
+	lo, hi = float32(math.Inf(1)), float32(math.Inf(-1))
+	for y := x; ; {
+		i := outside(y, lo, hi)
+		if i == len(y) {
+			break
+		}
+		lo, hi = min(lo, y[i]), max(hi, y[i]) // a NaN sticks
+		y = y[i+1:]
+	}
+	if !(lo >= -math.MaxFloat32 && hi <= math.MaxFloat32) {
+		return 0, 0, nonFinite(x, s)
+	}
+	return lo + 0, hi + 0, nil // −0 + +0 is +0
+}
+
+// outside returns the index of the first element of x not in [lo, hi] (a
+// NaN is not), or len(x). The range widens rarely, so this loop does the
+// work of bucketRange.
+func outside(x []float32, lo, hi float32) int {
+	for i, v := range x {
+		if !(v >= lo && v <= hi) {
+			return i
+		}
+	}
+	return len(x)
+}
+
+// firstMaximum returns the *NonFiniteError for a bucket x (starting at index
+// s) whose range hi − lo is too wide to encode, at its first element hi.
+func firstMaximum(x []float32, s int, hi float32) error {
+	for i, v := range x {
+		if math.Float32bits(v) == math.Float32bits(hi) {
+			return &NonFiniteError{Index: s + i, Value: v}
+		}
+	}
+	return &NonFiniteError{Index: s, Value: hi} // unreachable: hi is an element of x
+}
+
+func (q *quantCodec) check(body []byte, h *header) error {
+	n := int(h.n)
+	nb := numBuckets(n, q.bucket)
+	levels := float32(q.levels())
+	for j := range nb {
+		lb := binary.LittleEndian.Uint32(body[8*j:])
+		sb := binary.LittleEndian.Uint32(body[8*j+4:])
+		lo, scale := math.Float32frombits(lb), math.Float32frombits(sb)
+		switch top := lo + float32(levels*scale); {
+		case lb&expMask == expMask:
+			return &CorruptInputError{Offset: int64(8 * j), Reason: fmt.Sprintf("bucket %d minimum %v is not finite", j, lo)}
+		case sb >= expMask: // sign bit set, Inf or NaN
+			return &CorruptInputError{Offset: int64(8*j + 4), Reason: fmt.Sprintf("bucket %d scale %v is not a finite non-negative number", j, scale)}
+		case math.Float32bits(top)&expMask == expMask:
+			return &CorruptInputError{Offset: int64(8*j + 4), Reason: fmt.Sprintf("bucket %d largest value %v + %d·%v overflows float32", j, lo, q.levels(), scale)}
+		}
+	}
+	return checkPadding(body[8*nb:], n*int(q.bits), 8*nb)
+}
+
+func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	nb := numBuckets(len(dst), q.bucket)
+	hdr, codes := body[:8*nb], body[8*nb:]
+	run(len(dst), 8*q.bucket, func(from, to int) {
+		var tab [256]float32 // D(code) of the current bucket
+		for s := from; s < to; s += q.bucket {
+			h := hdr[8*(s/q.bucket):]
+			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
+			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
+			for c := range q.levels() + 1 {
+				tab[c] = lo + float32(float32(c)*scale)
+			}
+			q.dequantize(dst[s:min(s+q.bucket, to)], codes, s, &tab, add)
+		}
+	})
+}
+
+// dequantize sets or adds to out, the bucket starting at index s, the
+// values tab[code] of its codes.
+func (q *quantCodec) dequantize(out []float32, codes []byte, s int, tab *[256]float32, add bool) {
+	bits := q.bits
+	mask := uint8(q.levels())
+	head := min((8-s%8)%8, len(out))
+	for k := range out[:head] {
+		setOrAdd(&out[k], tab[getCode(codes, s+k, bits)], add)
+	}
+	i := head
+	for ; i+8 <= len(out); i += 8 {
+		w := loadGroup(codes, s+i, bits)
+		o := (*[8]float32)(out[i : i+8])
+		if add {
+			for k := range o {
+				o[k] += tab[uint8(w)&mask]
+				w >>= bits
+			}
+		} else {
+			for k := range o {
+				o[k] = tab[uint8(w)&mask]
+				w >>= bits
+			}
+		}
+	}
+	for k := range out[i:] {
+		setOrAdd(&out[i+k], tab[getCode(codes, s+i+k, bits)], add)
+	}
+}
+
+// setOrAdd stores v to *p, or adds it when add is set.
+func setOrAdd(p *float32, v float32, add bool) {
+	if add {
+		*p += v
+	} else {
+		*p = v
+	}
+}
