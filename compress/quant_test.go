@@ -623,3 +623,34 @@ func TestQuantLossless(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantClamp finds, for each width, an element whose draw pushes
+// float32(L + r) up to L+1, and checks that its code is clamped to L (an
+// unclamped code would spill into its neighbour's bits).
+func TestQuantClamp(t *testing.T) {
+	key := Key{Bucket: 2, Step: 3}
+	st := NewStream(0, key, DomainRound)
+	for _, spec := range []string{"int8:bucket=2", "int4:bucket=2", "int2:bucket=2"} {
+		c := mustParse(t, spec)
+		levels := c.(*compressor).impl.(*quantCodec).levels()
+		i := 0
+		for int32(float32(float32(levels)+st.Uniform(uint64(i)))) <= levels {
+			i++
+		}
+		x := make([]float32, i+2)
+		x[i] = 1 // its bucket is {0, 1}: t = L exactly
+		p, err := c.Compress(nil, x, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := make([]float32, len(x))
+		if err := c.Decompress(dec, p); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range dec {
+			if v != x[k] {
+				t.Fatalf("%s: element %d = %v decodes to %v (draw %v)", spec, k, x[k], v, st.Uniform(uint64(i)))
+			}
+		}
+	}
+}
