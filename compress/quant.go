@@ -128,6 +128,7 @@ func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) err
 // encodeRange encodes the buckets of src[from:to]; from is a multiple of
 // 8·B, so the range starts on a bucket and a byte boundary.
 func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int, base uint64) error {
+	draws := new([quantBlock]uint32)
 	for s := from; s < to; s += q.bucket {
 		x := src[s:min(s+q.bucket, to)]
 		lo, hi, err := bucketRange(x, s)
@@ -147,70 +148,94 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int,
 		h := hdr[8*(s/q.bucket):]
 		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
 		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
-		q.quantize(codes, x, s, lo, inv, base)
+		q.quantize(codes, x, s, lo, inv, base, draws)
 	}
 	return nil
 }
 
-// quantize writes the codes of the bucket x, whose first element has index
-// s, with the bucket's lo and inv and the DomainRound stream base.
-func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, base uint64) {
-	levels, bits, stochastic := q.levels(), q.bits, !q.nearest
-	ctr := base + uint64(s+1)*golden // the counter of draw s
-	r := [8]float32{0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
-	// Elements before the first 8-aligned index and after the last full
-	// group of 8 share their bytes with the neighbouring bucket.
-	head := min((8-s%8)%8, len(x))
-	for k, v := range x[:head] {
-		if stochastic {
-			r[0] = roundUniform(ctr)
-			ctr += golden
-		}
-		putCode(codes, s+k, bits, quantCode(v, lo, inv, r[0], levels))
+// quantBlock is how many elements quantize draws and codes at a time.
+const quantBlock = 512
+
+// halves holds the draws of nearest rounding: 2^23, for r = 0.5.
+var halves = func() (h [quantBlock]uint32) {
+	for i := range h {
+		h[i] = 1 << 23
 	}
-	i := head
-	out := codes[(s+i)*int(bits)/8:]
-	for ; i+8 <= len(x); i += 8 {
-		if stochastic {
-			for k := range r {
-				r[k] = roundUniform(ctr)
-				ctr += golden
-			}
+	return h
+}()
+
+// quantize writes the codes of the bucket x, whose first element has index
+// s, with the bucket's lo and inv and the DomainRound stream base; draws is
+// scratch space.
+func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, base uint64, draws *[quantBlock]uint32) {
+	levels, bits := q.levels(), q.bits
+	ctr := base + uint64(s+1)*golden // the counter of draw s
+	for b := 0; b < len(x); b += quantBlock {
+		xs := x[b:min(b+quantBlock, len(x))]
+		u := halves[:len(xs)]
+		if !q.nearest {
+			u = draws[:len(xs)]
+			ctr = drawBits(u, ctr)
 		}
-		g := (*[8]float32)(x[i : i+8])
-		w := quantCode(g[0], lo, inv, r[0], levels) |
-			quantCode(g[1], lo, inv, r[1], levels)<<8 |
-			quantCode(g[2], lo, inv, r[2], levels)<<16 |
-			quantCode(g[3], lo, inv, r[3], levels)<<24 |
-			quantCode(g[4], lo, inv, r[4], levels)<<32 |
-			quantCode(g[5], lo, inv, r[5], levels)<<40 |
-			quantCode(g[6], lo, inv, r[6], levels)<<48 |
-			quantCode(g[7], lo, inv, r[7], levels)<<56
+		// Codes before the first 8-aligned index and after the last full
+		// group of 8 share their bytes with the neighbouring bucket.
+		i := s + b
+		head := min((8-i%8)%8, len(xs))
+		for k := range head {
+			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
+		}
+		end := head + (len(xs)-head)&^7
+		quantKernel(codes[(i+head)*int(bits)/8:], xs[head:end], u[head:end], lo, inv, levels, bits)
+		for k := end; k < len(xs); k++ {
+			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
+		}
+	}
+}
+
+// quantKernel writes the codes quantCode(x[i], lo, inv, u[i], levels) of
+// len(x) elements, a multiple of 8, packed at bits per code (see storeGroup)
+// to the start of out; len(u) ≥ len(x).
+var quantKernel = quantGeneric
+
+func quantGeneric(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint) {
+	u = u[:len(x)]
+	for i := 0; i+8 <= len(x); i += 8 {
+		g, ug := (*[8]float32)(x[i:i+8]), (*[8]uint32)(u[i:i+8])
+		w := quantCode(g[0], lo, inv, ug[0], levels) |
+			quantCode(g[1], lo, inv, ug[1], levels)<<8 |
+			quantCode(g[2], lo, inv, ug[2], levels)<<16 |
+			quantCode(g[3], lo, inv, ug[3], levels)<<24 |
+			quantCode(g[4], lo, inv, ug[4], levels)<<32 |
+			quantCode(g[5], lo, inv, ug[5], levels)<<40 |
+			quantCode(g[6], lo, inv, ug[6], levels)<<48 |
+			quantCode(g[7], lo, inv, ug[7], levels)<<56
 		out = storeGroup(out, bits, w)
 	}
-	for k, v := range x[i:] {
-		if stochastic {
-			r[0] = roundUniform(ctr)
-			ctr += golden
-		}
-		putCode(codes, s+i+k, bits, quantCode(v, lo, inv, r[0], levels))
+}
+
+// drawBits fills u with the top 24 bits of the draws whose counters are ctr,
+// ctr + golden, … and returns the counter after the last: u[i]·2^-24 is
+// Stream.Uniform. mix64's last step z ^ z>>31 leaves those bits unchanged,
+// so it is skipped. (Inlined into quantize, the loop would share registers
+// with the caller's and spill ctr on every draw.)
+//
+//go:noinline
+func drawBits(u []uint32, ctr uint64) uint64 {
+	for i := range u {
+		z := (ctr ^ ctr>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		u[i] = uint32(z >> 40)
+		ctr += golden
 	}
+	return ctr
 }
 
 // quantCode returns min(trunc(float32(t + r)), L) with
-// t = float32(float32(x − lo) · inv); the conversions forbid fusion.
-func quantCode(x, lo, inv, r float32, levels int32) uint64 {
+// t = float32(float32(x − lo) · inv) and r = u·2^-24 (exact); the
+// conversions forbid fusion.
+func quantCode(x, lo, inv float32, u uint32, levels int32) uint64 {
 	t := float32(float32(x-lo) * inv)
-	return uint64(min(int32(t+r), levels))
-}
-
-// roundUniform returns Stream.Uniform of the draw whose counter is
-// ctr = base + (i+1)·golden. It skips mix64's last step z ^ z>>31, which
-// leaves bits 40-63 of z, the only ones Uniform keeps, unchanged.
-func roundUniform(ctr uint64) float32 {
-	z := (ctr ^ ctr>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return float32(int64(z>>40)) * (1.0 / (1 << 24))
+	return uint64(min(int32(t+float32(u)*0x1p-24), levels))
 }
 
 // storeGroup stores the codes of 8 elements, given one per byte of w (first
@@ -251,6 +276,18 @@ func loadGroup(codes []byte, i int, bits uint) uint64 {
 // +0 if zero, or the *NonFiniteError for its first NaN or ±Inf; x starts at
 // index s of the input.
 func bucketRange(x []float32, s int) (lo, hi float32, err error) {
+	lo, hi, finite := minMaxKernel(x)
+	if !finite {
+		return 0, 0, nonFinite(x, s)
+	}
+	return lo + 0, hi + 0, nil // −0 + +0 is +0
+}
+
+// minMaxKernel returns whether every element of x is finite and, if so, the
+// least and greatest (−0 and +0 in either order).
+var minMaxKernel = minMaxGeneric
+
+func minMaxGeneric(x []float32) (lo, hi float32, finite bool) {
 	lo, hi = float32(math.Inf(1)), float32(math.Inf(-1))
 	for y := x; ; {
 		i := outside(y, lo, hi)
@@ -260,15 +297,12 @@ func bucketRange(x []float32, s int) (lo, hi float32, err error) {
 		lo, hi = min(lo, y[i]), max(hi, y[i]) // a NaN sticks
 		y = y[i+1:]
 	}
-	if !(lo >= -math.MaxFloat32 && hi <= math.MaxFloat32) {
-		return 0, 0, nonFinite(x, s)
-	}
-	return lo + 0, hi + 0, nil // −0 + +0 is +0
+	return lo, hi, lo >= -math.MaxFloat32 && hi <= math.MaxFloat32
 }
 
 // outside returns the index of the first element of x not in [lo, hi] (a
 // NaN is not), or len(x). The range widens rarely, so this loop does the
-// work of bucketRange.
+// work of minMaxGeneric.
 func outside(x []float32, lo, hi float32) int {
 	for i, v := range x {
 		if !(v >= lo && v <= hi) {

@@ -282,16 +282,17 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-// TestRoundUniform checks the shortcut roundUniform against Stream.Uniform.
-func TestRoundUniform(t *testing.T) {
+// TestDrawBits checks drawBits, which skips a step of mix64, against
+// Stream.Uniform.
+func TestDrawBits(t *testing.T) {
+	u := make([]uint32, 1<<16)
 	for _, seed := range []uint64{0, 1, math.MaxUint64} {
 		st := NewStream(seed, Key{Bucket: 5, Step: seed}, DomainRound)
-		ctr := st.base + golden
-		for i := range uint64(1 << 16) {
-			if got, want := roundUniform(ctr), st.Uniform(i); got != want {
+		drawBits(u, st.base+golden)
+		for i, v := range u {
+			if got, want := float32(v)*0x1p-24, st.Uniform(uint64(i)); got != want {
 				t.Fatalf("seed %d draw %d: %v, Uniform says %v", seed, i, got, want)
 			}
-			ctr += golden
 		}
 	}
 }

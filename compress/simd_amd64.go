@@ -1,0 +1,70 @@
+//go:build !purego
+
+package compress
+
+import "math"
+
+// AVX2 versions of the codecs' inner loops, used when the CPU and the OS
+// support AVX2 (build with -tags purego to keep the generic Go loops). Each
+// computes exactly what its generic twin computes, bit for bit: the same
+// IEEE single-precision operations lane by lane, rounded to nearest even,
+// never fused. TestKernels runs every pair on the same inputs.
+func init() {
+	if !hasAVX2() {
+		return
+	}
+	minMaxKernel = minMaxAVX2
+	quantKernel = quantAVX2
+}
+
+// hasAVX2 reports whether the CPU has AVX2 and the OS saves the YMM state.
+func hasAVX2() bool {
+	if maxID, _, _, _ := cpuid(0, 0); maxID < 7 {
+		return false
+	}
+	const osxsave, avx = 1 << 27, 1 << 28
+	if _, _, ecx, _ := cpuid(1, 0); ecx&osxsave == 0 || ecx&avx == 0 {
+		return false
+	}
+	if xcr0, _ := xgetbv(); xcr0&6 != 6 { // XMM and YMM state
+		return false
+	}
+	_, ebx, _, _ := cpuid(7, 0)
+	return ebx&(1<<5) != 0
+}
+
+func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+
+func xgetbv() (eax, edx uint32)
+
+// rangeAVX2 returns the least and greatest element of x as VMINPS and
+// VMAXPS find them, and whether x holds a NaN. len(x) is a positive
+// multiple of 8.
+//
+//go:noescape
+func rangeAVX2(x []float32) (lo, hi float32, nan bool)
+
+func minMaxAVX2(x []float32) (lo, hi float32, finite bool) {
+	m := len(x) &^ 7
+	if m == 0 {
+		return minMaxGeneric(x)
+	}
+	lo, hi, nan := rangeAVX2(x[:m])
+	for _, v := range x[m:] {
+		lo, hi = min(lo, v), max(hi, v) // a NaN sticks
+	}
+	return lo, hi, !nan && lo >= -math.MaxFloat32 && hi <= math.MaxFloat32
+}
+
+// quantAsm is quantGeneric for len(x) a positive multiple of 8.
+//
+//go:noescape
+func quantAsm(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint)
+
+func quantAVX2(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = out[len(x)*int(bits)/8-1], u[len(x)-1] // the lengths quantAsm trusts
+	quantAsm(out, x, u, lo, inv, levels, bits)
+}
