@@ -346,47 +346,45 @@ func (q *quantCodec) check(body []byte, h *header) error {
 func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
 	nb := numBuckets(len(dst), q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
+	bits := q.bits
 	run(len(dst), 8*q.bucket, func(from, to int) {
-		var tab [256]float32 // D(code) of the current bucket
 		for s := from; s < to; s += q.bucket {
 			h := hdr[8*(s/q.bucket):]
 			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
 			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
-			for c := range q.levels() + 1 {
-				tab[c] = lo + float32(float32(c)*scale)
+			out := dst[s:min(s+q.bucket, to)]
+			// Codes before the first 8-aligned index and after the last
+			// full group of 8 share their bytes with the neighbouring bucket.
+			head := min((8-s%8)%8, len(out))
+			for k := range head {
+				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
 			}
-			q.dequantize(dst[s:min(s+q.bucket, to)], codes, s, &tab, add)
+			end := head + (len(out)-head)&^7
+			dequantKernel(out[head:end], codes[(s+head)*int(bits)/8:], lo, scale, bits, add)
+			for k := end; k < len(out); k++ {
+				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
+			}
 		}
 	})
 }
 
-// dequantize sets or adds to out, the bucket starting at index s, the
-// values tab[code] of its codes.
-func (q *quantCodec) dequantize(out []float32, codes []byte, s int, tab *[256]float32, add bool) {
-	bits := q.bits
-	mask := uint8(q.levels())
-	head := min((8-s%8)%8, len(out))
-	for k := range out[:head] {
-		setOrAdd(&out[k], tab[getCode(codes, s+k, bits)], add)
-	}
-	i := head
-	for ; i+8 <= len(out); i += 8 {
-		w := loadGroup(codes, s+i, bits)
+// dequant returns D(c) = lo + float32(float32(c)·scale).
+func dequant(c uint8, lo, scale float32) float32 { return lo + float32(float32(c)*scale) }
+
+// dequantKernel sets (add false) or adds to (add true) out[i] the value
+// dequant(c, lo, scale) of code c of element i, for len(out) a multiple of
+// 8, from the codes packed at bits per code at the start of codes.
+var dequantKernel = dequantGeneric
+
+func dequantGeneric(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
+	mask := uint8(1<<bits - 1)
+	for i := 0; i+8 <= len(out); i += 8 {
+		w := loadGroup(codes, i, bits)
 		o := (*[8]float32)(out[i : i+8])
-		if add {
-			for k := range o {
-				o[k] += tab[uint8(w)&mask]
-				w >>= bits
-			}
-		} else {
-			for k := range o {
-				o[k] = tab[uint8(w)&mask]
-				w >>= bits
-			}
+		for k := range o {
+			setOrAdd(&o[k], dequant(uint8(w)&mask, lo, scale), add)
+			w >>= bits
 		}
-	}
-	for k := range out[i:] {
-		setOrAdd(&out[i+k], tab[getCode(codes, s+i+k, bits)], add)
 	}
 }
 

@@ -77,15 +77,36 @@ func (c *signCodec) encode(body []byte, src []float32, _ Key, run runner) error 
 // index s, and returns its scale (see signCodec).
 func signBucket(bits []byte, x []float32, s int) (float32, error) {
 	var acc [8]float64
+	// Elements before the first 8-aligned index and after the last full
+	// group of 8 share their bytes with the neighbouring bucket.
 	head := min((8-s%8)%8, len(x))
 	for k, v := range x[:head] {
 		u := math.Float32bits(v)
 		acc[(s+k)%8] += absBits(u)
 		putCode(bits, s+k, 1, signBit(u))
 	}
+	end := head + (len(x)-head)&^7
+	signKernel(bits[(s+head)/8:], x[head:end], &acc)
+	for k := end; k < len(x); k++ {
+		u := math.Float32bits(x[k])
+		acc[(s+k)%8] += absBits(u)
+		putCode(bits, s+k, 1, signBit(u))
+	}
+	sum := ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+	if math.IsNaN(sum) || math.IsInf(sum, 0) {
+		return 0, nonFinite(x, s)
+	}
+	return float32(sum / float64(len(x))), nil
+}
+
+// signKernel writes the sign bits of x, whose first element has an index
+// that is a multiple of 8 and whose length is a multiple of 8, to the start
+// of bits, and adds float64(|x[i]|) to acc[i%8] in increasing i.
+var signKernel = signGeneric
+
+func signGeneric(bits []byte, x []float32, acc *[8]float64) {
 	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
-	i := head
-	for ; i+8 <= len(x); i += 8 {
+	for i := 0; i+8 <= len(x); i += 8 {
 		g := (*[8]float32)(x[i : i+8])
 		u0, u1, u2, u3 := math.Float32bits(g[0]), math.Float32bits(g[1]), math.Float32bits(g[2]), math.Float32bits(g[3])
 		u4, u5, u6, u7 := math.Float32bits(g[4]), math.Float32bits(g[5]), math.Float32bits(g[6]), math.Float32bits(g[7])
@@ -97,20 +118,10 @@ func signBucket(bits []byte, x []float32, s int) (float32, error) {
 		a5 += absBits(u5)
 		a6 += absBits(u6)
 		a7 += absBits(u7)
-		bits[(s+i)/8] = byte(signBit(u0) | signBit(u1)<<1 | signBit(u2)<<2 | signBit(u3)<<3 |
+		bits[i/8] = byte(signBit(u0) | signBit(u1)<<1 | signBit(u2)<<2 | signBit(u3)<<3 |
 			signBit(u4)<<4 | signBit(u5)<<5 | signBit(u6)<<6 | signBit(u7)<<7)
 	}
-	acc = [8]float64{a0, a1, a2, a3, a4, a5, a6, a7}
-	for k, v := range x[i:] {
-		u := math.Float32bits(v)
-		acc[(s+i+k)%8] += absBits(u)
-		putCode(bits, s+i+k, 1, signBit(u))
-	}
-	sum := ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-	if math.IsNaN(sum) || math.IsInf(sum, 0) {
-		return 0, nonFinite(x, s)
-	}
-	return float32(sum / float64(len(x))), nil
+	*acc = [8]float64{a0, a1, a2, a3, a4, a5, a6, a7}
 }
 
 // absBits returns float64(|x|) for the float32 with bits u.
@@ -147,25 +158,29 @@ func (c *signCodec) decode(dst []float32, body []byte, _ *header, add bool, run 
 func unsign(out []float32, bits []byte, s int, sb uint32, add bool) {
 	head := min((8-s%8)%8, len(out))
 	for k := range out[:head] {
-		setOrAdd(&out[k], math.Float32frombits(sb|uint32(getCode(bits, s+k, 1))<<31), add)
+		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)
 	}
-	i := head
-	for ; i+8 <= len(out); i += 8 {
-		b := uint32(bits[(s+i)/8])
+	end := head + (len(out)-head)&^7
+	unsignKernel(out[head:end], bits[(s+head)/8:], sb, add)
+	for k := end; k < len(out); k++ {
+		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)
+	}
+}
+
+// signed returns the float32 with bits sb, negated if bit is 1.
+func signed(sb uint32, bit uint8) float32 { return math.Float32frombits(sb | uint32(bit)<<31) }
+
+// unsignKernel sets (add false) or adds to (add true) out[i] the value
+// signed(sb, bit i of bits), for len(out) a multiple of 8.
+var unsignKernel = unsignGeneric
+
+func unsignGeneric(out []float32, bits []byte, sb uint32, add bool) {
+	for i := 0; i+8 <= len(out); i += 8 {
+		b := bits[i/8]
 		o := (*[8]float32)(out[i : i+8])
-		if add {
-			for k := range o {
-				o[k] += math.Float32frombits(sb | b<<31)
-				b >>= 1
-			}
-		} else {
-			for k := range o {
-				o[k] = math.Float32frombits(sb | b<<31)
-				b >>= 1
-			}
+		for k := range o {
+			setOrAdd(&o[k], signed(sb, b&1), add)
+			b >>= 1
 		}
-	}
-	for k := range out[i:] {
-		setOrAdd(&out[i+k], math.Float32frombits(sb|uint32(getCode(bits, s+i+k, 1))<<31), add)
 	}
 }

@@ -15,6 +15,9 @@ func init() {
 	}
 	minMaxKernel = minMaxAVX2
 	quantKernel = quantAVX2
+	dequantKernel = dequantAVX2
+	signKernel = signAVX2
+	unsignKernel = unsignAVX2
 }
 
 // hasAVX2 reports whether the CPU has AVX2 and the OS saves the YMM state.
@@ -67,4 +70,43 @@ func quantAVX2(out []byte, x []float32, u []uint32, lo, inv float32, levels int3
 	}
 	_, _ = out[len(x)*int(bits)/8-1], u[len(x)-1] // the lengths quantAsm trusts
 	quantAsm(out, x, u, lo, inv, levels, bits)
+}
+
+// dequantAsm is dequantGeneric for len(out) a positive multiple of 8.
+//
+//go:noescape
+func dequantAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
+
+func dequantAVX2(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
+	if len(out) == 0 {
+		return
+	}
+	_ = codes[len(out)*int(bits)/8-1] // the length dequantAsm trusts
+	dequantAsm(out, codes, lo, scale, bits, add)
+}
+
+// signAsm is signGeneric for len(x) a positive multiple of 8.
+//
+//go:noescape
+func signAsm(bits []byte, x []float32, acc *[8]float64)
+
+func signAVX2(bits []byte, x []float32, acc *[8]float64) {
+	if len(x) == 0 {
+		return
+	}
+	_ = bits[len(x)/8-1] // the length signAsm trusts
+	signAsm(bits, x, acc)
+}
+
+// unsignAsm is unsignGeneric for len(out) a positive multiple of 8.
+//
+//go:noescape
+func unsignAsm(out []float32, bits []byte, sb uint32, add bool)
+
+func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
+	if len(out) == 0 {
+		return
+	}
+	_ = bits[len(out)/8-1] // the length unsignAsm trusts
+	unsignAsm(out, bits, sb, add)
 }

@@ -154,3 +154,167 @@ DATA packCrumbPairs<>+8(SB)/8, $0x0010000100100001
 GLOBL packCrumbPairs<>(SB), RODATA|NOPTR, $16
 DATA twoPow24<>+0(SB)/4, $0x33800000 // float32 2^-24
 GLOBL twoPow24<>(SB), RODATA|NOPTR, $4
+
+// DEQSTORE turns the 8 codes in the dwords of Y3 into lo + c·scale (Y0,
+// Y1), adds the 8 floats at DI if R9 (add) is set, stores them at DI and
+// advances DI.
+#define DEQSTORE \
+	VCVTDQ2PS Y3, Y3; \
+	VMULPS    Y1, Y3, Y3; \
+	VADDPS    Y0, Y3, Y3; \
+	TESTQ     R9, R9; \
+	JZ        2(PC); \
+	VADDPS    (DI), Y3, Y3; \
+	VMOVUPS   Y3, (DI); \
+	ADDQ      $32, DI
+
+// func dequantAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
+TEXT ·dequantAsm(SB), NOSPLIT, $0-65
+	MOVQ         out_base+0(FP), DI
+	MOVQ         out_len+8(FP), CX
+	MOVQ         codes_base+24(FP), SI
+	VBROADCASTSS lo+48(FP), Y0
+	VBROADCASTSS scale+52(FP), Y1
+	MOVBQZX      add+64(FP), R9
+	MOVQ         bits+56(FP), AX
+	CMPQ         AX, $8
+	JEQ          dq8
+	CMPQ         AX, $4
+	JEQ          dq4
+	VMOVDQU      crumbShifts<>(SB), Y6
+	VPBROADCASTD crumbMask<>(SB), Y7
+
+dq2:
+	MOVWLZX      (SI), AX
+	VMOVD        AX, X3
+	VPBROADCASTD X3, Y3
+	VPSRLVD      Y6, Y3, Y3
+	VPAND        Y7, Y3, Y3
+	DEQSTORE
+	ADDQ         $2, SI
+	SUBQ         $8, CX
+	JNZ          dq2
+	VZEROUPPER
+	RET
+
+dq4:
+	VMOVDQU      nibbleShifts<>(SB), Y6
+	VPBROADCASTD nibbleMask<>(SB), Y7
+
+dq4loop:
+	VPBROADCASTD (SI), Y3
+	VPSRLVD      Y6, Y3, Y3
+	VPAND        Y7, Y3, Y3
+	DEQSTORE
+	ADDQ         $4, SI
+	SUBQ         $8, CX
+	JNZ          dq4loop
+	VZEROUPPER
+	RET
+
+dq8:
+	VPMOVZXBD (SI), Y3
+	DEQSTORE
+	ADDQ      $8, SI
+	SUBQ      $8, CX
+	JNZ       dq8
+	VZEROUPPER
+	RET
+
+// func signAsm(bits []byte, x []float32, acc *[8]float64)
+TEXT ·signAsm(SB), NOSPLIT, $0-56
+	MOVQ      bits_base+0(FP), DI
+	MOVQ      x_base+24(FP), SI
+	MOVQ      x_len+32(FP), CX
+	MOVQ      acc+48(FP), DX
+	VMOVUPD   (DX), Y0         // lanes 0-3
+	VMOVUPD   32(DX), Y1       // lanes 4-7
+	VXORPS    Y7, Y7, Y7
+	VPCMPEQD  Y6, Y6, Y6
+	VPSRLD    $1, Y6, Y6       // 0x7fffffff
+
+sloop:
+	VMOVUPS      (SI), Y2
+	VCMPPS       $0x11, Y7, Y2, Y3 // x < 0, quiet
+	VMOVMSKPS    Y3, AX
+	MOVB         AX, (DI)
+	VANDPS       Y6, Y2, Y2        // |x|
+	VCVTPS2PD    X2, Y4
+	VEXTRACTF128 $1, Y2, X5
+	VCVTPS2PD    X5, Y5
+	VADDPD       Y4, Y0, Y0
+	VADDPD       Y5, Y1, Y1
+	ADDQ         $32, SI
+	INCQ         DI
+	SUBQ         $8, CX
+	JNZ          sloop
+	VMOVUPD      Y0, (DX)
+	VMOVUPD      Y1, 32(DX)
+	VZEROUPPER
+	RET
+
+// func unsignAsm(out []float32, bits []byte, sb uint32, add bool)
+TEXT ·unsignAsm(SB), NOSPLIT, $0-53
+	MOVQ         out_base+0(FP), DI
+	MOVQ         out_len+8(FP), CX
+	MOVQ         bits_base+24(FP), SI
+	MOVL         sb+48(FP), AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVBQZX      add+52(FP), R9
+	VMOVDQU      signShifts<>(SB), Y6
+	VPBROADCASTD signMask<>(SB), Y7
+
+uloop:
+	MOVBLZX      (SI), AX
+	VMOVD        AX, X3
+	VPBROADCASTD X3, Y3
+	VPSLLVD      Y6, Y3, Y3 // bit k of the byte to bit 31 of lane k
+	VPAND        Y7, Y3, Y3
+	VPOR         Y0, Y3, Y3
+	TESTQ        R9, R9
+	JZ           2(PC)
+	VADDPS       (DI), Y3, Y3
+	VMOVUPS      Y3, (DI)
+	ADDQ         $32, DI
+	INCQ         SI
+	SUBQ         $8, CX
+	JNZ          uloop
+	VZEROUPPER
+	RET
+
+// Per-lane shift counts and masks that unpack 8 codes from a broadcast
+// dword: 2-bit codes, 4-bit codes, and sign bits moved to bit 31.
+DATA crumbShifts<>+0(SB)/4, $0
+DATA crumbShifts<>+4(SB)/4, $2
+DATA crumbShifts<>+8(SB)/4, $4
+DATA crumbShifts<>+12(SB)/4, $6
+DATA crumbShifts<>+16(SB)/4, $8
+DATA crumbShifts<>+20(SB)/4, $10
+DATA crumbShifts<>+24(SB)/4, $12
+DATA crumbShifts<>+28(SB)/4, $14
+GLOBL crumbShifts<>(SB), RODATA|NOPTR, $32
+DATA crumbMask<>+0(SB)/4, $3
+GLOBL crumbMask<>(SB), RODATA|NOPTR, $4
+DATA nibbleShifts<>+0(SB)/4, $0
+DATA nibbleShifts<>+4(SB)/4, $4
+DATA nibbleShifts<>+8(SB)/4, $8
+DATA nibbleShifts<>+12(SB)/4, $12
+DATA nibbleShifts<>+16(SB)/4, $16
+DATA nibbleShifts<>+20(SB)/4, $20
+DATA nibbleShifts<>+24(SB)/4, $24
+DATA nibbleShifts<>+28(SB)/4, $28
+GLOBL nibbleShifts<>(SB), RODATA|NOPTR, $32
+DATA nibbleMask<>+0(SB)/4, $15
+GLOBL nibbleMask<>(SB), RODATA|NOPTR, $4
+DATA signShifts<>+0(SB)/4, $31
+DATA signShifts<>+4(SB)/4, $30
+DATA signShifts<>+8(SB)/4, $29
+DATA signShifts<>+12(SB)/4, $28
+DATA signShifts<>+16(SB)/4, $27
+DATA signShifts<>+20(SB)/4, $26
+DATA signShifts<>+24(SB)/4, $25
+DATA signShifts<>+28(SB)/4, $24
+GLOBL signShifts<>(SB), RODATA|NOPTR, $32
+DATA signMask<>+0(SB)/4, $0x80000000
+GLOBL signMask<>(SB), RODATA|NOPTR, $4
