@@ -153,6 +153,10 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int,
 	return nil
 }
 
+// kernelSet names the inner loops in use: "generic", or the instruction
+// sets of the accelerated ones (see simd_amd64.go).
+var kernelSet = "generic"
+
 // quantBlock is how many elements quantize draws and codes at a time.
 const quantBlock = 512
 
@@ -175,7 +179,7 @@ func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32,
 		u := halves[:len(xs)]
 		if !q.nearest {
 			u = draws[:len(xs)]
-			ctr = drawBits(u, ctr)
+			ctr = drawKernel(u, ctr)
 		}
 		// Codes before the first 8-aligned index and after the last full
 		// group of 8 share their bytes with the neighbouring bucket.
@@ -213,11 +217,14 @@ func quantGeneric(out []byte, x []float32, u []uint32, lo, inv float32, levels i
 	}
 }
 
-// drawBits fills u with the top 24 bits of the draws whose counters are ctr,
-// ctr + golden, … and returns the counter after the last: u[i]·2^-24 is
-// Stream.Uniform. mix64's last step z ^ z>>31 leaves those bits unchanged,
-// so it is skipped. (Inlined into quantize, the loop would share registers
-// with the caller's and spill ctr on every draw.)
+// drawKernel fills u with the top 24 bits of the draws whose counters are
+// ctr, ctr + golden, … and returns the counter after the last: u[i]·2^-24
+// is Stream.Uniform. mix64's last step z ^ z>>31 leaves those bits
+// unchanged, so it is skipped.
+var drawKernel = drawBits
+
+// drawBits is the generic drawKernel. (Inlined into quantize, its loop
+// would share registers with the caller's and spill ctr on every draw.)
 //
 //go:noinline
 func drawBits(u []uint32, ctr uint64) uint64 {

@@ -655,3 +655,116 @@ func TestQuantClamp(t *testing.T) {
 		}
 	}
 }
+
+// TestKernels runs each accelerated inner loop and its generic twin on the
+// same inputs, lengths around the vector width included, and requires the
+// same bits out.
+func TestKernels(t *testing.T) {
+	if kernelSet == "generic" {
+		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
+	}
+	r := rand.New(rand.NewPCG(7, 7))
+	special := []float32{0, float32(math.Copysign(0, -1)), 1e-45, -1e-45, math.MaxFloat32, -math.MaxFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	input := func(n int, specials int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		for range specials {
+			if n > 0 {
+				x[r.IntN(n)] = special[r.IntN(len(special))]
+			}
+		}
+		return x
+	}
+	same := func(a, b []float32) bool {
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				return false
+			}
+		}
+		return len(a) == len(b)
+	}
+	for _, n := range []int{1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 511, 512, 1000} {
+		for trial := range 20 {
+			x := input(n, trial%4)
+			lo1, hi1, f1 := minMaxKernel(x)
+			lo2, hi2, f2 := minMaxGeneric(x)
+			if f1 != f2 || f1 && (lo1 != lo2 || hi1 != hi2) {
+				t.Fatalf("minMax n=%d %v: (%v %v %v), generic (%v %v %v)", n, x, lo1, hi1, f1, lo2, hi2, f2)
+			}
+
+			ctr := r.Uint64()
+			u1, u2 := make([]uint32, n), make([]uint32, n)
+			if c1, c2 := drawKernel(u1, ctr), drawBits(u2, ctr); c1 != c2 || !bytes.Equal(u32bytes(u1), u32bytes(u2)) {
+				t.Fatalf("draw n=%d ctr=%#x: kernels differ", n, ctr)
+			}
+
+			m := n &^ 7
+			y := input(m, 0)
+			lo, hi := float32(-2.5), float32(3)
+			if m > 0 {
+				lo, hi = sliceRange(y)
+			}
+			for _, bits := range []uint{8, 4, 2} {
+				levels := int32(1)<<bits - 1
+				inv := float32(float64(levels) / (float64(hi) - float64(lo)))
+				o1, o2 := make([]byte, m*int(bits)/8), make([]byte, m*int(bits)/8)
+				quantKernel(o1, y, u1, lo, inv, levels, bits)
+				quantGeneric(o2, y, u1, lo, inv, levels, bits)
+				if !bytes.Equal(o1, o2) {
+					t.Fatalf("quant n=%d bits=%d: kernels differ at byte %d", m, bits, firstDiff(o1, o2))
+				}
+				scale := float32(r.NormFloat64())
+				for _, add := range []bool{false, true} {
+					d1, d2 := input(m, 0), make([]float32, m)
+					copy(d2, d1)
+					dequantKernel(d1, o1, lo, scale, bits, add)
+					dequantGeneric(d2, o1, lo, scale, bits, add)
+					if !same(d1, d2) {
+						t.Fatalf("dequant n=%d bits=%d add=%v: kernels differ", m, bits, add)
+					}
+				}
+			}
+
+			s := input(m, trial%4)
+			for i := range s {
+				if r.IntN(8) == 0 {
+					s[i] = special[r.IntN(2)] // signed zeros
+				}
+			}
+			b1, b2 := make([]byte, m/8), make([]byte, m/8)
+			acc1 := [8]float64{1, 2, 3, 4, 5, 6, 7, 0.5}
+			acc2 := acc1
+			signKernel(b1, s, &acc1)
+			signGeneric(b2, s, &acc2)
+			if !bytes.Equal(b1, b2) {
+				t.Fatalf("sign n=%d: bits differ at byte %d", m, firstDiff(b1, b2))
+			}
+			for k := range acc1 {
+				if math.Float64bits(acc1[k]) != math.Float64bits(acc2[k]) && !(math.IsNaN(acc1[k]) && math.IsNaN(acc2[k])) {
+					t.Fatalf("sign n=%d: lane %d sums %v, generic %v", m, k, acc1[k], acc2[k])
+				}
+			}
+			sb := math.Float32bits(float32(r.ExpFloat64()))
+			for _, add := range []bool{false, true} {
+				d1, d2 := input(m, 0), make([]float32, m)
+				copy(d2, d1)
+				unsignKernel(d1, b1, sb, add)
+				unsignGeneric(d2, b1, sb, add)
+				if !same(d1, d2) {
+					t.Fatalf("unsign n=%d add=%v: kernels differ", m, add)
+				}
+			}
+		}
+	}
+}
+
+func u32bytes(u []uint32) []byte {
+	b := make([]byte, 0, 4*len(u))
+	for _, v := range u {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	return b
+}

@@ -5,35 +5,44 @@ package compress
 import "math"
 
 // AVX2 versions of the codecs' inner loops, used when the CPU and the OS
-// support AVX2 (build with -tags purego to keep the generic Go loops). Each
-// computes exactly what its generic twin computes, bit for bit: the same
-// IEEE single-precision operations lane by lane, rounded to nearest even,
-// never fused. TestKernels runs every pair on the same inputs.
+// support AVX2, and an AVX-512 version of the random draws (build with
+// -tags purego to keep the generic Go loops). Each computes exactly what its
+// generic twin computes, bit for bit: the same IEEE single-precision
+// operations lane by lane, rounded to nearest even, never fused, and the
+// same integer arithmetic. TestKernels runs every pair on the same inputs.
 func init() {
-	if !hasAVX2() {
+	avx2, avx512 := cpuFeatures()
+	if !avx2 {
 		return
 	}
+	kernelSet = "avx2"
 	minMaxKernel = minMaxAVX2
 	quantKernel = quantAVX2
 	dequantKernel = dequantAVX2
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
+	if avx512 {
+		kernelSet = "avx2+avx512"
+		drawKernel = drawAVX512
+	}
 }
 
-// hasAVX2 reports whether the CPU has AVX2 and the OS saves the YMM state.
-func hasAVX2() bool {
+// cpuFeatures reports whether the CPU has AVX2, and AVX-512 F and DQ, with
+// the OS saving the YMM (and ZMM and opmask) state.
+func cpuFeatures() (avx2, avx512 bool) {
 	if maxID, _, _, _ := cpuid(0, 0); maxID < 7 {
-		return false
+		return false, false
 	}
 	const osxsave, avx = 1 << 27, 1 << 28
 	if _, _, ecx, _ := cpuid(1, 0); ecx&osxsave == 0 || ecx&avx == 0 {
-		return false
+		return false, false
 	}
-	if xcr0, _ := xgetbv(); xcr0&6 != 6 { // XMM and YMM state
-		return false
-	}
+	xcr0, _ := xgetbv()
 	_, ebx, _, _ := cpuid(7, 0)
-	return ebx&(1<<5) != 0
+	const avx2Bit, avx512F, avx512DQ = 1 << 5, 1 << 16, 1 << 17
+	avx2 = xcr0&0x06 == 0x06 && ebx&avx2Bit != 0                                // XMM, YMM state
+	avx512 = avx2 && xcr0&0xe6 == 0xe6 && ebx&avx512F != 0 && ebx&avx512DQ != 0 // and opmask, ZMM state
+	return avx2, avx512
 }
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -109,4 +118,18 @@ func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
 	}
 	_ = bits[len(out)/8-1] // the length unsignAsm trusts
 	unsignAsm(out, bits, sb, add)
+}
+
+// drawAsm512 is drawBits for len(u) a positive multiple of 8.
+//
+//go:noescape
+func drawAsm512(u []uint32, ctr uint64)
+
+func drawAVX512(u []uint32, ctr uint64) uint64 {
+	m := len(u) &^ 7
+	if m > 0 {
+		drawAsm512(u[:m], ctr)
+		ctr += uint64(m) * golden
+	}
+	return drawBits(u[m:], ctr)
 }

@@ -318,3 +318,49 @@ DATA signShifts<>+28(SB)/4, $24
 GLOBL signShifts<>(SB), RODATA|NOPTR, $32
 DATA signMask<>+0(SB)/4, $0x80000000
 GLOBL signMask<>(SB), RODATA|NOPTR, $4
+
+// Constants of the draws: the counter offsets k·golden of lanes k = 0..7,
+// then the step 8·golden and mix64's two multipliers.
+DATA drawOffsets<>+0(SB)/8, $0x0000000000000000
+DATA drawOffsets<>+8(SB)/8, $0x9e3779b97f4a7c15
+DATA drawOffsets<>+16(SB)/8, $0x3c6ef372fe94f82a
+DATA drawOffsets<>+24(SB)/8, $0xdaa66d2c7ddf743f
+DATA drawOffsets<>+32(SB)/8, $0x78dde6e5fd29f054
+DATA drawOffsets<>+40(SB)/8, $0x1715609f7c746c69
+DATA drawOffsets<>+48(SB)/8, $0xb54cda58fbbee87e
+DATA drawOffsets<>+56(SB)/8, $0x538454127b096493
+GLOBL drawOffsets<>(SB), RODATA|NOPTR, $64
+DATA drawConsts<>+0(SB)/8, $0xf1bbcdcbfa53e0a8
+DATA drawConsts<>+8(SB)/8, $0xbf58476d1ce4e5b9
+DATA drawConsts<>+16(SB)/8, $0x94d049bb133111eb
+GLOBL drawConsts<>(SB), RODATA|NOPTR, $24
+
+// func drawAsm512(u []uint32, ctr uint64)
+//
+// Lane k of Z0 holds the counter of draw k of the next 8; each step applies
+// mix64 up to its last multiply and keeps bits 40-63.
+TEXT ·drawAsm512(SB), NOSPLIT, $0-32
+	MOVQ         u_base+0(FP), DI
+	MOVQ         u_len+8(FP), CX
+	MOVQ         ctr+24(FP), AX
+	VPBROADCASTQ AX, Z0
+	VPADDQ       drawOffsets<>(SB), Z0, Z0
+	VPBROADCASTQ drawConsts<>+0(SB), Z1
+	VPBROADCASTQ drawConsts<>+8(SB), Z2
+	VPBROADCASTQ drawConsts<>+16(SB), Z3
+
+drawloop:
+	VPSRLQ  $30, Z0, Z4
+	VPXORQ  Z0, Z4, Z4
+	VPMULLQ Z2, Z4, Z4
+	VPSRLQ  $27, Z4, Z5
+	VPXORQ  Z5, Z4, Z4
+	VPMULLQ Z3, Z4, Z4
+	VPSRLQ  $40, Z4, Z4
+	VPMOVQD Z4, (DI)
+	VPADDQ  Z1, Z0, Z0
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JNZ     drawloop
+	VZEROUPPER
+	RET
