@@ -27,6 +27,15 @@ func numBuckets(n, b int) int { return (n + b - 1) / b }
 // packedLen returns the bytes that n codes of bits bits each occupy.
 func packedLen(n int, bits uint) int { return (n*int(bits) + 7) / 8 }
 
+// groupSpan splits the n elements from index s into a head [0, head), the
+// whole 8-aligned groups [head, end) and a tail [end, n). Head and tail
+// share their code bytes with the neighbouring bucket; the groups own
+// theirs, which is where the vector kernels run.
+func groupSpan(s, n int) (head, end int) {
+	head = min((8-s%8)%8, n)
+	return head, head + (n-head)&^7
+}
+
 // putCode stores code c of element i into the LSB-first bit stream codes,
 // leaving the other bits of its byte as they are. bits divides 8.
 func putCode(codes []byte, i int, bits uint, c uint64) {

@@ -68,6 +68,9 @@ func init() {
 //
 // Parallel runs split the input at multiples of 8·B elements, which are
 // bucket and byte boundaries, so they write the same bytes as a serial run.
+// The inner loops (drawKernel, minMaxKernel, quantKernel, dequantKernel)
+// have AVX2 and AVX-512 twins on amd64 (simd_amd64.go) that compute the
+// same bits.
 type quantCodec struct {
 	codec   Codec
 	bits    uint // 8, 4 or 2
@@ -160,8 +163,8 @@ var kernelSet = "generic"
 // quantBlock is how many elements quantize draws and codes at a time.
 const quantBlock = 512
 
-// halves holds the draws of nearest rounding: 2^23, for r = 0.5.
-var halves = func() (h [quantBlock]uint32) {
+// halfDraws holds the draws of nearest rounding: 2^23, for r = 0.5.
+var halfDraws = func() (h [quantBlock]uint32) {
 	for i := range h {
 		h[i] = 1 << 23
 	}
@@ -176,19 +179,16 @@ func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32,
 	ctr := base + uint64(s+1)*golden // the counter of draw s
 	for b := 0; b < len(x); b += quantBlock {
 		xs := x[b:min(b+quantBlock, len(x))]
-		u := halves[:len(xs)]
+		u := halfDraws[:len(xs)]
 		if !q.nearest {
 			u = draws[:len(xs)]
 			ctr = drawKernel(u, ctr)
 		}
-		// Codes before the first 8-aligned index and after the last full
-		// group of 8 share their bytes with the neighbouring bucket.
 		i := s + b
-		head := min((8-i%8)%8, len(xs))
+		head, end := groupSpan(i, len(xs))
 		for k := range head {
 			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
 		}
-		end := head + (len(xs)-head)&^7
 		quantKernel(codes[(i+head)*int(bits)/8:], xs[head:end], u[head:end], lo, inv, levels, bits)
 		for k := end; k < len(xs); k++ {
 			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
@@ -264,18 +264,16 @@ func storeGroup(out []byte, bits uint, w uint64) []byte {
 	return out[bits:]
 }
 
-// loadGroup returns the packed codes of the 8 elements from index i, which
-// is a multiple of 8.
+// loadGroup returns the packed codes (bits 8, 4 or 2 each) of the 8
+// elements from index i, which is a multiple of 8.
 func loadGroup(codes []byte, i int, bits uint) uint64 {
 	switch bits {
 	case 8:
 		return binary.LittleEndian.Uint64(codes[i:])
 	case 4:
 		return uint64(binary.LittleEndian.Uint32(codes[i/2:]))
-	case 2:
+	default: // 2
 		return uint64(binary.LittleEndian.Uint16(codes[i/4:]))
-	default:
-		return uint64(codes[i/8])
 	}
 }
 
@@ -322,12 +320,11 @@ func outside(x []float32, lo, hi float32) int {
 // firstMaximum returns the *NonFiniteError for a bucket x (starting at index
 // s) whose range hi − lo is too wide to encode, at its first element hi.
 func firstMaximum(x []float32, s int, hi float32) error {
-	for i, v := range x {
-		if math.Float32bits(v) == math.Float32bits(hi) {
-			return &NonFiniteError{Index: s + i, Value: v}
-		}
+	i := 0
+	for i < len(x)-1 && x[i] != hi { // hi is an element of x
+		i++
 	}
-	return &NonFiniteError{Index: s, Value: hi} // unreachable: hi is an element of x
+	return &NonFiniteError{Index: s + i, Value: x[i]}
 }
 
 func (q *quantCodec) check(body []byte, h *header) error {
@@ -360,13 +357,10 @@ func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run
 			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
 			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
 			out := dst[s:min(s+q.bucket, to)]
-			// Codes before the first 8-aligned index and after the last
-			// full group of 8 share their bytes with the neighbouring bucket.
-			head := min((8-s%8)%8, len(out))
+			head, end := groupSpan(s, len(out))
 			for k := range head {
 				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
 			}
-			end := head + (len(out)-head)&^7
 			dequantKernel(out[head:end], codes[(s+head)*int(bits)/8:], lo, scale, bits, add)
 			for k := end; k < len(out); k++ {
 				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)

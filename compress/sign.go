@@ -77,15 +77,12 @@ func (c *signCodec) encode(body []byte, src []float32, _ Key, run runner) error 
 // index s, and returns its scale (see signCodec).
 func signBucket(bits []byte, x []float32, s int) (float32, error) {
 	var acc [8]float64
-	// Elements before the first 8-aligned index and after the last full
-	// group of 8 share their bytes with the neighbouring bucket.
-	head := min((8-s%8)%8, len(x))
+	head, end := groupSpan(s, len(x))
 	for k, v := range x[:head] {
 		u := math.Float32bits(v)
 		acc[(s+k)%8] += absBits(u)
 		putCode(bits, s+k, 1, signBit(u))
 	}
-	end := head + (len(x)-head)&^7
 	signKernel(bits[(s+head)/8:], x[head:end], &acc)
 	for k := end; k < len(x); k++ {
 		u := math.Float32bits(x[k])
@@ -156,11 +153,10 @@ func (c *signCodec) decode(dst []float32, body []byte, _ *header, add bool, run 
 // unsign sets or adds to out, the bucket starting at index s, ±scale
 // (bits sb) by the sign bits.
 func unsign(out []float32, bits []byte, s int, sb uint32, add bool) {
-	head := min((8-s%8)%8, len(out))
+	head, end := groupSpan(s, len(out))
 	for k := range out[:head] {
 		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)
 	}
-	end := head + (len(out)-head)&^7
 	unsignKernel(out[head:end], bits[(s+head)/8:], sb, add)
 	for k := end; k < len(out); k++ {
 		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)

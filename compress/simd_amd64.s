@@ -33,7 +33,7 @@ TEXT ·rangeAVX2(SB), NOSPLIT, $0-33
 	JZ      reduce
 
 loop:
-	PREFETCHT0 2048(SI)       // the next bucket, while the caller draws
+	PREFETCHT0 2048(SI)       // 2 KiB ahead: the next bucket at B = 512, loading while the caller draws
 	VMOVUPS (SI), Y3
 	VMINPS  Y3, Y0, Y0
 	VMAXPS  Y3, Y1, Y1
