@@ -9,12 +9,13 @@ import (
 	"time"
 )
 
-// The quantizer benchmarks compare against a copy of the same bytes: the
-// speed targets are ratios to it, since the machine is shared and noisy.
-// BenchmarkMemcpy times the copy alone; each codec benchmark also times one
-// copy (timer stopped) before every operation and reports the paired ratio
-// copy time / operation time as "xmemcpy" (go test -run '^$' -bench
-// 'Quant|Sign|Memcpy').
+// The codec benchmarks compare against a copy of the same bytes: the speed
+// targets are ratios to it, since the machine is shared and noisy.
+// BenchmarkMemcpy times the copy alone; BenchmarkCodec times one copy (timer
+// stopped) before every operation and reports the paired ratio copy time /
+// operation time as "xmemcpy":
+//
+//	go test ./compress -run '^$' -bench 'Codec|Memcpy|Sort' -benchtime 3x
 
 // benchSizes are the element counts benchmarked; the 64Mi one (256 MiB of
 // fp32) is skipped under -short.
@@ -107,16 +108,25 @@ func timePaired(b *testing.B, n int, op func() error) {
 	b.ReportMetric(copyTime.Seconds()/b.Elapsed().Seconds(), "xmemcpy")
 }
 
-func BenchmarkQuant(b *testing.B) {
-	for _, spec := range []string{"int8", "int4", "int2", "int8:round=nearest"} {
+// benchSpecs are the compressors BenchmarkCodec measures.
+var benchSpecs = []string{
+	"none", "fp16", "bf16",
+	"topk:0.01", "topk:0.01:sampled", "randomk:0.01",
+	"int8", "int4", "int2", "int8:round=nearest", "sign",
+	"topk:0.01:lossless=zstd", "int4:lossless=huff0",
+}
+
+// BenchmarkCodec measures every spec of benchSpecs (sub-benchmark names are
+// the specs, so -bench 'Codec/int8' selects one).
+func BenchmarkCodec(b *testing.B) {
+	for _, spec := range benchSpecs {
 		b.Run(spec, func(b *testing.B) { benchCodec(b, spec) })
 	}
 }
 
-func BenchmarkSign(b *testing.B) { benchCodec(b, "sign") }
-
 // benchCodec times Compress and DecompressAdd of spec on 1 and 2 workers and
-// reports the compression ratio and the relative L2 error ‖x − D(C(x))‖/‖x‖.
+// reports the compression ratio, the relative L2 error ‖x − D(C(x))‖/‖x‖ and,
+// for sampled top-k, the recall of the exact top-k set.
 func benchCodec(b *testing.B, spec string) {
 	b.Logf("inner loops: %s", kernelSet) // shown with -v
 	forSizes(b, func(b *testing.B, n int) {
@@ -132,10 +142,14 @@ func benchCodec(b *testing.B, spec string) {
 		}
 		ratio := float64(4*n) / float64(len(payload))
 		relErr := relL2(src, dec)
+		recall, hasRecall := topkRecall(b, spec, src, payload)
 		report := func(b *testing.B) {
 			b.SetBytes(int64(4 * n))
 			b.ReportMetric(ratio, "ratio")
 			b.ReportMetric(relErr, "relL2")
+			if hasRecall {
+				b.ReportMetric(recall, "recall")
+			}
 		}
 		for _, workers := range []int{1, 2} {
 			c := mustParse(b, spec, WithWorkers(workers))
