@@ -1,0 +1,40 @@
+# gradcomp — make test installs what the tests need, then runs every test.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+FUZZTIME ?= 4s
+# Fuzz targets run briefly on every `make test`; `make fuzz FUZZTIME=5m` for longer.
+FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
+
+.PHONY: test setup vet unit race fuzz bench gobench
+
+test: setup vet unit race fuzz
+
+setup:
+	./scripts/setup
+
+vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -count=1 ./...
+
+race:
+	$(GO) test -count=1 -race -short ./compress/...
+
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+	  echo "fuzz $$f ($(FUZZTIME))"; \
+	  $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/gradcomp-fuzz.log 2>&1 \
+	    || { cat /tmp/gradcomp-fuzz.log; exit 1; }; \
+	done
+
+# The main job: compressor benchmark on the CPU (see README).
+bench:
+	$(GO) run ./cmd/gradcomp bench
+
+# Go benchmarks of every compressor against memcpy of the same bytes.
+gobench:
+	$(GO) test ./compress -run '^$$' -bench . -benchtime 3x
