@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -64,10 +63,12 @@ func sizesOf(results []Result) []int {
 
 // PlotRatioError writes a PNG scatter plot of compression ratio against
 // relative L2 error, both on log axes, one glyph shape per size and the
-// points labelled with their codecs (codecs whose points coincide share one
-// label). Codecs with zero error (lossless) or that failed cannot sit on a
-// log axis and are left out; the title says how many.
+// points labelled with their codecs (see pointLabels), labels set apart
+// from each other where they can be. Codecs with zero error (lossless) or
+// that failed cannot sit on a log axis and are left out; the title says
+// how many.
 func PlotRatioError(w io.Writer, results []Result) error {
+	const width, height = 20 * vg.Centimeter, 14 * vg.Centimeter
 	p := plot.New()
 	p.X.Label.Text = "relative L2 error ‖x − D(C(x))‖ / ‖x‖"
 	p.Y.Label.Text = "compression ratio (4n / payload bytes)"
@@ -78,14 +79,16 @@ func PlotRatioError(w io.Writer, results []Result) error {
 			shown = append(shown, r)
 		}
 	}
-	labels := pointLabels(shown)
-	var all plotter.XYs
-	for i, n := range sizesOf(shown) {
-		var pts plotter.XYLabels
+	xys := make(plotter.XYs, len(shown))
+	for i, r := range shown {
+		xys[i] = plotter.XY{X: r.RelL2Error, Y: r.Ratio}
+	}
+	sizes := sizesOf(shown)
+	for i, n := range sizes {
+		var pts plotter.XYs
 		for j, r := range shown {
 			if r.Size == n {
-				pts.XYs = append(pts.XYs, plotter.XY{X: r.RelL2Error, Y: r.Ratio})
-				pts.Labels = append(pts.Labels, labels[j])
+				pts = append(pts, xys[j])
 			}
 		}
 		s, err := plotter.NewScatter(pts)
@@ -95,65 +98,21 @@ func PlotRatioError(w io.Writer, results []Result) error {
 		s.GlyphStyle.Shape = plotutil.Shape(i)
 		s.GlyphStyle.Color = plotutil.Color(i)
 		s.GlyphStyle.Radius = vg.Points(3)
-		l, err := plotter.NewLabels(pts)
-		if err != nil {
-			return err
-		}
-		for k := range l.TextStyle {
-			l.TextStyle[k].YAlign = draw.YTop // extra lines go down
-		}
-		l.Offset = vg.Point{X: vg.Points(5), Y: vg.Points(5)}
-		p.Add(s, l)
+		p.Add(s)
 		p.Legend.Add(FormatSize(n)+" elements", s)
-		all = append(all, pts.XYs...)
 	}
 	p.Title.Text = "Compression ratio vs error"
 	if left := len(results) - len(shown); left > 0 {
 		p.Title.Text += fmt.Sprintf(" (%d results with zero error or failed not shown)", left)
 	}
-	if len(all) > 0 {
-		setLogAxis(&p.X, all, func(xy plotter.XY) float64 { return xy.X })
-		setLogAxis(&p.Y, all, func(xy plotter.XY) float64 { return xy.Y })
-	}
-	return writePNG(w, p, 20*vg.Centimeter, 14*vg.Centimeter)
-}
-
-// Label placement in PlotRatioError, as factors on both axes: a codec's
-// point within labelReach of a point already labelled with that codec gets
-// no label of its own; a point within joinReach of a labelled point of
-// another codec adds its codec to that label.
-const (
-	labelReach = 1.5
-	joinReach  = 1.05
-)
-
-// pointLabels returns the label of each result's point in PlotRatioError:
-// its codec, one codec per line when points coincide, or empty where a
-// nearby label already names it.
-func pointLabels(rs []Result) []string {
-	labels := make([]string, len(rs))
-	within := func(a, b Result, f float64) bool {
-		return max(a.RelL2Error, b.RelL2Error)/min(a.RelL2Error, b.RelL2Error) < f &&
-			max(a.Ratio, b.Ratio)/min(a.Ratio, b.Ratio) < f
-	}
-next:
-	for i, r := range rs {
-		for j := range i {
-			if rs[j].Codec == r.Codec && within(rs[j], r, labelReach) {
-				continue next
-			}
+	if len(shown) > 0 {
+		setLogAxis(&p.X, xys, func(xy plotter.XY) float64 { return xy.X })
+		setLogAxis(&p.Y, xys, func(xy plotter.XY) float64 { return xy.Y })
+		if err := addPlacedLabels(p, xys, pointLabels(shown), len(sizes), width, height); err != nil {
+			return err
 		}
-		for j := range i {
-			if labels[j] != "" && within(rs[j], r, joinReach) {
-				if !slices.Contains(strings.Split(labels[j], "\n"), r.Codec) {
-					labels[j] += "\n" + r.Codec
-				}
-				continue next
-			}
-		}
-		labels[i] = r.Codec
 	}
-	return labels
+	return writePNG(w, p, width, height)
 }
 
 // setLogAxis makes a a log axis spanning the values v picks from xys, widened

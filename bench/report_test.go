@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 )
 
 func ptr(v float64) *float64 { return &v }
@@ -232,5 +235,29 @@ func TestWriteTableNoErrorColumn(t *testing.T) {
 	}
 	if strings.Contains(buf.String(), "error") {
 		t.Errorf("table without a failed codec has an error column:\n%s", buf.String())
+	}
+}
+
+// TestPlaceLabels puts three labels on nearby points and an obstacle: the
+// chosen boxes must overlap neither each other nor the obstacle.
+func TestPlaceLabels(t *testing.T) {
+	l, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{}}, Labels: []string{""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sty := l.TextStyle[0]
+	pts := []vg.Point{{X: 100, Y: 100}, {X: 100, Y: 102}, {X: 101, Y: 98}}
+	labels := []string{"topk:0.01", "topk:0.01:sampled", "int4\nint4:lossless=zstd"}
+	wall := vg.Rectangle{Min: vg.Point{X: 103, Y: 0}, Max: vg.Point{X: 400, Y: 100}} // right-below is taken
+	chosen := placeLabels(pts, labels, sty, []vg.Rectangle{wall})
+	boxes := []vg.Rectangle{wall}
+	for i, c := range chosen {
+		b := placements[c].box(pts[i], sty.Width(labels[i]), sty.Height(labels[i]))
+		for j, o := range boxes {
+			if a := overlap(b, o); a > 0 {
+				t.Errorf("label %q (placement %d) overlaps box %d by %v", labels[i], c, j, a)
+			}
+		}
+		boxes = append(boxes, b)
 	}
 }
