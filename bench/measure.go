@@ -45,6 +45,7 @@ type buffers struct {
 	scratch []byte    // encode destination while timing; reference payloads
 }
 
+// newBuffers returns the buffers for gradient x; the others grow on use.
 func newBuffers(x []float32) *buffers {
 	return &buffers{x: x, out: make([]float32, len(x))}
 }

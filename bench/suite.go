@@ -16,8 +16,9 @@ import (
 const DefaultCodecs = "none,fp16,bf16,topk:0.01,topk:0.01:sampled,randomk:0.01,int8,int4,int2,sign," +
 	"topk:0.01:lossless=zstd,topk:0.01:lossless=huff0,int4:lossless=zstd,int4:lossless=huff0"
 
-// DefaultSizes is the size list the gradcomp CLI measures by default. With
-// DefaultCodecs it runs in about a minute on two cores.
+// DefaultSizes is the size list the gradcomp CLI measures by default: one
+// gradient that fits in cache and one that does not. With DefaultCodecs it
+// runs in about 20 seconds on two cores (18 s measured, 1 worker).
 const DefaultSizes = "1M,16M"
 
 // Config describes one run of the compressor suite. The zero value of every
