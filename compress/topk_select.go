@@ -1,0 +1,497 @@
+package compress
+
+import (
+	"encoding/binary"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Top-k selection by radix select on magnitude keys.
+//
+// The key of x is its bit pattern without the sign, key(x) = bits(x) & 0x7fffffff.
+// For finite x keys order like |x| (-0 and +0 share key 0); +Inf is
+// 0x7f800000 and NaNs lie above it, so key ≥ 0x7f800000 means non-finite.
+// The selected set is the k elements with the largest keys, ties broken
+// toward the lower index: with T the k-th largest key, every element with
+// key > T plus the lowest-index elements with key == T, as many as make k.
+//
+// The exact selection (AIR top-k style) splits the 31 key bits into digits of
+// 11, 11 and 9 bits. Each level histograms one digit of the still undecided
+// elements (those whose key agrees with the digits picked so far) and picks
+// the bin holding the k-th largest; bins above it are decided in. The first
+// level reads the whole input; the elements with key ≥ the first level's
+// bound (those decided in plus the undecided: 1.1·k to 1.25·k for a Laplace
+// gradient at ratios 0.001 to 0.1) are then copied, in index order, into a
+// candidate list that the next levels and the output read instead of the
+// input: two passes over the input.
+// When the undecided bin is too large to copy (many ties: all-equal or
+// coarsely quantized input), the next level reads the input again, up to
+// three histogram passes and one output pass.
+//
+// The input is cut into segments whose layout depends on n alone; passes run
+// segment by segment over the runner, with per-segment histograms and
+// prefix sums for the output offsets, so the bytes do not depend on the
+// number of workers.
+const (
+	signMask     = 0x7fffffff
+	nonFiniteKey = 0x7f800000 // the key of +Inf; keys at or above it are Inf or NaN
+	histBins     = 1 << 11    // the widest digit
+
+	segMinLen = 1 << 16 // input elements per segment, at least …
+	maxSegs   = 64      // … unless that would make more segments than this
+
+	collectBlock = 1 << 14 // elements scanned between checks of the candidate limit
+)
+
+// radixLevels are the digits of a key, most significant first.
+var radixLevels = [...]struct{ shift, bits uint32 }{{20, 11}, {9, 11}, {0, 9}}
+
+// magKey returns the magnitude key of x.
+func magKey(x float32) uint32 { return math.Float32bits(x) & signMask }
+
+// The scans for large elements (collecting candidates, writing the output,
+// looking for non-finite values) skip runs of small elements eight at a
+// time: groupAtLeast reads them as four 64-bit words of two lanes each.
+// With its sign bit forced on, a lane L is ≥ 2^31 ≥ t, so L − t borrows
+// nothing from the next lane and keeps its top bit exactly when key ≥ t.
+// Both lanes are tested alike, so byte order does not matter; words are
+// read at 8-byte-aligned addresses only (a scan handles the one element
+// before the first such address on its own, see misaligned).
+const laneSigns = 0x80000000_80000000
+
+// lanes returns t in both 32-bit lanes of a word; t ≤ 1<<31.
+func lanes(t uint32) uint64 { return uint64(t)<<32 | uint64(t) }
+
+// groupAtLeast reports whether one of the eight elements from p on, which
+// must be 8-byte aligned and in one slice, has a key ≥ t (t2 = lanes(t)).
+func groupAtLeast(p *float32, t2 uint64) bool {
+	w := (*[4]uint64)(unsafe.Pointer(p))
+	l0, l1, l2, l3 := (w[0]|laneSigns)-t2, (w[1]|laneSigns)-t2, (w[2]|laneSigns)-t2, (w[3]|laneSigns)-t2
+	return (l0|l1|l2|l3)&laneSigns != 0
+}
+
+// misaligned returns how many leading elements of vals lie before an
+// 8-byte-aligned address: 0 or 1 (0 for an empty slice).
+func misaligned(vals []float32) int {
+	if len(vals) > 0 && uintptr(unsafe.Pointer(&vals[0]))%8 != 0 {
+		return 1
+	}
+	return 0
+}
+
+// atLeast returns 1 if key(x) ≥ t, else 0, without a branch; t ≤ 1<<31.
+func atLeast(x float32, t uint32) int { return int((math.Float32bits(x) | 1<<31 - t) >> 31) }
+
+// firstAtLeast returns the lowest i with magKey(vals[i]) ≥ t, or -1; t ≤ 1<<31.
+func firstAtLeast(vals []float32, t uint32) int {
+	t2 := lanes(t)
+	i := 0
+	for end := misaligned(vals); ; end = min(i+8, len(vals)) {
+		for ; i < end; i++ {
+			if magKey(vals[i]) >= t {
+				return i
+			}
+		}
+		for i+8 <= len(vals) && !groupAtLeast(&vals[i], t2) {
+			i += 8
+		}
+		if i == len(vals) {
+			return -1
+		}
+	}
+}
+
+// collectAtLeast appends to pos and vals every element of blk with key ≥ t
+// (blk[i] has input index base+i), in order. Groups holding one are
+// compacted without branches.
+func collectAtLeast(pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+	t2 := lanes(t)
+	i := 0
+	for end := misaligned(blk); ; end = min(i+8, len(blk)) {
+		m := len(pos)
+		pos, vals = slices.Grow(pos, end-i)[:m+end-i], slices.Grow(vals, end-i)[:m+end-i]
+		c := m
+		for j, x := range blk[i:end] {
+			pos[c], vals[c] = uint32(base+i+j), x
+			c += atLeast(x, t)
+		}
+		pos, vals = pos[:c], vals[:c]
+		i = end
+		for i+8 <= len(blk) && !groupAtLeast(&blk[i], t2) {
+			i += 8
+		}
+		if i == len(blk) {
+			return pos, vals
+		}
+	}
+}
+
+// segment is a run of elements selection reads: a slice of the input at
+// index base (pos == nil), or a candidate list whose element i has input
+// index pos[i].
+type segment struct {
+	vals []float32
+	pos  []uint32
+	base int
+}
+
+func (s *segment) index(i int) int {
+	if s.pos == nil {
+		return s.base + i
+	}
+	return int(s.pos[i])
+}
+
+// candidates is the list collected from one input segment.
+type candidates struct {
+	pos  []uint32
+	vals []float32
+}
+
+// topkScratch is the reusable memory of one top-k call.
+type topkScratch struct {
+	input  []segment
+	cand   []candidates
+	cands  []segment
+	hist   []uint32 // histBins per segment
+	total  [histBins]int
+	above  []int // per segment: elements decided in
+	eq     []int // per segment: elements in the undecided bin
+	off    []int // per segment: output offset
+	take   []int // per segment: elements equal to the threshold it outputs
+	sample []float32
+}
+
+var topkScratchPool = sync.Pool{New: func() any { return new(topkScratch) }}
+
+// selectTopK writes the top-k body of src (k ascending uint32 indices, then
+// their k float32 values) into body, len(body) == 8k, 1 ≤ k ≤ len(src). A
+// NaN or Inf in src is a *NonFiniteError for the lowest such index, and
+// body is then left unwritten. sampled tries the sampled-threshold shortcut
+// first; both paths write the same bytes.
+func selectTopK(body []byte, src []float32, k int, sampled bool, run runner) error {
+	sc := topkScratchPool.Get().(*topkScratch)
+	defer func() {
+		clear(sc.input) // the pool must not keep the caller's gradient alive
+		topkScratchPool.Put(sc)
+	}()
+	sc.splitInput(src)
+	if sampled && len(src) >= sampledMinLen && k <= len(src)/sampledMaxInv {
+		if done, err := sc.sampled(body, src, k, run); done {
+			return err
+		}
+	}
+	// Candidates are copied once at most n/8 more than k would be.
+	return sc.start(sc.input, k, true).finish(body, k, len(src)/8+k, run)
+}
+
+// splitInput cuts src into segments whose layout depends on len(src) alone.
+func (sc *topkScratch) splitInput(src []float32) {
+	n := len(src)
+	segs := min(max((n+segMinLen-1)/segMinLen, 1), maxSegs)
+	sc.input = sc.input[:0]
+	for s := range segs {
+		lo, hi := s*n/segs, (s+1)*n/segs
+		sc.input = append(sc.input, segment{vals: src[lo:hi], base: lo})
+	}
+}
+
+// selection is the state of one radix selection: an element of segs is
+// undecided while key>>shift == prefix; above[s] elements of segment s are
+// decided in, and need more are wanted from the undecided.
+type selection struct {
+	sc      *topkScratch
+	segs    []segment
+	onInput bool // segs are slices of the input, not candidate lists
+	shift   uint32
+	prefix  uint32
+	need    int
+}
+
+// start begins a selection of the need largest keys among segs, which are
+// slices of the input if onInput.
+func (sc *topkScratch) start(segs []segment, need int, onInput bool) *selection {
+	n := len(segs)
+	sc.hist = slices.Grow(sc.hist[:0], n*histBins)[:n*histBins]
+	sc.above = resetInts(sc.above, n)
+	sc.eq = resetInts(sc.eq, n)
+	return &selection{sc: sc, segs: segs, onInput: onInput, shift: 31, need: need}
+}
+
+func resetInts(s []int, n int) []int {
+	s = slices.Grow(s[:0], n)[:n]
+	clear(s)
+	return s
+}
+
+// finish runs every level, collects candidates from the input once at most
+// collectLimit of them would be copied, checks for non-finite values after
+// the first level and writes the selected elements to body.
+func (sel *selection) finish(body []byte, k, collectLimit int, run runner) error {
+	for l := range radixLevels {
+		sel.histogram(l, run)
+		if l == 0 {
+			if err := sel.nonFinite(); err != nil {
+				return err
+			}
+		}
+		sel.pick(l)
+		if sel.onInput && l < len(radixLevels)-1 && sel.undecidedAndAbove() <= collectLimit {
+			sel.collectFromInput(run)
+		}
+	}
+	sel.emit(body, k, run)
+	return nil
+}
+
+// histogram counts, per segment, the level-l digit of the undecided keys.
+func (sel *selection) histogram(l int, run runner) {
+	lv := radixLevels[l]
+	mask := uint32(1)<<lv.bits - 1
+	run(len(sel.segs), 1, func(lo, hi int) {
+		for s := lo; s < hi; s++ {
+			h := (*[histBins]uint32)(sel.sc.hist[s*histBins:])
+			clear(h[:])
+			if sel.shift == 31 {
+				histTop(h, sel.segs[s].vals)
+			} else {
+				histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
+			}
+		}
+	})
+	total := &sel.sc.total
+	clear(total[:])
+	for s := range sel.segs {
+		h := sel.sc.hist[s*histBins : s*histBins+int(mask)+1]
+		for b, c := range h {
+			total[b] += int(c)
+		}
+	}
+}
+
+// histTop counts the top digit (key>>20) of every element.
+func histTop(h *[histBins]uint32, vals []float32) {
+	for _, x := range vals {
+		h[math.Float32bits(x)>>20&(histBins-1)]++
+	}
+}
+
+// histUndecided counts digit (key>>shift)&mask of the elements with
+// key>>pshift == prefix. It adds the match (0 or 1) instead of branching on
+// it, since about as many elements match as not.
+func histUndecided(h *[histBins]uint32, vals []float32, pshift, prefix, shift, mask uint32) {
+	for _, x := range vals {
+		u := magKey(x)
+		h[u>>shift&mask&(histBins-1)] += (u>>pshift ^ prefix - 1) >> 31 // 1 iff equal: both sides < 2^31
+	}
+}
+
+// nonFinite returns a *NonFiniteError for the first Inf or NaN of the
+// segments, which the first level's histogram has counted in its top bins.
+func (sel *selection) nonFinite() error {
+	bad := 0
+	for _, c := range sel.sc.total[nonFiniteKey>>20:] {
+		bad += c
+	}
+	if bad == 0 {
+		return nil
+	}
+	for _, seg := range sel.segs {
+		if i := firstAtLeast(seg.vals, nonFiniteKey); i >= 0 {
+			return &NonFiniteError{Index: seg.index(i), Value: seg.vals[i]}
+		}
+	}
+	return nil
+}
+
+// pick chooses the level-l bin holding the need-th largest undecided key:
+// bins above it are decided in, the elements in it stay undecided.
+func (sel *selection) pick(l int) {
+	lv := radixLevels[l]
+	b := int(1)<<lv.bits - 1
+	in := 0
+	for ; in+sel.sc.total[b] < sel.need; b-- {
+		in += sel.sc.total[b]
+	}
+	sel.need -= in
+	for s := range sel.segs {
+		h := sel.sc.hist[s*histBins : (s+1)*histBins]
+		for _, c := range h[b+1 : 1<<lv.bits] {
+			sel.sc.above[s] += int(c)
+		}
+		sel.sc.eq[s] = int(h[b])
+	}
+	sel.prefix = sel.prefix<<lv.bits | uint32(b)
+	sel.shift = lv.shift
+}
+
+// undecidedAndAbove returns how many elements have key ≥ prefix<<shift.
+func (sel *selection) undecidedAndAbove() int {
+	n := 0
+	for s := range sel.segs {
+		n += sel.sc.above[s] + sel.sc.eq[s]
+	}
+	return n
+}
+
+// collectFromInput replaces the input segments by candidate lists of their
+// elements with key ≥ prefix<<shift, whose counts pick has just made known.
+func (sel *selection) collectFromInput(run runner) {
+	sc := sel.sc
+	sc.growCands(len(sel.segs))
+	for s := range sel.segs {
+		c := &sc.cand[s]
+		want := sc.above[s] + sc.eq[s] + 8 // collectAtLeast grows by up to 8 at a time
+		c.pos = slices.Grow(c.pos[:0], want)
+		c.vals = slices.Grow(c.vals[:0], want)
+	}
+	sc.collect(sel.segs, sel.prefix<<sel.shift, math.MaxInt, run)
+	sel.segs, sel.onInput = sc.cands, false
+}
+
+func (sc *topkScratch) growCands(n int) {
+	if len(sc.cand) < n {
+		sc.cand = append(sc.cand, make([]candidates, n-len(sc.cand))...)
+	}
+}
+
+// collect fills sc.cands with, per input segment, its elements with key ≥ t
+// in index order. It gives up and returns false once more than limit have
+// been found in all.
+func (sc *topkScratch) collect(input []segment, t uint32, limit int, run runner) bool {
+	sc.growCands(len(input))
+	var found atomic.Int64
+	run(len(input), 1, func(lo, hi int) {
+		for s := lo; s < hi; s++ {
+			c := &sc.cand[s]
+			c.pos, c.vals = c.pos[:0], c.vals[:0]
+			vals := input[s].vals
+			for from := 0; from < len(vals) && found.Load() <= int64(limit); from += collectBlock {
+				blk := vals[from:min(from+collectBlock, len(vals))]
+				before := len(c.pos)
+				c.pos, c.vals = collectAtLeast(c.pos, c.vals, blk, input[s].base+from, t)
+				found.Add(int64(len(c.pos) - before))
+			}
+		}
+	})
+	sc.cands = sc.cands[:0]
+	for s := range input {
+		sc.cands = append(sc.cands, segment{vals: sc.cand[s].vals, pos: sc.cand[s].pos})
+	}
+	return found.Load() <= int64(limit)
+}
+
+// emit writes the selected elements, in index order, into body: every key
+// above the threshold prefix and, segment by segment, the first need keys
+// equal to it.
+func (sel *selection) emit(body []byte, k int, run runner) {
+	sc := sel.sc
+	n := len(sel.segs)
+	sc.off = resetInts(sc.off, n)
+	sc.take = resetInts(sc.take, n)
+	off, quota := 0, sel.need
+	for s := range n {
+		sc.take[s] = min(quota, sc.eq[s])
+		quota -= sc.take[s]
+		sc.off[s] = off
+		off += sc.above[s] + sc.take[s]
+	}
+	idx, vals := body[:4*k], body[4*k:8*k]
+	t := sel.prefix
+	run(n, 1, func(lo, hi int) {
+		for s := lo; s < hi; s++ {
+			emitSegment(idx, vals, sc.off[s], &sel.segs[s], t, sc.take[s])
+		}
+	})
+}
+
+// emitSegment writes, from output slot o on, the elements of seg with key
+// above t and the first take with key equal to t.
+func emitSegment(idx, vals []byte, o int, seg *segment, t uint32, take int) {
+	at := t // the least key still wanted
+	if take == 0 {
+		at = t + 1
+	}
+	x := seg.vals
+	i := 0
+	for end := misaligned(x); ; end = min(i+8, len(x)) {
+		for ; i < end; i++ {
+			u := magKey(x[i])
+			if u < at {
+				continue
+			}
+			if u == t {
+				if take--; take == 0 {
+					at = t + 1
+				}
+			}
+			binary.LittleEndian.PutUint32(idx[4*o:], uint32(seg.index(i)))
+			binary.LittleEndian.PutUint32(vals[4*o:], math.Float32bits(x[i]))
+			o++
+		}
+		for t2 := lanes(at); i+8 <= len(x) && !groupAtLeast(&x[i], t2); {
+			i += 8
+		}
+		if i == len(x) {
+			return
+		}
+	}
+}
+
+// The sampled-threshold shortcut (DGC style). A fixed sample (sampleBlocks
+// runs of sampleBlock consecutive elements, run j starting at ⌊j·n/
+// sampleBlocks⌋) estimates the magnitude bound T above which slightly more
+// than k elements lie: T is the r-th largest sample key with
+// r = ⌈μ + 4√μ⌉ + 1, μ = sampleSize·k/n, i.e. four binomial standard
+// deviations of margin, capped at the +Inf key. One pass over the input then
+// collects every element with key ≥ T and exact selection runs on those
+// candidates. If at least k were collected, they include every element of
+// the exact top-k (the k-th largest key is ≥ T), so the result is the exact
+// top-k: recall 1, the same bytes as the exact path. If fewer than k were
+// collected, or more than collectFactor times the expected number (many
+// ties at T, or a sample unlike the whole), the exact path runs instead.
+// Non-finite inputs all have keys ≥ T, so they are among the candidates and
+// the first is reported as the exact path would.
+const (
+	sampleBlocks  = 1024
+	sampleBlock   = 64
+	sampleSize    = sampleBlocks * sampleBlock
+	sampledMinLen = 4 * sampleSize // below this the exact path runs
+	sampledMaxInv = 8              // and for k > n/8, where sampling does not pay
+	collectFactor = 3
+)
+
+// sampled runs the sampled-threshold shortcut. done reports whether it
+// settled the call (with err, nil or a *NonFiniteError); if not, the caller
+// runs the exact path.
+func (sc *topkScratch) sampled(body []byte, src []float32, k int, run runner) (done bool, err error) {
+	n := len(src)
+	sc.sample = sc.sample[:0]
+	for j := range sampleBlocks {
+		lo := j * n / sampleBlocks
+		sc.sample = append(sc.sample, src[lo:lo+sampleBlock]...)
+	}
+	mu := float64(sampleSize) * float64(k) / float64(n)
+	r := min(int(math.Ceil(mu+4*math.Sqrt(mu)))+1, sampleSize)
+	sel := sc.start([]segment{{vals: sc.sample}}, r, false)
+	for l := range radixLevels {
+		sel.histogram(l, serial)
+		sel.pick(l)
+	}
+	t := min(sel.prefix, nonFiniteKey)
+	limit := int(collectFactor * int64(r) * int64(n) / sampleSize)
+	if !sc.collect(sc.input, t, limit, run) {
+		return false, nil
+	}
+	found := 0
+	for _, s := range sc.cands {
+		found += len(s.vals)
+	}
+	if found < k {
+		return false, nil
+	}
+	return true, sc.start(sc.cands, k, false).finish(body, k, 0, run)
+}

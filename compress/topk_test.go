@@ -1,0 +1,613 @@
+package compress
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// sparseData returns n float32 values of a named kind: "laplace" (a
+// heavy-tailed gradient), "ties" (seven quantized levels), "equal" (one
+// magnitude, both signs), "zeros" (±0 with a few non-zeros) or "ramp"
+// (magnitude growing with the index, so the largest sit at the end).
+func sparseData(kind string, n int, seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	x := make([]float32, n)
+	for i := range x {
+		switch kind {
+		case "laplace":
+			x[i] = float32(r.ExpFloat64() * 1e-3)
+		case "ties":
+			x[i] = float32(r.IntN(7)) * 0.5
+		case "equal":
+			x[i] = 0.25
+		case "zeros":
+			if r.IntN(1000) == 0 {
+				x[i] = float32(r.NormFloat64())
+			}
+		case "ramp":
+			x[i] = float32(i) * 1e-6
+		default:
+			panic("unknown data kind " + kind)
+		}
+		if r.IntN(2) == 0 {
+			x[i] = -x[i]
+		}
+	}
+	return x
+}
+
+// sparseRanking is the reference order: every index of src sorted by
+// (−|x|, index), the order a stable sort by decreasing magnitude gives.
+func sparseRanking(src []float32) []uint32 {
+	keys := make([]uint64, len(src))
+	for i, x := range src {
+		mag := math.Float32bits(float32(math.Abs(float64(x))))
+		keys[i] = uint64(^mag)<<32 | uint64(i)
+	}
+	slices.Sort(keys)
+	order := make([]uint32, len(src))
+	for i, k := range keys {
+		order[i] = uint32(k)
+	}
+	return order
+}
+
+// sparseTopOf returns the first k indices of a ranking, ascending.
+func sparseTopOf(ranking []uint32, k int) []uint32 {
+	in := make([]bool, len(ranking))
+	for _, i := range ranking[:k] {
+		in[i] = true
+	}
+	top := make([]uint32, 0, k)
+	for i, ok := range in {
+		if ok {
+			top = append(top, uint32(i))
+		}
+	}
+	return top
+}
+
+// sparseBruteTopK is the reference top-k of src, indices ascending.
+func sparseBruteTopK(src []float32, k int) []uint32 { return sparseTopOf(sparseRanking(src), k) }
+
+// sparseBody returns the body of an uncompressed payload.
+func sparseBody(t testing.TB, p []byte) []byte {
+	t.Helper()
+	if len(p) < headerLen+trailerLen {
+		t.Fatalf("payload of %d bytes", len(p))
+	}
+	return p[headerLen : len(p)-trailerLen]
+}
+
+// sparseTopKBody splits a top-k body into its indices and values.
+func sparseTopKBody(body []byte) ([]uint32, []float32) {
+	k := len(body) / 8
+	idx, vals := make([]uint32, k), make([]float32, k)
+	for i := range k {
+		idx[i] = binary.LittleEndian.Uint32(body[4*i:])
+		vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(body[4*k+4*i:]))
+	}
+	return idx, vals
+}
+
+// sparseReseal recomputes a payload's CRC32C after a test corrupted it.
+func sparseReseal(p []byte) {
+	end := len(p) - trailerLen
+	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], castagnoli))
+}
+
+func sparseParse(t testing.TB, spec string, opts ...Option) Compressor {
+	t.Helper()
+	c, err := Parse(spec, opts...)
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", spec, err)
+	}
+	return c
+}
+
+// sparseParallel runs every call on two workers whatever its size.
+var sparseParallel = []Option{WithWorkers(2), WithMinParallel(1)}
+
+func TestSparseSpecs(t *testing.T) {
+	valid := []struct {
+		spec, canon string
+		codec       Codec
+	}{
+		{"topk:0.01", "topk:0.01", CodecTopK},
+		{"topk:0.010", "topk:0.01", CodecTopK},
+		{"topk:1", "topk:1", CodecTopK},
+		{"topk:1e-3:sampled", "topk:0.001:sampled", CodecTopK},
+		{"topk:0.5:sampled:lossless=zstd", "topk:0.5:sampled:lossless=zstd", CodecTopK},
+		{"topk:0.5:lossless=none", "topk:0.5", CodecTopK},
+		{"randomk:0.25", "randomk:0.25", CodecRandomK},
+		{"randomk:0.25:seed=7", "randomk:0.25:seed=7", CodecRandomK},
+		{"randomk:0.25:seed=0", "randomk:0.25", CodecRandomK},
+		{"randomk:0.1:seed=0x10", "randomk:0.1:seed=16", CodecRandomK},
+		{"randomk:0.1:seed=18446744073709551615:lossless=huff0", "randomk:0.1:seed=18446744073709551615:lossless=huff0", CodecRandomK},
+	}
+	for _, v := range valid {
+		c, err := Parse(v.spec)
+		if err != nil {
+			t.Errorf("Parse(%q): %v", v.spec, err)
+			continue
+		}
+		if c.Spec() != v.canon || c.Codec() != v.codec {
+			t.Errorf("Parse(%q) = %s (%s), want %s (%s)", v.spec, c.Spec(), c.Codec(), v.canon, v.codec)
+		}
+		if again := sparseParse(t, c.Spec()); again.Spec() != c.Spec() {
+			t.Errorf("canonical spec %q parses to %q", c.Spec(), again.Spec())
+		}
+	}
+	invalid := []string{
+		"topk", "topk:0", "topk:-0.1", "topk:1.5", "topk:NaN", "topk:Inf", "topk:abc",
+		"topk:0.1:exact", "topk:0.1:sampled:sampled", "topk:sampled", "topk:0.1:seed=3",
+		"topk:0.1:0.2", "topk:0.1:lossless=lz4", "topk:0.1::sampled", "topk:0.1:lossless=zstd:sampled",
+		"randomk", "randomk:0", "randomk:2", "randomk:0.1:sampled", "randomk:0.1:seed=-1",
+		"randomk:0.1:seed=x", "randomk:0.1:seed=1:seed=2", "randomk:0.1:bucket=4",
+		"randomk:0.1:seed=18446744073709551616",
+	}
+	for _, spec := range invalid {
+		_, err := Parse(spec)
+		var se *SpecError
+		if !errors.As(err, &se) {
+			t.Errorf("Parse(%q) = %v, want a *SpecError", spec, err)
+		}
+	}
+}
+
+func TestSparseK(t *testing.T) {
+	cases := []struct {
+		ratio float64
+		n, k  int
+	}{
+		{0.01, 0, 0}, {1, 0, 0}, {0.01, 1, 1}, {1e-9, 1000, 1}, {0.01, 1000, 10},
+		{0.0015, 1000, 2}, {0.0025, 1000, 3}, // round half away from zero: 1.5 → 2, 2.5 → 3
+		{1, 1000, 1000}, {0.9999, 3, 3}, {0.5, 3, 2}, {0.01, MaxElements, 42949673},
+	}
+	for _, c := range cases {
+		if got := sparseK(c.ratio, c.n); got != c.k {
+			t.Errorf("sparseK(%v, %d) = %d, want %d", c.ratio, c.n, got, c.k)
+		}
+	}
+}
+
+// TestTopKHeader checks the header fields and the payload length.
+func TestTopKHeader(t *testing.T) {
+	for _, spec := range []string{"topk:0.1", "topk:0.1:sampled", "randomk:0.1:seed=99"} {
+		c := sparseParse(t, spec)
+		src := sparseData("laplace", 1001, 1)
+		key := Key{Bucket: 3, Step: 4}
+		p, err := c.Compress([]byte("prefix"), src, key)
+		if err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		p = p[len("prefix"):]
+		if len(p) != c.MaxEncodedLen(len(src)) {
+			t.Errorf("%s: payload %d bytes, MaxEncodedLen %d", spec, len(p), c.MaxEncodedLen(len(src)))
+		}
+		h, _, err := parsePayload(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeed := uint64(0)
+		if c.Codec() == CodecRandomK {
+			wantSeed = 99
+		}
+		if h.paramA != 100 || h.paramB != 0 || h.seed != wantSeed || h.key != key || h.codec != c.Codec() {
+			t.Errorf("%s: header %+v", spec, *h)
+		}
+	}
+}
+
+// sparseTopKLengths are lengths around the selection's cut-offs and a few
+// random ones.
+func sparseTopKLengths() []int {
+	ls := []int{1, 2, 3, 7, 8, 9, 15, 16, 17, 100, 1000}
+	for _, c := range []int{segMinLen, 2 * segMinLen, sampledMinLen} {
+		ls = append(ls, c-1, c, c+1)
+	}
+	r := rand.New(rand.NewPCG(4, 4))
+	for range 4 {
+		ls = append(ls, 1+r.IntN(5000))
+	}
+	return append(ls, sampledMinLen+r.IntN(sampledMinLen), 1<<20+3)
+}
+
+// TestTopKExactMatchesBruteForce compares both selection paths with the
+// stable-sort reference over lengths around the cut-offs, k from 1 to n,
+// heavy-tailed and tie-heavy data, serially and on two workers (lengths
+// above 2^17 with fewer ratios and on two workers only, to stay fast).
+func TestTopKExactMatchesBruteForce(t *testing.T) {
+	kinds := []string{"laplace", "ties", "equal", "zeros", "ramp"}
+	for _, n := range sparseTopKLengths() {
+		ratios := []float64{1e-9, 0.01, 0.125, 0.3, 1}
+		workers := [][]Option{{WithWorkers(1)}, sparseParallel}
+		if n > 1<<17 {
+			ratios, workers = []float64{1e-9, 0.01, 1}, workers[1:]
+		}
+		for _, kind := range kinds {
+			src := sparseData(kind, n, uint64(n))
+			ranking := sparseRanking(src)
+			for _, ratio := range ratios {
+				k := sparseK(ratio, n)
+				want := sparseTopOf(ranking, k)
+				for _, mode := range []string{"", ":sampled"} {
+					spec := fmt.Sprintf("topk:%g%s", ratio, mode)
+					for _, opts := range workers {
+						p, err := sparseParse(t, spec, opts...).Compress(nil, src, Key{})
+						if err != nil {
+							t.Fatalf("%s n=%d %s: %v", spec, n, kind, err)
+						}
+						idx, vals := sparseTopKBody(sparseBody(t, p))
+						if !slices.Equal(idx, want) {
+							t.Fatalf("%s n=%d %s workers=%d: indices differ from the reference (first %v, want %v)",
+								spec, n, kind, len(opts), idx[:min(k, 8)], want[:min(k, 8)])
+						}
+						for i, p := range idx {
+							if math.Float32bits(vals[i]) != math.Float32bits(src[p]) {
+								t.Fatalf("%s n=%d %s: value %d is %v, src[%d] = %v", spec, n, kind, i, vals[i], p, src[p])
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTopKSampledShortcut checks that the sampled path settles typical
+// gradients itself (no exact fallback), returns exactly k and has recall 1,
+// and that inputs which defeat the sample fall back to the same bytes.
+func TestTopKSampledShortcut(t *testing.T) {
+	n := 1<<20 + 3
+	cases := []struct {
+		kind     string
+		ratio    float64
+		shortcut bool
+	}{
+		{"laplace", 0.01, true},
+		{"laplace", 0.001, true},
+		{"laplace", 0.1, true},
+		{"ramp", 0.01, true},
+		{"equal", 0.01, false}, // every element ties with the threshold: too many candidates
+		{"zeros", 0.01, false}, // more zeros than n−k: too many candidates
+	}
+	for _, c := range cases {
+		src := sparseData(c.kind, n, 7)
+		k := sparseK(c.ratio, n)
+		sc := new(topkScratch)
+		sc.splitInput(src)
+		body := make([]byte, 8*k)
+		done, err := sc.sampled(body, src, k, serial)
+		if err != nil || done != c.shortcut {
+			t.Errorf("%s %g: sampled settled=%v err=%v, want settled=%v", c.kind, c.ratio, done, err, c.shortcut)
+		}
+		p, err := sparseParse(t, fmt.Sprintf("topk:%g:sampled", c.ratio)).Compress(nil, src, Key{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx, _ := sparseTopKBody(sparseBody(t, p))
+		want := sparseBruteTopK(src, k)
+		if r := sparseRecall(idx, want); len(idx) != k || r != 1 {
+			t.Errorf("%s %g: sampled returned %d of k=%d, recall %v", c.kind, c.ratio, len(idx), k, r)
+		}
+		exact := sparseParse(t, fmt.Sprintf("topk:%g", c.ratio))
+		if pe, err := exact.Compress(nil, src, Key{}); err != nil || !bytes.Equal(pe, p) {
+			t.Errorf("%s %g: exact and sampled payloads differ (%v)", c.kind, c.ratio, err)
+		}
+		if err := exact.Decompress(make([]float32, n), p); err != nil {
+			t.Errorf("%s %g: the exact decoder rejects a sampled payload: %v", c.kind, c.ratio, err)
+		}
+	}
+}
+
+// TestTopKSampledMisleadingSample makes every sampled element larger than
+// the rest: the estimate is too high, the shortcut finds fewer than k
+// (k = n/10 exceeds the sample) and the exact path must take over.
+func TestTopKSampledMisleadingSample(t *testing.T) {
+	n := 1 << 20
+	src := sparseData("laplace", n, 3)
+	k := sparseK(0.1, n)
+	for j := range sampleBlocks {
+		lo := j * n / sampleBlocks
+		for i := lo; i < lo+sampleBlock; i++ {
+			src[i] = 100 + float32(i)
+		}
+	}
+	sc := new(topkScratch)
+	sc.splitInput(src)
+	if done, _ := sc.sampled(make([]byte, 8*k), src, k, serial); done {
+		t.Fatal("the shortcut settled a sample unlike the input")
+	}
+	p, err := sparseParse(t, "topk:0.1:sampled").Compress(nil, src, Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, _ := sparseTopKBody(sparseBody(t, p))
+	if !slices.Equal(idx, sparseBruteTopK(src, k)) {
+		t.Fatal("sampled top-k after the fallback differs from the reference")
+	}
+}
+
+// sparseRecall returns the fraction of want found in got (both ascending).
+func sparseRecall(got, want []uint32) float64 {
+	if len(want) == 0 {
+		return 1
+	}
+	hit := 0
+	for i, j := 0, 0; i < len(got) && j < len(want); {
+		switch {
+		case got[i] == want[j]:
+			hit++
+			i++
+			j++
+		case got[i] < want[j]:
+			i++
+		default:
+			j++
+		}
+	}
+	return float64(hit) / float64(len(want))
+}
+
+func TestTopKEmptyInput(t *testing.T) {
+	for _, spec := range []string{"topk:0.5", "topk:0.5:sampled", "randomk:0.5"} {
+		c := sparseParse(t, spec)
+		p, err := c.Compress(nil, nil, Key{})
+		if err != nil || len(p) != headerLen+trailerLen {
+			t.Fatalf("%s: empty input gave %d bytes, %v", spec, len(p), err)
+		}
+		if err := c.Decompress([]float32{}, p); err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+	}
+}
+
+// TestSparseNonFinite puts NaN and ±Inf at various places: the error names
+// the lowest index, whether or not that element would have been selected.
+func TestSparseNonFinite(t *testing.T) {
+	nan := float32(math.NaN())
+	inf := float32(math.Inf(1))
+	for _, n := range []int{1, 9, 1000, sampledMinLen + 5} {
+		for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
+			for _, bad := range [][]int{{0}, {n - 1}, {n / 2, n - 1}, {n / 3, n / 2}} {
+				for _, v := range []float32{nan, inf, -inf} {
+					src := sparseData("laplace", n, 5)
+					for _, i := range bad {
+						src[i] = v
+					}
+					for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+						dst := []byte("keep")
+						out, err := sparseParse(t, spec, opts...).Compress(dst, src, Key{Step: 1})
+						var nf *NonFiniteError
+						if !errors.As(err, &nf) || nf.Index != bad[0] || math.Float32bits(nf.Value) != math.Float32bits(v) {
+							t.Fatalf("%s n=%d bad=%v %v: err %v, want NonFiniteError at %d", spec, n, bad, v, err, bad[0])
+						}
+						if string(out) != "keep" {
+							t.Fatalf("%s: dst changed on error", spec)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestSparseSerialParallel compares the bytes of one and two workers.
+func TestSparseSerialParallel(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for range 12 {
+		n := r.IntN(3 << 18)
+		src := sparseData("laplace", n, uint64(n))
+		for _, spec := range []string{"topk:0.01", "topk:0.02:sampled", "randomk:0.05:seed=3", "topk:0.01:lossless=zstd"} {
+			a, errA := sparseParse(t, spec, WithWorkers(1)).Compress(nil, src, Key{Bucket: 1, Step: 2})
+			b, errB := sparseParse(t, spec, sparseParallel...).Compress(nil, src, Key{Bucket: 1, Step: 2})
+			if errA != nil || errB != nil || !bytes.Equal(a, b) {
+				t.Fatalf("%s n=%d: serial and parallel payloads differ (%v, %v)", spec, n, errA, errB)
+			}
+		}
+	}
+}
+
+// TestSparseDecode checks Decompress (zeros except the selection) and
+// DecompressAdd (adds the selection) for every sparse spec, with and
+// without a lossless stage.
+func TestSparseDecode(t *testing.T) {
+	specs := []string{"topk:0.01", "topk:0.01:sampled", "topk:0.05:lossless=zstd", "topk:0.05:lossless=huff0",
+		"randomk:0.01:seed=4", "randomk:0.2:lossless=zstd"}
+	for _, n := range []int{1, 1000, sampledMinLen + 1} {
+		src := sparseData("laplace", n, 11)
+		base := sparseData("ties", n, 12)
+		for _, spec := range specs {
+			for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+				c := sparseParse(t, spec, opts...)
+				key := Key{Bucket: 8, Step: uint64(n)}
+				p, err := c.Compress(nil, src, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sel := sparseSelected(t, c, p, src, key)
+				want := make([]float32, n)
+				for _, i := range sel {
+					want[i] = src[i]
+				}
+				dst := slices.Clone(base)
+				if err := c.Decompress(dst, p); err != nil {
+					t.Fatalf("%s: %v", spec, err)
+				}
+				if !slices.Equal(dst, want) {
+					t.Fatalf("%s n=%d: Decompress differs", spec, n)
+				}
+				dst = slices.Clone(base)
+				if err := c.DecompressAdd(dst, p); err != nil {
+					t.Fatalf("%s: %v", spec, err)
+				}
+				for i := range dst {
+					if dst[i] != base[i]+want[i] {
+						t.Fatalf("%s n=%d: DecompressAdd[%d] = %v, want %v", spec, n, i, dst[i], base[i]+want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// sparseSelected returns the indices a payload of c carries: from the body
+// for top-k, from RandomKIndices for random-k.
+func sparseSelected(t *testing.T, c Compressor, p []byte, src []float32, key Key) []uint32 {
+	t.Helper()
+	h, _, err := parsePayload(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := int(h.paramA)
+	if c.Codec() == CodecRandomK {
+		idx, err := RandomKIndices(nil, len(src), k, h.seed, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return idx
+	}
+	return sparseBruteTopK(src, k)
+}
+
+// TestTopKCorruptBody corrupts the body of a valid payload (and reseals its
+// checksum): every corruption is a *CorruptInputError at its offset, and dst
+// is untouched.
+func TestTopKCorruptBody(t *testing.T) {
+	n := 1000
+	src := sparseData("laplace", n, 2)
+	c := sparseParse(t, "topk:0.01")
+	good, err := c.Compress(nil, src, Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 10
+	put := func(p []byte, off int, v uint32) { binary.LittleEndian.PutUint32(p[headerLen+off:], v) }
+	get := func(p []byte, off int) uint32 { return binary.LittleEndian.Uint32(p[headerLen+off:]) }
+	cases := []struct {
+		name   string
+		off    int
+		mutate func(p []byte)
+	}{
+		{"descending", 4, func(p []byte) { a, b := get(p, 0), get(p, 4); put(p, 0, b); put(p, 4, a) }},
+		{"repeated", 12, func(p []byte) { put(p, 12, get(p, 8)) }},
+		{"out of range", 4 * (k - 1), func(p []byte) { put(p, 4*(k-1), uint32(n)) }},
+		{"huge", 4 * (k - 1), func(p []byte) { put(p, 4*(k-1), math.MaxUint32) }},
+		{"NaN value", 4*k + 8, func(p []byte) { put(p, 4*k+8, 0x7fc00001) }},
+		{"Inf value", 8*k - 4, func(p []byte) { put(p, 8*k-4, 0xff800000) }},
+	}
+	for _, cs := range cases {
+		p := slices.Clone(good)
+		cs.mutate(p)
+		sparseReseal(p)
+		dst := make([]float32, n)
+		dst[0] = 42
+		err := c.Decompress(dst, p)
+		var ce *CorruptInputError
+		if !errors.As(err, &ce) || ce.Offset != int64(headerLen+cs.off) {
+			t.Errorf("%s: err %v, want CorruptInputError at %d", cs.name, err, headerLen+cs.off)
+		}
+		if dst[0] != 42 || slices.ContainsFunc(dst[1:], func(v float32) bool { return v != 0 }) {
+			t.Errorf("%s: dst changed on error", cs.name)
+		}
+	}
+}
+
+// TestTopKLossless checks that zstd over the delta-coded indices shortens
+// the payload and decodes to the same values, and that the inverse transform
+// survives arbitrary bytes.
+func TestTopKLossless(t *testing.T) {
+	n := 1 << 18
+	src := sparseData("laplace", n, 4)
+	plain, lossy := sparseParse(t, "topk:0.01"), sparseParse(t, "topk:0.01:lossless=zstd")
+	a, err := plain.Compress(nil, src, Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lossy.Compress(nil, src, Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := parsePayload(b)
+	if err != nil || h.lossless != LosslessZstd || len(b) >= len(a) {
+		t.Fatalf("zstd payload %d bytes (flag %v, %v), plain %d", len(b), h.lossless, err, len(a))
+	}
+	da, db := make([]float32, n), make([]float32, n)
+	if err := plain.Decompress(da, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := lossy.Decompress(db, b); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(da, db) {
+		t.Fatal("zstd round trip changed the values")
+	}
+
+	var tc topkCodec
+	body := slices.Clone(sparseBody(t, a))
+	tc.forward(body)
+	tc.inverse(body)
+	if !bytes.Equal(body, sparseBody(t, a)) {
+		t.Fatal("inverse(forward(body)) != body")
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	junk := make([]byte, 8*64)
+	for i := range junk {
+		junk[i] = byte(r.Uint32())
+	}
+	tc.inverse(junk)
+	if err := tc.check(junk, &header{n: 1000}); err == nil {
+		t.Fatal("check accepted random indices")
+	}
+}
+
+// TestScanKernels compares firstAtLeast and collectAtLeast with plain loops
+// over every alignment, length and position of the first hit, with
+// thresholds at the ends of the allowed range (no key reaches 1<<31).
+func TestScanKernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 3))
+	sign := func() uint32 { return uint32(r.IntN(2)) << 31 }
+	buf := make([]float32, 80)
+	for _, th := range []uint32{0, 1, 0x3f800000, nonFiniteKey, 1 << 31} {
+		for start := range 4 {
+			for n := 0; n+start <= len(buf); n++ {
+				for hit := -1; hit < n; hit++ {
+					vals := buf[start : start+n]
+					for i := range vals {
+						vals[i] = math.Float32frombits(r.Uint32()%max(th, 1) | sign()) // key < th unless th == 0
+					}
+					if hit >= 0 {
+						vals[hit] = math.Float32frombits(min(th, signMask) | sign())
+					}
+					want := slices.IndexFunc(vals, func(x float32) bool { return magKey(x) >= th })
+					if got := firstAtLeast(vals, th); got != want {
+						t.Fatalf("t=%#x start=%d n=%d: firstAtLeast = %d, want %d", th, start, n, got, want)
+					}
+					var wantPos []uint32
+					for i, x := range vals {
+						if magKey(x) >= th {
+							wantPos = append(wantPos, uint32(100+i))
+						}
+					}
+					pos, got := collectAtLeast([]uint32{7}, []float32{7}, vals, 100, th)
+					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) {
+						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast = %v, want %v", th, start, n, pos[1:], wantPos)
+					}
+					for i, p := range pos[1:] {
+						if math.Float32bits(got[i+1]) != math.Float32bits(vals[p-100]) {
+							t.Fatalf("t=%#x start=%d n=%d: collected value %d differs", th, start, n, i)
+						}
+					}
+				}
+			}
+		}
+	}
+}
