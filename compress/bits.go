@@ -1,0 +1,80 @@
+package compress
+
+import (
+	"fmt"
+	"math"
+)
+
+// Helpers shared by the bucketed codecs (int8/int4/int2 in quant.go, sign in
+// sign.go): the bucket option, bit-packed code access and the checks of
+// floats and padding.
+
+const (
+	defaultQuantBucket = 512     // elements per quantization bucket
+	maxQuantBucket     = 1 << 24 // largest bucket=N a spec may ask for
+	expMask            = 0x7f800000
+)
+
+// bucketOption consumes the bucket=N option.
+func bucketOption(a *specArgs) (int, error) {
+	b, err := a.intOption("bucket", defaultQuantBucket, 1, maxQuantBucket)
+	return int(b), err
+}
+
+// numBuckets returns how many buckets of b elements cover n elements.
+func numBuckets(n, b int) int { return (n + b - 1) / b }
+
+// packedLen returns the bytes that n codes of bits bits each occupy.
+func packedLen(n int, bits uint) int { return (n*int(bits) + 7) / 8 }
+
+// groupSpan splits the n elements from index s into a head [0, head), the
+// whole 8-aligned groups [head, end) and a tail [end, n). Head and tail
+// share their code bytes with the neighbouring bucket; the groups own
+// theirs, which is where the vector kernels run.
+func groupSpan(s, n int) (head, end int) {
+	head = min((8-s%8)%8, n)
+	return head, head + (n-head)&^7
+}
+
+// putCode stores code c of element i into the LSB-first bit stream codes,
+// leaving the other bits of its byte as they are. bits divides 8.
+func putCode(codes []byte, i int, bits uint, c uint64) {
+	off := uint(i) * bits
+	m := byte(1<<bits-1) << (off & 7)
+	p := &codes[off>>3]
+	*p = *p&^m | byte(c)<<(off&7)&m
+}
+
+// getCode returns the code of element i of the LSB-first bit stream codes.
+func getCode(codes []byte, i int, bits uint) uint8 {
+	off := uint(i) * bits
+	return codes[off>>3] >> (off & 7) & byte(1<<bits-1)
+}
+
+// clearPadding zeroes the bits of the last byte of codes that lie past the
+// first nbits bits.
+func clearPadding(codes []byte, nbits int) {
+	if r := nbits & 7; r != 0 {
+		codes[nbits>>3] &= byte(1)<<r - 1
+	}
+}
+
+// checkPadding reports a *CorruptInputError if a bit of codes past the first
+// nbits is set; offset is the position of codes in the body.
+func checkPadding(codes []byte, nbits, offset int) error {
+	if r := nbits & 7; r != 0 && codes[nbits>>3]>>r != 0 {
+		return &CorruptInputError{Offset: int64(offset + nbits>>3), Reason: fmt.Sprintf("nonzero padding bits after the last of %d code bits", nbits)}
+	}
+	return nil
+}
+
+// nonFinite returns the error for the first NaN or ±Inf in x, whose first
+// element has index base in the input, or nil if every element is finite.
+func nonFinite(x []float32, base int) error {
+	for i, v := range x {
+		if math.Float32bits(v)&expMask == expMask {
+			return &NonFiniteError{Index: base + i, Value: v}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,399 @@
+package compress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+func init() {
+	for _, q := range []struct {
+		name string
+		id   Codec
+		bits uint
+	}{{"int8", CodecInt8, 8}, {"int4", CodecInt4, 4}, {"int2", CodecInt2, 2}} {
+		registerCodec(q.name, func(a *specArgs) (codec, error) { return newQuantCodec(a, q.id, q.bits) })
+	}
+}
+
+// quantCodec is bucketed min-max quantization to bits = 8, 4 or 2 bits per
+// element, spec int8|int4|int2[:bucket=B][:round=stochastic|nearest][:seed=S]
+// (defaults 512, stochastic, 0). Header: parameter A = B, parameter B = 0
+// (stochastic) or 1 (nearest), seed = S.
+//
+// The definition below is the reference every backend (the CUDA kernels
+// included) matches bit for bit. Every float32 operation is one IEEE
+// operation rounded to nearest even, never fused with another (in CUDA:
+// __fsub_rn, __fmul_rn, __fadd_rn, or --fmad=false); float64 operations
+// likewise. L = 2^bits − 1.
+//
+// Encoding. The n elements split into nb = ceil(n/B) buckets of B
+// consecutive elements, the last one possibly shorter. Per bucket:
+//
+//	lo, hi = least and greatest element, plus +0 (which turns −0 into +0;
+//	         −0 and +0 compare equal); a NaN or ±Inf is a *NonFiniteError
+//	         for the lowest such index
+//	d      = float64(hi) − float64(lo)
+//	scale  = float32(d / L)                               (float64 division)
+//	inv    = 0 if scale == 0, else float32(min(L / d, MaxFloat32))   (float64)
+//	top    = lo + float32(float32(L) · scale)             (largest decoded value)
+//
+// A bucket with d > MaxFloat32 or a non-finite top cannot be encoded: it is
+// a *NonFiniteError at the bucket's first maximum. Element x at global index
+// i (0 ≤ i < n) of a bucket gets
+//
+//	t    = float32(float32(x − lo) · inv)                 0 ≤ t ≤ L·(1+2^-22)
+//	r    = NewStream(S, key, DomainRound).Uniform(i)      stochastic
+//	       0.5                                            nearest
+//	code = min(trunc(float32(t + r)), L)                  t + r ≥ 0: trunc is floor
+//
+// so that code is ⌊t⌋ + 1 with probability t − ⌊t⌋ (stochastic, to the 2^-24
+// resolution of r) or t rounded half up (nearest), clamped to [0, L].
+//
+// Decoding. D(code) = lo + float32(float32(code) · scale); DecompressAdd
+// computes dst[i] = dst[i] + D(code) in float32.
+//
+// Error. With s = (hi − lo)/L and M = max(|lo|, |hi|), every element obeys
+// |x − D(code)| ≤ s·(1 + 2^-14) (stochastic) or s·(1/2 + 2^-14) (nearest)
+// + 2^-20·M + 2^-120: the last two terms are float32 rounding slack (a few
+// ulps of M; subnormal underflow). Stochastic rounding is unbiased up to the
+// same slack: E[D(code)] = x.
+//
+// Body. First nb bucket headers of 8 bytes: lo and scale as little-endian
+// float32 bits. Then the codes packed LSB-first over the whole input: code i
+// at bit offset i·bits (int4: a byte's low nibble is the even element). The
+// unused high bits of the last byte are zero. Length 8·nb + ceil(n·bits/8).
+// check rejects a non-finite lo, a scale that is negative (−0 included) or
+// not finite, a non-finite top, and nonzero padding bits.
+//
+// Parallel runs split the input at multiples of 8·B elements, which are
+// bucket and byte boundaries, so they write the same bytes as a serial run.
+// The inner loops (drawKernel, minMaxKernel, quantKernel, dequantKernel)
+// have AVX2 and AVX-512 twins on amd64 (simd_amd64.go) that compute the
+// same bits.
+type quantCodec struct {
+	codec   Codec
+	bits    uint // 8, 4 or 2
+	bucket  int  // B
+	nearest bool // round to nearest instead of stochastically
+	rngSeed uint64
+}
+
+func newQuantCodec(a *specArgs, id Codec, bits uint) (codec, error) {
+	bucket, err := bucketOption(a)
+	if err != nil {
+		return nil, err
+	}
+	round, err := a.enumOption("round", "stochastic", "nearest")
+	if err != nil {
+		return nil, err
+	}
+	seed, err := a.uintOption("seed")
+	if err != nil {
+		return nil, err
+	}
+	return &quantCodec{codec: id, bits: bits, bucket: bucket, nearest: round == "nearest", rngSeed: seed}, nil
+}
+
+func (q *quantCodec) id() Codec    { return q.codec }
+func (q *quantCodec) seed() uint64 { return q.rngSeed }
+
+func (q *quantCodec) params(int) (a, b uint32) {
+	if q.nearest {
+		return uint32(q.bucket), 1
+	}
+	return uint32(q.bucket), 0
+}
+
+// levels returns L, the largest code.
+func (q *quantCodec) levels() int32 { return 1<<q.bits - 1 }
+
+func (q *quantCodec) bodyLen(n int) int {
+	return 8*numBuckets(n, q.bucket) + packedLen(n, q.bits)
+}
+
+func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	n := len(src)
+	nb := numBuckets(n, q.bucket)
+	hdr, codes := body[:8*nb], body[8*nb:]
+	base := NewStream(q.rngSeed, key, DomainRound).base
+	var fe firstError
+	run(n, 8*q.bucket, func(from, to int) {
+		fe.set(from, q.encodeRange(hdr, codes, src, from, to, base))
+	})
+	if fe.err != nil {
+		return fe.err
+	}
+	clearPadding(codes, n*int(q.bits))
+	return nil
+}
+
+// encodeRange encodes the buckets of src[from:to]; from is a multiple of
+// 8·B, so the range starts on a bucket and a byte boundary.
+func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int, base uint64) error {
+	draws := new([quantBlock]uint32)
+	for s := from; s < to; s += q.bucket {
+		x := src[s:min(s+q.bucket, to)]
+		lo, hi, err := bucketRange(x, s)
+		if err != nil {
+			return err
+		}
+		d := float64(hi) - float64(lo)
+		scale := float32(d / float64(q.levels()))
+		top := lo + float32(float32(q.levels())*scale)
+		if d > math.MaxFloat32 || math.Float32bits(top)&expMask == expMask {
+			return firstMaximum(x, s, hi)
+		}
+		var inv float32
+		if scale != 0 {
+			inv = float32(min(float64(q.levels())/d, math.MaxFloat32))
+		}
+		h := hdr[8*(s/q.bucket):]
+		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
+		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
+		q.quantize(codes, x, s, lo, inv, base, draws)
+	}
+	return nil
+}
+
+// kernelSet names the inner loops in use: "generic", or the instruction
+// sets of the accelerated ones (see simd_amd64.go).
+var kernelSet = "generic"
+
+// quantBlock is how many elements quantize draws and codes at a time.
+const quantBlock = 512
+
+// halfDraws holds the draws of nearest rounding: 2^23, for r = 0.5.
+var halfDraws = func() (h [quantBlock]uint32) {
+	for i := range h {
+		h[i] = 1 << 23
+	}
+	return h
+}()
+
+// quantize writes the codes of the bucket x, whose first element has index
+// s, with the bucket's lo and inv and the DomainRound stream base; draws is
+// scratch space.
+func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, base uint64, draws *[quantBlock]uint32) {
+	levels, bits := q.levels(), q.bits
+	ctr := base + uint64(s+1)*golden // the counter of draw s
+	for b := 0; b < len(x); b += quantBlock {
+		xs := x[b:min(b+quantBlock, len(x))]
+		u := halfDraws[:len(xs)]
+		if !q.nearest {
+			u = draws[:len(xs)]
+			ctr = drawKernel(u, ctr)
+		}
+		i := s + b
+		head, end := groupSpan(i, len(xs))
+		for k := range head {
+			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
+		}
+		quantKernel(codes[(i+head)*int(bits)/8:], xs[head:end], u[head:end], lo, inv, levels, bits)
+		for k := end; k < len(xs); k++ {
+			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
+		}
+	}
+}
+
+// quantKernel writes the codes quantCode(x[i], lo, inv, u[i], levels) of
+// len(x) elements, a multiple of 8, packed at bits per code (see storeGroup)
+// to the start of out; len(u) ≥ len(x).
+var quantKernel = quantGeneric
+
+func quantGeneric(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint) {
+	u = u[:len(x)]
+	for i := 0; i+8 <= len(x); i += 8 {
+		g, ug := (*[8]float32)(x[i:i+8]), (*[8]uint32)(u[i:i+8])
+		w := quantCode(g[0], lo, inv, ug[0], levels) |
+			quantCode(g[1], lo, inv, ug[1], levels)<<8 |
+			quantCode(g[2], lo, inv, ug[2], levels)<<16 |
+			quantCode(g[3], lo, inv, ug[3], levels)<<24 |
+			quantCode(g[4], lo, inv, ug[4], levels)<<32 |
+			quantCode(g[5], lo, inv, ug[5], levels)<<40 |
+			quantCode(g[6], lo, inv, ug[6], levels)<<48 |
+			quantCode(g[7], lo, inv, ug[7], levels)<<56
+		out = storeGroup(out, bits, w)
+	}
+}
+
+// drawKernel fills u with the top 24 bits of the draws whose counters are
+// ctr, ctr + golden, … and returns the counter after the last: u[i]·2^-24
+// is Stream.Uniform. mix64's last step z ^ z>>31 leaves those bits
+// unchanged, so it is skipped.
+var drawKernel = drawBits
+
+// drawBits is the generic drawKernel. (Inlined into quantize, its loop
+// would share registers with the caller's and spill ctr on every draw.)
+//
+//go:noinline
+func drawBits(u []uint32, ctr uint64) uint64 {
+	for i := range u {
+		z := (ctr ^ ctr>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		u[i] = uint32(z >> 40)
+		ctr += golden
+	}
+	return ctr
+}
+
+// quantCode returns min(trunc(float32(t + r)), L) with
+// t = float32(float32(x − lo) · inv) and r = u·2^-24 (exact); the
+// conversions forbid fusion.
+func quantCode(x, lo, inv float32, u uint32, levels int32) uint64 {
+	t := float32(float32(x-lo) * inv)
+	return uint64(min(int32(t+float32(u)*0x1p-24), levels))
+}
+
+// storeGroup stores the codes of 8 elements, given one per byte of w (first
+// element lowest), packed to bits bits each at the start of out, and returns
+// the rest of out.
+func storeGroup(out []byte, bits uint, w uint64) []byte {
+	switch bits {
+	case 8:
+		binary.LittleEndian.PutUint64(out, w)
+	case 4:
+		w = (w | w>>4) & 0x00ff00ff00ff00ff
+		w = (w | w>>8) & 0x0000ffff0000ffff
+		binary.LittleEndian.PutUint32(out, uint32(w|w>>16))
+	case 2:
+		w = (w | w>>6) & 0x000f000f000f000f
+		w = (w | w>>12) & 0x000000ff000000ff
+		binary.LittleEndian.PutUint16(out, uint16(w|w>>24))
+	}
+	return out[bits:]
+}
+
+// loadGroup returns the packed codes (bits 8, 4 or 2 each) of the 8
+// elements from index i, which is a multiple of 8.
+func loadGroup(codes []byte, i int, bits uint) uint64 {
+	switch bits {
+	case 8:
+		return binary.LittleEndian.Uint64(codes[i:])
+	case 4:
+		return uint64(binary.LittleEndian.Uint32(codes[i/2:]))
+	default: // 2
+		return uint64(binary.LittleEndian.Uint16(codes[i/4:]))
+	}
+}
+
+// bucketRange returns the least and greatest elements of x (non-empty), as
+// +0 if zero, or the *NonFiniteError for its first NaN or ±Inf; x starts at
+// index s of the input.
+func bucketRange(x []float32, s int) (lo, hi float32, err error) {
+	lo, hi, finite := minMaxKernel(x)
+	if !finite {
+		return 0, 0, nonFinite(x, s)
+	}
+	return lo + 0, hi + 0, nil // −0 + +0 is +0
+}
+
+// minMaxKernel returns whether every element of x is finite and, if so, the
+// least and greatest (−0 and +0 in either order).
+var minMaxKernel = minMaxGeneric
+
+func minMaxGeneric(x []float32) (lo, hi float32, finite bool) {
+	lo, hi = float32(math.Inf(1)), float32(math.Inf(-1))
+	for y := x; ; {
+		i := outside(y, lo, hi)
+		if i == len(y) {
+			break
+		}
+		lo, hi = min(lo, y[i]), max(hi, y[i]) // a NaN sticks
+		y = y[i+1:]
+	}
+	return lo, hi, lo >= -math.MaxFloat32 && hi <= math.MaxFloat32
+}
+
+// outside returns the index of the first element of x not in [lo, hi] (a
+// NaN is not), or len(x). The range widens rarely, so this loop does the
+// work of minMaxGeneric.
+func outside(x []float32, lo, hi float32) int {
+	for i, v := range x {
+		if !(v >= lo && v <= hi) {
+			return i
+		}
+	}
+	return len(x)
+}
+
+// firstMaximum returns the *NonFiniteError for a bucket x (starting at index
+// s) whose range hi − lo is too wide to encode, at its first element hi.
+func firstMaximum(x []float32, s int, hi float32) error {
+	i := 0
+	for i < len(x)-1 && x[i] != hi { // hi is an element of x
+		i++
+	}
+	return &NonFiniteError{Index: s + i, Value: x[i]}
+}
+
+func (q *quantCodec) check(body []byte, h *header) error {
+	n := int(h.n)
+	nb := numBuckets(n, q.bucket)
+	levels := float32(q.levels())
+	for j := range nb {
+		lb := binary.LittleEndian.Uint32(body[8*j:])
+		sb := binary.LittleEndian.Uint32(body[8*j+4:])
+		lo, scale := math.Float32frombits(lb), math.Float32frombits(sb)
+		switch top := lo + float32(levels*scale); {
+		case lb&expMask == expMask:
+			return &CorruptInputError{Offset: int64(8 * j), Reason: fmt.Sprintf("bucket %d minimum %v is not finite", j, lo)}
+		case sb >= expMask: // sign bit set, Inf or NaN
+			return &CorruptInputError{Offset: int64(8*j + 4), Reason: fmt.Sprintf("bucket %d scale %v is not a finite non-negative number", j, scale)}
+		case math.Float32bits(top)&expMask == expMask:
+			return &CorruptInputError{Offset: int64(8*j + 4), Reason: fmt.Sprintf("bucket %d largest value %v + %d·%v overflows float32", j, lo, q.levels(), scale)}
+		}
+	}
+	return checkPadding(body[8*nb:], n*int(q.bits), 8*nb)
+}
+
+func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	nb := numBuckets(len(dst), q.bucket)
+	hdr, codes := body[:8*nb], body[8*nb:]
+	bits := q.bits
+	run(len(dst), 8*q.bucket, func(from, to int) {
+		for s := from; s < to; s += q.bucket {
+			h := hdr[8*(s/q.bucket):]
+			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
+			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
+			out := dst[s:min(s+q.bucket, to)]
+			head, end := groupSpan(s, len(out))
+			for k := range head {
+				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
+			}
+			dequantKernel(out[head:end], codes[(s+head)*int(bits)/8:], lo, scale, bits, add)
+			for k := end; k < len(out); k++ {
+				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
+			}
+		}
+	})
+}
+
+// dequant returns D(c) = lo + float32(float32(c)·scale).
+func dequant(c uint8, lo, scale float32) float32 { return lo + float32(float32(c)*scale) }
+
+// dequantKernel sets (add false) or adds to (add true) out[i] the value
+// dequant(c, lo, scale) of code c of element i, for len(out) a multiple of
+// 8, from the codes packed at bits per code at the start of codes.
+var dequantKernel = dequantGeneric
+
+func dequantGeneric(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
+	mask := uint8(1<<bits - 1)
+	for i := 0; i+8 <= len(out); i += 8 {
+		w := loadGroup(codes, i, bits)
+		o := (*[8]float32)(out[i : i+8])
+		for k := range o {
+			setOrAdd(&o[k], dequant(uint8(w)&mask, lo, scale), add)
+			w >>= bits
+		}
+	}
+}
+
+// setOrAdd stores v to *p, or adds it when add is set.
+func setOrAdd(p *float32, v float32, add bool) {
+	if add {
+		*p += v
+	} else {
+		*p = v
+	}
+}

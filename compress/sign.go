@@ -1,0 +1,182 @@
+package compress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+func init() {
+	registerCodec("sign", func(a *specArgs) (codec, error) {
+		bucket, err := bucketOption(a)
+		if err != nil {
+			return nil, err
+		}
+		return &signCodec{bucket: bucket}, nil
+	})
+}
+
+// signCodec sends one sign bit per element and one scale per bucket, spec
+// sign[:bucket=B] (default 512). Header: parameter A = B, parameter B = 0,
+// seed = 0.
+//
+// Encoding. The n elements split into nb = ceil(n/B) buckets of B
+// consecutive elements, the last one possibly shorter. Element x at global
+// index i gets bit 1 iff x < 0 (so −0 and +0 give 0). A bucket of m elements
+// gets scale = mean |x|, summed in float64 in this exact order:
+//
+//	acc[k]  = sum of float64(|x_i|) over the bucket's i with i mod 8 == k,
+//	          added one at a time in increasing i, from 0      (k = 0..7)
+//	sum     = ((acc[0]+acc[1]) + (acc[2]+acc[3])) + ((acc[4]+acc[5]) + (acc[6]+acc[7]))
+//	scale   = float32(sum / float64(m))
+//
+// A NaN or ±Inf is a *NonFiniteError for the lowest such index. The float64
+// sum cannot overflow, and any other summation order in float64 (a CUDA tree
+// reduction, say) has a relative error below m·2^-53 ≤ 2^-29, so its scale
+// is within 1 ulp of this one: backends compare the scale within 1 ulp and
+// the sign bits exactly.
+//
+// Decoding. D = −scale for bit 1, +scale for bit 0 (the sign bit of scale
+// set or not); DecompressAdd computes dst[i] = dst[i] + D in float32.
+//
+// Body. First nb scales as little-endian float32 bits, then bit i of the
+// input at bit i%8 of byte i/8; the unused high bits of the last byte are
+// zero. Length 4·nb + ceil(n/8). check rejects a scale that is negative (−0
+// included) or not finite, and nonzero padding bits.
+type signCodec struct{ bucket int }
+
+func (c *signCodec) id() Codec                { return CodecSign }
+func (c *signCodec) seed() uint64             { return 0 }
+func (c *signCodec) params(int) (a, b uint32) { return uint32(c.bucket), 0 }
+func (c *signCodec) bodyLen(n int) int        { return 4*numBuckets(n, c.bucket) + packedLen(n, 1) }
+func (c *signCodec) scalesLen(n int) int      { return 4 * numBuckets(n, c.bucket) }
+
+func (c *signCodec) encode(body []byte, src []float32, _ Key, run runner) error {
+	n := len(src)
+	nh := c.scalesLen(n)
+	hdr, bits := body[:nh], body[nh:]
+	var fe firstError
+	run(n, 8*c.bucket, func(from, to int) {
+		for s := from; s < to; s += c.bucket {
+			scale, err := signBucket(bits, src[s:min(s+c.bucket, to)], s)
+			if err != nil {
+				fe.set(from, err)
+				return
+			}
+			binary.LittleEndian.PutUint32(hdr[4*(s/c.bucket):], math.Float32bits(scale))
+		}
+	})
+	if fe.err != nil {
+		return fe.err
+	}
+	clearPadding(bits, n)
+	return nil
+}
+
+// signBucket writes the sign bits of the bucket x, whose first element has
+// index s, and returns its scale (see signCodec).
+func signBucket(bits []byte, x []float32, s int) (float32, error) {
+	var acc [8]float64
+	head, end := groupSpan(s, len(x))
+	for k, v := range x[:head] {
+		u := math.Float32bits(v)
+		acc[(s+k)%8] += absBits(u)
+		putCode(bits, s+k, 1, signBit(u))
+	}
+	signKernel(bits[(s+head)/8:], x[head:end], &acc)
+	for k := end; k < len(x); k++ {
+		u := math.Float32bits(x[k])
+		acc[(s+k)%8] += absBits(u)
+		putCode(bits, s+k, 1, signBit(u))
+	}
+	sum := ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+	if math.IsNaN(sum) || math.IsInf(sum, 0) {
+		return 0, nonFinite(x, s)
+	}
+	return float32(sum / float64(len(x))), nil
+}
+
+// signKernel writes the sign bits of x, whose first element has an index
+// that is a multiple of 8 and whose length is a multiple of 8, to the start
+// of bits, and adds float64(|x[i]|) to acc[i%8] in increasing i.
+var signKernel = signGeneric
+
+func signGeneric(bits []byte, x []float32, acc *[8]float64) {
+	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
+	for i := 0; i+8 <= len(x); i += 8 {
+		g := (*[8]float32)(x[i : i+8])
+		u0, u1, u2, u3 := math.Float32bits(g[0]), math.Float32bits(g[1]), math.Float32bits(g[2]), math.Float32bits(g[3])
+		u4, u5, u6, u7 := math.Float32bits(g[4]), math.Float32bits(g[5]), math.Float32bits(g[6]), math.Float32bits(g[7])
+		a0 += absBits(u0)
+		a1 += absBits(u1)
+		a2 += absBits(u2)
+		a3 += absBits(u3)
+		a4 += absBits(u4)
+		a5 += absBits(u5)
+		a6 += absBits(u6)
+		a7 += absBits(u7)
+		bits[i/8] = byte(signBit(u0) | signBit(u1)<<1 | signBit(u2)<<2 | signBit(u3)<<3 |
+			signBit(u4)<<4 | signBit(u5)<<5 | signBit(u6)<<6 | signBit(u7)<<7)
+	}
+	*acc = [8]float64{a0, a1, a2, a3, a4, a5, a6, a7}
+}
+
+// absBits returns float64(|x|) for the float32 with bits u.
+func absBits(u uint32) float64 { return float64(math.Float32frombits(u &^ (1 << 31))) }
+
+// signBit returns 1 if the float32 with bits u is below zero (u > 1<<31:
+// negative and not −0), else 0. NaN never reaches it.
+func signBit(u uint32) uint64 { return (1<<31 - uint64(u)) >> 63 }
+
+func (c *signCodec) check(body []byte, h *header) error {
+	n := int(h.n)
+	nh := c.scalesLen(n)
+	for off := 0; off < nh; off += 4 {
+		if sb := binary.LittleEndian.Uint32(body[off:]); sb >= expMask { // sign bit set, Inf or NaN
+			return &CorruptInputError{Offset: int64(off), Reason: fmt.Sprintf("bucket %d scale %v is not a finite non-negative number", off/4, math.Float32frombits(sb))}
+		}
+	}
+	return checkPadding(body[nh:], n, nh)
+}
+
+func (c *signCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	nh := c.scalesLen(len(dst))
+	hdr, bits := body[:nh], body[nh:]
+	run(len(dst), 8*c.bucket, func(from, to int) {
+		for s := from; s < to; s += c.bucket {
+			sb := binary.LittleEndian.Uint32(hdr[4*(s/c.bucket):])
+			unsign(dst[s:min(s+c.bucket, to)], bits, s, sb, add)
+		}
+	})
+}
+
+// unsign sets or adds to out, the bucket starting at index s, ±scale
+// (bits sb) by the sign bits.
+func unsign(out []float32, bits []byte, s int, sb uint32, add bool) {
+	head, end := groupSpan(s, len(out))
+	for k := range out[:head] {
+		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)
+	}
+	unsignKernel(out[head:end], bits[(s+head)/8:], sb, add)
+	for k := end; k < len(out); k++ {
+		setOrAdd(&out[k], signed(sb, getCode(bits, s+k, 1)), add)
+	}
+}
+
+// signed returns the float32 with bits sb, negated if bit is 1.
+func signed(sb uint32, bit uint8) float32 { return math.Float32frombits(sb | uint32(bit)<<31) }
+
+// unsignKernel sets (add false) or adds to (add true) out[i] the value
+// signed(sb, bit i of bits), for len(out) a multiple of 8.
+var unsignKernel = unsignGeneric
+
+func unsignGeneric(out []float32, bits []byte, sb uint32, add bool) {
+	for i := 0; i+8 <= len(out); i += 8 {
+		b := bits[i/8]
+		o := (*[8]float32)(out[i : i+8])
+		for k := range o {
+			setOrAdd(&o[k], signed(sb, b&1), add)
+			b >>= 1
+		}
+	}
+}
