@@ -35,7 +35,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			"Measures each codec on a synthetic gradient of each size: compression ratio,\n"+
 			"encode and decode-accumulate GB/s of fp32 (best of several rounds) against a\n"+
 			"memcpy timed in the same rounds, relative L2 error, sampled top-k recall and\n"+
-			"the lossless stage's gain and cost. The defaults take about 20 s on 2 cores.\n\nflags:\n")
+			"the lossless stage's gain and cost. The defaults take 10-20 s on 2 cores.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
