@@ -41,16 +41,12 @@ func (d denseCodec) encode(body []byte, src []float32, _ Key, run runner) error 
 }
 
 func (d denseCodec) encodeRange(body []byte, src []float32, lo, hi int) error {
+	if i := firstAtLeast(src[lo:hi], nonFiniteKey); i >= 0 {
+		return &NonFiniteError{Index: lo + i, Value: src[lo+i]}
+	}
 	switch d.codec {
 	case CodecNone:
-		out := body[4*lo : 4*hi]
-		for i, x := range src[lo:hi] {
-			u := math.Float32bits(x)
-			if u&0x7f800000 == 0x7f800000 {
-				return &NonFiniteError{Index: lo + i, Value: x}
-			}
-			binary.LittleEndian.PutUint32(out[4*i:], u)
-		}
+		putFloat32s(body[4*lo:4*hi], src[lo:hi])
 	case CodecFP16:
 		out := body[2*lo : 2*hi]
 		for i, x := range src[lo:hi] {
@@ -76,8 +72,14 @@ func (d denseCodec) encodeRange(body []byte, src []float32, lo, hi int) error {
 func (d denseCodec) check(body []byte, _ *header) error {
 	switch d.codec {
 	case CodecNone:
+		if vals, ok := float32View(body); ok {
+			if i := firstAtLeast(vals, nonFiniteKey); i >= 0 {
+				return &CorruptInputError{Offset: int64(4 * i), Reason: "non-finite fp32 value"}
+			}
+			return nil
+		}
 		for i := 0; i+4 <= len(body); i += 4 {
-			if binary.LittleEndian.Uint32(body[i:])&0x7f800000 == 0x7f800000 {
+			if binary.LittleEndian.Uint32(body[i:])&nonFiniteKey == nonFiniteKey {
 				return &CorruptInputError{Offset: int64(i), Reason: "non-finite fp32 value"}
 			}
 		}
@@ -98,34 +100,33 @@ func (d denseCodec) check(body []byte, _ *header) error {
 func (d denseCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
 	run(len(dst), 1024, func(lo, hi int) {
 		out := dst[lo:hi]
-		switch d.codec {
-		case CodecNone:
-			in := body[4*lo : 4*hi]
-			for i := range out {
-				v := math.Float32frombits(binary.LittleEndian.Uint32(in[4*i:]))
-				if add {
-					v += out[i]
-				}
-				out[i] = v
-			}
-		case CodecFP16:
+		switch {
+		case d.codec == CodecNone && !add:
+			getFloat32s(out, body[4*lo:4*hi])
+		case d.codec == CodecNone:
+			addFloat32s(out, body[4*lo:4*hi])
+		case d.codec == CodecFP16:
 			tab := fp16Table()
 			in := body[2*lo : 2*hi]
-			for i := range out {
-				v := tab[binary.LittleEndian.Uint16(in[2*i:])]
-				if add {
-					v += out[i]
+			if !add {
+				for i := range out {
+					out[i] = tab[binary.LittleEndian.Uint16(in[2*i:])]
 				}
-				out[i] = v
+				return
 			}
-		case CodecBF16:
-			in := body[2*lo : 2*hi]
 			for i := range out {
-				v := Float32FromBF16(binary.LittleEndian.Uint16(in[2*i:]))
-				if add {
-					v += out[i]
+				out[i] += tab[binary.LittleEndian.Uint16(in[2*i:])]
+			}
+		default: // CodecBF16
+			in := body[2*lo : 2*hi]
+			if !add {
+				for i := range out {
+					out[i] = Float32FromBF16(binary.LittleEndian.Uint16(in[2*i:]))
 				}
-				out[i] = v
+				return
+			}
+			for i := range out {
+				out[i] += Float32FromBF16(binary.LittleEndian.Uint16(in[2*i:]))
 			}
 		}
 	})
