@@ -56,8 +56,8 @@ func TestLosslessRoundTrip(t *testing.T) {
 		{"mixed blocks", mixed, true},
 	}
 	for _, stage := range []string{"zstd", "huff0"} {
-		plain := mustParseSpec(t, "none")
-		c := mustParseSpec(t, "none:lossless="+stage)
+		plain := mustParse(t, "none")
+		c := mustParse(t, "none:lossless="+stage)
 		for _, tc := range cases {
 			t.Run(stage+"/"+tc.name, func(t *testing.T) {
 				p, err := c.Compress(nil, tc.x, Key{})

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -253,24 +252,6 @@ func sliceRange(x []float32) (lo, hi float32) {
 		lo, hi = min(lo, v), max(hi, v)
 	}
 	return lo, hi
-}
-
-func mustParse(t testing.TB, spec string, opts ...Option) Compressor {
-	t.Helper()
-	c, err := Parse(spec, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// payloadBody returns the body of an uncompressed payload.
-func payloadBody(p []byte) []byte { return p[headerLen : len(p)-trailerLen] }
-
-// reseal recomputes the CRC32C of a payload whose bytes a test changed.
-func reseal(p []byte) {
-	end := len(p) - trailerLen
-	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], crc32.MakeTable(crc32.Castagnoli)))
 }
 
 func firstDiff(a, b []byte) int {

@@ -96,14 +96,14 @@ func TestRandomKUniform(t *testing.T) {
 func TestRandomKPayload(t *testing.T) {
 	n := 5000
 	src := sparseData("laplace", n, 6)
-	c := sparseParse(t, "randomk:0.01:seed=123")
+	c := mustParse(t, "randomk:0.01:seed=123")
 	key := Key{Bucket: 2, Step: 77}
 	p, err := c.Compress(nil, src, key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	idx, _ := RandomKIndices(nil, n, 50, 123, key)
-	body := sparseBody(t, p)
+	body := payloadBody(p)
 	for j, i := range idx {
 		if got := binary.LittleEndian.Uint32(body[4*j:]); got != math.Float32bits(src[i]) {
 			t.Fatalf("value %d is %#08x, want src[%d] = %#08x", j, got, i, math.Float32bits(src[i]))
@@ -111,13 +111,13 @@ func TestRandomKPayload(t *testing.T) {
 	}
 
 	var me *MismatchError
-	if err := sparseParse(t, "randomk:0.01:seed=124").Decompress(make([]float32, n), p); !errors.As(err, &me) {
+	if err := mustParse(t, "randomk:0.01:seed=124").Decompress(make([]float32, n), p); !errors.As(err, &me) {
 		t.Errorf("decoding under another seed: %v, want a *MismatchError", err)
 	}
 
 	bad := slices.Clone(p)
 	binary.LittleEndian.PutUint32(bad[headerLen+4*7:], 0x7f800000)
-	sparseReseal(bad)
+	reseal(bad)
 	dst := make([]float32, n)
 	var ce *CorruptInputError
 	if err := c.Decompress(dst, bad); !errors.As(err, &ce) || ce.Offset != headerLen+4*7 {
@@ -139,7 +139,7 @@ func TestRandomKUnselectedNaN(t *testing.T) {
 		t.Fatal("test setup: the hole is selected")
 	}
 	src[hole] = float32(math.NaN())
-	_, err := sparseParse(t, "randomk:0.01").Compress(nil, src, Key{})
+	_, err := mustParse(t, "randomk:0.01").Compress(nil, src, Key{})
 	var nf *NonFiniteError
 	if !errors.As(err, &nf) || nf.Index != hole {
 		t.Fatalf("unselected NaN at %d: %v, want a *NonFiniteError there", hole, err)

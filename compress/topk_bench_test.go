@@ -36,7 +36,7 @@ func topkRecall(b *testing.B, spec string, src []float32, payload []byte) (recal
 	if err != nil {
 		b.Fatal(err)
 	}
-	got, _ := sparseTopKBody(sparseBody(b, payload))
-	want, _ := sparseTopKBody(sparseBody(b, exact))
+	got, _ := sparseTopKBody(payloadBody(payload))
+	want, _ := sparseTopKBody(payloadBody(exact))
 	return sparseRecall(got, want), true
 }

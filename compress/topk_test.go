@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -77,15 +76,6 @@ func sparseTopOf(ranking []uint32, k int) []uint32 {
 // sparseBruteTopK is the reference top-k of src, indices ascending.
 func sparseBruteTopK(src []float32, k int) []uint32 { return sparseTopOf(sparseRanking(src), k) }
 
-// sparseBody returns the body of an uncompressed payload.
-func sparseBody(t testing.TB, p []byte) []byte {
-	t.Helper()
-	if len(p) < headerLen+trailerLen {
-		t.Fatalf("payload of %d bytes", len(p))
-	}
-	return p[headerLen : len(p)-trailerLen]
-}
-
 // sparseTopKBody splits a top-k body into its indices and values.
 func sparseTopKBody(body []byte) ([]uint32, []float32) {
 	k := len(body) / 8
@@ -95,21 +85,6 @@ func sparseTopKBody(body []byte) ([]uint32, []float32) {
 		vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(body[4*k+4*i:]))
 	}
 	return idx, vals
-}
-
-// sparseReseal recomputes a payload's CRC32C after a test corrupted it.
-func sparseReseal(p []byte) {
-	end := len(p) - trailerLen
-	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], castagnoli))
-}
-
-func sparseParse(t testing.TB, spec string, opts ...Option) Compressor {
-	t.Helper()
-	c, err := Parse(spec, opts...)
-	if err != nil {
-		t.Fatalf("Parse(%q): %v", spec, err)
-	}
-	return c
 }
 
 // sparseParallel runs every call on two workers whatever its size.
@@ -141,7 +116,7 @@ func TestSparseSpecs(t *testing.T) {
 		if c.Spec() != v.canon || c.Codec() != v.codec {
 			t.Errorf("Parse(%q) = %s (%s), want %s (%s)", v.spec, c.Spec(), c.Codec(), v.canon, v.codec)
 		}
-		if again := sparseParse(t, c.Spec()); again.Spec() != c.Spec() {
+		if again := mustParse(t, c.Spec()); again.Spec() != c.Spec() {
 			t.Errorf("canonical spec %q parses to %q", c.Spec(), again.Spec())
 		}
 	}
@@ -181,7 +156,7 @@ func TestSparseK(t *testing.T) {
 // TestTopKHeader checks the header fields and the payload length.
 func TestTopKHeader(t *testing.T) {
 	for _, spec := range []string{"topk:0.1", "topk:0.1:sampled", "randomk:0.1:seed=99"} {
-		c := sparseParse(t, spec)
+		c := mustParse(t, spec)
 		src := sparseData("laplace", 1001, 1)
 		key := Key{Bucket: 3, Step: 4}
 		p, err := c.Compress([]byte("prefix"), src, key)
@@ -241,11 +216,11 @@ func TestTopKExactMatchesBruteForce(t *testing.T) {
 				for _, mode := range []string{"", ":sampled"} {
 					spec := fmt.Sprintf("topk:%g%s", ratio, mode)
 					for _, opts := range workers {
-						p, err := sparseParse(t, spec, opts...).Compress(nil, src, Key{})
+						p, err := mustParse(t, spec, opts...).Compress(nil, src, Key{})
 						if err != nil {
 							t.Fatalf("%s n=%d %s: %v", spec, n, kind, err)
 						}
-						idx, vals := sparseTopKBody(sparseBody(t, p))
+						idx, vals := sparseTopKBody(payloadBody(p))
 						if !slices.Equal(idx, want) {
 							t.Fatalf("%s n=%d %s workers=%d: indices differ from the reference (first %v, want %v)",
 								spec, n, kind, len(opts), idx[:min(k, 8)], want[:min(k, 8)])
@@ -289,16 +264,16 @@ func TestTopKSampledShortcut(t *testing.T) {
 		if err != nil || done != c.shortcut {
 			t.Errorf("%s %g: sampled settled=%v err=%v, want settled=%v", c.kind, c.ratio, done, err, c.shortcut)
 		}
-		p, err := sparseParse(t, fmt.Sprintf("topk:%g:sampled", c.ratio)).Compress(nil, src, Key{})
+		p, err := mustParse(t, fmt.Sprintf("topk:%g:sampled", c.ratio)).Compress(nil, src, Key{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		idx, _ := sparseTopKBody(sparseBody(t, p))
+		idx, _ := sparseTopKBody(payloadBody(p))
 		want := sparseBruteTopK(src, k)
 		if r := sparseRecall(idx, want); len(idx) != k || r != 1 {
 			t.Errorf("%s %g: sampled returned %d of k=%d, recall %v", c.kind, c.ratio, len(idx), k, r)
 		}
-		exact := sparseParse(t, fmt.Sprintf("topk:%g", c.ratio))
+		exact := mustParse(t, fmt.Sprintf("topk:%g", c.ratio))
 		if pe, err := exact.Compress(nil, src, Key{}); err != nil || !bytes.Equal(pe, p) {
 			t.Errorf("%s %g: exact and sampled payloads differ (%v)", c.kind, c.ratio, err)
 		}
@@ -326,11 +301,11 @@ func TestTopKSampledMisleadingSample(t *testing.T) {
 	if done, _ := sc.sampled(make([]byte, 8*k), src, k, serial); done {
 		t.Fatal("the shortcut settled a sample unlike the input")
 	}
-	p, err := sparseParse(t, "topk:0.1:sampled").Compress(nil, src, Key{})
+	p, err := mustParse(t, "topk:0.1:sampled").Compress(nil, src, Key{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, _ := sparseTopKBody(sparseBody(t, p))
+	idx, _ := sparseTopKBody(payloadBody(p))
 	if !slices.Equal(idx, sparseBruteTopK(src, k)) {
 		t.Fatal("sampled top-k after the fallback differs from the reference")
 	}
@@ -359,7 +334,7 @@ func sparseRecall(got, want []uint32) float64 {
 
 func TestTopKEmptyInput(t *testing.T) {
 	for _, spec := range []string{"topk:0.5", "topk:0.5:sampled", "randomk:0.5"} {
-		c := sparseParse(t, spec)
+		c := mustParse(t, spec)
 		p, err := c.Compress(nil, nil, Key{})
 		if err != nil || len(p) != headerLen+trailerLen {
 			t.Fatalf("%s: empty input gave %d bytes, %v", spec, len(p), err)
@@ -385,7 +360,7 @@ func TestSparseNonFinite(t *testing.T) {
 					}
 					for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
 						dst := []byte("keep")
-						out, err := sparseParse(t, spec, opts...).Compress(dst, src, Key{Step: 1})
+						out, err := mustParse(t, spec, opts...).Compress(dst, src, Key{Step: 1})
 						var nf *NonFiniteError
 						if !errors.As(err, &nf) || nf.Index != bad[0] || math.Float32bits(nf.Value) != math.Float32bits(v) {
 							t.Fatalf("%s n=%d bad=%v %v: err %v, want NonFiniteError at %d", spec, n, bad, v, err, bad[0])
@@ -407,8 +382,8 @@ func TestSparseSerialParallel(t *testing.T) {
 		n := r.IntN(3 << 18)
 		src := sparseData("laplace", n, uint64(n))
 		for _, spec := range []string{"topk:0.01", "topk:0.02:sampled", "randomk:0.05:seed=3", "topk:0.01:lossless=zstd"} {
-			a, errA := sparseParse(t, spec, WithWorkers(1)).Compress(nil, src, Key{Bucket: 1, Step: 2})
-			b, errB := sparseParse(t, spec, sparseParallel...).Compress(nil, src, Key{Bucket: 1, Step: 2})
+			a, errA := mustParse(t, spec, WithWorkers(1)).Compress(nil, src, Key{Bucket: 1, Step: 2})
+			b, errB := mustParse(t, spec, sparseParallel...).Compress(nil, src, Key{Bucket: 1, Step: 2})
 			if errA != nil || errB != nil || !bytes.Equal(a, b) {
 				t.Fatalf("%s n=%d: serial and parallel payloads differ (%v, %v)", spec, n, errA, errB)
 			}
@@ -427,7 +402,7 @@ func TestSparseDecode(t *testing.T) {
 		base := sparseData("ties", n, 12)
 		for _, spec := range specs {
 			for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
-				c := sparseParse(t, spec, opts...)
+				c := mustParse(t, spec, opts...)
 				key := Key{Bucket: 8, Step: uint64(n)}
 				p, err := c.Compress(nil, src, key)
 				if err != nil {
@@ -484,7 +459,7 @@ func sparseSelected(t *testing.T, c Compressor, p []byte, src []float32, key Key
 func TestTopKCorruptBody(t *testing.T) {
 	n := 1000
 	src := sparseData("laplace", n, 2)
-	c := sparseParse(t, "topk:0.01")
+	c := mustParse(t, "topk:0.01")
 	good, err := c.Compress(nil, src, Key{})
 	if err != nil {
 		t.Fatal(err)
@@ -507,7 +482,7 @@ func TestTopKCorruptBody(t *testing.T) {
 	for _, cs := range cases {
 		p := slices.Clone(good)
 		cs.mutate(p)
-		sparseReseal(p)
+		reseal(p)
 		dst := make([]float32, n)
 		dst[0] = 42
 		err := c.Decompress(dst, p)
@@ -527,7 +502,7 @@ func TestTopKCorruptBody(t *testing.T) {
 func TestTopKLossless(t *testing.T) {
 	n := 1 << 18
 	src := sparseData("laplace", n, 4)
-	plain, lossy := sparseParse(t, "topk:0.01"), sparseParse(t, "topk:0.01:lossless=zstd")
+	plain, lossy := mustParse(t, "topk:0.01"), mustParse(t, "topk:0.01:lossless=zstd")
 	a, err := plain.Compress(nil, src, Key{})
 	if err != nil {
 		t.Fatal(err)
@@ -552,10 +527,10 @@ func TestTopKLossless(t *testing.T) {
 	}
 
 	var tc topkCodec
-	body := slices.Clone(sparseBody(t, a))
+	body := slices.Clone(payloadBody(a))
 	tc.forward(body)
 	tc.inverse(body)
-	if !bytes.Equal(body, sparseBody(t, a)) {
+	if !bytes.Equal(body, payloadBody(a)) {
 		t.Fatal("inverse(forward(body)) != body")
 	}
 	r := rand.New(rand.NewPCG(1, 1))

@@ -25,25 +25,16 @@ func sealed(p []byte, edit func(p []byte)) []byte {
 	return q
 }
 
-func mustParseSpec(t testing.TB, spec string) Compressor {
-	t.Helper()
-	c, err := Parse(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // TestWireErrors walks every framing check of parsePayload and decompress and
 // checks the typed error, the offset or field it names, and its message.
 func TestWireErrors(t *testing.T) {
-	none := mustParseSpec(t, "none")
+	none := mustParse(t, "none")
 	src := []float32{1, -2, 3.5, 0.25}
 	p, err := none.Compress(nil, src, Key{Bucket: 1, Step: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp16p, err := mustParseSpec(t, "fp16").Compress(nil, src, Key{})
+	fp16p, err := mustParse(t, "fp16").Compress(nil, src, Key{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +142,7 @@ func TestWireErrors(t *testing.T) {
 // reported at the body offset, and that a body failing the codec's check
 // after expansion says so.
 func TestWireLosslessErrors(t *testing.T) {
-	c := mustParseSpec(t, "none:lossless=zstd")
+	c := mustParse(t, "none:lossless=zstd")
 	src := make([]float32, 256)
 	for i := range src {
 		src[i] = float32(i % 3)
@@ -230,7 +221,7 @@ func TestGolden(t *testing.T) {
 			if _, ok := codecBuilders[name]; !ok {
 				t.Skipf("codec %q is not registered in this build", name)
 			}
-			c := mustParseSpec(t, spec)
+			c := mustParse(t, spec)
 			got, err := c.Compress(nil, x, key)
 			if err != nil {
 				t.Fatal(err)

@@ -1,0 +1,28 @@
+package compress
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"testing"
+)
+
+// Helpers shared by the package's internal tests.
+
+// mustParse is Parse that fails the test on error.
+func mustParse(t testing.TB, spec string, opts ...Option) Compressor {
+	t.Helper()
+	c, err := Parse(spec, opts...)
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", spec, err)
+	}
+	return c
+}
+
+// payloadBody returns the body of a payload without a lossless stage.
+func payloadBody(p []byte) []byte { return p[headerLen : len(p)-trailerLen] }
+
+// reseal recomputes the CRC32C of a payload whose bytes a test changed.
+func reseal(p []byte) {
+	end := len(p) - trailerLen
+	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], castagnoli))
+}
