@@ -20,11 +20,14 @@ const (
 	OpAllToAll      Op = 4
 	OpBroadcast     Op = 5
 	OpBarrier       Op = 6
+	// OpDup is a collective that makes a new communicator from an existing
+	// one, such as mpi.Comm.Dup.
+	OpDup Op = 7
 )
 
 var opNames = [...]string{
 	OpAllReduce: "AllReduce", OpAllGather: "AllGather", OpReduceScatter: "ReduceScatter",
-	OpAllToAll: "AllToAll", OpBroadcast: "Broadcast", OpBarrier: "Barrier",
+	OpAllToAll: "AllToAll", OpBroadcast: "Broadcast", OpBarrier: "Barrier", OpDup: "Dup",
 }
 
 // String returns the method name, or "Op(N)" for an unknown value.
