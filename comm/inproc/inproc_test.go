@@ -337,3 +337,41 @@ func TestBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// BenchmarkAllReduce measures a 4-rank AllReduce (SetBytes: one rank's
+// buffer) beside a copy of the same bytes, the floor of any implementation.
+func BenchmarkAllReduce(b *testing.B) {
+	for _, l := range []int{1 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("n=4/%dKiB", l*4>>10), func(b *testing.B) {
+			ranks, err := NewGroup(4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bufs := make([][]float32, len(ranks))
+			for r := range bufs {
+				bufs[r] = make([]float32, l)
+			}
+			b.SetBytes(int64(4 * l))
+			b.ResetTimer()
+			for _, err := range each(ranks, func(c comm.Comm) error {
+				for range b.N {
+					if err := c.AllReduce(context.Background(), bufs[c.Rank()]); err != nil {
+						return err
+					}
+				}
+				return nil
+			}) {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("copy/%dKiB", l*4>>10), func(b *testing.B) {
+			src, dst := make([]float32, l), make([]float32, l)
+			b.SetBytes(int64(4 * l))
+			for b.Loop() {
+				copy(dst, src)
+			}
+		})
+	}
+}

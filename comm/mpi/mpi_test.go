@@ -5,6 +5,7 @@ package mpi
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -288,5 +289,40 @@ func TestJobEnds(t *testing.T) {
 			}
 			t.Logf("%s: %v after %v", j.cmd, j.err, j.took.Round(time.Millisecond))
 		})
+	}
+}
+
+// BenchmarkAllReduce measures AllReduce with and without the argument check
+// (SetBytes: one rank's buffer). It runs only as ranks of a job started by
+// hand, with a fixed iteration count so every rank makes the same calls:
+//
+//	go test -c -tags mpi ./comm/mpi
+//	mpirun --allow-run-as-root --oversubscribe -np 4 ./mpi.test -test.run '^$' -test.bench . -test.benchtime 2000x
+func BenchmarkAllReduce(b *testing.B) {
+	if world == nil {
+		b.Skip("run the test binary under mpirun (see the doc comment)")
+	}
+	if bt := flag.Lookup("test.benchtime").Value.String(); !strings.HasSuffix(bt, "x") {
+		b.Skipf("-test.benchtime=%s: use a fixed count (e.g. 2000x) so every rank runs the same iterations", bt)
+	}
+	for _, l := range []int{1, 1 << 10, 1 << 18} {
+		for _, checked := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%dB/check=%v", 4*l, checked), func(b *testing.B) {
+				ctx := context.Background()
+				c, err := world.Dup(ctx, WithArgCheck(checked))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				buf := make([]float32, l)
+				b.SetBytes(int64(4 * l))
+				b.ResetTimer()
+				for range b.N {
+					if err := c.AllReduce(ctx, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
