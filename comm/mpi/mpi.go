@@ -28,19 +28,21 @@
 // MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast,
 // MPI_Ibarrier), polled with MPI_Test until it completes, ctx ends or the
 // Comm is closed; the poll spins briefly (64 tests with runtime.Gosched
-// between them), then sleeps between tests, from 10 µs doubling up to 1 ms. The Go buffers are pinned (runtime.Pinner) while
-// MPI may touch them. Communicators use MPI_ERRORS_RETURN: an MPI error comes
-// back as an *Error instead of aborting the job.
+// between them), then sleeps between tests, from 10 µs doubling up to 1 ms.
+// The Go buffers are pinned (runtime.Pinner) while MPI may touch them.
+// Communicators use MPI_ERRORS_RETURN: an MPI error comes back as an *Error
+// instead of aborting the job.
 //
 // With argument checks on (the default; see WithArgCheck), every collective
-// first exchanges a 32-byte header (operation, length, root, validity) with
-// MPI_Iallgather, so a rank with invalid arguments or a disagreement between
-// ranks gives every rank the same *comm.ArgumentError or *comm.MismatchError,
-// as in comm/inproc, and no data moves. That costs one small all-gather per
-// call: about 40 µs with 4 ranks on a 2-core machine, where a 4-byte
-// AllReduce takes about 110 µs with the check and 70 µs without (see
-// BenchmarkAllReduce for how to measure). Without the check, such a call is MPI's undefined behaviour (a hang
-// until the deadline, a truncation error, or wrong data).
+// first exchanges a 128-byte header (operation, length, root, validity, and
+// the reason when invalid) with MPI_Iallgather, so a rank with invalid
+// arguments or a disagreement between ranks gives every rank the same
+// *comm.ArgumentError or *comm.MismatchError, as in comm/inproc, and no data
+// moves. That costs one small all-gather per call: with 4 ranks on a 2-core
+// machine, a 4-byte AllReduce took about 110 µs with the check and 70 µs
+// without (BenchmarkAllReduce says how to measure). Without the check, such
+// a call is MPI's undefined behaviour (a hang until the deadline, a
+// truncation error, or wrong data).
 //
 // # Sum order
 //
@@ -56,11 +58,11 @@
 // and leaves the request outstanding, its buffers pinned and possibly still
 // written by MPI: do not reuse them. The Comm is then poisoned on this rank:
 // later calls return a *comm.PoisonedError at once. Other ranks are not told;
-// they time out in turn or, if the missing ranks eventually make the matching
-// calls, complete them. The communicator cannot be trusted again: the caller
-// should end the job with Abort. If the missing ranks do make the matching
-// calls, Close completes the abandoned requests (waiting up to the drain
-// timeout) and the job can still end cleanly.
+// they time out in turn, or complete the collective if the missing ranks
+// make the matching calls later. The communicator cannot be trusted again:
+// end the job with Abort. Only when the missing ranks are known to make the
+// matching calls after all can the job end cleanly: Close then completes the
+// abandoned requests (waiting up to the drain timeout) before freeing.
 //
 // A process that dies ends the job: mpirun kills the other ranks and names
 // the rank that failed.
