@@ -1,0 +1,111 @@
+// Package comm defines gradcomp's transport: the collectives the exchange
+// strategies are built from (all-reduce, all-gather, reduce-scatter,
+// all-to-all, broadcast, barrier) over a fixed group of ranks.
+//
+// Implementations:
+//
+//	comm/inproc   N ranks in one process (tests, single machine)
+//	comm/mpi      one rank per process over Open MPI (build with -tags mpi)
+//
+// # Collective calls
+//
+// Every method but Rank, Size and Close is collective: each rank of the group
+// makes the same sequence of calls, and the k-th call on one rank is matched
+// with the k-th call on every other rank. Matched calls must name the same
+// operation with the same lengths (and the same root for Broadcast).
+// Implementations check this where they can and then return a
+// *MismatchError, the same one on every rank, instead of moving data.
+//
+// A Comm runs one collective at a time: a call made on a rank while another
+// call is in flight on the same Comm returns a *BusyError at once (the order
+// of two concurrent calls would differ between ranks). Goroutines that need
+// independent streams of collectives use independent Comms.
+//
+// Buffers belong to the call until it returns: the caller must not read or
+// write them meanwhile. Buffers of different ranks must not overlap each
+// other, and a call's dst must not overlap its src.
+//
+// # Sum order
+//
+// AllReduce and ReduceScatter add float32 values in rank order, left to
+// right, rounding after every addition:
+//
+//	sum[i] = (…((x₀[i] + x₁[i]) + x₂[i]) + …) + x₍ₙ₋₁₎[i]
+//
+// where xᵣ is rank r's input. comm/inproc follows this order exactly, so its
+// results are bit-identical across runs and equal a serial loop over ranks.
+// comm/mpi uses Open MPI's reduction, whose order is fixed for a given group
+// size, length and MCA configuration (bit-identical across runs) but is not
+// rank order; its results can differ from inproc in the last bits, and agree
+// exactly whenever every partial sum is representable (integer values below
+// 2²⁴, for example). The order of an implementation is part of its doc.
+//
+// # Deadlines, cancellation and failure
+//
+// Every collective honours its context: when ctx is done before the
+// collective completes, the call returns an *IncompleteError that wraps
+// ctx.Err() and names, where the implementation knows them, the ranks that
+// had not arrived. A collective abandoned this way leaves the group out of
+// step, so the Comm becomes unusable ("poisoned"): every later call on it,
+// on every rank that learns of the failure, returns a *PoisonedError
+// wrapping the first failure. Implementations document how the other ranks
+// learn of it and how to end the job.
+package comm
+
+import "context"
+
+// Comm is one rank's end of a group of Size() ranks. See the package
+// documentation for the rules every collective follows.
+type Comm interface {
+	// Rank returns this rank's index in [0, Size()). It never blocks.
+	Rank() int
+
+	// Size returns the number of ranks in the group (at least 1). It never
+	// blocks.
+	Size() int
+
+	// AllReduce replaces buf, on every rank, with the element-wise float32
+	// sum of every rank's buf, in the package's sum order. len(buf) must be
+	// equal on every rank; it may be 0. It blocks until the sum is in buf
+	// or fails; on error the contents of buf are unspecified.
+	AllReduce(ctx context.Context, buf []float32) error
+
+	// AllGather concatenates every rank's src into dst, on every rank, in
+	// rank order: rank r's src lands at dst[r*len(src) : (r+1)*len(src)].
+	// len(src) must be equal on every rank and len(dst) must be
+	// Size()*len(src); dst must not overlap src. src is only read. It
+	// blocks until dst is filled or fails; on error dst is unspecified.
+	AllGather(ctx context.Context, dst, src []byte) error
+
+	// ReduceScatter sums src over ranks, in the package's sum order, and
+	// leaves chunk Rank() of the sum in dst: with m = len(dst),
+	// dst[i] = Σᵣ srcᵣ[Rank()*m + i]. len(dst) must be equal on every
+	// rank and len(src) must be Size()*len(dst); dst must not overlap src.
+	// src is only read. It blocks until dst is filled or fails; on error
+	// dst is unspecified.
+	ReduceScatter(ctx context.Context, dst, src []float32) error
+
+	// AllToAll exchanges equal chunks between every pair of ranks: with
+	// m = len(src)/Size(), chunk j of src (src[j*m:(j+1)*m]) goes to rank j,
+	// and chunk i of dst comes from rank i. len(src) == len(dst) must be a
+	// multiple of Size() and equal on every rank; dst must not overlap src.
+	// src is only read. It blocks until dst is filled or fails; on error
+	// dst is unspecified.
+	AllToAll(ctx context.Context, dst, src []byte) error
+
+	// Broadcast copies root's buf into buf on every other rank. len(buf)
+	// and root must be equal on every rank, with 0 <= root < Size(). The
+	// root's buf is only read. It blocks until this rank's part is done or
+	// fails; on error a non-root buf is unspecified.
+	Broadcast(ctx context.Context, buf []byte, root int) error
+
+	// Barrier returns once every rank has called it (or fails).
+	Barrier(ctx context.Context) error
+
+	// Close releases this rank's end of the group; later calls on this
+	// Comm return a *PoisonedError wrapping a *ClosedError (errors.Is
+	// ErrClosed). Whether Close interrupts a call in flight, what it does
+	// to the other ranks and whether it waits for them is documented by
+	// each implementation. Closing a closed Comm returns nil.
+	Close() error
+}

@@ -1,0 +1,377 @@
+package inproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/commtest"
+)
+
+// newGroup returns a group of n ranks, closed when the test ends.
+func newGroup(t *testing.T, n int) []comm.Comm {
+	t.Helper()
+	ranks, err := NewGroup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range ranks {
+			c.Close()
+		}
+	})
+	return ranks
+}
+
+// each runs fn on every rank in ranks, one goroutine per rank, and returns
+// their errors by rank.
+func each(ranks []comm.Comm, fn func(c comm.Comm) error) []error {
+	errs := make([]error, len(ranks))
+	done := make(chan struct{})
+	for i, c := range ranks {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			errs[i] = fn(c)
+		}()
+	}
+	for range ranks {
+		<-done
+	}
+	return errs
+}
+
+func noErrors(t *testing.T, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4, 8} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			noErrors(t, each(newGroup(t, n), func(c comm.Comm) error {
+				return commtest.Run(ctx, c, commtest.Options{RankOrder: true})
+			}))
+		})
+	}
+}
+
+func TestNewGroupSize(t *testing.T) {
+	if _, err := NewGroup(0); err == nil || !strings.Contains(err.Error(), "size 0") {
+		t.Fatalf("NewGroup(0) = %v, want an error naming size 0", err)
+	}
+}
+
+// TestBarrierWaitsForAll: no rank leaves a barrier before every rank has
+// entered it, over many rounds (the rounds also reuse the rendezvous).
+func TestBarrierWaitsForAll(t *testing.T) {
+	const n, rounds = 4, 200
+	ranks := newGroup(t, n)
+	var entered atomic.Int64
+	noErrors(t, each(ranks, func(c comm.Comm) error {
+		for k := 1; k <= rounds; k++ {
+			entered.Add(1)
+			if err := c.Barrier(context.Background()); err != nil {
+				return err
+			}
+			if got := entered.Load(); got < int64(k*n) {
+				t.Errorf("rank %d left barrier %d after %d entries, want at least %d", c.Rank(), k, got, k*n)
+			}
+		}
+		return nil
+	}))
+}
+
+// TestDeadRank: rank 3 never calls. Rank 0 (shortest deadline) reports rank
+// 3 missing; ranks 1 and 2, whose deadlines are far away, are released at
+// once with the same cause; every later call fails fast.
+func TestDeadRank(t *testing.T) {
+	ranks := newGroup(t, 4)
+	deadlines := []time.Duration{50 * time.Millisecond, 30 * time.Second, 30 * time.Second}
+	elapsed := make([]time.Duration, 3)
+	errs := each(ranks[:3], func(c comm.Comm) error {
+		ctx, cancel := context.WithTimeout(context.Background(), deadlines[c.Rank()])
+		defer cancel()
+		start := time.Now()
+		err := c.AllReduce(ctx, make([]float32, 5))
+		elapsed[c.Rank()] = time.Since(start)
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "rank 3 had not arrived") {
+			t.Errorf("rank %d: got %v, want a deadline error naming rank 3", r, err)
+		}
+		if elapsed[r] > time.Second {
+			t.Errorf("rank %d returned after %v, want within 50ms (+ slack) of rank 0's deadline", r, elapsed[r])
+		}
+	}
+	var inc *comm.IncompleteError
+	if !errors.As(errs[0], &inc) || inc.Rank != 0 || len(inc.Missing) != 1 || inc.Missing[0] != 3 || inc.Op != comm.OpAllReduce {
+		t.Errorf("rank 0: got %#v, want *IncompleteError{Op: AllReduce, Rank: 0, Missing: [3]}", errs[0])
+	}
+	for r := 1; r < 3; r++ {
+		var p *comm.PoisonedError
+		if !errors.As(errs[r], &p) || p.Rank != r || p.Cause != errs[0] {
+			t.Errorf("rank %d: got %v, want *PoisonedError wrapping rank 0's error", r, errs[r])
+		}
+	}
+	// The latecomer and everyone else now fail at once, without a deadline.
+	for _, c := range ranks {
+		err := c.Barrier(context.Background())
+		var p *comm.PoisonedError
+		if !errors.As(err, &p) || p.Cause != errs[0] || p.Op != comm.OpBarrier {
+			t.Errorf("rank %d after the failure: got %v, want *PoisonedError wrapping %v", c.Rank(), err, errs[0])
+		}
+	}
+}
+
+func TestCancel(t *testing.T) {
+	ranks := newGroup(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	errs := each(ranks[:2], func(c comm.Comm) error {
+		return c.AllGather(ctx, make([]byte, 3), []byte{1})
+	})
+	for r, err := range errs {
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "rank 2 had not arrived") {
+			t.Errorf("rank %d: got %v, want a cancellation naming rank 2", r, err)
+		}
+	}
+}
+
+// TestMismatch: a rank that disagrees gives every rank the same error naming
+// both values, moves no data, and leaves the group usable.
+func TestMismatch(t *testing.T) {
+	cases := []struct {
+		name string
+		call func(c comm.Comm) error
+		want string
+	}{
+		{"length", func(c comm.Comm) error {
+			l := 12
+			if c.Rank() == 2 {
+				l = 10
+			}
+			return c.AllReduce(context.Background(), make([]float32, l))
+		}, "AllReduce: ranks disagree on len(buf): rank 0 passed 12, rank 2 passed 10"},
+		{"root", func(c comm.Comm) error {
+			return c.Broadcast(context.Background(), make([]byte, 4), c.Rank()%2)
+		}, "Broadcast: ranks disagree on root: rank 0 passed 0, rank 1 passed 1"},
+		{"operation", func(c comm.Comm) error {
+			if c.Rank() == 3 {
+				return c.Barrier(context.Background())
+			}
+			return c.AllToAll(context.Background(), make([]byte, 8), make([]byte, 8))
+		}, "AllToAll: ranks disagree on operation: rank 0 passed AllToAll, rank 3 passed Barrier"},
+		{"chunk", func(c comm.Comm) error {
+			m := 2 + c.Rank()/3
+			return c.ReduceScatter(context.Background(), make([]float32, m), make([]float32, 4*m))
+		}, "ReduceScatter: ranks disagree on len(dst): rank 0 passed 2, rank 3 passed 3"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ranks := newGroup(t, 4)
+			for r, err := range each(ranks, tc.call) {
+				var m *comm.MismatchError
+				if !errors.As(err, &m) || !strings.HasSuffix(err.Error(), tc.want) {
+					t.Errorf("rank %d: got %v, want *MismatchError %q", r, err, tc.want)
+				}
+			}
+			usable(t, ranks)
+		})
+	}
+}
+
+// usable checks that ranks still sum correctly.
+func usable(t *testing.T, ranks []comm.Comm) {
+	t.Helper()
+	noErrors(t, each(ranks, func(c comm.Comm) error {
+		buf := []float32{float32(c.Rank() + 1)}
+		if err := c.AllReduce(context.Background(), buf); err != nil {
+			return err
+		}
+		if n := len(ranks); buf[0] != float32(n*(n+1)/2) {
+			t.Errorf("rank %d: sum %v after the error, want %d", c.Rank(), buf[0], n*(n+1)/2)
+		}
+		return nil
+	}))
+}
+
+// TestInvalidArguments: the rank with bad arguments fails at once; the
+// others get the same error when they arrive; the group stays usable.
+func TestInvalidArguments(t *testing.T) {
+	shared := make([]byte, 12)
+	cases := []struct {
+		name string
+		call func(c comm.Comm, bad bool) error
+		want string
+	}{
+		{"allgather dst", func(c comm.Comm, bad bool) error {
+			dst := make([]byte, 12)
+			if bad {
+				dst = dst[:11]
+			}
+			return c.AllGather(context.Background(), dst, make([]byte, 3))
+		}, "len(dst) = 11, want Size() × len(src) = 4 × 3 = 12"},
+		{"allgather overlap", func(c comm.Comm, bad bool) error {
+			dst, src := make([]byte, 12), make([]byte, 3)
+			if bad {
+				dst, src = shared, shared[9:]
+			}
+			return c.AllGather(context.Background(), dst, src)
+		}, "dst and src overlap"},
+		{"reducescatter src", func(c comm.Comm, bad bool) error {
+			src := make([]float32, 8)
+			if bad {
+				src = src[:7]
+			}
+			return c.ReduceScatter(context.Background(), make([]float32, 2), src)
+		}, "len(src) = 7, want Size() × len(dst) = 4 × 2 = 8"},
+		{"alltoall unequal", func(c comm.Comm, bad bool) error {
+			dst := make([]byte, 8)
+			if bad {
+				dst = make([]byte, 12)
+			}
+			return c.AllToAll(context.Background(), dst, make([]byte, 8))
+		}, "len(dst) = 12, len(src) = 8, want them equal"},
+		{"alltoall multiple", func(c comm.Comm, bad bool) error {
+			l := 8
+			if bad {
+				l = 6
+			}
+			return c.AllToAll(context.Background(), make([]byte, l), make([]byte, l))
+		}, "len(src) = 6 is not a multiple of Size() = 4"},
+		{"broadcast root", func(c comm.Comm, bad bool) error {
+			root := 0
+			if bad {
+				root = 4
+			}
+			return c.Broadcast(context.Background(), make([]byte, 1), root)
+		}, "root = 4, want 0 <= root < Size() = 4"},
+	}
+	const badRank = 1
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ranks := newGroup(t, 4)
+			errs := each(ranks, func(c comm.Comm) error { return tc.call(c, c.Rank() == badRank) })
+			for r, err := range errs {
+				var a *comm.ArgumentError
+				if !errors.As(err, &a) || a.Rank != badRank || !strings.HasSuffix(err.Error(), "invalid argument on rank 1: "+tc.want) {
+					t.Errorf("rank %d: got %v, want *ArgumentError on rank 1: %s", r, err, tc.want)
+				}
+			}
+			usable(t, ranks)
+		})
+	}
+}
+
+// TestInvalidArgumentReturnsAtOnce: the bad rank does not wait for the
+// others.
+func TestInvalidArgumentReturnsAtOnce(t *testing.T) {
+	ranks := newGroup(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := ranks[0].Broadcast(ctx, nil, -1)
+	if _, ok := err.(*comm.ArgumentError); !ok || time.Since(start) > time.Second {
+		t.Fatalf("got %v after %v, want an *ArgumentError at once", err, time.Since(start))
+	}
+}
+
+// TestClose: Close of one rank releases the others' pending calls and fails
+// later calls on every rank, itself included.
+func TestClose(t *testing.T) {
+	ranks := newGroup(t, 3)
+	time.AfterFunc(20*time.Millisecond, func() { ranks[0].Close() })
+	errs := each(ranks[1:], func(c comm.Comm) error { return c.Barrier(context.Background()) })
+	for i, err := range errs {
+		var ce *comm.ClosedError
+		if !errors.Is(err, comm.ErrClosed) || !errors.As(err, &ce) || ce.Rank != 0 {
+			t.Errorf("rank %d pending: got %v, want an error wrapping *ClosedError{Rank: 0}", i+1, err)
+		}
+	}
+	for _, c := range ranks {
+		if err := c.Barrier(context.Background()); !errors.Is(err, comm.ErrClosed) {
+			t.Errorf("rank %d after Close: got %v, want ErrClosed", c.Rank(), err)
+		}
+	}
+	if err := ranks[0].Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestBusy: a second call while one is in flight on the same rank is
+// rejected and does not disturb the first.
+func TestBusy(t *testing.T) {
+	ranks := newGroup(t, 2)
+	first := make(chan error)
+	go func() { first <- ranks[0].AllReduce(context.Background(), []float32{1}) }()
+	for inFlight := false; !inFlight; {
+		select {
+		case <-ranks[0].(*rank).guard.Idle():
+			time.Sleep(time.Millisecond)
+		default:
+			inFlight = true
+		}
+	}
+	err := ranks[0].Barrier(context.Background())
+	var b *comm.BusyError
+	if !errors.As(err, &b) || b.Pending != comm.OpAllReduce || b.Op != comm.OpBarrier || b.Rank != 0 {
+		t.Errorf("got %v, want Barrier on rank 0 rejected while AllReduce is in flight", err)
+	}
+	buf := []float32{2}
+	if err := ranks[1].AllReduce(context.Background(), buf); err != nil || buf[0] != 3 {
+		t.Fatalf("rank 1: %v, sum %v, want 3", err, buf[0])
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkAllReduce measures a 4-rank AllReduce (SetBytes: one rank's
+// buffer) beside a copy of the same bytes, the floor of any implementation.
+func BenchmarkAllReduce(b *testing.B) {
+	for _, l := range []int{1 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("n=4/%dKiB", l*4>>10), func(b *testing.B) {
+			ranks, err := NewGroup(4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bufs := make([][]float32, len(ranks))
+			for r := range bufs {
+				bufs[r] = make([]float32, l)
+			}
+			b.SetBytes(int64(4 * l))
+			b.ResetTimer()
+			for _, err := range each(ranks, func(c comm.Comm) error {
+				for range b.N {
+					if err := c.AllReduce(context.Background(), bufs[c.Rank()]); err != nil {
+						return err
+					}
+				}
+				return nil
+			}) {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("copy/%dKiB", l*4>>10), func(b *testing.B) {
+			src, dst := make([]float32, l), make([]float32, l)
+			b.SetBytes(int64(4 * l))
+			for b.Loop() {
+				copy(dst, src)
+			}
+		})
+	}
+}

@@ -1,0 +1,483 @@
+//go:build mpi && cgo
+
+package mpi
+
+/*
+#include <mpi.h>
+
+static int gc_initialized(int *flag) { return MPI_Initialized(flag); }
+static int gc_init_thread(int *provided) { return MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided); }
+static int gc_query_thread(int *provided) { return MPI_Query_thread(provided); }
+static int gc_finalize(void) { return MPI_Finalize(); }
+
+// gc_world sets MPI_ERRORS_RETURN on MPI_COMM_WORLD and makes a duplicate.
+static int gc_world(MPI_Comm *out) {
+	int rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	if (rc != MPI_SUCCESS) return rc;
+	return MPI_Comm_dup(MPI_COMM_WORLD, out);
+}
+static int gc_errors_return(MPI_Comm c) { return MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN); }
+static int gc_rank(MPI_Comm c, int *rank) { return MPI_Comm_rank(c, rank); }
+static int gc_size(MPI_Comm c, int *size) { return MPI_Comm_size(c, size); }
+static int gc_free(MPI_Comm *c) { return MPI_Comm_free(c); }
+static int gc_abort(MPI_Comm c, int code) { return MPI_Abort(c, code); }
+static int gc_test(MPI_Request *r, int *flag) { return MPI_Test(r, flag, MPI_STATUS_IGNORE); }
+static int gc_error_string(int code, char *buf, int *len) { return MPI_Error_string(code, buf, len); }
+
+static int gc_idup(MPI_Comm c, MPI_Comm *out, MPI_Request *r) { return MPI_Comm_idup(c, out, r); }
+static int gc_iallreduce(float *buf, int n, MPI_Comm c, MPI_Request *r) {
+	return MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, c, r);
+}
+static int gc_iallgather(const void *src, int n, void *dst, MPI_Comm c, MPI_Request *r) {
+	return MPI_Iallgather(src, n, MPI_BYTE, dst, n, MPI_BYTE, c, r);
+}
+static int gc_ireduce_scatter(const float *src, float *dst, int n, MPI_Comm c, MPI_Request *r) {
+	return MPI_Ireduce_scatter_block(src, dst, n, MPI_FLOAT, MPI_SUM, c, r);
+}
+static int gc_ialltoall(const void *src, void *dst, int n, MPI_Comm c, MPI_Request *r) {
+	return MPI_Ialltoall(src, n, MPI_BYTE, dst, n, MPI_BYTE, c, r);
+}
+static int gc_ibcast(void *buf, int n, int root, MPI_Comm c, MPI_Request *r) {
+	return MPI_Ibcast(buf, n, MPI_BYTE, root, c, r);
+}
+static int gc_ibarrier(MPI_Comm c, MPI_Request *r) { return MPI_Ibarrier(c, r); }
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/internal/check"
+)
+
+// Polling: spinPolls tests with runtime.Gosched between them, then sleeps
+// starting at minPoll and doubling up to maxPoll.
+const (
+	spinPolls = 64
+	minPoll   = 10 * time.Microsecond
+	maxPoll   = time.Millisecond
+)
+
+// proc is the process-wide MPI state.
+var proc struct {
+	mu        sync.Mutex
+	inited    bool        // Init ran in this process
+	ownMPI    bool        // Init called MPI_Init_thread, so Close of its Comm finalizes
+	finalized atomic.Bool // MPI_Finalize ran: no more MPI calls
+	leaked    []*request  // requests never completed, kept pinned until exit
+}
+
+// serial is set by Init when MPI provided only MPI_THREAD_SERIALIZED; every
+// MPI call then holds mpiMu.
+var (
+	serial bool
+	mpiMu  sync.Mutex
+)
+
+// mpi runs one MPI call f, serialized when serial is set.
+func mpi(f func() C.int) C.int {
+	if serial {
+		mpiMu.Lock()
+		defer mpiMu.Unlock()
+	}
+	return f()
+}
+
+func threadLevel() string {
+	if serial {
+		return "MPI_THREAD_SERIALIZED (calls serialized by a process-wide mutex)"
+	}
+	return "MPI_THREAD_MULTIPLE"
+}
+
+// mainThread runs functions on one locked OS thread: MPI's main thread,
+// which must call both MPI_Init_thread and MPI_Finalize.
+var mainThread struct {
+	once  sync.Once
+	calls chan func()
+}
+
+func onMainThread(f func()) {
+	mainThread.once.Do(func() {
+		mainThread.calls = make(chan func())
+		go func() {
+			runtime.LockOSThread()
+			for f := range mainThread.calls {
+				f()
+			}
+		}()
+	})
+	done := make(chan struct{})
+	mainThread.calls <- func() { f(); close(done) }
+	<-done
+}
+
+// handle is a communicator and the state of its rank.
+type handle struct {
+	comm  C.MPI_Comm
+	world bool // made by Init
+	guard check.Guard
+
+	mu        sync.Mutex
+	failed    error         // first failure; nil while usable
+	closed    bool          // Close ran
+	closing   chan struct{} // closed when Close starts
+	abandoned []*request    // collectives given up on, still outstanding
+}
+
+// request is an outstanding MPI request and the pins of its buffers.
+type request struct {
+	req C.MPI_Request
+	pin runtime.Pinner
+}
+
+// pin pins s's backing array for r and returns its address, nil when s is
+// empty.
+func pin[T any](r *request, s []T) unsafe.Pointer {
+	if len(s) == 0 {
+		return nil
+	}
+	p := &s[0]
+	r.pin.Pin(p)
+	return unsafe.Pointer(p)
+}
+
+// mpiError returns the *Error for code returned by fn during op.
+func mpiError(op, fn string, rank int, code C.int) *Error {
+	buf := make([]byte, C.MPI_MAX_ERROR_STRING)
+	var n C.int
+	msg := "unknown error"
+	if mpi(func() C.int { return C.gc_error_string(code, (*C.char)(unsafe.Pointer(&buf[0])), &n) }) == C.MPI_SUCCESS {
+		msg = string(buf[:n])
+	}
+	return &Error{Op: op, Func: fn, Rank: rank, Code: int(code), Msg: msg}
+}
+
+func initWorld(cfg config) (*Comm, error) {
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	if proc.inited {
+		return nil, fmt.Errorf("comm/mpi: Init called twice in one process; use Dup for more communicators")
+	}
+	var err error
+	onMainThread(func() {
+		var flag, provided C.int
+		if rc := C.gc_initialized(&flag); rc != C.MPI_SUCCESS {
+			err = mpiError("Init", "MPI_Initialized", -1, rc)
+			return
+		}
+		if flag == 0 {
+			if rc := C.gc_init_thread(&provided); rc != C.MPI_SUCCESS {
+				err = mpiError("Init", "MPI_Init_thread", -1, rc)
+				return
+			}
+			proc.ownMPI = true
+		} else if rc := C.gc_query_thread(&provided); rc != C.MPI_SUCCESS {
+			err = mpiError("Init", "MPI_Query_thread", -1, rc)
+			return
+		}
+		switch {
+		case provided >= C.MPI_THREAD_MULTIPLE:
+		case provided == C.MPI_THREAD_SERIALIZED:
+			serial = true
+		default:
+			err = fmt.Errorf("comm/mpi: Init: MPI provides thread level %d, below MPI_THREAD_SERIALIZED (%d): goroutines cannot call it safely",
+				provided, C.MPI_THREAD_SERIALIZED)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	proc.inited = true
+	c := &Comm{cfg: cfg, h: handle{world: true, closing: make(chan struct{})}}
+	if rc := mpi(func() C.int { return C.gc_world(&c.h.comm) }); rc != C.MPI_SUCCESS {
+		return nil, mpiError("Init", "MPI_Comm_dup", -1, rc)
+	}
+	return c, c.setRankSize("Init")
+}
+
+// setRankSize sets MPI_ERRORS_RETURN on c's communicator and reads its rank
+// and size.
+func (c *Comm) setRankSize(op string) error {
+	var rank, size C.int
+	for _, f := range []struct {
+		name string
+		call func() C.int
+	}{
+		{"MPI_Comm_set_errhandler", func() C.int { return C.gc_errors_return(c.h.comm) }},
+		{"MPI_Comm_rank", func() C.int { return C.gc_rank(c.h.comm, &rank) }},
+		{"MPI_Comm_size", func() C.int { return C.gc_size(c.h.comm, &size) }},
+	} {
+		if rc := mpi(f.call); rc != C.MPI_SUCCESS {
+			return mpiError(op, f.name, -1, rc)
+		}
+	}
+	c.rank, c.size = int(rank), int(size)
+	return nil
+}
+
+func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
+	nc := &Comm{cfg: cfg, h: handle{closing: make(chan struct{})}}
+	err := c.collective(ctx, check.Call{Op: comm.OpDup}, func(r *request) (string, C.int) {
+		r.pin.Pin(nc)
+		return "MPI_Comm_idup", C.gc_idup(c.h.comm, &nc.h.comm, &r.req)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return nc, nc.setRankSize("Dup")
+}
+
+func (c *Comm) run(ctx context.Context, call check.Call, a args) error {
+	return c.collective(ctx, call, func(r *request) (string, C.int) {
+		switch call.Op {
+		case comm.OpAllReduce:
+			return "MPI_Iallreduce", C.gc_iallreduce((*C.float)(pin(r, a.f32)), C.int(len(a.f32)), c.h.comm, &r.req)
+		case comm.OpAllGather:
+			return "MPI_Iallgather", C.gc_iallgather(pin(r, a.bsrc), C.int(len(a.bsrc)), pin(r, a.b), c.h.comm, &r.req)
+		case comm.OpReduceScatter:
+			return "MPI_Ireduce_scatter_block", C.gc_ireduce_scatter((*C.float)(pin(r, a.f32src)), (*C.float)(pin(r, a.f32)),
+				C.int(len(a.f32)), c.h.comm, &r.req)
+		case comm.OpAllToAll:
+			return "MPI_Ialltoall", C.gc_ialltoall(pin(r, a.bsrc), pin(r, a.b), C.int(len(a.bsrc)/c.size), c.h.comm, &r.req)
+		case comm.OpBroadcast:
+			return "MPI_Ibcast", C.gc_ibcast(pin(r, a.b), C.int(len(a.b)), C.int(a.root), c.h.comm, &r.req)
+		}
+		return "MPI_Ibarrier", C.gc_ibarrier(c.h.comm, &r.req)
+	})
+}
+
+// collective runs one collective call on c: the guard, the argument check,
+// then issue (which starts the non-blocking MPI call, pinning what it
+// passes) and the poll until it completes.
+func (c *Comm) collective(ctx context.Context, call check.Call, issue func(*request) (string, C.int)) error {
+	if err := c.h.guard.Enter(call.Op, c.rank); err != nil {
+		return err
+	}
+	defer c.h.guard.Exit()
+	if err := c.usable(call.Op); err != nil {
+		return err
+	}
+	if c.cfg.argCheck {
+		if err := c.agree(ctx, call); err != nil {
+			return err
+		}
+	} else if call.Err != nil {
+		return call.Err
+	}
+	r := new(request)
+	var fn string
+	if rc := mpi(func() C.int { var rc C.int; fn, rc = issue(r); return rc }); rc != C.MPI_SUCCESS {
+		r.pin.Unpin()
+		err := mpiError(call.Op.String(), fn, c.rank, rc)
+		c.fail(err, nil)
+		return err
+	}
+	return c.wait(ctx, call.Op, r)
+}
+
+// header layout: op, length, root, valid (int64 little-endian), then the
+// reason of an invalid call, truncated to fit.
+const (
+	headerLen = 128
+	reasonAt  = 32
+)
+
+// agree exchanges c's call with every rank and returns the error all ranks
+// report for the set (nil when they agree), or the failure of the exchange.
+func (c *Comm) agree(ctx context.Context, call check.Call) error {
+	mine := make([]byte, headerLen)
+	valid := int64(1)
+	if call.Err != nil {
+		valid = 0
+		reason := call.Err.Error()
+		if a, ok := call.Err.(*comm.ArgumentError); ok {
+			reason = a.Reason
+		}
+		copy(mine[reasonAt:], reason)
+	}
+	for i, v := range []int64{int64(call.Op), int64(call.Len), int64(call.Root), valid} {
+		binary.LittleEndian.PutUint64(mine[8*i:], uint64(v))
+	}
+	all := make([]byte, headerLen*c.size)
+	r := new(request)
+	if rc := mpi(func() C.int {
+		return C.gc_iallgather(pin(r, mine), headerLen, pin(r, all), c.h.comm, &r.req)
+	}); rc != C.MPI_SUCCESS {
+		r.pin.Unpin()
+		err := mpiError(call.Op.String(), "MPI_Iallgather (argument check)", c.rank, rc)
+		c.fail(err, nil)
+		return err
+	}
+	if err := c.wait(ctx, call.Op, r); err != nil {
+		return err
+	}
+	if call.Err != nil {
+		return call.Err
+	}
+	calls := make([]check.Call, c.size)
+	for q := range calls {
+		h := all[q*headerLen : (q+1)*headerLen]
+		word := func(i int) int64 { return int64(binary.LittleEndian.Uint64(h[8*i:])) }
+		calls[q] = check.Call{Op: comm.Op(word(0)), Len: int(word(1)), Root: int(word(2))}
+		if word(3) == 0 {
+			reason := strings.ToValidUTF8(strings.TrimRight(string(h[reasonAt:]), "\x00"), "…")
+			calls[q].Err = &comm.ArgumentError{Op: calls[q].Op, Rank: q, Reason: reason}
+		}
+	}
+	return check.Agree(calls)
+}
+
+// wait polls r until it completes, ctx ends or c is closed. On completion it
+// unpins r's buffers; otherwise it abandons r and poisons c.
+func (c *Comm) wait(ctx context.Context, op comm.Op, r *request) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	delay := minPoll
+	for i := 0; ; i++ {
+		var flag C.int
+		if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc != C.MPI_SUCCESS {
+			err := mpiError(op.String(), "MPI_Test", c.rank, rc)
+			c.fail(err, r)
+			return err
+		}
+		if flag != 0 {
+			r.pin.Unpin()
+			return nil
+		}
+		if i < spinPolls {
+			runtime.Gosched()
+		} else {
+			timer.Reset(delay)
+			delay = min(2*delay, maxPoll)
+			select {
+			case <-ctx.Done():
+			case <-c.h.closing:
+			case <-timer.C:
+			}
+		}
+		select {
+		case <-c.h.closing:
+			cause := &comm.ClosedError{Rank: c.rank}
+			c.fail(cause, r)
+			return &comm.PoisonedError{Op: op, Rank: c.rank, Cause: cause}
+		default:
+		}
+		if ctx.Err() != nil {
+			err := &comm.IncompleteError{Op: op, Rank: c.rank, Err: ctx.Err()}
+			c.fail(err, r)
+			return err
+		}
+	}
+}
+
+// fail poisons c with cause unless it failed already, and keeps r (when not
+// nil) as abandoned.
+func (c *Comm) fail(cause error, r *request) {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	if c.h.failed == nil {
+		c.h.failed = cause
+	}
+	if r != nil {
+		c.h.abandoned = append(c.h.abandoned, r)
+	}
+}
+
+// usable returns the *comm.PoisonedError for a call of op on a closed or
+// failed c, else nil.
+func (c *Comm) usable(op comm.Op) error {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	switch {
+	case c.h.closed || proc.finalized.Load():
+		return &comm.PoisonedError{Op: op, Rank: c.rank, Cause: &comm.ClosedError{Rank: c.rank}}
+	case c.h.failed != nil:
+		return &comm.PoisonedError{Op: op, Rank: c.rank, Cause: c.h.failed}
+	}
+	return nil
+}
+
+func (c *Comm) close() error {
+	c.h.mu.Lock()
+	if c.h.closed {
+		c.h.mu.Unlock()
+		return nil
+	}
+	c.h.closed = true
+	close(c.h.closing)
+	c.h.mu.Unlock()
+	<-c.h.guard.Idle() // a call in flight sees closing and abandons its request
+
+	if proc.finalized.Load() {
+		c.leak() // MPI_Finalize released every communicator
+		return nil
+	}
+	if pending := c.drain(); pending > 0 {
+		c.leak()
+		return fmt.Errorf("comm/mpi: Close on rank %d: %d abandoned collective(s) still pending after %v (first failure: %v); the communicator was not freed and MPI not finalized: end the job with Abort",
+			c.rank, pending, c.cfg.drain, c.h.failed)
+	}
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	if rc := mpi(func() C.int { return C.gc_free(&c.h.comm) }); rc != C.MPI_SUCCESS {
+		return mpiError("Close", "MPI_Comm_free", c.rank, rc)
+	}
+	if !c.h.world || !proc.ownMPI {
+		return nil
+	}
+	var rc C.int
+	onMainThread(func() { rc = mpi(func() C.int { return C.gc_finalize() }) })
+	proc.finalized.Store(true)
+	if rc != C.MPI_SUCCESS {
+		return mpiError("Close", "MPI_Finalize", c.rank, rc)
+	}
+	return nil
+}
+
+// leak keeps c's abandoned requests, and the buffers they pin, for the rest
+// of the process: MPI may still write into them.
+func (c *Comm) leak() {
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	proc.leaked = append(proc.leaked, c.h.abandoned...)
+	c.h.abandoned = nil
+}
+
+// drain polls the abandoned requests for up to the drain timeout, releases
+// the completed ones, and returns how many remain.
+func (c *Comm) drain() int {
+	deadline := time.Now().Add(c.cfg.drain)
+	for {
+		left := c.h.abandoned[:0]
+		for _, r := range c.h.abandoned {
+			var flag C.int
+			if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc == C.MPI_SUCCESS && flag != 0 {
+				r.pin.Unpin()
+				continue
+			}
+			left = append(left, r)
+		}
+		c.h.abandoned = left
+		if len(left) == 0 || time.Now().After(deadline) {
+			return len(left)
+		}
+		time.Sleep(maxPoll)
+	}
+}
+
+func (c *Comm) abort(code int) {
+	fmt.Fprintf(os.Stderr, "comm/mpi: rank %d of %d aborts the job with code %d\n", c.rank, c.size, code)
+	mpi(func() C.int { return C.gc_abort(c.h.comm, C.int(code)) })
+	os.Exit(code) // MPI_Abort returned: should not happen
+}

@@ -1,0 +1,328 @@
+//go:build mpi && cgo
+
+package mpi
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/commtest"
+)
+
+func TestConformance(t *testing.T) {
+	body := func(ctx context.Context, t *testing.T, c *Comm) {
+		if c.Size() != np {
+			t.Fatalf("Size() = %d, want %d", c.Size(), np)
+		}
+		if err := commtest.Run(ctx, c, commtest.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("checked", func(t *testing.T) { onRanks(t, body) })
+	t.Run("unchecked", func(t *testing.T) { onRanks(t, body, WithArgCheck(false)) })
+}
+
+func TestThreadLevel(t *testing.T) {
+	onRanks(t, func(_ context.Context, t *testing.T, c *Comm) {
+		if got := c.ThreadLevel(); got != "MPI_THREAD_MULTIPLE" {
+			t.Errorf("ThreadLevel() = %q, want MPI_THREAD_MULTIPLE (Debian's Open MPI provides it)", got)
+		}
+	})
+}
+
+// TestConcurrentComms drives two communicators from two goroutines at once.
+func TestConcurrentComms(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		d, err := c.Dup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		errs := make(chan error, 2)
+		for i, x := range []*Comm{c, d} {
+			go func() {
+				for k := range 50 {
+					buf := []float32{float32(x.Rank() + i + k)}
+					if err := x.AllReduce(ctx, buf); err != nil {
+						errs <- err
+						return
+					}
+					if want := float32(np*(np-1)/2 + np*(i+k)); buf[0] != want {
+						errs <- fmt.Errorf("comm %d, round %d: sum %v, want %v", i, k, buf[0], want)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
+// TestMismatch: disagreements and invalid arguments give every rank the same
+// error, and the communicator stays usable.
+func TestMismatch(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		l := 12
+		if c.Rank() == 2 {
+			l = 10
+		}
+		err := c.AllReduce(ctx, make([]float32, l))
+		const want = "comm: AllReduce: ranks disagree on len(buf): rank 0 passed 12, rank 2 passed 10"
+		if _, ok := err.(*comm.MismatchError); !ok || err.Error() != want {
+			t.Errorf("length: got %v, want *MismatchError %q", err, want)
+		}
+
+		dst := make([]byte, 12)
+		if c.Rank() == 1 {
+			dst = dst[:11]
+		}
+		err = c.AllGather(ctx, dst, make([]byte, 3))
+		const wantArg = "comm: AllGather: invalid argument on rank 1: len(dst) = 11, want Size() × len(src) = 4 × 3 = 12"
+		if a, ok := err.(*comm.ArgumentError); !ok || a.Rank != 1 || err.Error() != wantArg {
+			t.Errorf("argument: got %v, want *ArgumentError %q", err, wantArg)
+		}
+
+		if c.Rank() == 3 {
+			err = c.Barrier(ctx)
+		} else {
+			err = c.Broadcast(ctx, make([]byte, 4), 0)
+		}
+		const wantOp = "comm: Broadcast: ranks disagree on operation: rank 0 passed Broadcast, rank 3 passed Barrier"
+		if err == nil || err.Error() != wantOp {
+			t.Errorf("operation: got %v, want %q", err, wantOp)
+		}
+
+		buf := []float32{1}
+		if err := c.AllReduce(ctx, buf); err != nil || buf[0] != np {
+			t.Errorf("after the errors: %v, sum %v, want %d", err, buf[0], np)
+		}
+	})
+}
+
+// TestDeadline: rank 3 skips a collective; the others get a deadline error
+// within the deadline and a poisoned communicator. Rank 3 then makes a call
+// that matches what the others left outstanding, so Close drains it and the
+// job ends cleanly.
+func TestDeadline(t *testing.T) {
+	const deadline = 300 * time.Millisecond
+	cases := []struct {
+		name string
+		opts []Option
+		// late is rank 3's call, matching the others' abandoned request:
+		// with the argument check, that request is the header exchange.
+		late func(ctx context.Context, t *testing.T, c *Comm)
+	}{
+		{"checked", nil, func(ctx context.Context, t *testing.T, c *Comm) {
+			err := c.Barrier(ctx)
+			if _, ok := err.(*comm.MismatchError); !ok || !strings.Contains(err.Error(), "rank 0 passed AllReduce, rank 3 passed Barrier") {
+				t.Errorf("rank 3's late Barrier: got %v, want a mismatch with the others' AllReduce", err)
+			}
+		}},
+		{"unchecked", []Option{WithArgCheck(false)}, func(ctx context.Context, t *testing.T, c *Comm) {
+			buf := []float32{1}
+			if err := c.AllReduce(ctx, buf); err != nil || buf[0] != np {
+				t.Errorf("rank 3's late AllReduce: %v, sum %v, want %d", err, buf[0], np)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+				if c.Rank() != 3 {
+					short, cancel := context.WithTimeout(ctx, deadline)
+					start := time.Now()
+					err := c.AllReduce(short, []float32{1})
+					took := time.Since(start)
+					cancel()
+					var inc *comm.IncompleteError
+					if !errors.As(err, &inc) || inc.Op != comm.OpAllReduce || inc.Rank != c.Rank() || !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("got %v, want *IncompleteError of AllReduce wrapping DeadlineExceeded", err)
+					}
+					if took < deadline || took > deadline+time.Second {
+						t.Errorf("returned after %v, want just after the %v deadline", took, deadline)
+					}
+					err = c.Barrier(ctx)
+					var p *comm.PoisonedError
+					if !errors.As(err, &p) || p.Cause != inc {
+						t.Errorf("call after the timeout: got %v, want *PoisonedError wrapping %v", err, inc)
+					}
+				}
+				if err := world.Barrier(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if c.Rank() == 3 {
+					tc.late(ctx, t, c)
+				}
+			}, tc.opts...)
+		})
+	}
+}
+
+// TestCloseInFlight: Close abandons a call in flight on another goroutine;
+// once the other ranks make the matching call, Close completes it.
+func TestCloseInFlight(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		d, err := c.Dup(ctx, WithArgCheck(false), WithDrainTimeout(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Rank() == 0 {
+			pending := make(chan error)
+			go func() { pending <- d.Barrier(ctx) }()
+			for inFlight := false; !inFlight; {
+				select {
+				case <-d.h.guard.Idle():
+					time.Sleep(time.Millisecond)
+				default:
+					inFlight = true
+				}
+			}
+			closed := make(chan error)
+			go func() { closed <- d.Close() }()
+			err := <-pending
+			var ce *comm.ClosedError
+			if !errors.Is(err, comm.ErrClosed) || !errors.As(err, &ce) || ce.Rank != 0 {
+				t.Errorf("Barrier in flight: got %v, want it abandoned by Close", err)
+			}
+			if err := world.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-closed; err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if err := d.Barrier(ctx); !errors.Is(err, comm.ErrClosed) {
+				t.Errorf("after Close: got %v, want ErrClosed", err)
+			}
+			return
+		}
+		if err := world.Barrier(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Barrier(ctx); err != nil {
+			t.Errorf("Barrier matching rank 0's abandoned one: %v", err)
+		}
+		if err := d.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// scenarioEnv names the scenario a rank job runs for a test that starts its
+// own job.
+const scenarioEnv = "GRADCOMP_MPI_SCENARIO"
+
+// ownJob runs test t in a job of its own: the launcher starts mpirun with
+// the scenario named after t and returns the finished job; a rank of that
+// job runs body on the world communicator and returns nil. In any other
+// job it skips t.
+func ownJob(t *testing.T, body func(ctx context.Context, c *Comm)) *job {
+	t.Helper()
+	if world == nil {
+		if _, err := exec.LookPath("mpirun"); err != nil {
+			t.Skip("mpirun not found (install openmpi-bin): " + err.Error())
+		}
+		return runJob(t, []string{scenarioEnv + "=" + t.Name()}, "-test.v=true", "-test.run=^"+t.Name()+"$")
+	}
+	if os.Getenv(scenarioEnv) != t.Name() {
+		t.Skip("runs in a job of its own, started by the launcher")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	body(ctx, world)
+	return nil
+}
+
+// TestJobEnds: a rank that exits or aborts while the others wait in a
+// collective (with a 60-second deadline) ends the job promptly with the
+// rank's exit code, and the output names the rank. For an exit, mpirun names
+// it; for Abort, the line Abort writes does (mpirun's own "MPI_ABORT was
+// invoked on rank 2" is lost in about one run in five: Open MPI 4.1.4 then
+// logs "ORTE_ERROR_LOG: Data unpack would read past end of buffer" instead).
+func TestJobEnds(t *testing.T) {
+	cases := []struct {
+		name  string
+		leave func(c *Comm)
+		code  int      // mpirun's exit code
+		want  []string // regular expressions mpirun's output must match
+	}{
+		{"exit", func(*Comm) { os.Exit(3) }, 3, []string{`Process name: \[\[\d+,\d+\],2\]\s+Exit code:\s+3`}},
+		{"abort", func(c *Comm) { c.Abort(7) }, 7, []string{`\[1,2\]<stderr>:comm/mpi: rank 2 of 4 aborts the job with code 7`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := ownJob(t, func(ctx context.Context, c *Comm) {
+				if c.Rank() == 2 {
+					time.Sleep(100 * time.Millisecond) // let the others enter the AllReduce
+					tc.leave(c)
+				}
+				err := c.AllReduce(ctx, make([]float32, 1<<10))
+				t.Errorf("rank %d: AllReduce returned %v; want the job killed first", c.Rank(), err)
+			})
+			if j == nil {
+				return // a rank: the launcher checks the outcome
+			}
+			var exit *exec.ExitError
+			if !errors.As(j.err, &exit) || exit.ExitCode() != tc.code {
+				t.Errorf("%s: %v, want exit code %d", j.cmd, j.err, tc.code)
+			}
+			if j.took > 20*time.Second {
+				t.Errorf("the job took %v, want it ended well before the 60 s deadline", j.took)
+			}
+			for _, re := range tc.want {
+				if !regexp.MustCompile(re).Match(j.out) {
+					t.Errorf("mpirun's output does not match %q:\n%s", re, tail(j.out, 40))
+				}
+			}
+			t.Logf("%s: %v after %v", j.cmd, j.err, j.took.Round(time.Millisecond))
+		})
+	}
+}
+
+// BenchmarkAllReduce measures AllReduce with and without the argument check
+// (SetBytes: one rank's buffer). It runs only as ranks of a job started by
+// hand, with a fixed iteration count so every rank makes the same calls:
+//
+//	go test -c -tags mpi ./comm/mpi
+//	mpirun --allow-run-as-root --oversubscribe -np 4 ./mpi.test -test.run '^$' -test.bench . -test.benchtime 2000x
+func BenchmarkAllReduce(b *testing.B) {
+	if world == nil {
+		b.Skip("run the test binary under mpirun (see the doc comment)")
+	}
+	if bt := flag.Lookup("test.benchtime").Value.String(); !strings.HasSuffix(bt, "x") {
+		b.Skipf("-test.benchtime=%s: use a fixed count (e.g. 2000x) so every rank runs the same iterations", bt)
+	}
+	for _, l := range []int{1, 1 << 10, 1 << 18} {
+		for _, checked := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%dB/check=%v", 4*l, checked), func(b *testing.B) {
+				ctx := context.Background()
+				c, err := world.Dup(ctx, WithArgCheck(checked))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				buf := make([]float32, l)
+				b.SetBytes(int64(4 * l))
+				b.ResetTimer()
+				for range b.N {
+					if err := c.AllReduce(ctx, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
