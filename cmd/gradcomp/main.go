@@ -28,6 +28,7 @@ type command struct {
 // commands lists the subcommands in the order usage shows them.
 var commands = []command{
 	{"bench", "measure compressors on synthetic gradients (ratio, GB/s, error)", runBench},
+	{"netbench", "time compressed exchanges against a dense MPI all-reduce (-tags mpi, under mpirun)", runNetbench},
 }
 
 func main() {

@@ -1,0 +1,15 @@
+//go:build !(mpi && cgo)
+
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestNetbenchExplainsMissingMPI(t *testing.T) {
+	code, stdout, stderr := gradcomp(t, "netbench", "-size", "10")
+	if code != 1 || stdout != "" || !strings.Contains(stderr, "go build -tags mpi") || !strings.Contains(stderr, "scripts/netbench") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and how to build", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,88 @@
+package netbench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+)
+
+// WriteJSON writes results as an indented JSON array of Result objects,
+// followed by a newline.
+func WriteJSON(w io.Writer, results []Result) error {
+	if results == nil {
+		results = []Result{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(results)
+}
+
+// ReadJSON reads what WriteJSON wrote. Unknown fields are an error, so a
+// file from another tool is not mistaken for results.
+func ReadJSON(r io.Reader) ([]Result, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var results []Result
+	if err := dec.Decode(&results); err != nil {
+		return nil, fmt.Errorf("netbench: reading results: %w", err)
+	}
+	return results, nil
+}
+
+// Merge returns old without the results of the links that fresh measured,
+// followed by fresh: a new run of a link replaces that link's rows.
+func Merge(old, fresh []Result) []Result {
+	links := map[string]bool{}
+	for _, r := range fresh {
+		links[r.Link] = true
+	}
+	kept := slices.DeleteFunc(slices.Clone(old), func(r Result) bool { return links[r.Link] })
+	return append(kept, fresh...)
+}
+
+// WriteTable writes results as aligned text, one block per link in order of
+// first appearance, each under a header naming the link, its probed rate,
+// the group and the gradient.
+func WriteTable(w io.Writer, results []Result) error {
+	var links []string
+	for _, r := range results {
+		if !slices.Contains(links, r.Link) {
+			links = append(links, r.Link)
+		}
+	}
+	for i, link := range links {
+		if i > 0 {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+		}
+		if err := writeBlock(w, slices.DeleteFunc(slices.Clone(results), func(r Result) bool { return r.Link != link })); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeBlock writes the rows of one link.
+func writeBlock(w io.Writer, rows []Result) error {
+	h := rows[0]
+	rate := "not probed"
+	if h.LinkGbps > 0 {
+		rate = fmt.Sprintf("probed %.3g Gbit/s per rank", h.LinkGbps)
+	}
+	if _, err := fmt.Fprintf(w, "# link %s (%s), %d ranks, %d fp32 (%.1f MB), median of %d runs; speedup = dense seconds / seconds\n",
+		h.Link, rate, h.Ranks, h.Size, float64(h.Bytes)/1e6, len(h.Runs)); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "strategy\tcodec\tdecision\tseconds\tspeedup\tsent MB\tcompressed\trel err\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.2f×\t%.2f\t%d/%d\t%s\t\n",
+			r.Strategy, r.Codec, r.Decision, r.Seconds, r.Speedup, float64(r.BytesSent)/1e6, r.Compressed, r.Buckets,
+			strconv.FormatFloat(r.RelErr, 'g', 3, 64))
+	}
+	return tw.Flush()
+}

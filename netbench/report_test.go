@@ -1,0 +1,91 @@
+package netbench
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func sampleResults() []Result {
+	return []Result{
+		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Seconds: 1.5, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+			BytesSent: 150_000_000, Buckets: 1, LinkGbps: 0.93, Runs: []float64{1.4, 1.5, 1.6}},
+		{Strategy: "sparse-gather", Codec: "topk:0.01", Decision: Pinned, Link: "1gbit", Seconds: 0.15, Speedup: 10, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+			BytesSent: 6_000_000, Buckets: 4, Compressed: 4, RelErr: 0.18, LinkGbps: 0.93, Runs: []float64{0.15, 0.14, 0.16}},
+		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "unlimited", Seconds: 0.3, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+			BytesSent: 150_000_000, Buckets: 1, Runs: []float64{0.3}},
+		{Strategy: "sra", Codec: "int8", Decision: CostModel, Link: "unlimited", Seconds: 0.31, Speedup: 0.97, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+			BytesSent: 150_000_000, Buckets: 4, Reason: "dense 10ms < compressed 40ms", Runs: []float64{0.31}},
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	want := sampleResults()
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, want); err != nil {
+		t.Fatal(err)
+	}
+	var objs []map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &objs); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"strategy", "codec", "link", "seconds", "speedup_vs_dense", "ranks", "size", "bytes", "bytes_sent", "decision", "runs"} {
+		if _, ok := objs[1][k]; !ok {
+			t.Errorf("JSON object lacks %q: %v", k, objs[1])
+		}
+	}
+	if objs[1]["speedup_vs_dense"] != 10.0 || objs[1]["link"] != "1gbit" {
+		t.Errorf("JSON object: %v", objs[1])
+	}
+	got, err := ReadJSON(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", got, want)
+	}
+	var empty bytes.Buffer
+	if err := WriteJSON(&empty, nil); err != nil || strings.TrimSpace(empty.String()) != "[]" {
+		t.Errorf("no results: %q, %v", empty.String(), err)
+	}
+	if _, err := ReadJSON(strings.NewReader(`[{"codec":"none","ratio":3}]`)); err == nil {
+		t.Error("a foreign field was accepted")
+	}
+}
+
+func TestMergeReplacesLinks(t *testing.T) {
+	old := sampleResults()
+	fresh := []Result{{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Seconds: 2}}
+	got := Merge(old, fresh)
+	want := append(append([]Result(nil), old[2:]...), fresh...)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("merge:\n got %+v\nwant %+v", got, want)
+	}
+	if len(old) != 4 || old[0].Link != "1gbit" {
+		t.Errorf("merge modified old: %+v", old)
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, sampleResults()); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	blocks := strings.Split(out, "\n\n")
+	if len(blocks) != 2 {
+		t.Fatalf("%d blocks, want one per link:\n%s", len(blocks), out)
+	}
+	for _, want := range []string{"# link 1gbit (probed 0.93 Gbit/s per rank), 4 ranks, 25000000 fp32 (100.0 MB), median of 3 runs", "sparse-gather", "topk:0.01", "10.00×", "4/4", "0.18"} {
+		if !strings.Contains(blocks[0], want) {
+			t.Errorf("first block lacks %q:\n%s", want, blocks[0])
+		}
+	}
+	for _, want := range []string{"# link unlimited (not probed)", "cost-model", "0.97×", "0/4"} {
+		if !strings.Contains(blocks[1], want) {
+			t.Errorf("second block lacks %q:\n%s", want, blocks[1])
+		}
+	}
+}
