@@ -3,12 +3,11 @@ package netbench
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
-	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // exchange averages a gradient over the ranks of a group.
@@ -23,18 +22,26 @@ type exchange interface {
 // sample is what one run of an exchange reports about itself.
 type sample struct {
 	strategy   string // as Result.Strategy
-	bytesSent  int64  // bytes this rank put on the wire
 	buckets    int
 	compressed int // buckets that crossed compressed
 	reason     string
+	bytesSent  int64 // bytes this rank put on the wire
+	// Time in each stage, summed over buckets.
+	compress, exchange, decompress time.Duration
+}
+
+// numbers returns the run's time took and the sample's numbers, in the
+// order measurer.time keeps them.
+func (s sample) numbers(took time.Duration) []float64 {
+	return []float64{took.Seconds(), float64(s.bytesSent), s.compress.Seconds(), s.exchange.Seconds(), s.decompress.Seconds()}
 }
 
 // newExchange builds the exchange of case cs on c.
-func newExchange(_ context.Context, c comm.Comm, cs Case, cfg Config) (exchange, error) {
+func newExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (exchange, error) {
 	if cs.Decision == Baseline {
 		return &denseAllReduce{c: c, timeout: cfg.Timeout}, nil
 	}
-	return newAllGather(c, cs, cfg)
+	return newEngineExchange(ctx, c, cs, cfg)
 }
 
 // denseAllReduce is the baseline: one all-reduce of the whole gradient, then
@@ -45,16 +52,16 @@ type denseAllReduce struct {
 }
 
 func (d *denseAllReduce) run(ctx context.Context, grad []float32) (sample, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
-	if err := d.c.AllReduce(ctx, grad); err != nil {
+	start := time.Now()
+	if err := withTimeout(ctx, d.timeout, func(ctx context.Context) error { return d.c.AllReduce(ctx, grad) }); err != nil {
 		return sample{}, err
 	}
+	reduced := time.Now()
 	n := d.c.Size()
 	scale(grad, n)
 	// A ring all-reduce sends 2(n−1)/n of the buffer from every rank.
 	sent := 2 * int64(n-1) * 4 * int64(len(grad)) / int64(n)
-	return sample{strategy: "dense", bytesSent: sent, buckets: 1}, nil
+	return sample{strategy: "dense", buckets: 1, bytesSent: sent, exchange: reduced.Sub(start), decompress: time.Since(reduced)}, nil
 }
 
 func (d *denseAllReduce) close() error { return nil }
@@ -67,56 +74,72 @@ func scale(x []float32, n int) {
 	}
 }
 
-// allGather exchanges whole compressed payloads: every rank compresses its
-// gradient, the payloads are all-gathered and each rank decompresses and
-// adds all of them. For top-k this is the sparse-gather strategy.
-type allGather struct {
-	c        comm.Comm
-	codec    compress.Compressor
-	timeout  time.Duration
-	step     uint64
-	payload  []byte
-	gathered []byte
+// engineExchange runs the gradient through the overlap engine, cut into
+// buckets of at most Config.BucketElems elements, all made ready at once in
+// bucket order (as if backward had finished): the engine overlaps bucket
+// i's exchange with bucket i+1's compression and bucket i−1's decoding.
+type engineExchange struct {
+	e     *overlap.Engine
+	sizes []int
 }
 
-func newAllGather(c comm.Comm, cs Case, cfg Config) (*allGather, error) {
-	codec, err := compress.Parse(cs.Codec, compress.WithWorkers(cfg.Workers))
+func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*engineExchange, error) {
+	decision := overlap.DecideCompressed
+	if cs.Decision == CostModel {
+		decision = overlap.DecideAuto
+	}
+	sizes := bucketSizes(cfg.Size, cfg.BucketElems)
+	e, err := overlap.New(ctx, c, sizes, overlap.Config{
+		Spec: cs.Codec, ErrorFeedback: cfg.ErrorFeedback, Decision: decision,
+		Timeout: cfg.Timeout, Workers: cfg.Workers,
+	})
 	if err != nil {
 		return nil, err
 	}
-	n := codec.MaxEncodedLen(cfg.Size)
-	return &allGather{c: c, codec: codec, timeout: cfg.Timeout, payload: make([]byte, 0, n), gathered: make([]byte, c.Size()*n)}, nil
+	return &engineExchange{e: e, sizes: sizes}, nil
 }
 
-func (a *allGather) run(ctx context.Context, grad []float32) (sample, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	a.step++
-	p, err := a.codec.Compress(a.payload[:0], grad, compress.Key{Step: a.step})
+func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error) {
+	if err := x.e.Step(); err != nil {
+		return sample{}, err
+	}
+	off := 0
+	for i, n := range x.sizes {
+		if err := x.e.Ready(i, grad[off:off+n]); err != nil {
+			return sample{}, err
+		}
+		off += n
+	}
+	st, err := x.e.Wait(ctx)
 	if err != nil {
 		return sample{}, err
 	}
-	if len(p) != cap(a.payload) {
-		return sample{}, fmt.Errorf("netbench: %s payload of %d bytes, want the fixed %d an all-gather needs", a.codec.Spec(), len(p), cap(a.payload))
-	}
-	if err := a.c.AllGather(ctx, a.gathered, p); err != nil {
-		return sample{}, err
-	}
-	clear(grad)
-	for r := range a.c.Size() {
-		if err := a.codec.DecompressAdd(grad, a.gathered[r*len(p):(r+1)*len(p)]); err != nil {
-			return sample{}, fmt.Errorf("netbench: payload of rank %d: %w", r, err)
+	s := sample{strategy: x.e.Strategy().String(), bytesSent: st.BytesSent, buckets: len(st.Buckets)}
+	for _, b := range st.Buckets {
+		if b.Compressed {
+			s.compressed++
 		}
+		s.compress += b.Compress
+		s.exchange += b.Exchange
+		s.decompress += b.Decompress
 	}
-	scale(grad, a.c.Size())
-	strategy := "allgather"
-	if a.codec.Codec() == compress.CodecTopK {
-		strategy = "sparse-gather"
+	if len(st.Buckets) > 0 {
+		s.reason = st.Buckets[0].Reason
 	}
-	return sample{strategy: strategy, bytesSent: int64(a.c.Size()-1) * int64(len(p)), buckets: 1, compressed: 1}, nil
+	return s, nil
 }
 
-func (a *allGather) close() error { return nil }
+func (x *engineExchange) close() error { return x.e.Close() }
+
+// bucketSizes cuts n elements into buckets of at most max elements, the
+// last one holding the rest.
+func bucketSizes(n, max int) []int {
+	var sizes []int
+	for ; n > max; n -= max {
+		sizes = append(sizes, max)
+	}
+	return append(sizes, n)
+}
 
 // gatherFloats all-gathers xs (the same length on every rank) and returns
 // every rank's values in rank order.

@@ -6,18 +6,22 @@
 // # What is timed
 //
 // Each rank draws its own gradient of Config.Size float32s (rank r uses
-// bench.Generate(mixture, Size, Seed+r)). For every case, one untimed run
-// warms the exchange up, then Config.Reps timed runs follow. A timed run
-// starts after a barrier and ends when the rank average is in the rank's
-// gradient buffer; the run's time is that of the slowest rank, and a case's
-// time is the median of its runs. Setting the exchange up (the engine's
-// handshake, its cost-model probe) and refilling the gradient between runs
-// are not timed.
+// bench.Generate(mixture, Size, Seed+r)). A timed run starts after a
+// barrier and ends when the rank average is in the rank's gradient buffer;
+// the run's time is that of the slowest rank. Setting an exchange up (the
+// engine's handshake, its cost-model probe) and refilling the gradient
+// between runs are not timed.
 //
 // The baseline is a dense all-reduce of the whole gradient followed by the
 // division by the rank count: what a framework without compression does.
-// Every other case is measured against it (Result.Speedup) and checked
-// against its output (Result.RelErr).
+// It is measured first on its own (one untimed warm-up run, then
+// Config.Reps timed runs, median). Each case then goes through the overlap
+// engine, in pairs of runs: a baseline run, then a run of the case, one
+// untimed warm-up pair and Config.Reps timed ones. A case's time is the
+// median of its runs, its speedup the median of the baseline runs paired
+// with it divided by that, so load that drifts on a shared machine affects
+// both sides alike. Its output is compared with the baseline's
+// (Result.RelErr).
 package netbench
 
 import (
@@ -58,7 +62,7 @@ type Config struct {
 	Size  int    // gradient length in float32 elements, at least 1
 	Reps  int    // timed runs per case, at least 1
 	Seed  uint64 // rank r's gradient is drawn with seed Seed+r
-	Cases []Case // in order; the baseline runs first whether listed or not
+	Cases []Case // in order, each Pinned or CostModel; the baseline runs first
 
 	// BucketElems is the largest bucket the engine is given, in elements
 	// (the gradient is cut into buckets of this size, the last one
@@ -87,18 +91,31 @@ type Result struct {
 	Decision string  `json:"decision"`         // Baseline, Pinned or CostModel
 	Link     string  `json:"link"`             // Config.Link
 	Seconds  float64 `json:"seconds"`          // median over the timed runs of the slowest rank's time
-	Speedup  float64 `json:"speedup_vs_dense"` // baseline Seconds / Seconds
-	Ranks    int     `json:"ranks"`            // group size
-	Size     int     `json:"size"`             // gradient length, float32 elements
-	Bytes    int64   `json:"bytes"`            // gradient size in bytes (4·Size)
+	Speedup  float64 `json:"speedup_vs_dense"` // DenseSeconds / Seconds
+	// DenseSeconds is the median time of the dense all-reduce runs made
+	// between this case's runs (each run of a case follows one of the
+	// baseline, so both see the same load); the baseline's own Seconds for
+	// the baseline.
+	DenseSeconds float64 `json:"dense_seconds"`
+	Ranks        int     `json:"ranks"` // group size
+	Size         int     `json:"size"`  // gradient length, float32 elements
+	Bytes        int64   `json:"bytes"` // gradient size in bytes (4·Size)
 	// BytesSent is what the busiest rank put on the wire in one exchange:
 	// the engine's count for compressed cases, the ring all-reduce volume
 	// 2(n−1)/n·Bytes for the baseline.
 	BytesSent int64 `json:"bytes_sent"`
 	// Buckets and Compressed count the buckets of one exchange and those
-	// that crossed compressed (on the slowest rank's last run).
+	// that crossed compressed (in the last run).
 	Buckets    int `json:"buckets"`
 	Compressed int `json:"compressed_buckets"`
+	// Time in each stage, summed over the buckets, of the rank that spent
+	// the most in it, median over the runs: compressing, in collectives,
+	// decoding and averaging. Stages of different buckets overlap, so the
+	// sum can exceed Seconds. The baseline has only the all-reduce and the
+	// division.
+	CompressSeconds   float64 `json:"compress_s"`
+	ExchangeSeconds   float64 `json:"exchange_s"`
+	DecompressSeconds float64 `json:"decompress_s"`
 	// Reason is the engine's explanation of its choice for the first
 	// bucket (cost-model inputs) on the reporting rank, when it gives one.
 	Reason string `json:"reason,omitempty"`
@@ -128,10 +145,8 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("netbench: timeout %v, want a positive duration", cfg.Timeout)
 	}
 	for _, cs := range cfg.Cases {
-		switch cs.Decision {
-		case Baseline, Pinned, CostModel:
-		default:
-			return fmt.Errorf("netbench: case %q: decision %q, want %q, %q or %q", cs.Codec, cs.Decision, Baseline, Pinned, CostModel)
+		if cs.Decision != Pinned && cs.Decision != CostModel {
+			return fmt.Errorf("netbench: case %q: decision %q, want %q or %q", cs.Codec, cs.Decision, Pinned, CostModel)
 		}
 	}
 	return nil
@@ -159,31 +174,25 @@ func Run(ctx context.Context, c comm.Comm, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
-	src := bench.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank()))
-	grad := make([]float32, cfg.Size)
-	m := measurer{c: c, cfg: cfg, src: src, grad: grad}
-
-	cases := append([]Case{{Codec: "none", Decision: Baseline}}, slices.DeleteFunc(slices.Clone(cfg.Cases), func(cs Case) bool { return cs.Decision == Baseline })...)
-	var results []Result
-	var dense []float32
-	for _, cs := range cases {
+	m := &measurer{c: c, cfg: cfg, src: bench.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank())), grad: make([]float32, cfg.Size)}
+	baseline := &denseAllReduce{c: c, timeout: cfg.Timeout}
+	progress("dense all-reduce (the baseline)")
+	r, err := m.measure(ctx, Case{Codec: "none", Decision: Baseline}, baseline, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("netbench: dense all-reduce on rank %d: %w", c.Rank(), err)
+	}
+	dense := slices.Clone(m.grad)
+	results := []Result{r}
+	for _, cs := range cfg.Cases {
 		progress("%s %s", cs.Codec, cs.Decision)
-		r, err := m.measure(ctx, cs, dense)
+		r, err := m.measureCase(ctx, cs, baseline, dense)
 		if err != nil {
 			return results, fmt.Errorf("netbench: %s (%s) on rank %d: %w", cs.Codec, cs.Decision, c.Rank(), err)
 		}
-		if dense == nil {
-			dense = slices.Clone(grad)
-		}
-		r.Link, r.LinkGbps = cfg.Link, gbps
-		base := r.Seconds
-		if len(results) > 0 {
-			base = results[0].Seconds
-		}
-		if r.Seconds > 0 {
-			r.Speedup = base / r.Seconds
-		}
 		results = append(results, r)
+	}
+	for i := range results {
+		results[i].Link, results[i].LinkGbps = cfg.Link, gbps
 	}
 	return results, nil
 }
@@ -205,79 +214,101 @@ type measurer struct {
 	grad []float32 // the exchange buffer, refilled from src before each run
 }
 
-// measure times case cs; dense is the baseline's output (nil while
-// measuring the baseline itself).
-func (m *measurer) measure(ctx context.Context, cs Case, dense []float32) (Result, error) {
+// measureCase builds case cs's exchange, measures it (see measure) and
+// closes it.
+func (m *measurer) measureCase(ctx context.Context, cs Case, baseline exchange, dense []float32) (Result, error) {
 	ex, err := newExchange(ctx, m.c, cs, m.cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	r, err := m.time(ctx, ex, cs, dense)
+	r, err := m.measure(ctx, cs, ex, baseline, dense)
 	if cerr := ex.close(); err == nil {
 		err = cerr
 	}
 	return r, err
 }
 
-func (m *measurer) time(ctx context.Context, ex exchange, cs Case, dense []float32) (Result, error) {
-	n := m.c.Size()
-	r := Result{Codec: cs.Codec, Decision: cs.Decision, Ranks: n, Size: m.cfg.Size, Bytes: 4 * int64(m.cfg.Size)}
+// measure times ex for case cs. When baseline is not nil, each run of ex
+// follows a run of baseline, so both see the same conditions on a noisy
+// machine, and the speedup is taken against those baseline runs; dense is
+// then the baseline's output, to compare ex's output with.
+func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, dense []float32) (Result, error) {
+	r := Result{Codec: cs.Codec, Decision: cs.Decision, Ranks: m.c.Size(), Size: m.cfg.Size, Bytes: 4 * int64(m.cfg.Size)}
 	var last sample
+	var runs [5][]float64                    // per timed run, the largest over ranks of each of sample.numbers
+	var paired []float64                     // the baseline's times
 	for rep := -1; rep < m.cfg.Reps; rep++ { // rep -1 is the warm-up
-		copy(m.grad, m.src)
-		if err := barrier(ctx, m.c, m.cfg.Timeout); err != nil {
-			return r, err
+		if baseline != nil {
+			worst, _, err := m.once(ctx, baseline)
+			if err != nil {
+				return r, fmt.Errorf("dense all-reduce: %w", err)
+			}
+			if rep >= 0 {
+				paired = append(paired, worst[0])
+			}
 		}
-		start := time.Now()
-		s, err := ex.run(ctx, m.grad)
-		took := time.Since(start)
-		if err != nil {
-			return r, err
-		}
-		secs, s, err := m.slowest(ctx, took, s)
+		worst, s, err := m.once(ctx, ex)
 		if err != nil {
 			return r, err
 		}
 		if rep >= 0 {
-			r.Runs = append(r.Runs, secs)
+			for i, v := range worst {
+				runs[i] = append(runs[i], v)
+			}
 			last = s
 		}
 	}
-	r.Seconds = median(r.Runs)
-	r.Strategy, r.BytesSent, r.Buckets, r.Compressed, r.Reason = last.strategy, last.bytesSent, last.buckets, last.compressed, last.reason
+	r.Strategy, r.Buckets, r.Compressed, r.Reason = last.strategy, last.buckets, last.compressed, last.reason
+	r.Runs, r.Seconds = runs[0], median(runs[0])
+	r.BytesSent = int64(slices.Max(runs[1]))
+	r.CompressSeconds, r.ExchangeSeconds, r.DecompressSeconds = median(runs[2]), median(runs[3]), median(runs[4])
+	r.DenseSeconds = r.Seconds
+	if baseline != nil {
+		r.DenseSeconds = median(paired)
+	}
+	if r.Seconds > 0 {
+		r.Speedup = r.DenseSeconds / r.Seconds
+	}
 	if dense != nil {
-		e, err := m.maxOver(ctx, relL2(m.grad, dense))
+		e, err := m.maxOver(ctx, []float64{relL2(m.grad, dense)})
 		if err != nil {
 			return r, err
 		}
-		r.RelErr = e
+		r.RelErr = e[0]
 	}
 	return r, nil
 }
 
-// slowest returns the time of the rank that took longest and the largest
-// bytesSent of any rank; the rest of the sample is this rank's own (the
-// engine makes the same choices on every rank).
-func (m *measurer) slowest(ctx context.Context, took time.Duration, s sample) (float64, sample, error) {
-	all, err := gatherFloats(ctx, m.c, m.cfg.Timeout, []float64{took.Seconds(), float64(s.bytesSent)})
+// once refills the gradient, waits for every rank and times one run of ex.
+// It returns, element by element, the largest over ranks of the run's
+// sample.numbers, and this rank's sample.
+func (m *measurer) once(ctx context.Context, ex exchange) ([]float64, sample, error) {
+	copy(m.grad, m.src)
+	if err := barrier(ctx, m.c, m.cfg.Timeout); err != nil {
+		return nil, sample{}, err
+	}
+	start := time.Now()
+	s, err := ex.run(ctx, m.grad)
+	took := time.Since(start)
 	if err != nil {
-		return 0, s, err
+		return nil, s, err
 	}
-	var secs, sent float64
-	for i := 0; i < len(all); i += 2 {
-		secs, sent = max(secs, all[i]), max(sent, all[i+1])
-	}
-	s.bytesSent = int64(sent)
-	return secs, s, nil
+	worst, err := m.maxOver(ctx, s.numbers(took))
+	return worst, s, err
 }
 
-// maxOver returns the largest v of any rank.
-func (m *measurer) maxOver(ctx context.Context, v float64) (float64, error) {
-	all, err := gatherFloats(ctx, m.c, m.cfg.Timeout, []float64{v})
+// maxOver returns, element by element, the largest of every rank's xs
+// (the same length on every rank).
+func (m *measurer) maxOver(ctx context.Context, xs []float64) ([]float64, error) {
+	all, err := gatherFloats(ctx, m.c, m.cfg.Timeout, xs)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return slices.Max(all), nil
+	worst := slices.Clone(all[:len(xs)])
+	for i, v := range all[len(xs):] {
+		worst[i%len(xs)] = max(worst[i%len(xs)], v)
+	}
+	return worst, nil
 }
 
 // median returns the median of xs (the mean of the middle two for an even

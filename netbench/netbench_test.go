@@ -3,6 +3,7 @@ package netbench
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -66,11 +67,14 @@ func TestRunMeasuresEveryCase(t *testing.T) {
 		}
 	}
 	base := results[0]
-	if base.Decision != Baseline || base.Codec != "none" || base.Strategy != "dense" || base.Speedup != 1 || base.RelErr != 0 {
+	if base.Decision != Baseline || base.Codec != "none" || base.Strategy != "dense" || base.Speedup != 1 || base.DenseSeconds != base.Seconds || base.RelErr != 0 {
 		t.Errorf("baseline: %+v", base)
 	}
 	if want := int64(2 * 3 * 4 * cfg.Size / 4); base.BytesSent != want {
 		t.Errorf("baseline sent %d bytes, want the ring volume %d", base.BytesSent, want)
+	}
+	if base.ExchangeSeconds <= 0 || base.ExchangeSeconds > base.Seconds*1.5 || base.CompressSeconds != 0 {
+		t.Errorf("baseline stages: %+v", base)
 	}
 	if base.LinkGbps <= 0 {
 		t.Errorf("probed rate %v, want > 0", base.LinkGbps)
@@ -79,16 +83,23 @@ func TestRunMeasuresEveryCase(t *testing.T) {
 		if r.Link != "test" || r.Ranks != 4 || r.Size != cfg.Size || r.Bytes != 4*int64(cfg.Size) || len(r.Runs) != cfg.Reps {
 			t.Errorf("result %d: %+v", i, r)
 		}
-		if r.Seconds <= 0 || r.Seconds != median(r.Runs) || math.Abs(r.Speedup-base.Seconds/r.Seconds) > 1e-12 {
-			t.Errorf("result %d: seconds %v of runs %v, speedup %v (baseline %v)", i, r.Seconds, r.Runs, r.Speedup, base.Seconds)
+		if r.Seconds <= 0 || r.Seconds != median(r.Runs) || r.DenseSeconds <= 0 || math.Abs(r.Speedup-r.DenseSeconds/r.Seconds) > 1e-12 {
+			t.Errorf("result %d: seconds %v of runs %v, speedup %v against %v", i, r.Seconds, r.Runs, r.Speedup, r.DenseSeconds)
 		}
 	}
-	// fp32 payloads all-gathered and added must give the dense average up
-	// to the order of the additions; lossy codecs must not.
-	if none := results[1]; none.RelErr > 1e-6 || none.Compressed != none.Buckets {
-		t.Errorf("uncompressed exchange: %+v", none)
+	// The engine's dense path adds in the same order as the baseline's
+	// all-reduce; lossy codecs must differ, and send less.
+	if none := results[1]; none.RelErr > 1e-6 || none.Strategy != "dense" || none.Buckets != 3 || none.Compressed != 0 || none.BytesSent != base.BytesSent {
+		t.Errorf("uncompressed exchange through the engine: %+v", none)
 	}
-	for _, r := range results[2:] {
+	for i, strategy := range []string{"sparse-gather", "sra"} {
+		r := results[2+i]
+		if r.Strategy != strategy || r.Buckets != 3 || r.Compressed != 3 || !strings.Contains(r.Reason, "pinned") {
+			t.Errorf("%s: %+v, want strategy %s with 3 buckets compressed", r.Codec, r, strategy)
+		}
+		if r.CompressSeconds <= 0 || r.ExchangeSeconds <= 0 || r.DecompressSeconds <= 0 {
+			t.Errorf("%s: stage times %v, %v, %v; want all positive", r.Codec, r.CompressSeconds, r.ExchangeSeconds, r.DecompressSeconds)
+		}
 		if r.RelErr <= 1e-6 || r.RelErr > 1 {
 			t.Errorf("%s: relative error %v, want in (1e-6, 1]", r.Codec, r.RelErr)
 		}
@@ -101,6 +112,36 @@ func TestRunMeasuresEveryCase(t *testing.T) {
 	}
 }
 
+func TestRunWithCostModel(t *testing.T) {
+	cfg := testConfig()
+	cfg.Reps = 1
+	cfg.Cases = []Case{{"int4", CostModel}}
+	all, errs := onRanks(t, 2, func(c comm.Comm) ([]Result, error) { return Run(context.Background(), c, cfg) })
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	r := all[0][1]
+	if r.Decision != CostModel || r.Buckets != 3 || r.Reason == "" || strings.Contains(r.Reason, "pinned") {
+		t.Errorf("cost-model case: %+v, want the model's reason", r)
+	}
+	if all[1][1].Compressed != r.Compressed {
+		t.Errorf("ranks disagree on the compressed buckets: %d vs %d", r.Compressed, all[1][1].Compressed)
+	}
+}
+
+func TestBucketSizes(t *testing.T) {
+	for _, c := range []struct {
+		n, max int
+		want   []int
+	}{{10, 4, []int{4, 4, 2}}, {8, 4, []int{4, 4}}, {3, 4, []int{3}}, {1, 1, []int{1}}} {
+		if got := bucketSizes(c.n, c.max); !slices.Equal(got, c.want) {
+			t.Errorf("bucketSizes(%d, %d) = %v, want %v", c.n, c.max, got, c.want)
+		}
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	for name, edit := range map[string]func(*Config){
 		"size":     func(c *Config) { c.Size = 0 },
@@ -110,6 +151,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		"probe":    func(c *Config) { c.ProbeBytes = -1 },
 		"timeout":  func(c *Config) { c.Timeout = 0 },
 		"decision": func(c *Config) { c.Cases = []Case{{"int8", "sometimes"}} },
+		"baseline": func(c *Config) { c.Cases = []Case{{"none", Baseline}} },
 	} {
 		cfg := testConfig()
 		edit(&cfg)

@@ -73,16 +73,16 @@ func writeBlock(w io.Writer, rows []Result) error {
 	if h.LinkGbps > 0 {
 		rate = fmt.Sprintf("probed %.3g Gbit/s per rank", h.LinkGbps)
 	}
-	if _, err := fmt.Fprintf(w, "# link %s (%s), %d ranks, %d fp32 (%.1f MB), median of %d runs; speedup = dense seconds / seconds\n",
+	if _, err := fmt.Fprintf(w, "# link %s (%s), %d ranks, %d fp32 (%.1f MB), median of %d runs; speedup = dense s (the dense runs paired with the case's) / seconds; stage times summed over buckets\n",
 		h.Link, rate, h.Ranks, h.Size, float64(h.Bytes)/1e6, len(h.Runs)); err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tcodec\tdecision\tseconds\tspeedup\tsent MB\tcompressed\trel err\t")
+	fmt.Fprintln(tw, "strategy\tcodec\tdecision\tseconds\tdense s\tspeedup\tsent MB\tcompressed\tcompress s\texchange s\tdecompress s\trel err\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.2f×\t%.2f\t%d/%d\t%s\t\n",
-			r.Strategy, r.Codec, r.Decision, r.Seconds, r.Speedup, float64(r.BytesSent)/1e6, r.Compressed, r.Buckets,
-			strconv.FormatFloat(r.RelErr, 'g', 3, 64))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t%.2f×\t%.2f\t%d/%d\t%.4f\t%.4f\t%.4f\t%s\t\n",
+			r.Strategy, r.Codec, r.Decision, r.Seconds, r.DenseSeconds, r.Speedup, float64(r.BytesSent)/1e6, r.Compressed, r.Buckets,
+			r.CompressSeconds, r.ExchangeSeconds, r.DecompressSeconds, strconv.FormatFloat(r.RelErr, 'g', 3, 64))
 	}
 	return tw.Flush()
 }

@@ -10,13 +10,13 @@ import (
 
 func sampleResults() []Result {
 	return []Result{
-		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Seconds: 1.5, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Seconds: 1.5, DenseSeconds: 1.5, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
 			BytesSent: 150_000_000, Buckets: 1, LinkGbps: 0.93, Runs: []float64{1.4, 1.5, 1.6}},
-		{Strategy: "sparse-gather", Codec: "topk:0.01", Decision: Pinned, Link: "1gbit", Seconds: 0.15, Speedup: 10, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
-			BytesSent: 6_000_000, Buckets: 4, Compressed: 4, RelErr: 0.18, LinkGbps: 0.93, Runs: []float64{0.15, 0.14, 0.16}},
-		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "unlimited", Seconds: 0.3, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+		{Strategy: "sparse-gather", Codec: "topk:0.01", Decision: Pinned, Link: "1gbit", Seconds: 0.15, DenseSeconds: 1.5, Speedup: 10, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+			BytesSent: 6_000_000, Buckets: 4, Compressed: 4, CompressSeconds: 0.0625, ExchangeSeconds: 0.05, DecompressSeconds: 0.03, RelErr: 0.18, LinkGbps: 0.93, Runs: []float64{0.15, 0.14, 0.16}},
+		{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "unlimited", Seconds: 0.3, DenseSeconds: 0.3, Speedup: 1, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
 			BytesSent: 150_000_000, Buckets: 1, Runs: []float64{0.3}},
-		{Strategy: "sra", Codec: "int8", Decision: CostModel, Link: "unlimited", Seconds: 0.31, Speedup: 0.97, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
+		{Strategy: "sra", Codec: "int8", Decision: CostModel, Link: "unlimited", Seconds: 0.31, DenseSeconds: 0.3007, Speedup: 0.97, Ranks: 4, Size: 25_000_000, Bytes: 100_000_000,
 			BytesSent: 150_000_000, Buckets: 4, Reason: "dense 10ms < compressed 40ms", Runs: []float64{0.31}},
 	}
 }
@@ -31,7 +31,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &objs); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"strategy", "codec", "link", "seconds", "speedup_vs_dense", "ranks", "size", "bytes", "bytes_sent", "decision", "runs"} {
+	for _, k := range []string{"strategy", "codec", "link", "seconds", "speedup_vs_dense", "ranks", "size", "bytes", "bytes_sent", "decision", "runs", "compress_s", "exchange_s", "decompress_s", "dense_seconds"} {
 		if _, ok := objs[1][k]; !ok {
 			t.Errorf("JSON object lacks %q: %v", k, objs[1])
 		}
@@ -78,12 +78,12 @@ func TestWriteTable(t *testing.T) {
 	if len(blocks) != 2 {
 		t.Fatalf("%d blocks, want one per link:\n%s", len(blocks), out)
 	}
-	for _, want := range []string{"# link 1gbit (probed 0.93 Gbit/s per rank), 4 ranks, 25000000 fp32 (100.0 MB), median of 3 runs", "sparse-gather", "topk:0.01", "10.00×", "4/4", "0.18"} {
+	for _, want := range []string{"# link 1gbit (probed 0.93 Gbit/s per rank), 4 ranks, 25000000 fp32 (100.0 MB), median of 3 runs", "sparse-gather", "topk:0.01", "1.5000", "10.00×", "4/4", "0.0625", "0.0500", "0.0300", "0.18"} {
 		if !strings.Contains(blocks[0], want) {
 			t.Errorf("first block lacks %q:\n%s", want, blocks[0])
 		}
 	}
-	for _, want := range []string{"# link unlimited (not probed)", "cost-model", "0.97×", "0/4"} {
+	for _, want := range []string{"# link unlimited (not probed)", "cost-model", "0.3007", "0.97×", "0/4"} {
 		if !strings.Contains(blocks[1], want) {
 			t.Errorf("second block lacks %q:\n%s", want, blocks[1])
 		}
