@@ -120,7 +120,10 @@ type Result struct {
 	// bucket (cost-model inputs) on the reporting rank, when it gives one.
 	Reason string `json:"reason,omitempty"`
 	// RelErr is ‖avg − dense‖₂ / ‖dense‖₂ on the rank with the largest
-	// value, where avg is this case's output and dense the baseline's.
+	// value, where avg is the output of this case's first (warm-up) run,
+	// before error-feedback memory holds anything, and dense the
+	// baseline's. (Later runs exchange the same gradient again, plus the
+	// residuals error feedback carries over.)
 	RelErr float64 `json:"rel_err"`
 	// LinkGbps is the probed per-rank link rate in Gbit/s (0 without a
 	// probe); see Probe.
@@ -251,6 +254,13 @@ func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, 
 		if err != nil {
 			return r, err
 		}
+		if rep < 0 && dense != nil {
+			e, err := m.maxOver(ctx, []float64{relL2(m.grad, dense)})
+			if err != nil {
+				return r, err
+			}
+			r.RelErr = e[0]
+		}
 		if rep >= 0 {
 			for i, v := range worst {
 				runs[i] = append(runs[i], v)
@@ -268,13 +278,6 @@ func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, 
 	}
 	if r.Seconds > 0 {
 		r.Speedup = r.DenseSeconds / r.Seconds
-	}
-	if dense != nil {
-		e, err := m.maxOver(ctx, []float64{relL2(m.grad, dense)})
-		if err != nil {
-			return r, err
-		}
-		r.RelErr = e[0]
 	}
 	return r, nil
 }
