@@ -351,7 +351,7 @@ func (e *Engine) Ready(i int, grad []float32) error {
 	case i < 0 || i >= len(e.buckets):
 		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(e.buckets)-1)}
 	case st.waiting:
-		return &UsageError{Call: call, Err: ErrNoStep, Detail: fmt.Sprintf("Wait has been called for step %d", st.num)}
+		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
 	case st.ready[i]:
 		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
 	case len(grad) != e.buckets[i].n:
@@ -403,7 +403,7 @@ func (e *Engine) Wait(ctx context.Context) (StepStats, error) {
 	}
 	if st.waiting {
 		e.mu.Unlock()
-		return StepStats{}, &UsageError{Call: "Wait", Err: ErrStepInFlight, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
 	}
 	st.waiting = true
 	var missing []int
@@ -485,7 +485,7 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 		res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(st.runs)), Exposed: exposed}
 		for i, r := range st.runs {
 			s := r.stats
-			s.Compressed = r.b.compressed && r.outcome == pathCompressed && r.grad != nil
+			s.Compressed = r.outcome == pathCompressed
 			s.NonFinite = r.nonFinite
 			if r.fallback != "" {
 				s.Reason += "; " + r.fallback

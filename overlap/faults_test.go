@@ -327,6 +327,12 @@ func TestCloseDuringStep(t *testing.T) {
 		waited <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
+	if _, err := e.Wait(context.Background()); !errors.Is(err, ErrWaiting) {
+		t.Errorf("a second Wait: %v, want ErrWaiting", err)
+	}
+	if err := e.Ready(0, make([]float32, 10)); !errors.Is(err, ErrWaiting) {
+		t.Errorf("Ready during Wait: %v, want ErrWaiting", err)
+	}
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
