@@ -173,8 +173,8 @@ func New(ctx context.Context, c comm.Comm, sizes []int, cfg Config) (*Engine, er
 	return e, nil
 }
 
-// configure checks cfg and sizes and sets up the compressor, the strategy,
-// the buckets and their buffers. Its error goes through the handshake.
+// configure checks cfg and sizes and sets up the compressor, the strategy
+// and the buckets. Its error goes through the handshake.
 func (e *Engine) configure(sizes []int) error {
 	cfg := e.cfg
 	switch {
@@ -252,32 +252,37 @@ func (e *Engine) newExchanger() exchanger {
 	return &gatherX{e: e, c: c1}
 }
 
-// decide sets every bucket's path: pinned, or from the cost model.
+// decide sets every bucket's path, pinned or from the cost model, and
+// allocates the compressed buckets' buffers.
 func (e *Engine) decide(ctx context.Context) error {
 	if e.x == nil {
 		return nil
-	}
-	for _, b := range e.buckets {
-		e.x.setup(b)
 	}
 	switch e.cfg.Decision {
 	case DecideCompressed:
 		for _, b := range e.buckets {
 			b.compressed, b.reason = true, "pinned: compressed"
 		}
-		return nil
 	case DecideDense:
 		for _, b := range e.buckets {
 			b.reason = "pinned: dense"
 		}
-		return nil
+	default:
+		m, err := measure(ctx, e)
+		if err != nil {
+			return err
+		}
+		e.model = m
+		if err := m.decide(ctx, e); err != nil {
+			return err
+		}
 	}
-	m, err := measure(ctx, e)
-	if err != nil {
-		return err
+	for _, b := range e.buckets {
+		if b.compressed {
+			e.x.setup(b)
+		}
 	}
-	e.model = m
-	return m.decide(ctx, e)
+	return nil
 }
 
 // Strategy returns the strategy in use (StrategyAuto resolved).
@@ -461,7 +466,11 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 		case <-done:
 		case <-st.failed:
 		case <-ctx.Done():
-			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
+			select {
+			case <-done: // finished as ctx ended: keep the result
+			default:
+				st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
+			}
 		}
 		fatal := st.failure()
 		if fatal != nil {
