@@ -33,8 +33,8 @@ type ErrorFeedback struct {
 type residual struct {
 	mu  sync.Mutex
 	e   []float32 // the residual
-	sum []float32 // scratch: e + g
-	dec []float32 // scratch: D(c)
+	sum []float32 // scratch: s = e + g
+	dec []float32 // scratch: s − D(c), the residual a Commit installs
 }
 
 // NewErrorFeedback returns error-feedback memory, empty, in front of c.
@@ -105,6 +105,11 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 		r.mu.Unlock()
 		return dst, nil, err
 	}
+	// The residual Commit will install, computed now so that Commit is a
+	// swap: a caller settling many buckets at once pays nothing more.
+	for i, s := range r.sum {
+		r.dec[i] = s - r.dec[i]
+	}
 	return out, &Pending{r: r}, nil
 }
 
@@ -118,11 +123,7 @@ type Pending struct {
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
 // as Begin computed it.
 func (p *Pending) Commit() {
-	p.settle(func(r *residual) {
-		for i, s := range r.sum {
-			r.e[i] = s - r.dec[i]
-		}
-	})
+	p.settle(func(r *residual) { r.e, r.dec = r.dec, r.e })
 }
 
 // Retain records that the payload was lost: e ← s = e + g, so the whole

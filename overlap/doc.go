@@ -86,25 +86,27 @@
 // With DecideAuto, New then measures, on every rank: the link, with
 // all-reduces of 256, 16 Ki, 256 Ki (and 1 Mi, for buckets of 512 Ki
 // elements or more) float32s, the fastest of 3 each, fitted by least
-// squares to t(V) = α + V/β, V the bytes a rank sends; and the compressed
-// path's encode and decode times on the smallest, median and largest
-// bucket sizes (fastest of 2, synthetic normal gradient), fitted linear in
-// n. The element-wise maximum over ranks of these measurements is what
-// every rank uses (one all-gather). Per bucket it predicts
+// squares to t(V) = α + V/β, V the bytes a rank sends; and the engine's
+// own compressed path — its encode, the work between collectives (SRA's
+// sum and re-encode) and its decode and average — run on a scratch engine
+// over a loopback comm (collectives free, every rank sending what this one
+// sends) for the smallest, median and largest bucket sizes (fastest of 2,
+// synthetic normal gradient), each stage fitted linear in n. The
+// element-wise maximum over ranks of these measurements is what every rank
+// uses (one all-gather). Per bucket it predicts
 //
 //	dense      = t(2(N−1)/N · 4n)
 //	compressed = X + max(0, E − X) + max(0, D − X)
 //
-// with E the encode, D the decode (N payload decodes for the gather
-// strategies) and X the exchange: the collectives' t(V) by the volumes
-// below, plus, for SRA, the owner's sum and re-encode, which run between
-// its two collectives. The max terms count what overlap hides: bucket i's
-// encode runs while bucket i−1 is on the wire and its decode while bucket
-// i+1 is, so with neighbours of similar size up to one exchange time of
-// each is hidden; the first bucket's encode and the last one's decode are
-// not, which this ignores. Compressed wins when it is predicted faster.
-// Rank 0's choices are broadcast; the predictions and inputs appear in
-// BucketStats. DecideCompressed and DecideDense pin the choice.
+// with E the encode, D the decode and X the exchange: the collectives'
+// t(V) by the volumes below, plus the work between them. The max terms
+// count what overlap hides: bucket i's encode runs while bucket i−1 is on
+// the wire and its decode while bucket i+1 is, so with neighbours of
+// similar size up to one exchange time of each is hidden; the first
+// bucket's encode and the last one's decode are not, which this ignores.
+// Compressed wins when it is predicted faster. Rank 0's choices are
+// broadcast; the predictions and inputs appear in BucketStats.
+// DecideCompressed and DecideDense pin the choice.
 //
 // Volumes (bytes one rank sends, also BucketStats.BytesSent): an
 // all-reduce of S bytes 2(N−1)/N·S, an all-gather of s bytes per rank
