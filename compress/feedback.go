@@ -31,6 +31,7 @@ type ErrorFeedback struct {
 }
 
 type residual struct {
+	n   int // the bucket's length, fixed at creation (e is swapped under mu)
 	mu  sync.Mutex
 	e   []float32 // the residual
 	sum []float32 // scratch: s = e + g
@@ -50,11 +51,11 @@ func (f *ErrorFeedback) bucket(id uint64, n int) (*residual, error) {
 	defer f.mu.Unlock()
 	r, ok := f.buckets[id]
 	if !ok {
-		r = &residual{e: make([]float32, n)}
+		r = &residual{n: n, e: make([]float32, n)}
 		f.buckets[id] = r
 	}
-	if len(r.e) != n {
-		return nil, &SizeError{What: fmt.Sprintf("gradient length for bucket %d", id), Got: int64(n), Want: int64(len(r.e))}
+	if r.n != n {
+		return nil, &SizeError{What: fmt.Sprintf("gradient length for bucket %d", id), Got: int64(n), Want: int64(r.n)}
 	}
 	return r, nil
 }
@@ -269,7 +270,7 @@ func (f *ErrorFeedback) Load(r io.Reader) error {
 		if e == nil {
 			e = []float32{}
 		}
-		buckets[id] = &residual{e: e}
+		buckets[id] = &residual{n: len(e), e: e}
 	}
 	want := crc.Sum32()
 	var sum [4]byte
