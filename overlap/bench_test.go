@@ -157,6 +157,8 @@ func BenchmarkUnlimitedLink(b *testing.B) {
 			b.ReportMetric(float64(tAuto)/float64(tDense), "auto/dense")
 			b.ReportMetric(float64(tPinned)/float64(tDense), "pinned/dense")
 			b.ReportMetric(float64(compressed), "compressed-buckets")
+			bk := auto[0].buckets[0]
+			b.ReportMetric(float64(bk.predComp)/float64(bk.predDense), "predicted-comp/dense")
 			b.ReportMetric(float64(tDense.Microseconds())/float64(b.N), "µs-dense/step")
 		})
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gradcomp/gradcomp/compress"
 )
 
 func TestParseStrategy(t *testing.T) {
@@ -28,6 +30,33 @@ func TestParseStrategy(t *testing.T) {
 	}
 	if s := Strategy(42).String(); s != "Strategy(42)" {
 		t.Errorf("Strategy(42) = %q", s)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		s     Strategy
+		codec compress.Codec
+		ranks int
+		want  Strategy // StrategyAuto: an error
+	}{
+		{StrategyAuto, compress.CodecNone, 4, StrategyDense},
+		{StrategyAuto, compress.CodecBF16, 4, StrategyDense},
+		{StrategyAuto, compress.CodecRandomK, 4, StrategySharedIndex},
+		{StrategyAuto, compress.CodecTopK, 4, StrategySparseGather},
+		{StrategyAuto, compress.CodecInt4, 3, StrategyQuantSRA},
+		{StrategyAuto, compress.CodecSign, 2, StrategyQuantAllGather},
+		{StrategyAuto, compress.CodecInt8, 1, StrategyQuantAllGather},
+		{StrategyQuantSRA, compress.CodecTopK, 4, StrategyQuantSRA},
+		{StrategyDense, compress.CodecInt8, 4, StrategyAuto},
+		{StrategySharedIndex, compress.CodecTopK, 4, StrategyAuto},
+		{StrategyQuantSRA, compress.CodecNone, 4, StrategyAuto},
+		{Strategy(9), compress.CodecInt8, 4, StrategyAuto},
+	} {
+		got, err := resolve(tc.s, tc.codec, tc.ranks)
+		if tc.want == StrategyAuto && err == nil || tc.want != StrategyAuto && (err != nil || got != tc.want) {
+			t.Errorf("resolve(%v, %v, %d) = %v, %v; want %v", tc.s, tc.codec, tc.ranks, got, err, tc.want)
+		}
 	}
 }
 
