@@ -11,7 +11,8 @@
 // done, so the exchange of the last layers overlaps backward through the
 // first; Wait returns the averages and every rank takes the same SGD step.
 //
-// Compare runs several schemes one after the other with in-process ranks;
-// RunRank is one rank's part, for any comm.Comm (Open MPI included). The
-// report functions write the table, CSV, JSON and the PNG curves.
+// Compare runs several schemes one after the other, on every rank of an
+// in-process group (comm/inproc) or on this process's rank of an MPI job
+// (comm/mpi); RunRank is one rank's run of one scheme. The report functions
+// write the table, CSV, JSON and the PNG curves.
 package train

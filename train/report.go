@@ -106,13 +106,14 @@ func writeCSV(w io.Writer, rows [][]string) error {
 }
 
 // PlotCurves writes a PNG line plot of one per-epoch quantity (what picks it
-// from an Epoch), one line per result, epoch on the x axis.
-func PlotCurves(w io.Writer, results []Result, title, ylabel string, what func(Epoch) float64) error {
+// from an Epoch), one line per result, epoch on the x axis, with the legend
+// in the top right corner if legendTop, else in the bottom right one.
+func PlotCurves(w io.Writer, results []Result, title, ylabel string, legendTop bool, what func(Epoch) float64) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "epoch"
 	p.Y.Label.Text = ylabel
-	p.Legend.Top = true
+	p.Legend.Top = legendTop
 	p.Add(plotter.NewGrid())
 	for i, r := range results {
 		xys := make(plotter.XYs, len(r.Epochs))
@@ -163,10 +164,10 @@ func WriteReports(dir string, results []Result) ([]string, error) {
 		{FileCSV, func(w io.Writer) error { return WriteCSV(w, results) }},
 		{FileCurves, func(w io.Writer) error { return WriteCurvesCSV(w, results) }},
 		{FileAccuracy, func(w io.Writer) error {
-			return PlotCurves(w, results, "Test accuracy", "accuracy (%)", func(e Epoch) float64 { return 100 * e.TestAccuracy })
+			return PlotCurves(w, results, "Test accuracy", "accuracy (%)", false, func(e Epoch) float64 { return 100 * e.TestAccuracy })
 		}},
 		{FileLoss, func(w io.Writer) error {
-			return PlotCurves(w, results, "Test loss", "cross-entropy", func(e Epoch) float64 { return e.TestLoss })
+			return PlotCurves(w, results, "Test loss", "cross-entropy", true, func(e Epoch) float64 { return e.TestLoss })
 		}},
 	} {
 		path := filepath.Join(dir, f.name)

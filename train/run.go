@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
-	"github.com/gradcomp/gradcomp/comm/inproc"
 	"github.com/gradcomp/gradcomp/compress"
 )
 
@@ -373,46 +372,45 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 	return res, nil
 }
 
-// RunInProc runs job on ranks in-process ranks (comm/inproc), one goroutine
-// each, and returns rank 0's Result. When a rank fails, it closes its end
-// of the group so that the others fail at once instead of waiting out their
-// timeouts; the error returned is the lowest rank's own failure (not one
-// caused by another rank poisoning the group), if any.
-func RunInProc(ctx context.Context, ranks int, job Job) (*Result, error) {
-	group, err := inproc.NewGroup(ranks)
-	if err != nil {
-		return nil, err
-	}
-	results := make([]*Result, ranks)
-	errs := make([]error, ranks)
+// runRanks runs job on the ranks this process drives, one goroutine each,
+// and returns rank 0's Result, or nil when rank 0 is not among them. When a
+// rank fails, it closes its end of the group so that the others fail at
+// once instead of waiting out their timeouts; the error returned is the
+// lowest rank's own failure (not one caused by another rank poisoning the
+// group), if any.
+func runRanks(ctx context.Context, ranks []comm.Comm, job Job) (*Result, error) {
+	results := make([]*Result, len(ranks))
+	errs := make([]error, len(ranks))
 	var wg sync.WaitGroup
-	for r, c := range group {
+	for i, c := range ranks {
 		wg.Go(func() {
-			results[r], errs[r] = RunRank(ctx, c, job)
-			if errs[r] != nil {
+			results[i], errs[i] = RunRank(ctx, c, job)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", c.Rank(), errs[i])
 				c.Close()
 			}
 		})
 	}
 	wg.Wait()
-	for _, c := range group {
-		c.Close()
-	}
 	if err := firstError(errs); err != nil {
 		return nil, err
 	}
-	return results[0], nil
+	for i, c := range ranks {
+		if c.Rank() == 0 {
+			return results[i], nil
+		}
+	}
+	return nil, nil
 }
 
 // firstError returns the first error of errs that is not a consequence of
 // another rank's failure (a poisoned group), or else the first error.
 func firstError(errs []error) error {
 	var first error
-	for r, err := range errs {
+	for _, err := range errs {
 		if err == nil {
 			continue
 		}
-		err = fmt.Errorf("rank %d: %w", r, err)
 		var poisoned *comm.PoisonedError
 		if !errors.As(err, &poisoned) {
 			return err
@@ -444,31 +442,41 @@ func bucketSizes(paramSizes []int, capBytes int) (buckets [][]int, sizes []int) 
 	return buckets, sizes
 }
 
-// Compare trains each scheme in turn, with ranks in-process ranks, on the
-// data Digits generates from cfg.Seed and from the same initial weights,
-// and returns the results in the order of schemes. progress, if set, is
-// called after every step with the steps done and the total over all
-// schemes. The first failure ends the comparison.
-func Compare(ctx context.Context, ranks int, cfg Config, schemes []Scheme, newEx NewExchanger, progress func(done, total int)) ([]Result, error) {
-	if err := cfg.check(ranks); err != nil {
+// Compare trains each scheme in turn and returns the results in the order
+// of schemes. ranks are the ranks of one group this process drives, one
+// goroutine each: every rank of an in-process group (comm/inproc), or this
+// process's rank of an MPI job, whose other processes call Compare with the
+// same arguments. Every scheme starts from the same initial weights, on the
+// data Digits generates from cfg.Seed. Only a process that drives rank 0
+// gets results (the others get nil); progress, if set, is called there
+// after every step with the steps done and the total over all schemes. The
+// first failure ends the comparison, and leaves the group unusable.
+func Compare(ctx context.Context, ranks []comm.Comm, cfg Config, schemes []Scheme, newEx NewExchanger, progress func(done, total int)) ([]Result, error) {
+	if len(ranks) == 0 {
+		return nil, fmt.Errorf("train: no rank to run")
+	}
+	size := ranks[0].Size()
+	if err := cfg.check(size); err != nil {
 		return nil, err
 	}
 	trainSet, testSet, err := Digits(cfg.Seed, cfg.TrainSize, cfg.TestSize)
 	if err != nil {
 		return nil, err
 	}
-	perScheme := cfg.Epochs * (cfg.TrainSize / (ranks * cfg.Batch))
+	perScheme := cfg.Epochs * (cfg.TrainSize / (size * cfg.Batch))
 	var results []Result
 	for i, s := range schemes {
 		job := Job{Config: cfg, Scheme: s, Train: trainSet, Test: testSet, NewExchanger: newEx}
 		if progress != nil {
 			job.Progress = func(done, _ int) { progress(i*perScheme+done, len(schemes)*perScheme) }
 		}
-		res, err := RunInProc(ctx, ranks, job)
+		res, err := runRanks(ctx, ranks, job)
 		if err != nil {
 			return results, fmt.Errorf("train: scheme %s: %w", s, err)
 		}
-		results = append(results, *res)
+		if res != nil {
+			results = append(results, *res)
+		}
 	}
 	return results, nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/inproc"
 )
 
 var errTest = errors.New("test error")
@@ -38,6 +39,22 @@ func smallJob(t *testing.T, c Config, newEx NewExchanger) Job {
 	return Job{Config: c, Scheme: Scheme{Spec: "none"}, Train: tr, Test: te, NewExchanger: newEx}
 }
 
+// runInProc runs job on a new in-process group of n ranks.
+func runInProc(ctx context.Context, n int, job Job) (*Result, error) {
+	group, err := inproc.NewGroup(n)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(group)
+	return runRanks(ctx, group, job)
+}
+
+func closeAll(group []comm.Comm) {
+	for _, c := range group {
+		c.Close()
+	}
+}
+
 func TestTrainingLearns(t *testing.T) {
 	c := smallConfig()
 	var mu sync.Mutex
@@ -48,7 +65,7 @@ func TestTrainingLearns(t *testing.T) {
 		progress = append(progress, done, total)
 		mu.Unlock()
 	}
-	res, err := RunInProc(context.Background(), 2, job)
+	res, err := runInProc(context.Background(), 2, job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +87,7 @@ func TestTrainingLearns(t *testing.T) {
 	}
 	// The same seed gives the same run.
 	job.Progress = nil
-	again, err := RunInProc(context.Background(), 2, job)
+	again, err := runInProc(context.Background(), 2, job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +134,7 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 	}
 	// A cap of 300 floats: {b2, W2, b1, W1} (10+160+16+384) and {b0, W0}.
 	c.BucketBytes = 4 * 300
-	if _, err := RunInProc(context.Background(), 2, smallJob(t, c, newEx)); err != nil {
+	if _, err := runInProc(context.Background(), 2, smallJob(t, c, newEx)); err != nil {
 		t.Fatal(err)
 	}
 	if want := []int{10 + 160 + 16 + 384, 24 + 24*64}; !slices.Equal(sizes, want) {
@@ -161,7 +178,7 @@ func TestFailingRankEndsRun(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := RunInProc(context.Background(), 3, smallJob(t, c, newEx))
+		_, err := runInProc(context.Background(), 3, smallJob(t, c, newEx))
 		done <- err
 	}()
 	select {
@@ -189,7 +206,13 @@ func TestConfigChecks(t *testing.T) {
 	} {
 		c := smallConfig()
 		tc.edit(&c)
-		if _, err := Compare(context.Background(), 2, c, []Scheme{{Spec: "none"}}, newAverager, nil); err == nil {
+		group, err := inproc.NewGroup(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Compare(context.Background(), group, c, []Scheme{{Spec: "none"}}, newAverager, nil)
+		closeAll(group)
+		if err == nil {
 			t.Errorf("%s: accepted %+v", tc.name, c)
 		}
 	}
