@@ -128,7 +128,9 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 	var orders [][]int
 	var sizes []int
 	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme) (Exchanger, error) {
+		mu.Lock()
 		sizes = s
+		mu.Unlock()
 		ex, err := newAverager(ctx, cm, s, sc)
 		return &recorder{averager: ex.(*averager), mu: &mu, orders: &orders}, err
 	}
