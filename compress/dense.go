@@ -88,9 +88,9 @@ func (d denseCodec) check(body []byte, _ *header) error {
 		if d.codec == CodecBF16 {
 			mask = 0x7f80
 		}
-		for i := 0; i+2 <= len(body); i += 2 {
-			if binary.LittleEndian.Uint16(body[i:])&mask == mask {
-				return &CorruptInputError{Offset: int64(i), Reason: "non-finite " + d.codec.String() + " value"}
+		for i, h := range uint16s(body) {
+			if h&mask == mask {
+				return &CorruptInputError{Offset: int64(2 * i), Reason: "non-finite " + d.codec.String() + " value"}
 			}
 		}
 	}
@@ -107,26 +107,26 @@ func (d denseCodec) decode(dst []float32, body []byte, _ *header, add bool, run 
 			addFloat32s(out, body[4*lo:4*hi])
 		case d.codec == CodecFP16:
 			tab := fp16Table()
-			in := body[2*lo : 2*hi]
+			in := uint16s(body[2*lo : 2*hi])[:len(out)]
 			if !add {
-				for i := range out {
-					out[i] = tab[binary.LittleEndian.Uint16(in[2*i:])]
+				for i, h := range in {
+					out[i] = tab[h]
 				}
 				return
 			}
-			for i := range out {
-				out[i] += tab[binary.LittleEndian.Uint16(in[2*i:])]
+			for i, h := range in {
+				out[i] += tab[h]
 			}
 		default: // CodecBF16
-			in := body[2*lo : 2*hi]
+			in := uint16s(body[2*lo : 2*hi])[:len(out)]
 			if !add {
-				for i := range out {
-					out[i] = Float32FromBF16(binary.LittleEndian.Uint16(in[2*i:]))
+				for i, h := range in {
+					out[i] = Float32FromBF16(h)
 				}
 				return
 			}
-			for i := range out {
-				out[i] += Float32FromBF16(binary.LittleEndian.Uint16(in[2*i:]))
+			for i, h := range in {
+				out[i] += Float32FromBF16(h)
 			}
 		}
 	})

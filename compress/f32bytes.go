@@ -54,3 +54,16 @@ func addFloat32s(dst []float32, src []byte) {
 		dst[i] += math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 	}
 }
+
+// uint16s returns little-endian uint16 bytes b as a []uint16: a view without
+// copying when the host is little-endian and b is 2-byte aligned, else a copy.
+func uint16s(b []byte) []uint16 {
+	if hostLittleEndian && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%2 == 0 {
+		return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+	}
+	u := make([]uint16, len(b)/2)
+	for i := range u {
+		u[i] = binary.LittleEndian.Uint16(b[2*i:])
+	}
+	return u
+}
