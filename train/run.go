@@ -129,7 +129,7 @@ func DefaultConfig() Config {
 		LR:          0.1,
 		Momentum:    0.9,
 		Seed:        1,
-		BucketBytes: 64 << 10,
+		BucketBytes: 128 << 10,
 	}
 }
 
@@ -275,7 +275,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 	}
 	pending := make([]int, len(buckets))
 	layerDone := func(l int) error {
-		for _, p := range []int{2 * l, 2*l + 1} {
+		for _, p := range []int{2*l + 1, 2 * l} { // reverse registration order, as the buckets
 			b := bucketOf[p]
 			if pending[b]--; pending[b] == 0 {
 				if err := ex.Ready(b, grads[b]); err != nil {
