@@ -64,13 +64,31 @@ func (f *ErrorFeedback) bucket(id uint64, n int) (*residual, error) {
 // bucket's first call sets its length; a later call with another length is a
 // *SizeError. On any error (a NaN or Inf in grad, or in e+g, is a
 // *NonFiniteError) dst is returned unchanged and the residual is untouched.
+// It is Begin followed by Commit.
 func (f *ErrorFeedback) Compress(dst []byte, grad []float32, key Key) ([]byte, error) {
-	r, err := f.bucket(key.Bucket, len(grad))
+	out, p, err := f.Begin(dst, grad, key)
 	if err != nil {
 		return dst, err
 	}
+	p.Commit()
+	return out, nil
+}
+
+// Begin is the first phase of a Compress whose outcome is not known yet (the
+// payload may fail to reach the other ranks). It computes s = e + g and
+// appends the payload of s to dst exactly as Compress does, but leaves the
+// residual as it was until the returned Pending is settled by one of its
+// methods: Commit (e ← s − D(c), what Compress does), Retain (e ← s) or
+// Discard (e unchanged). Until then the bucket is held: other calls on it
+// (Compress, Begin, Residual, Save) wait, so every Begin must be settled. On
+// error, as for Compress, dst is returned unchanged, the Pending is nil and
+// the residual is untouched.
+func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pending, error) {
+	r, err := f.bucket(key.Bucket, len(grad))
+	if err != nil {
+		return dst, nil, err
+	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if len(r.sum) != len(grad) {
 		r.sum, r.dec = make([]float32, len(grad)), make([]float32, len(grad))
 	}
@@ -78,16 +96,48 @@ func (f *ErrorFeedback) Compress(dst []byte, grad []float32, key Key) ([]byte, e
 		r.sum[i] = r.e[i] + g
 	}
 	out, err := f.c.Compress(dst, r.sum, key)
+	if err == nil {
+		if err = f.c.Decompress(r.dec, out[len(dst):]); err != nil {
+			err = fmt.Errorf("compress: error feedback: %s cannot decode its own payload: %w", f.c.Spec(), err)
+		}
+	}
 	if err != nil {
-		return dst, err
+		r.mu.Unlock()
+		return dst, nil, err
 	}
-	if err := f.c.Decompress(r.dec, out[len(dst):]); err != nil {
-		return dst, fmt.Errorf("compress: error feedback: %s cannot decode its own payload: %w", f.c.Spec(), err)
-	}
-	for i, s := range r.sum {
-		r.e[i] = s - r.dec[i]
-	}
-	return out, nil
+	return out, &Pending{r: r}, nil
+}
+
+// Pending is a Begin not yet settled. Exactly one of its methods takes
+// effect; later calls do nothing.
+type Pending struct {
+	once sync.Once
+	r    *residual
+}
+
+// Commit records that the payload was delivered: e ← s − D(c), with s = e + g
+// as Begin computed it.
+func (p *Pending) Commit() {
+	p.settle(func(r *residual) {
+		for i, s := range r.sum {
+			r.e[i] = s - r.dec[i]
+		}
+	})
+}
+
+// Retain records that the payload was lost: e ← s = e + g, so the whole
+// gradient stays in memory for a later step and nothing of it is lost.
+func (p *Pending) Retain() { p.settle(func(r *residual) { copy(r.e, r.sum) }) }
+
+// Discard records that the gradient was delivered another way (uncompressed):
+// the residual keeps the value it had before Begin.
+func (p *Pending) Discard() { p.settle(func(*residual) {}) }
+
+func (p *Pending) settle(apply func(r *residual)) {
+	p.once.Do(func() {
+		apply(p.r)
+		p.r.mu.Unlock()
+	})
 }
 
 // Residual returns a copy of the residual of a bucket, or nil if the bucket

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
 )
@@ -348,5 +349,104 @@ func TestFeedbackConcurrent(t *testing.T) {
 	delete(got, 100)
 	if !sameMemory(got, want) {
 		t.Errorf("concurrent residuals differ from a serial run")
+	}
+}
+
+// TestFeedbackTwoPhase settles Begin each way and checks the residual
+// against its definition, bit for bit, with s = e + g rounded once.
+func TestFeedbackTwoPhase(t *testing.T) {
+	c := mustParse(t, "int4:bucket=16")
+	const n = 100
+	g := ramp(n, 0.9)
+	for _, tc := range []struct {
+		name   string
+		settle func(p *compress.Pending)
+		want   func(e, s, dec []float32) []float32
+	}{
+		{"commit", (*compress.Pending).Commit, func(_, s, dec []float32) []float32 {
+			w := make([]float32, n)
+			for i := range w {
+				w[i] = s[i] - dec[i]
+			}
+			return w
+		}},
+		{"retain", (*compress.Pending).Retain, func(_, s, _ []float32) []float32 { return s }},
+		{"discard", (*compress.Pending).Discard, func(e, _, _ []float32) []float32 { return e }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := compress.NewErrorFeedback(c)
+			key := compress.Key{Bucket: 3, Step: 1}
+			if _, err := f.Compress(nil, ramp(n, 1.7), compress.Key{Bucket: 3}); err != nil {
+				t.Fatal(err)
+			}
+			e := f.Residual(3)
+			s := make([]float32, n)
+			for i := range s {
+				s[i] = e[i] + g[i]
+			}
+			payload, err := c.Compress(nil, s, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dec := make([]float32, n)
+			if err := c.Decompress(dec, payload); err != nil {
+				t.Fatal(err)
+			}
+			out, p, err := f.Begin([]byte("x"), g, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(out[:1]) != "x" || !bytes.Equal(out[1:], payload) {
+				t.Fatalf("Begin's payload differs from Compress of e + g")
+			}
+			tc.settle(p)
+			p.Commit() // a second settlement does nothing
+			p.Retain()
+			got, want := f.Residual(3), tc.want(e, s, dec)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("residual[%d] = %v, want %v", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestFeedbackBeginHolds: a bucket with an unsettled Begin makes another
+// call on it wait; a failed Begin holds nothing and leaves memory as it was.
+func TestFeedbackBeginHolds(t *testing.T) {
+	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	_, p, err := f.Begin(nil, ramp(8, 1.1), compress.Key{Bucket: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := f.Compress(nil, ramp(8, 1), compress.Key{Bucket: 1, Step: 1}); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-done:
+		t.Fatal("Compress ran while the bucket's Begin was unsettled")
+	case <-time.After(20 * time.Millisecond):
+	}
+	p.Discard()
+	<-done
+
+	before := snapshot(f)
+	bad := ramp(8, 1)
+	bad[5] = float32(math.NaN())
+	out, p, err := f.Begin([]byte("keep"), bad, compress.Key{Bucket: 1, Step: 2})
+	var nf *compress.NonFiniteError
+	if !errors.As(err, &nf) || nf.Index != 5 || p != nil || string(out) != "keep" {
+		t.Fatalf("Begin with a NaN: %q, %v, %v; want dst unchanged, nil, *NonFiniteError at 5", out, p, err)
+	}
+	if !sameMemory(before, snapshot(f)) {
+		t.Errorf("a failed Begin changed the memory")
+	}
+	if _, err := f.Compress(nil, ramp(8, 1), compress.Key{Bucket: 1, Step: 3}); err != nil {
+		t.Errorf("after a failed Begin: %v", err)
 	}
 }

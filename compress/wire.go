@@ -238,3 +238,32 @@ func grow(b []byte, n int) []byte {
 	}
 	return b[:len(b)+n]
 }
+
+// Header is the header of a payload, as ParseHeader reads it (see the wire
+// format above).
+type Header struct {
+	Codec    Codec
+	Lossless Lossless // the lossless stage the body went through
+	Elements int      // element count n
+	ParamA   uint32   // k (topk, randomk) or the quantization bucket size (int8/4/2, sign)
+	ParamB   uint32   // codec-specific: the rounding mode of int8/4/2
+	Seed     uint64
+	Key      Key
+}
+
+// ParseHeader checks the framing of payload (length, magic, version,
+// checksum, flags, body length) and returns its header and its stored body:
+// the bytes after the lossless stage, if any, aliasing payload. It does not
+// check the body against a codec; Decompress does. Other backends use it to
+// read a payload's fields without decoding it, e.g. the k values of a
+// random-k body and the seed that, with RandomKIndices, places them.
+func ParseHeader(payload []byte) (Header, []byte, error) {
+	h, body, err := parsePayload(payload)
+	if err != nil {
+		return Header{}, nil, err
+	}
+	return Header{
+		Codec: h.codec, Lossless: h.lossless, Elements: int(h.n),
+		ParamA: h.paramA, ParamB: h.paramB, Seed: h.seed, Key: h.key,
+	}, body, nil
+}

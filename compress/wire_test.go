@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"hash/crc32"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -253,5 +254,38 @@ func TestGolden(t *testing.T) {
 				t.Errorf("the golden payload does not decode: %v", err)
 			}
 		})
+	}
+}
+
+// TestParseHeader reads back every header field and the body of a payload,
+// and rejects what parsePayload rejects.
+func TestParseHeader(t *testing.T) {
+	c, err := Parse("randomk:0.25:seed=9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := []float32{1, -2, 3, -4, 5, -6, 7, -8}
+	key := Key{Bucket: 5, Step: 77}
+	p, err := c.Compress(nil, src, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := ParseHeader(p)
+	want := Header{Codec: CodecRandomK, Elements: 8, ParamA: 2, Seed: 9, Key: key}
+	if err != nil || h != want || len(body) != 8 || &body[0] != &p[headerLen] {
+		t.Fatalf("ParseHeader = %+v, %d-byte body, %v; want %+v and the 8-byte body in place", h, len(body), err, want)
+	}
+	idx, err := RandomKIndices(nil, 8, 2, h.Seed, h.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, i := range idx {
+		if v := math.Float32frombits(binary.LittleEndian.Uint32(body[4*j:])); v != src[i] {
+			t.Errorf("value %d = %v, want src[%d] = %v", j, v, i, src[i])
+		}
+	}
+	var ce *ChecksumError
+	if _, _, err := ParseHeader(append(bytes.Clone(p[:len(p)-1]), p[len(p)-1]^1)); !errors.As(err, &ce) {
+		t.Errorf("flipped checksum: got %v, want *ChecksumError", err)
 	}
 }

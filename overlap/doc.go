@@ -1,0 +1,129 @@
+// Package overlap is gradcomp's engine: it takes gradient buckets as
+// backward produces them, compresses them with error feedback, exchanges
+// them between the ranks of a comm.Comm while the caller keeps computing,
+// and leaves the rank-average in each bucket before the optimizer step.
+//
+//	e, err := overlap.New(ctx, c, sizes, overlap.Config{Spec: "topk:0.01", ErrorFeedback: true})
+//	for each step:
+//		e.Step()
+//		for each bucket i, as backward produces it: e.Ready(i, grad[i])
+//		stats, err := e.Wait(ctx)   // grad[i] now holds the average
+//
+// # Pipeline
+//
+// Each bucket goes through compress → exchange → decode and average, on
+// three streams: ordered worker goroutines standing in for CUDA streams,
+// driven only by enqueue, record-event and wait-event (stream.go), so CUDA
+// streams and events can replace them without changing this API. Ready
+// enqueues the bucket's compression at once and never blocks; the
+// exchanges are launched strictly in bucket order (bucket i once buckets
+// 0..i are ready), so every rank makes the same collectives in the same
+// order whatever order backward readies them in. Bucket i's exchange thus
+// overlaps bucket i+1's compression, bucket i−1's decoding and the
+// caller's compute. All collectives of an engine run on one stream: one
+// collective at a time on the Comm, as comm requires.
+//
+// # Strategies and their results
+//
+// With N ranks, rank r's gradient g_r of a bucket of n elements, C and D
+// the configured compressor's Compress and Decompress, and "sum" meaning
+// decode-and-add in rank order into zeros (comm/inproc's order; comm/mpi's
+// all-reduce order can differ in the last bits), every rank ends with:
+//
+//	dense (none)       sum_r g_r / N, a float32 all-reduce
+//	shared-index       sum_r D(C(x_r)) / N: random-k under the shared key
+//	                   (bucket, step), so the k indices agree and only the
+//	                   k values are all-reduced
+//	sparse-gather,     sum_r D(C(x_r)) / N: every rank's payload of the
+//	allgather          whole bucket all-gathered, decoded and added
+//	sra (and fp16/bf16 the bucket cut into N parts, part j = elements
+//	under dense)       [j·n/N, (j+1)·n/N); rank r compresses each part;
+//	                   an all-to-all brings part j of every rank to rank
+//	                   j, which computes a_j = sum_r D(C(x_r[part j])) / N
+//	                   and sends D(C(y_j)) of y_j = a_j (+ its second
+//	                   error-feedback memory) to everyone by an all-gather
+//
+// where x_r = e_r + g_r with error feedback (e_r the rank's memory of the
+// bucket, updated e_r ← x_r − D(C(x_r)) when the step succeeds) and
+// x_r = g_r without. The division is float32 x / float32(N).
+//
+// Keys. A payload is compressed under compress.Key{Bucket: tag<<32 |
+// bucket, Step: step}: tag 0 for shared-index (the indices must agree);
+// 1 + r·N + j for rank r's stage-1 part j (j = 0 for the gather
+// strategies); 1 + N² + r for rank r's stage-2 (SRA) payload. So
+// stochastic rounding draws differ between ranks and parts, and rounding
+// errors average out across ranks instead of adding up. Error-feedback
+// memory is keyed by the bucket index alone.
+//
+// Every slot a rank sends (see parts.go) starts with a 12-byte status: ok,
+// or a NaN/Inf, or a value the codec cannot represent (fp16 beyond 65504),
+// with its element index. Shared-index carries N float32 statuses in
+// front of its all-reduced values instead. The statuses arrive with the
+// exchange itself, so agreeing on the path costs no extra collective: 12
+// bytes per slot (N·4 bytes for shared-index) and, in the rare bad case,
+// a second exchange.
+//
+// # Non-finite gradients
+//
+// A bucket with NaN or Inf on any rank (or one its codec cannot represent)
+// is exchanged dense that step by every rank, after its compressed
+// exchange showed the statuses, so the result is exactly what plain DDP
+// gives (the NaN shows in it); BucketStats.NonFinite and Reason say who
+// had what. Its error-feedback memory is left as it was: a non-finite
+// value never enters it, and a step the caller skips (AMP's grad scaler)
+// loses nothing. With Config.FailOnNonFinite every rank's Wait instead
+// returns the same *NonFiniteError (the bucket is not exchanged further;
+// the engine stays usable). A dense bucket's result is checked after the
+// all-reduce, the same on every rank.
+//
+// # Handshake and cost model
+//
+// New exchanges every rank's protocol version, canonical spec, strategy,
+// error-feedback flag, decision mode, FailOnNonFinite and bucket layout (two
+// all-gathers); a difference is a *ConfigMismatchError on every rank, e.g.
+// "ranks disagree on spec: rank 2 has int8, rank 0 has topk:0.01".
+//
+// With DecideAuto, New then measures, on every rank: the link, with
+// all-reduces of 256, 16 Ki, 256 Ki (and 1 Mi, for buckets of 512 Ki
+// elements or more) float32s, the fastest of 3 each, fitted by least
+// squares to t(V) = α + V/β, V the bytes a rank sends; and the compressed
+// path's encode and decode times on the smallest, median and largest
+// bucket sizes (fastest of 2, synthetic normal gradient), fitted linear in
+// n. The element-wise maximum over ranks of these measurements is what
+// every rank uses (one all-gather). Per bucket it predicts
+//
+//	dense      = t(2(N−1)/N · 4n)
+//	compressed = X + max(0, E − X) + max(0, D − X)
+//
+// with E the encode, D the decode (N payload decodes for the gather
+// strategies) and X the exchange: the collectives' t(V) by the volumes
+// below, plus, for SRA, the owner's sum and re-encode, which run between
+// its two collectives. The max terms count what overlap hides: bucket i's
+// encode runs while bucket i−1 is on the wire and its decode while bucket
+// i+1 is, so with neighbours of similar size up to one exchange time of
+// each is hidden; the first bucket's encode and the last one's decode are
+// not, which this ignores. Compressed wins when it is predicted faster.
+// Rank 0's choices are broadcast; the predictions and inputs appear in
+// BucketStats. DecideCompressed and DecideDense pin the choice.
+//
+// Volumes (bytes one rank sends, also BucketStats.BytesSent): an
+// all-reduce of S bytes 2(N−1)/N·S, an all-gather of s bytes per rank
+// (N−1)·s, an all-to-all of S bytes (N−1)/N·S.
+//
+// # Failures
+//
+// Every collective has Config.Timeout: a rank that stops calling (dead,
+// hung) makes the others' Wait return a *StepError within it. Misuse (Ready
+// of an unknown or already ready bucket, Wait without Step, Step during a
+// step) is a *UsageError that changes nothing. A failed step leaves every
+// compressed bucket's memory holding e + g — nothing of the step is lost —
+// and, unless it was a *NonFiniteError, breaks the engine: the ranks may be
+// out of step, so later calls return a *BrokenError; build a new engine on
+// a new Comm (comm/mpi: see its doc on abandoned collectives).
+//
+// # Limits
+//
+// Payloads are exchanged in fixed-size slots, so a spec with a lossless
+// stage (whose payload lengths vary) is refused. Lengths are bounded by
+// compress.MaxElements per bucket and 65535 ranks.
+package overlap

@@ -1,0 +1,287 @@
+package overlap
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// exchanger is a strategy's compressed path for one bucket, in the three
+// stages of the pipeline. The engine calls encode on the compute stream,
+// exchange on the wire stream and decode on the decode stream, one bucket
+// at a time per stream.
+type exchanger interface {
+	// first returns the stage-1 coder (error-feedback memory ef1).
+	first() coder
+	// useMemory makes the coders use these memories (nil: none).
+	useMemory(ef1, ef2 *compress.ErrorFeedback)
+	// setup allocates b's buffers.
+	setup(b *bucket)
+	// encode compresses r.grad into the send buffer, setting r.local and
+	// r.pend1; a gradient that cannot be compressed is a status, not an
+	// error.
+	encode(r *run) error
+	// exchange makes the bucket's collectives and returns the statuses
+	// that decide its path (all statusOK: compressed), the same on every
+	// rank. It stops after a collective whose statuses are not all ok.
+	exchange(st *step, r *run) ([]status, error)
+	// decode writes the average into r.grad and returns the index of a
+	// non-finite element in it, or -1.
+	decode(r *run) (int, error)
+	// costs predicts the stages' times for a bucket of n elements.
+	costs(m *costModel, n int) stageCosts
+}
+
+// encodeInto runs c.begin into send (exactly c's slots) and turns a
+// gradient it cannot compress into a status, which it writes to every slot
+// header and returns.
+func encodeInto(c coder, send []byte, grad []float32, key compress.Key) (*compress.Pending, status, error) {
+	_, p, err := c.begin(send[:0], grad, key)
+	if err == nil {
+		return p, status{}, nil
+	}
+	s, err := statusOf(err)
+	if err != nil {
+		return nil, s, err
+	}
+	stride := len(send) / c.p.count
+	for j := range c.p.count {
+		s.put(send[j*stride:])
+	}
+	return nil, s, nil
+}
+
+// readStatuses decodes the headers of the count slots in buf.
+func readStatuses(buf []byte, count int) ([]status, error) {
+	stride := len(buf) / count
+	sts := make([]status, count)
+	for q := range sts {
+		sts[q] = readStatus(buf[q*stride:])
+		if sts[q].code > statusNonFinite {
+			return nil, fmt.Errorf("slot %d has unknown status %d", q, sts[q].code)
+		}
+	}
+	return sts, nil
+}
+
+// gatherX is sparse-gather and quantized all-gather: every rank's payload
+// of the whole bucket is all-gathered, and every rank decodes and adds
+// them in rank order, then divides by N.
+type gatherX struct {
+	e *Engine
+	c coder
+}
+
+func (g *gatherX) first() coder                             { return g.c }
+func (g *gatherX) useMemory(ef1, _ *compress.ErrorFeedback) { g.c.ef = ef1 }
+
+func (g *gatherX) setup(b *bucket) {
+	b.slot = g.c.p.slotLen(b.n)
+	b.send = make([]byte, b.slot)
+	b.recv = make([]byte, g.e.size*b.slot)
+}
+
+func (g *gatherX) encode(r *run) (err error) {
+	r.pend1, r.local, err = encodeInto(g.c, r.b.send, r.grad, r.key)
+	return err
+}
+
+func (g *gatherX) exchange(st *step, r *run) ([]status, error) {
+	if err := g.e.allGather(st, r, g.e.strategy.String()+" AllGather", r.b.recv, r.b.send); err != nil {
+		return nil, err
+	}
+	return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size)
+}
+
+func (g *gatherX) decode(r *run) (int, error) {
+	b := r.b
+	clear(r.grad)
+	for q := range g.e.size {
+		if err := decodeSlot(g.c.p.inner, r.grad, b.recv[q*b.slot:(q+1)*b.slot], true); err != nil {
+			return -1, fmt.Errorf("rank %d's payload: %w", q, err)
+		}
+	}
+	return average(r.grad, g.e.size), nil
+}
+
+// sraX is scatter-reduce-allgather: the bucket is cut into N parts; rank
+// j owns part j. Stage 1 compresses every part (memory ef1) and an
+// all-to-all sends part j to rank j; rank j decodes and adds the N
+// payloads of its part in rank order, divides by N, compresses the result
+// again (memory ef2), and an all-gather gives every rank every part.
+type sraX struct {
+	e      *Engine
+	c1, c2 coder
+}
+
+func (s *sraX) first() coder                               { return s.c1 }
+func (s *sraX) useMemory(ef1, ef2 *compress.ErrorFeedback) { s.c1.ef, s.c2.ef = ef1, ef2 }
+
+func (s *sraX) setup(b *bucket) {
+	n := s.e.size
+	b.slot = s.c1.p.slotLen(b.n)
+	b.send, b.recv = make([]byte, n*b.slot), make([]byte, n*b.slot)
+	lo, hi := s.c1.p.bounds(b.n, s.e.rank)
+	b.mid = make([]float32, hi-lo)
+	b.send2, b.recv2 = make([]byte, b.slot), make([]byte, n*b.slot)
+}
+
+func (s *sraX) encode(r *run) (err error) {
+	r.pend1, r.local, err = encodeInto(s.c1, r.b.send, r.grad, r.key)
+	return err
+}
+
+func (s *sraX) exchange(st *step, r *run) ([]status, error) {
+	b, e := r.b, s.e
+	if err := e.allToAll(st, r, e.strategy.String()+" AllToAll", b.recv, b.send); err != nil {
+		return nil, err
+	}
+	sts, err := stepStatuses(st, r, "AllToAll", b.recv, e.size)
+	if err != nil || !allOK(sts) {
+		return sts, err
+	}
+	t := time.Now()
+	clear(b.mid)
+	for q := range e.size {
+		if err := decodeSlot(e.comp, b.mid, b.recv[q*b.slot:(q+1)*b.slot], true); err != nil {
+			return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: fmt.Errorf("rank %d's part %d: %w", q, e.rank, err)}
+		}
+	}
+	average(b.mid, e.size)
+	r.stats.Decompress += time.Since(t)
+	t = time.Now()
+	pend, local, err := encodeInto(s.c2, b.send2[:s.c2.p.slotLen(len(b.mid))], b.mid, r.key)
+	r.stats.Compress += time.Since(t)
+	if err != nil {
+		return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "sra re-encode", Err: err}
+	}
+	if local.code != statusOK {
+		lo, _ := s.c1.p.bounds(b.n, e.rank)
+		local.index += uint32(lo)
+		local.put(b.send2)
+	}
+	r.pend2 = pend
+	if err := e.allGather(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2); err != nil {
+		return nil, err
+	}
+	return stepStatuses(st, r, "AllGather", b.recv2, e.size)
+}
+
+func (s *sraX) decode(r *run) (int, error) {
+	b := r.b
+	for j := range s.e.size {
+		lo, hi := s.c1.p.bounds(b.n, j)
+		if err := decodeSlot(s.e.comp, r.grad[lo:hi], b.recv2[j*b.slot:(j+1)*b.slot], false); err != nil {
+			return -1, fmt.Errorf("rank %d's reduced part: %w", j, err)
+		}
+	}
+	return -1, nil // decoded values are finite: the decoder checks them
+}
+
+// sharedX is shared-index: every rank compresses with random-k under the
+// same key, so the k indices agree, and the k values are all-reduced in
+// fp32, preceded by one status per rank (rank q writes element q: 0 ok, 1
+// unrepresentable, 2 non-finite). Every rank then divides the sums by N
+// and scatters them to the indices.
+type sharedX struct {
+	e *Engine
+	c coder
+}
+
+func (s *sharedX) first() coder                             { return s.c }
+func (s *sharedX) useMemory(ef1, _ *compress.ErrorFeedback) { s.c.ef = ef1 }
+
+func (s *sharedX) k(n int) int {
+	return (s.e.comp.MaxEncodedLen(n) - s.e.comp.MaxEncodedLen(0)) / 4
+}
+
+func (s *sharedX) setup(b *bucket) {
+	b.slot = s.c.p.slotLen(b.n)
+	b.send = make([]byte, b.slot)
+	b.vals = make([]float32, s.e.size+s.k(b.n))
+	b.picks = make([]uint32, 0, s.k(b.n))
+}
+
+func (s *sharedX) encode(r *run) error {
+	b, n := r.b, s.e.size
+	var err error
+	if r.pend1, r.local, err = encodeInto(s.c, b.send, r.grad, r.key); err != nil {
+		return err
+	}
+	clear(b.vals[:n])
+	vals := b.vals[n:]
+	if r.local.code != statusOK {
+		b.vals[s.e.rank] = float32(r.local.code)
+		clear(vals)
+		return nil
+	}
+	h, body, err := compress.ParseHeader(b.send[slotHeaderLen : slotHeaderLen+s.e.comp.MaxEncodedLen(b.n)])
+	if err != nil {
+		return err
+	}
+	if len(body) != 4*len(vals) {
+		return fmt.Errorf("random-k body of %d bytes, want %d values", len(body), len(vals))
+	}
+	r.seed = h.Seed
+	for j := range vals {
+		vals[j] = math.Float32frombits(binary.LittleEndian.Uint32(body[4*j:]))
+	}
+	return nil
+}
+
+func (s *sharedX) exchange(st *step, r *run) ([]status, error) {
+	b, n := r.b, s.e.size
+	if err := s.e.allReduce(st, r, "shared-index AllReduce", b.vals); err != nil {
+		return nil, err
+	}
+	sts := make([]status, n)
+	for q, v := range b.vals[:n] {
+		switch v {
+		case statusOK, statusUnrepresentable, statusNonFinite:
+			sts[q] = status{code: uint8(v), index: noIndex, value: float32(math.NaN())}
+		default:
+			return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "shared-index AllReduce", Err: fmt.Errorf("rank %d's status is %v", q, v)}
+		}
+	}
+	return sts, nil
+}
+
+func (s *sharedX) decode(r *run) (int, error) {
+	b, n := r.b, s.e.size
+	vals := b.vals[n:]
+	idx, err := compress.RandomKIndices(b.picks[:0], b.n, len(vals), r.seed, r.key)
+	if err != nil {
+		return -1, err
+	}
+	clear(r.grad)
+	bad := average(vals, n)
+	for j, i := range idx {
+		r.grad[i] = vals[j]
+	}
+	if bad >= 0 {
+		bad = int(idx[bad])
+	}
+	return bad, nil
+}
+
+// stepStatuses reads the slot headers of buf, a failure being a StepError
+// of bucket r.
+func stepStatuses(st *step, r *run, stage string, buf []byte, count int) ([]status, error) {
+	sts, err := readStatuses(buf, count)
+	if err != nil {
+		return nil, &StepError{Step: st.num, Bucket: r.b.idx, Stage: stage, Err: err}
+	}
+	return sts, nil
+}
+
+func allOK(sts []status) bool {
+	for _, s := range sts {
+		if s.code != statusOK {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,211 @@
+package overlap
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// A slot is what one rank puts on the wire for one part of a bucket: a
+// 12-byte status header, then the part's payload (the compress wire format),
+// then padding up to the slot length every rank uses for the collective.
+//
+//	offset size field
+//	0      1    status: 0 ok, 1 unrepresentable, 2 non-finite
+//	1      3    zero
+//	4      4    element index of the offending value (status ≠ 0), in the bucket
+//	8      4    its float32 bits
+//	12     -    payload (status 0), zero or stale bytes otherwise
+//
+// The status lets every rank learn, from the exchange it makes anyway,
+// whether some rank could not compress the bucket, so that all of them take
+// the dense path together (see the package doc).
+const slotHeaderLen = 12
+
+// The slot statuses.
+const (
+	statusOK              = 0 // the payload follows
+	statusUnrepresentable = 1 // a finite value the codec cannot hold (|x| > 65504 for fp16)
+	statusNonFinite       = 2 // a NaN or Inf
+)
+
+// status is a decoded slot header.
+type status struct {
+	code  uint8
+	index uint32
+	value float32
+}
+
+func (s status) put(b []byte) {
+	b[0], b[1], b[2], b[3] = s.code, 0, 0, 0
+	binary.LittleEndian.PutUint32(b[4:], s.index)
+	binary.LittleEndian.PutUint32(b[8:], math.Float32bits(s.value))
+}
+
+func readStatus(b []byte) status {
+	return status{code: b[0], index: binary.LittleEndian.Uint32(b[4:]), value: math.Float32frombits(binary.LittleEndian.Uint32(b[8:]))}
+}
+
+// noIndex is the index of a status that does not say where (shared-index
+// statuses travel as one float32 code per rank).
+const noIndex = math.MaxUint32
+
+func (s status) String() string {
+	what := "a NaN or Inf"
+	if s.code == statusUnrepresentable {
+		what = "a value the codec cannot represent"
+	}
+	if s.index == noIndex {
+		return what
+	}
+	return fmt.Sprintf("%s (%v) at element %d", what, s.value, s.index)
+}
+
+// statusOf maps a compression error to a slot status: a *NonFiniteError
+// becomes a status, anything else is returned as a failure.
+func statusOf(err error) (status, error) {
+	var nf *compress.NonFiniteError
+	if !errors.As(err, &nf) {
+		return status{}, err
+	}
+	s := status{code: statusNonFinite, index: uint32(nf.Index), value: nf.Value}
+	if v := float64(nf.Value); !math.IsNaN(v) && !math.IsInf(v, 0) {
+		s.code = statusUnrepresentable
+	}
+	return s, nil
+}
+
+// parts is the compress.Compressor the engine hands to error-feedback
+// memory: it cuts a bucket of n elements into count parts, part j being
+// elements [j·n/count, (j+1)·n/count), compresses part j with inner under
+// partKey(key, j), and writes the count slots back to back, each
+// slotLen(n) bytes. With count = Size() this is exactly the send buffer of
+// an all-to-all: part j goes to rank j. Decompress decodes every part.
+//
+// It is internal: Spec and Codec are inner's, and its payloads are only
+// read back by the engine. It needs inner's payload length to be exact
+// (no lossless stage).
+type parts struct {
+	inner compress.Compressor
+	count int
+	// Key derivation: shared keeps the engine's key (random-k indices must be
+	// the same on every rank); otherwise the key is tagged with the writer's
+	// rank and the part (stage 1) or the owner (stage 2), so that stochastic
+	// rounding draws differ between ranks and parts.
+	shared      bool
+	stage       int // 1 or 2
+	rank, ranks int
+}
+
+// bounds returns part j of n elements.
+func (p *parts) bounds(n, j int) (lo, hi int) { return j * n / p.count, (j + 1) * n / p.count }
+
+// slotLen returns the slot length for a bucket of n elements: room for the
+// largest part.
+func (p *parts) slotLen(n int) int {
+	return slotHeaderLen + p.inner.MaxEncodedLen((n+p.count-1)/p.count)
+}
+
+// partKey returns the compress.Key of part j (see the package doc).
+func (p *parts) partKey(key compress.Key, j int) compress.Key {
+	if p.shared {
+		return key
+	}
+	tag := uint64(1 + p.rank*p.ranks + j)
+	if p.stage == 2 {
+		tag = uint64(1 + p.ranks*p.ranks + p.rank)
+	}
+	return compress.Key{Bucket: tag<<32 | key.Bucket, Step: key.Step}
+}
+
+func (p *parts) Spec() string            { return p.inner.Spec() }
+func (p *parts) Codec() compress.Codec   { return p.inner.Codec() }
+func (p *parts) MaxEncodedLen(n int) int { return p.count * p.slotLen(n) }
+func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", p.inner.Spec(), p.count) }
+
+// Compress appends count slots to dst, each with status ok. A part's
+// *NonFiniteError comes back with Index counted in the whole bucket.
+func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
+	n, stride := len(src), p.slotLen(len(src))
+	start := len(dst)
+	out := dst
+	if cap(out)-start < p.count*stride {
+		out = make([]byte, start, start+p.count*stride)
+		copy(out, dst)
+	}
+	out = out[:start+p.count*stride]
+	for j := range p.count {
+		lo, hi := p.bounds(n, j)
+		slot := out[start+j*stride : start+(j+1)*stride]
+		status{}.put(slot)
+		payload, err := p.inner.Compress(slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j))
+		if err != nil {
+			var nf *compress.NonFiniteError
+			if errors.As(err, &nf) {
+				err = &compress.NonFiniteError{Index: lo + nf.Index, Value: nf.Value}
+			}
+			return dst, err
+		}
+		if len(payload) > stride-slotHeaderLen || &payload[0] != &slot[slotHeaderLen] {
+			return dst, fmt.Errorf("overlap: %s wrote a %d-byte payload for %d elements outside its %d-byte slot", p.inner.Spec(), len(payload), hi-lo, stride-slotHeaderLen)
+		}
+	}
+	return out, nil
+}
+
+// Decompress sets dst to the parts decoded from the count slots in payload.
+func (p *parts) Decompress(dst []float32, payload []byte) error {
+	return p.decompress(dst, payload, false)
+}
+
+// DecompressAdd adds the decoded parts to dst.
+func (p *parts) DecompressAdd(dst []float32, payload []byte) error {
+	return p.decompress(dst, payload, true)
+}
+
+func (p *parts) decompress(dst []float32, payload []byte, add bool) error {
+	n, stride := len(dst), p.slotLen(len(dst))
+	if len(payload) != p.count*stride {
+		return &compress.SizeError{What: fmt.Sprintf("%d slots for %d elements", p.count, n), Got: int64(len(payload)), Want: int64(p.count * stride)}
+	}
+	for j := range p.count {
+		lo, hi := p.bounds(n, j)
+		if err := decodeSlot(p.inner, dst[lo:hi], payload[j*stride:(j+1)*stride], add); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeSlot sets (or adds to) dst the payload in slot, which holds at
+// least the header and inner's payload for len(dst) elements.
+func decodeSlot(inner compress.Compressor, dst []float32, slot []byte, add bool) error {
+	end := slotHeaderLen + inner.MaxEncodedLen(len(dst))
+	if len(slot) < end {
+		return &compress.SizeError{What: "slot length", Got: int64(len(slot)), Want: int64(end)}
+	}
+	if add {
+		return inner.DecompressAdd(dst, slot[slotHeaderLen:end])
+	}
+	return inner.Decompress(dst, slot[slotHeaderLen:end])
+}
+
+// coder compresses through error-feedback memory, or straight through
+// when error feedback is off (ef == nil).
+type coder struct {
+	p  *parts
+	ef *compress.ErrorFeedback
+}
+
+// begin compresses src under key into dst; the Pending is nil without
+// error feedback.
+func (c coder) begin(dst []byte, src []float32, key compress.Key) ([]byte, *compress.Pending, error) {
+	if c.ef == nil {
+		out, err := c.p.Compress(dst, src, key)
+		return out, nil, err
+	}
+	return c.ef.Begin(dst, src, key)
+}

@@ -1,0 +1,226 @@
+package overlap
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// The engine state format, version 1, little-endian:
+//
+//	"GCOV", version (1 byte)
+//	world size (uint32), rank (uint32), next step (uint64)
+//	spec length (uint32), spec; strategy (1 byte), error feedback (1 byte)
+//	bucket count (uint32), per bucket its element count (uint64)
+//	per memory (stage 1, then SRA's stage 2): present (1 byte), then, if
+//	  1, the memory as compress.ErrorFeedback.Save writes it
+//	CRC32C of every byte before it (uint32)
+const (
+	stateMagic   = "GCOV"
+	stateVersion = 1
+	maxSpecLen   = 1 << 12
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Save writes the engine's state, both error-feedback memories and the
+// next step number, to w. It fails with a *UsageError while a step is in
+// flight; it works after Close and after a failed step (whose gradients
+// the memory holds).
+func (e *Engine) Save(w io.Writer) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur != nil {
+		return &UsageError{Call: "Save", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
+	}
+	crc := crc32.New(castagnoli)
+	bw := bufio.NewWriter(io.MultiWriter(w, crc))
+	bw.WriteString(stateMagic)
+	bw.WriteByte(stateVersion)
+	var b [8]byte
+	put32 := func(v uint32) { binary.LittleEndian.PutUint32(b[:4], v); bw.Write(b[:4]) }
+	put64 := func(v uint64) { binary.LittleEndian.PutUint64(b[:], v); bw.Write(b[:]) }
+	put32(uint32(e.size))
+	put32(uint32(e.rank))
+	put64(e.next)
+	put32(uint32(len(e.spec)))
+	bw.WriteString(e.spec)
+	bw.WriteByte(byte(e.strategy))
+	bw.WriteByte(boolByte(e.cfg.ErrorFeedback))
+	put32(uint32(len(e.buckets)))
+	for _, bk := range e.buckets {
+		put64(uint64(bk.n))
+	}
+	for _, f := range []*compress.ErrorFeedback{e.ef1, e.ef2} {
+		bw.WriteByte(boolByte(f != nil))
+		if f == nil {
+			continue
+		}
+		if err := bw.Flush(); err != nil {
+			return fmt.Errorf("overlap: saving engine state: %w", err)
+		}
+		if err := f.Save(io.MultiWriter(w, crc)); err != nil {
+			return fmt.Errorf("overlap: saving engine state: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("overlap: saving engine state: %w", err)
+	}
+	binary.LittleEndian.PutUint32(b[:4], crc.Sum32())
+	if _, err := w.Write(b[:4]); err != nil {
+		return fmt.Errorf("overlap: saving engine state: %w", err)
+	}
+	return nil
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// Load replaces the engine's error-feedback memories and step number with
+// a state Save wrote. The state must come from an engine with the same
+// spec, error-feedback flag and bucket layout, else a *StateError; it is
+// validated whole (format, checksum, residual lengths) before anything is
+// replaced, so on error the engine is unchanged. The stage-1 memory is
+// per bucket and loads under any world size and rank; SRA's second memory
+// belongs to this rank's part of each bucket, and loads only into the same
+// rank of a group of the same size with the same strategy: otherwise it
+// starts empty (its content, the re-quantization error of the averaged
+// gradient, is a fraction of one step's update). Load fails with a
+// *UsageError while a step is in flight.
+func (e *Engine) Load(r io.Reader) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur != nil {
+		return &UsageError{Call: "Load", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
+	}
+	crc := crc32.New(castagnoli)
+	tr := io.TeeReader(r, crc)
+	var b [8]byte
+	var rerr error
+	read := func(p []byte) bool {
+		if rerr == nil {
+			if _, err := io.ReadFull(tr, p); err != nil {
+				rerr = &StateError{Reason: "truncated", Err: err}
+			}
+		}
+		return rerr == nil
+	}
+	get32 := func() uint32 { read(b[:4]); return binary.LittleEndian.Uint32(b[:4]) }
+	get64 := func() uint64 { read(b[:]); return binary.LittleEndian.Uint64(b[:]) }
+	var hdr [5]byte
+	if !read(hdr[:]) {
+		return rerr
+	}
+	if string(hdr[:4]) != stateMagic {
+		return &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", hdr[:4], stateMagic)}
+	}
+	if hdr[4] != stateVersion {
+		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads version %d", hdr[4], stateVersion)}
+	}
+	size, rank, next := int(get32()), int(get32()), get64()
+	specLen := get32()
+	if rerr != nil {
+		return rerr
+	}
+	if specLen > maxSpecLen {
+		return &StateError{Reason: fmt.Sprintf("spec length %d exceeds %d", specLen, maxSpecLen)}
+	}
+	spec := make([]byte, specLen)
+	var flags [2]byte
+	read(spec)
+	read(flags[:])
+	count := get32()
+	if rerr != nil {
+		return rerr
+	}
+	switch {
+	case string(spec) != e.spec:
+		return &StateError{Reason: fmt.Sprintf("saved with spec %s, this engine has %s", spec, e.spec)}
+	case (flags[1] == 1) != e.cfg.ErrorFeedback:
+		return &StateError{Reason: fmt.Sprintf("saved with error feedback %v, this engine has %v", flags[1] == 1, e.cfg.ErrorFeedback)}
+	case int(count) != len(e.buckets):
+		return &StateError{Reason: fmt.Sprintf("saved with %d buckets, this engine has %d", count, len(e.buckets))}
+	}
+	for i, bk := range e.buckets {
+		if n := get64(); rerr == nil && n != uint64(bk.n) {
+			return &StateError{Reason: fmt.Sprintf("bucket %d has %d elements in the state, %d in this engine", i, n, bk.n)}
+		}
+	}
+	var mem [2]*compress.ErrorFeedback
+	for stage, f := range []*compress.ErrorFeedback{e.ef1, e.ef2} {
+		var present [1]byte
+		if !read(present[:]) {
+			return rerr
+		}
+		if present[0] == 0 {
+			continue
+		}
+		if f == nil && stage == 0 {
+			return &StateError{Reason: "the state has error-feedback memory, this engine has none"}
+		}
+		fresh := compress.NewErrorFeedback(e.comp)
+		if f != nil {
+			fresh = compress.NewErrorFeedback(f.Compressor())
+		}
+		if err := fresh.Load(tr); err != nil {
+			return &StateError{Reason: fmt.Sprintf("stage-%d error-feedback memory", stage+1), Err: err}
+		}
+		mem[stage] = fresh
+	}
+	want := crc.Sum32()
+	if _, err := io.ReadFull(r, b[:4]); err != nil {
+		return &StateError{Reason: "truncated before its checksum", Err: err}
+	}
+	if got := binary.LittleEndian.Uint32(b[:4]); got != want {
+		return &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
+	}
+	if err := e.checkMemory(mem[0], 1, func(bk *bucket) int { return bk.n }); err != nil {
+		return err
+	}
+	keep2 := mem[1] != nil && e.ef2 != nil && size == e.size && rank == e.rank && Strategy(flags[0]) == e.strategy
+	if keep2 {
+		if err := e.checkMemory(mem[1], 2, func(bk *bucket) int { return len(bk.mid) }); err != nil {
+			return err
+		}
+	}
+	if mem[0] != nil {
+		e.ef1 = mem[0]
+	}
+	if e.ef2 != nil {
+		if keep2 {
+			e.ef2 = mem[1]
+		} else {
+			e.ef2 = compress.NewErrorFeedback(e.ef2.Compressor())
+		}
+	}
+	if e.x != nil {
+		e.x.useMemory(e.ef1, e.ef2)
+	}
+	e.next = next
+	return nil
+}
+
+// checkMemory checks that every residual of f belongs to a bucket and has
+// the length want gives.
+func (e *Engine) checkMemory(f *compress.ErrorFeedback, stage int, want func(*bucket) int) error {
+	if f == nil {
+		return nil
+	}
+	for _, id := range f.Buckets() {
+		if id >= uint64(len(e.buckets)) {
+			return &StateError{Reason: fmt.Sprintf("stage-%d memory has bucket %d; this engine has %d buckets", stage, id, len(e.buckets))}
+		}
+		if l, w := len(f.Residual(id)), want(e.buckets[id]); l != w {
+			return &StateError{Reason: fmt.Sprintf("stage-%d memory of bucket %d has %d elements, want %d", stage, id, l, w)}
+		}
+	}
+	return nil
+}

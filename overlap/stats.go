@@ -1,0 +1,42 @@
+package overlap
+
+import "time"
+
+// BucketStats describes one bucket in one step, on this rank.
+type BucketStats struct {
+	Bucket   int
+	Elements int
+	Strategy Strategy // the engine's strategy (StrategyAuto resolved)
+	// Compressed is true when the bucket crossed the wire compressed this
+	// step; false when it went dense (decided so, or a fallback).
+	Compressed bool
+	// Reason gives the decision and its inputs (the cost model's
+	// predictions, or "pinned"), then what happened this step if the bucket
+	// fell back to dense or was not exchanged (who had a NaN, where).
+	Reason string
+	// BytesSent is what this rank put on the wire for the bucket, by the
+	// accounting of the package doc (2(N−1)/N·S for an all-reduce of S
+	// bytes, (N−1)·s for an all-gather of s bytes per rank, (N−1)/N·S for
+	// an all-to-all of S bytes).
+	BytesSent int64
+	// Time in each stage: compressing (SRA: both quantizations), in
+	// collectives, decoding and averaging (SRA: the owner's sum too).
+	Compress, Exchange, Decompress time.Duration
+	// The cost model's predictions for the bucket (zero unless DecideAuto).
+	PredictedDense, PredictedCompressed time.Duration
+	// NonFinite is true when some rank's gradient held NaN or Inf (or the
+	// average overflowed) this step.
+	NonFinite bool
+}
+
+// StepStats describes one step on this rank.
+type StepStats struct {
+	Step          uint64
+	Buckets       []BucketStats
+	BytesSent     int64         // sum over buckets
+	Total         time.Duration // Step() to Wait()'s return
+	ExchangeTotal time.Duration // sum of the buckets' Exchange
+	// Exposed is the communication not hidden behind the caller's work:
+	// the time Wait spent blocked.
+	Exposed time.Duration
+}

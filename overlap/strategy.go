@@ -1,0 +1,126 @@
+package overlap
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// Strategy is how a compressed bucket crosses the wire (DESIGN.md "Exchange
+// strategies"; the package doc gives each one's exact result).
+type Strategy int
+
+// The strategies.
+const (
+	// StrategyAuto picks from the codec: none, fp16, bf16 → StrategyDense;
+	// randomk → StrategySharedIndex; topk → StrategySparseGather; int8,
+	// int4, int2, sign → StrategyQuantSRA, or StrategyQuantAllGather with
+	// two ranks or fewer (the same volume in one collective, without the
+	// second quantization).
+	StrategyAuto Strategy = iota
+	// StrategyDense is the fp32 all-reduce (codec none) or, for fp16 and
+	// bf16, the SRA path with a 16-bit wire (comm has no 16-bit reduction).
+	StrategyDense
+	// StrategySharedIndex all-reduces the k random-k values, whose indices
+	// every rank derives from (seed, step, bucket). Codec randomk only.
+	StrategySharedIndex
+	// StrategySparseGather all-gathers fixed-size payloads and decodes and
+	// adds each one. Meant for topk; any codec works.
+	StrategySparseGather
+	// StrategyQuantSRA is scatter-reduce-allgather: an all-to-all of
+	// quantized chunks, a sum per chunk on its owner, re-quantization with a
+	// second error-feedback memory, and an all-gather. Meant for
+	// int8/int4/int2/sign; any codec works.
+	StrategyQuantSRA
+	// StrategyQuantAllGather all-gathers whole quantized payloads (the
+	// mechanism of StrategySparseGather; cheaper than SRA for small N).
+	StrategyQuantAllGather
+)
+
+var strategyNames = [...]string{
+	StrategyAuto: "auto", StrategyDense: "dense", StrategySharedIndex: "shared-index",
+	StrategySparseGather: "sparse-gather", StrategyQuantSRA: "sra", StrategyQuantAllGather: "allgather",
+}
+
+// String returns the name ParseStrategy accepts, or "Strategy(N)".
+func (s Strategy) String() string {
+	if s >= 0 && int(s) < len(strategyNames) {
+		return strategyNames[s]
+	}
+	return fmt.Sprintf("Strategy(%d)", int(s))
+}
+
+// ParseStrategy returns the strategy named s: auto, dense, shared-index,
+// sparse-gather, sra or allgather.
+func ParseStrategy(s string) (Strategy, error) {
+	for i, name := range strategyNames {
+		if s == name {
+			return Strategy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("overlap: unknown strategy %q (want one of %s)", s, strings.Join(strategyNames[:], ", "))
+}
+
+// resolve returns the strategy Auto stands for with codec c on size ranks,
+// or checks that s can carry c.
+func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
+	dense := c == compress.CodecNone || c == compress.CodecFP16 || c == compress.CodecBF16
+	switch s {
+	case StrategyAuto:
+		switch {
+		case dense:
+			return StrategyDense, nil
+		case c == compress.CodecRandomK:
+			return StrategySharedIndex, nil
+		case c == compress.CodecTopK:
+			return StrategySparseGather, nil
+		case size <= 2:
+			return StrategyQuantAllGather, nil
+		}
+		return StrategyQuantSRA, nil
+	case StrategyDense:
+		if !dense {
+			return 0, fmt.Errorf("overlap: strategy dense carries codecs none, fp16 and bf16, not %s", c)
+		}
+	case StrategySharedIndex:
+		if c != compress.CodecRandomK {
+			return 0, fmt.Errorf("overlap: strategy shared-index needs indices shared by every rank: codec randomk, not %s", c)
+		}
+	case StrategySparseGather, StrategyQuantSRA, StrategyQuantAllGather:
+	default:
+		return 0, fmt.Errorf("overlap: unknown strategy %v", s)
+	}
+	return s, nil
+}
+
+// Decision says, per bucket, who chooses between the compressed path and
+// the dense fp32 all-reduce.
+type Decision int
+
+// The decisions.
+const (
+	DecideAuto       Decision = iota // the cost model, measured once in New
+	DecideCompressed                 // always the compressed path (pinned)
+	DecideDense                      // always dense (pinned)
+)
+
+var decisionNames = [...]string{DecideAuto: "auto", DecideCompressed: "compressed", DecideDense: "dense"}
+
+// String returns the name ParseDecision accepts, or "Decision(N)".
+func (d Decision) String() string {
+	if d >= 0 && int(d) < len(decisionNames) {
+		return decisionNames[d]
+	}
+	return fmt.Sprintf("Decision(%d)", int(d))
+}
+
+// ParseDecision returns the decision named s: auto, compressed or dense.
+func ParseDecision(s string) (Decision, error) {
+	for i, name := range decisionNames {
+		if s == name {
+			return Decision(i), nil
+		}
+	}
+	return 0, fmt.Errorf("overlap: unknown decision %q (want one of %s)", s, strings.Join(decisionNames[:], ", "))
+}
