@@ -25,6 +25,8 @@ func newAverager(_ context.Context, c comm.Comm, sizes []int, s Scheme) (Exchang
 	return &averager{c: c, sizes: sizes, ready: make([][]float32, len(sizes))}, nil
 }
 
+func (a *averager) Strategy() string { return "dense" }
+
 func (a *averager) Step() error {
 	if a.stepped {
 		return fmt.Errorf("averager: Step twice")

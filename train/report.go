@@ -17,7 +17,7 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// WriteTable writes one row per result: the final test accuracy, its
+// WriteTable writes one row per result: the strategy, the final test accuracy, its
 // difference in points from the uncompressed scheme (when one of the
 // results is "none"), the bytes rank 0 sent per step and their ratio to
 // none's, and the mean step, exchange and exposed times in milliseconds.
@@ -25,7 +25,7 @@ import (
 func WriteTable(w io.Writer, results []Result) error {
 	base := baseline(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scheme\ttest acc %\tΔ vs none\tbytes/step/rank\tvs none\tstep ms\texchange ms\texposed ms\t")
+	fmt.Fprintln(tw, "scheme\tstrategy\ttest acc %\tΔ vs none\tbytes/step/rank\tvs none\tstep ms\texchange ms\texposed ms\t")
 	for _, r := range results {
 		delta, ratio := "-", "-"
 		if base != nil {
@@ -38,7 +38,7 @@ func WriteTable(w io.Writer, results []Result) error {
 		if r.Diverged > 0 {
 			note = fmt.Sprintf("diverged at epoch %d", r.Diverged)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%s\n", r.Scheme, 100*r.FinalAccuracy, delta,
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%s\n", r.Scheme, r.Strategy, 100*r.FinalAccuracy, delta,
 			r.BytesPerStep, ratio, ms(r.StepTime.Seconds()), ms(r.ExchangeTime.Seconds()), ms(r.ExposedTime.Seconds()), note)
 	}
 	return tw.Flush()
@@ -71,10 +71,10 @@ func WriteJSON(w io.Writer, results []Result) error {
 // a header of the JSON field names (times in nanoseconds; diverged 0 for a
 // run that did not).
 func WriteCSV(w io.Writer, results []Result) error {
-	rows := [][]string{{"scheme", "spec", "error_feedback", "ranks", "steps", "final_test_accuracy", "final_test_loss",
+	rows := [][]string{{"scheme", "spec", "error_feedback", "strategy", "ranks", "steps", "final_test_accuracy", "final_test_loss",
 		"diverged", "bytes_per_step", "step_ns", "exchange_ns", "exposed_ns"}}
 	for _, r := range results {
-		rows = append(rows, []string{r.Scheme, r.Spec, strconv.FormatBool(r.ErrorFeedback), strconv.Itoa(r.Ranks),
+		rows = append(rows, []string{r.Scheme, r.Spec, strconv.FormatBool(r.ErrorFeedback), r.Strategy, strconv.Itoa(r.Ranks),
 			strconv.Itoa(r.Steps), float(r.FinalAccuracy), float(r.FinalLoss), strconv.Itoa(r.Diverged),
 			float(r.BytesPerStep), strconv.FormatInt(int64(r.StepTime), 10), strconv.FormatInt(int64(r.ExchangeTime), 10),
 			strconv.FormatInt(int64(r.ExposedTime), 10)})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // Exchanger averages gradient buckets over the ranks of a group, step by
@@ -19,7 +20,9 @@ import (
 // then Wait, which leaves in every bucket the average over ranks of what
 // the ranks handed in (after compression, for a compressing exchanger).
 // The exchanger owns a bucket's slice from Ready until Wait returns.
+// Strategy names how buckets cross the wire, for the report.
 type Exchanger interface {
+	Strategy() string
 	Step() error
 	Ready(bucket int, grad []float32) error
 	Wait(ctx context.Context) (StepStats, error)
@@ -39,35 +42,54 @@ type StepStats struct {
 type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, scheme Scheme) (Exchanger, error)
 
 // Scheme is one compression setting the demo compares: a compressor spec
-// (compress.Parse) and whether error feedback is on.
+// (compress.Parse), whether error feedback is on, and the exchange strategy
+// (overlap.StrategyAuto: the codec's own).
 type Scheme struct {
 	Spec          string
 	ErrorFeedback bool
+	Strategy      overlap.Strategy
 }
 
-// efSuffix marks error feedback in a scheme's name.
-const efSuffix = "+ef"
+// Markers of a scheme's name.
+const (
+	efSuffix       = "+ef"
+	strategyMarker = "@"
+)
 
-// String returns the scheme's name: the spec, followed by "+ef" with error
-// feedback. ParseScheme reads it back.
+// String returns the scheme's name: the spec, then "+ef" with error
+// feedback, then "@" and the strategy unless it is auto
+// ("sign+ef@allgather"). ParseScheme reads it back.
 func (s Scheme) String() string {
+	name := s.Spec
 	if s.ErrorFeedback {
-		return s.Spec + efSuffix
+		name += efSuffix
 	}
-	return s.Spec
+	if s.Strategy != overlap.StrategyAuto {
+		name += strategyMarker + s.Strategy.String()
+	}
+	return name
 }
 
 // ParseScheme reads a scheme name: a compressor spec, optionally followed
-// by "+ef" for error feedback ("topk:0.01+ef"). The spec must parse
-// (compress.Parse); its error is returned otherwise. Error feedback on the
-// codec none is an error (there is nothing to feed back).
+// by "+ef" for error feedback, then optionally by "@" and a strategy name
+// (overlap.ParseStrategy): "topk:0.01+ef", "int4+ef@allgather". The spec
+// must parse (compress.Parse) and the strategy must be known; their errors
+// are returned otherwise. Error feedback on the codec none is an error
+// (there is nothing to feed back). Whether the strategy suits the codec is
+// the engine's to say, when it starts.
 func ParseScheme(name string) (Scheme, error) {
 	name = strings.TrimSpace(name)
-	s := Scheme{Spec: name}
-	if spec, ok := strings.CutSuffix(name, efSuffix); ok {
-		s = Scheme{Spec: spec, ErrorFeedback: true}
+	var s Scheme
+	rest := name
+	if i := strings.LastIndex(rest, strategyMarker); i >= 0 {
+		st, err := overlap.ParseStrategy(rest[i+len(strategyMarker):])
+		if err != nil {
+			return Scheme{}, fmt.Errorf("train: scheme %q: %w", name, err)
+		}
+		s.Strategy, rest = st, rest[:i]
 	}
-	c, err := compress.Parse(s.Spec)
+	rest, s.ErrorFeedback = strings.CutSuffix(rest, efSuffix)
+	c, err := compress.Parse(rest)
 	if err != nil {
 		return Scheme{}, fmt.Errorf("train: scheme %q: %w", name, err)
 	}
@@ -82,7 +104,7 @@ func ParseScheme(name string) (Scheme, error) {
 const DefaultSchemes = "none,topk:0.01+ef,topk:0.01,int4+ef,sign+ef"
 
 // ParseSchemes reads a comma-separated list of scheme names (see
-// ParseScheme); an empty list or a repeated scheme is an error.
+// ParseScheme); an empty name or a repeated scheme is an error.
 func ParseSchemes(list string) ([]Scheme, error) {
 	var schemes []Scheme
 	seen := map[Scheme]bool{}
@@ -110,7 +132,7 @@ type Config struct {
 	LR        float64 // peak SGD learning rate; step t of T uses LR·(1 + cos(πt/T))/2 (cosine decay)
 	Momentum  float64 // SGD momentum μ: v ← μv + g; θ ← θ − lr·v
 	Seed      uint64  // data, initial weights and shuffling
-	// BucketBytes caps a gradient bucket (see bucketSizes); small enough
+	// BucketBytes caps a gradient bucket (overlap.BucketSizes); small enough
 	// that the model's layers land in separate buckets, so the exchange of
 	// the last layers overlaps backward through the first.
 	BucketBytes int
@@ -124,7 +146,7 @@ func DefaultConfig() Config {
 		Widths:      []int{Features, 256, 128, Classes},
 		TrainSize:   8000,
 		TestSize:    5000,
-		Epochs:      10,
+		Epochs:      12,
 		Batch:       32,
 		LR:          0.1,
 		Momentum:    0.9,
@@ -169,6 +191,7 @@ type Result struct {
 	Scheme        string  `json:"scheme"`
 	Spec          string  `json:"spec"`
 	ErrorFeedback bool    `json:"error_feedback"`
+	Strategy      string  `json:"strategy"` // as the exchanger named it
 	Ranks         int     `json:"ranks"`
 	Steps         int     `json:"steps"`
 	Epochs        []Epoch `json:"epochs"`
@@ -220,7 +243,7 @@ func RunRank(ctx context.Context, c comm.Comm, job Job) (*Result, error) {
 		return nil, err
 	}
 	sizes := model.ParamSizes()
-	buckets, bucketElems := bucketSizes(sizes, job.BucketBytes)
+	buckets, bucketElems := overlap.BucketSizes(sizes, job.BucketBytes)
 	grads, views := layoutBuckets(sizes, buckets)
 	if err := model.BindGrads(views); err != nil {
 		return nil, err
@@ -230,6 +253,9 @@ func RunRank(ctx context.Context, c comm.Comm, job Job) (*Result, error) {
 		return nil, err
 	}
 	res, err := trainLoop(ctx, ex, model, rank, ranks, job, buckets, grads)
+	if res != nil {
+		res.Strategy = ex.Strategy()
+	}
 	if cerr := ex.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("train: closing the exchanger: %w", cerr)
 	}
@@ -420,26 +446,6 @@ func firstError(errs []error) error {
 		}
 	}
 	return first
-}
-
-// bucketSizes groups parameters (sizes in registration order) into buckets
-// in reverse registration order, as backward produces them: a bucket takes
-// parameters until it holds capBytes of float32 or more. It returns each
-// bucket's parameter indices and element count.
-//
-// It stands in for overlap.BucketSizes until the engine lands.
-func bucketSizes(paramSizes []int, capBytes int) (buckets [][]int, sizes []int) {
-	var cur []int
-	n := 0
-	for p := len(paramSizes) - 1; p >= 0; p-- {
-		cur = append(cur, p)
-		n += paramSizes[p]
-		if 4*n >= capBytes || p == 0 {
-			buckets, sizes = append(buckets, cur), append(sizes, n)
-			cur, n = nil, 0
-		}
-	}
-	return buckets, sizes
 }
 
 // Compare trains each scheme in turn and returns the results in the order

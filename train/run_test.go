@@ -16,6 +16,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 var errTest = errors.New("test error")
@@ -82,7 +83,7 @@ func TestTrainingLearns(t *testing.T) {
 	if last.TestAccuracy < 0.4 || last.TestLoss > 0.8*first.TestLoss {
 		t.Errorf("did not learn: accuracy %.3f → %.3f, loss %.3f → %.3f", first.TestAccuracy, last.TestAccuracy, first.TestLoss, last.TestLoss)
 	}
-	if res.FinalAccuracy != last.TestAccuracy || res.BytesPerStep <= 0 || res.StepTime <= 0 {
+	if res.FinalAccuracy != last.TestAccuracy || res.BytesPerStep <= 0 || res.StepTime <= 0 || res.Strategy != "dense" {
 		t.Errorf("summary %+v", res)
 	}
 	// The same seed gives the same run.
@@ -134,20 +135,21 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 		ex, err := newAverager(ctx, cm, s, sc)
 		return &recorder{averager: ex.(*averager), mu: &mu, orders: &orders}, err
 	}
-	// A cap of 300 floats: {b2, W2, b1, W1} (10+160+16+384) and {b0, W0}.
+	// A cap of 300 floats: {b2, W2, b1} (10+160+16, as W1 would overflow
+	// it), {W1} (384), {b0} (24, as W0 would overflow it) and {W0}.
 	c.BucketBytes = 4 * 300
 	if _, err := runInProc(context.Background(), 2, smallJob(t, c, newEx)); err != nil {
 		t.Fatal(err)
 	}
-	if want := []int{10 + 160 + 16 + 384, 24 + 24*64}; !slices.Equal(sizes, want) {
+	if want := []int{10 + 160 + 16, 16 * 24, 24, 24 * 64}; !slices.Equal(sizes, want) {
 		t.Fatalf("bucket sizes %v, want %v", sizes, want)
 	}
 	if len(orders) != c.TrainSize/(2*c.Batch) {
 		t.Fatalf("%d steps recorded", len(orders))
 	}
 	for s, o := range orders {
-		if !slices.Equal(o, []int{0, 1}) {
-			t.Fatalf("step %d: buckets ready in order %v, want [0 1]", s, o)
+		if !slices.Equal(o, []int{0, 1, 2, 3}) {
+			t.Fatalf("step %d: buckets ready in order %v, want [0 1 2 3]", s, o)
 		}
 	}
 }
@@ -235,7 +237,17 @@ func TestParseSchemes(t *testing.T) {
 	if !s[1].ErrorFeedback || s[2].ErrorFeedback || s[1].Spec != "topk:0.01" {
 		t.Errorf("schemes %+v", s)
 	}
-	for _, bad := range []string{"", "nope", "topk:2+ef", "none+ef", "int4+ef,int4+ef", "topk:0.01+EF"} {
+	s, err = ParseSchemes("sign+ef@allgather, int4@sra,topk:0.01@auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Scheme{{"sign", true, overlap.StrategyQuantAllGather}, {"int4", false, overlap.StrategyQuantSRA}, {"topk:0.01", false, overlap.StrategyAuto}}; !slices.Equal(s, want) {
+		t.Errorf("schemes %v, want %v", s, want)
+	}
+	if s[0].String() != "sign+ef@allgather" || s[2].String() != "topk:0.01" {
+		t.Errorf("names %s, %s", s[0], s[2])
+	}
+	for _, bad := range []string{"", "nope", "topk:2+ef", "none+ef", "int4+ef,int4+ef", "topk:0.01+EF", "int4@nope", "int4@", "int4@sra+ef", "none,"} {
 		if _, err := ParseSchemes(bad); err == nil {
 			t.Errorf("ParseSchemes(%q) accepted", bad)
 		}
@@ -246,7 +258,7 @@ func TestReports(t *testing.T) {
 	results := []Result{
 		{Scheme: "none", Spec: "none", Ranks: 4, Steps: 10, FinalAccuracy: 0.8, FinalLoss: 0.5, BytesPerStep: 4000, StepTime: 2 * time.Millisecond,
 			Epochs: []Epoch{{0, 0, 2.3, 0.1}, {1, 1.0, 0.6, 0.7}, {2, 0.5, 0.5, 0.8}}},
-		{Scheme: "topk:0.01+ef", Spec: "topk:0.01", ErrorFeedback: true, Ranks: 4, Steps: 10, FinalAccuracy: 0.79, FinalLoss: 0.55, BytesPerStep: 250,
+		{Scheme: "topk:0.01+ef", Spec: "topk:0.01", ErrorFeedback: true, Strategy: "sparse-gather", Ranks: 4, Steps: 10, FinalAccuracy: 0.79, FinalLoss: 0.55, BytesPerStep: 250,
 			Epochs: []Epoch{{0, 0, 2.3, 0.1}, {1, 1.1, 0.7, 0.6}, {2, 0.6, 0.55, 0.79}}},
 		{Scheme: "sign", Spec: "sign", Ranks: 4, Steps: 5, Diverged: 2, BytesPerStep: 150,
 			Epochs: []Epoch{{0, 0, 2.3, 0.1}, {1, 1.1, 0.9, 0.5}}},
@@ -280,7 +292,7 @@ func TestReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(summary), "\ntopk:0.01+ef,topk:0.01,true,4,10,0.79,0.55,0,250,0,0,0\n") {
+	if !strings.Contains(string(summary), "\ntopk:0.01+ef,topk:0.01,true,sparse-gather,4,10,0.79,0.55,0,250,0,0,0\n") {
 		t.Errorf("results.csv:\n%s", summary)
 	}
 	for _, name := range []string{FileAccuracy, FileLoss} {
