@@ -16,13 +16,12 @@ import (
 // t(V) = α + V/β for V bytes sent per rank, and the compressed path's
 // encode and decode times as linear functions of the element count.
 type costModel struct {
-	alpha    float64 // seconds
-	perByte  float64 // seconds per byte sent (1/β); 0 when unmeasurable (one rank)
-	encA     float64 // encode: encA + encB·n seconds
-	encB     float64
-	decA     float64 // decode of n elements
-	decB     float64
-	probeLen []int // all-reduce probe sizes, in float32s
+	alpha   float64 // seconds
+	perByte float64 // seconds per byte sent (1/β); 0 when unmeasurable (one rank)
+	encA    float64 // encode: encA + encB·n seconds
+	encB    float64
+	decA    float64 // decode of n elements
+	decB    float64
 }
 
 // stageCosts are a bucket's predicted stage times on the compressed path:
@@ -55,20 +54,21 @@ const (
 // measures; the element-wise maximum over ranks (an all-gather) is what
 // every rank fits, so all of them hold the same model.
 func measure(ctx context.Context, e *Engine) (*costModel, error) {
-	m := &costModel{probeLen: []int{1 << 8, 1 << 14, 1 << 18}}
+	m := &costModel{}
+	probeLen := []int{1 << 8, 1 << 14, 1 << 18} // float32s
 	sizes := make([]int, len(e.buckets))
 	for i, b := range e.buckets {
 		sizes[i] = b.n
 	}
 	slices.Sort(sizes)
 	if sizes[len(sizes)-1] >= 1<<19 {
-		m.probeLen = append(m.probeLen, 1<<20)
+		probeLen = append(probeLen, 1<<20)
 	}
 	ns := slices.Compact([]int{sizes[0], sizes[len(sizes)/2], sizes[len(sizes)-1]})
 
 	var v []float64
-	buf := make([]float32, m.probeLen[len(m.probeLen)-1])
-	for _, l := range m.probeLen {
+	buf := make([]float32, probeLen[len(probeLen)-1])
+	for _, l := range probeLen {
 		best := math.Inf(1)
 		for rep := range probeReps + 1 {
 			tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
@@ -108,9 +108,9 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		}
 	}
 
-	probes := v[:len(m.probeLen)]
+	probes := v[:len(probeLen)]
 	xs := make([]float64, len(probes))
-	for i, l := range m.probeLen {
+	for i, l := range probeLen {
 		xs[i] = float64(allReduceVolume(e.size, 4*l))
 	}
 	m.alpha, m.perByte = fitLine(xs, probes)
@@ -188,12 +188,12 @@ func fitLine(xs, ys []float64) (a, b float64) {
 	case b <= 0:
 		return my, 0
 	case a < 0:
-		var sx, sy float64
+		var sxy, sxx float64
 		for i := range xs {
-			sx += xs[i]
-			sy += ys[i]
+			sxy += xs[i] * ys[i]
+			sxx += xs[i] * xs[i]
 		}
-		return 0, sy / sx
+		return 0, sxy / sxx
 	}
 	return a, b
 }
