@@ -30,7 +30,7 @@ purego:
 # The race detector slows the brute-force top-k comparisons ~20x; they run
 # without it in `unit`, and nothing in them is concurrent beyond the runner.
 race:
-	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/...
+	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/...
 
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
