@@ -31,10 +31,11 @@ type ErrorFeedback struct {
 }
 
 type residual struct {
+	n   int // the bucket's length, fixed at creation (e is swapped under mu)
 	mu  sync.Mutex
 	e   []float32 // the residual
-	sum []float32 // scratch: e + g
-	dec []float32 // scratch: D(c)
+	sum []float32 // scratch: s = e + g
+	dec []float32 // scratch: s − D(c), the residual a Commit installs
 }
 
 // NewErrorFeedback returns error-feedback memory, empty, in front of c.
@@ -50,11 +51,11 @@ func (f *ErrorFeedback) bucket(id uint64, n int) (*residual, error) {
 	defer f.mu.Unlock()
 	r, ok := f.buckets[id]
 	if !ok {
-		r = &residual{e: make([]float32, n)}
+		r = &residual{n: n, e: make([]float32, n)}
 		f.buckets[id] = r
 	}
-	if len(r.e) != n {
-		return nil, &SizeError{What: fmt.Sprintf("gradient length for bucket %d", id), Got: int64(n), Want: int64(len(r.e))}
+	if r.n != n {
+		return nil, &SizeError{What: fmt.Sprintf("gradient length for bucket %d", id), Got: int64(n), Want: int64(r.n)}
 	}
 	return r, nil
 }
@@ -105,6 +106,11 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 		r.mu.Unlock()
 		return dst, nil, err
 	}
+	// The residual Commit will install, computed now so that Commit is a
+	// swap: a caller settling many buckets at once pays nothing more.
+	for i, s := range r.sum {
+		r.dec[i] = s - r.dec[i]
+	}
 	return out, &Pending{r: r}, nil
 }
 
@@ -118,11 +124,7 @@ type Pending struct {
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
 // as Begin computed it.
 func (p *Pending) Commit() {
-	p.settle(func(r *residual) {
-		for i, s := range r.sum {
-			r.e[i] = s - r.dec[i]
-		}
-	})
+	p.settle(func(r *residual) { r.e, r.dec = r.dec, r.e })
 }
 
 // Retain records that the payload was lost: e ← s = e + g, so the whole
@@ -268,7 +270,7 @@ func (f *ErrorFeedback) Load(r io.Reader) error {
 		if e == nil {
 			e = []float32{}
 		}
-		buckets[id] = &residual{e: e}
+		buckets[id] = &residual{n: len(e), e: e}
 	}
 	want := crc.Sum32()
 	var sum [4]byte

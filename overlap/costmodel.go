@@ -14,16 +14,20 @@ import (
 
 // costModel holds what New measured, identical on every rank: the link as
 // t(V) = α + V/β for V bytes sent per rank, and the compressed path's
-// encode and decode times as linear functions of the element count.
+// compute, per stage, as linear functions of the element count.
 type costModel struct {
-	alpha    float64 // seconds
-	perByte  float64 // seconds per byte sent (1/β); 0 when unmeasurable (one rank)
-	encA     float64 // encode: encA + encB·n seconds
-	encB     float64
-	decA     float64 // decode of n elements
-	decB     float64
-	probeLen []int // all-reduce probe sizes, in float32s
+	alpha   float64 // seconds
+	perByte float64 // seconds per byte sent (1/β); 0 when unmeasurable (one rank)
+	enc     line    // stage-1 encode
+	mid     line    // work between collectives on the wire stream (SRA's sum and re-encode)
+	dec     line    // decode and average
+	avg     line    // the dense path's average
 }
+
+// line is a + b·n seconds for n elements.
+type line struct{ a, b float64 }
+
+func (l line) at(n int) float64 { return l.a + l.b*float64(n) }
 
 // stageCosts are a bucket's predicted stage times on the compressed path:
 // encode on the compute stream, exchange on the wire stream (collectives,
@@ -40,36 +44,52 @@ func (c stageCosts) total() float64 {
 }
 
 func (m *costModel) link(bytes int64) float64 { return m.alpha + float64(bytes)*m.perByte }
-func (m *costModel) enc(n int) float64        { return m.encA + m.encB*float64(n) }
-func (m *costModel) dec(n int) float64        { return m.decA + m.decB*float64(n) }
+
+// costs predicts bucket n's stages on the compressed path of x.
+func (m *costModel) costs(x exchanger, n int) stageCosts {
+	return stageCosts{encode: m.enc.at(n), exchange: x.linkCost(m, n) + m.mid.at(n), decode: m.dec.at(n)}
+}
 
 // The measurement's size.
 const (
-	probeReps   = 3 // timed all-reduces per probe size, after one untimed
-	measureReps = 2 // timed encodes and decodes per size, after one untimed
+	probeReps     = 5                     // timed all-reduces per probe size, after one untimed
+	measureWindow = 20 * time.Millisecond // timing the compressed path per size: at least this long
+	measureReps   = 2                     // and at least this many runs, after one untimed
+	// margin is how much faster the compressed path must be predicted to be
+	// chosen: the model's error on a loaded host is of that order, and
+	// where the two are that close compression gains little.
+	margin = 0.2
 )
 
 // measure probes the link with all-reduces of a few sizes and times the
-// compressed path's encode and decode on up to three bucket sizes (the
-// smallest, the median, the largest), on a synthetic gradient. Every rank
-// measures; the element-wise maximum over ranks (an all-gather) is what
-// every rank fits, so all of them hold the same model.
+// engine's own compressed path (encode, the work between collectives,
+// decode and average) on up to three bucket sizes (the smallest, the
+// median, the largest, each rounded down to a multiple of N), on a
+// synthetic gradient, over a loopback comm whose collectives cost nothing.
+// Every rank measures; the probes' minimum and the compute times' maximum
+// over ranks (an all-gather) is what every rank fits, so all of them hold
+// the same model.
 func measure(ctx context.Context, e *Engine) (*costModel, error) {
-	m := &costModel{probeLen: []int{1 << 8, 1 << 14, 1 << 18}}
+	m := &costModel{}
+	probeLen := []int{1 << 8, 1 << 14, 1 << 18} // float32s
 	sizes := make([]int, len(e.buckets))
 	for i, b := range e.buckets {
 		sizes[i] = b.n
 	}
 	slices.Sort(sizes)
 	if sizes[len(sizes)-1] >= 1<<19 {
-		m.probeLen = append(m.probeLen, 1<<20)
+		probeLen = append(probeLen, 1<<20)
 	}
-	ns := slices.Compact([]int{sizes[0], sizes[len(sizes)/2], sizes[len(sizes)-1]})
+	var ns []int
+	for _, n := range []int{sizes[0], sizes[len(sizes)/2], sizes[len(sizes)-1]} {
+		ns = append(ns, max(n-n%e.size, e.size))
+	}
+	ns = slices.Compact(ns)
 
 	var v []float64
-	buf := make([]float32, m.probeLen[len(m.probeLen)-1])
-	for _, l := range m.probeLen {
-		best := math.Inf(1)
+	buf := make([]float32, probeLen[len(probeLen)-1])
+	for _, l := range probeLen {
+		var ts []float64
 		for rep := range probeReps + 1 {
 			tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 			t := time.Now()
@@ -80,18 +100,23 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 				return nil, fmt.Errorf("overlap: cost model: link probe on rank %d: %w", e.rank, err)
 			}
 			if rep > 0 {
-				best = min(best, d)
+				ts = append(ts, d)
 			}
 		}
-		v = append(v, best)
+		slices.Sort(ts)
+		v = append(v, ts[len(ts)/2])
 	}
-	enc, dec, err := timeCodec(e, ns)
+	times, err := timePath(e, ns)
 	if err != nil {
 		return nil, fmt.Errorf("overlap: cost model: timing %s on rank %d: %w", e.spec, e.rank, err)
 	}
-	v = append(append(v, enc...), dec...)
+	for _, t := range times {
+		v = append(v, t...)
+	}
 
-	// Element-wise maximum over ranks.
+	// Over ranks: the fastest probe (a rank that arrived early also timed
+	// its wait for the others; the last to arrive timed the collective),
+	// the slowest compute (the slowest rank sets the pace).
 	mine := make([]byte, 8*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint64(mine[8*i:], math.Float64bits(x))
@@ -104,64 +129,90 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 	}
 	for r := range e.size {
 		for i := range v {
-			v[i] = max(v[i], math.Float64frombits(binary.LittleEndian.Uint64(all[r*len(mine)+8*i:])))
+			x := math.Float64frombits(binary.LittleEndian.Uint64(all[r*len(mine)+8*i:]))
+			if i < len(probeLen) {
+				v[i] = min(v[i], x)
+			} else {
+				v[i] = max(v[i], x)
+			}
 		}
 	}
 
-	probes := v[:len(m.probeLen)]
-	xs := make([]float64, len(probes))
-	for i, l := range m.probeLen {
+	xs := make([]float64, len(probeLen))
+	for i, l := range probeLen {
 		xs[i] = float64(allReduceVolume(e.size, 4*l))
 	}
-	m.alpha, m.perByte = fitLine(xs, probes)
+	m.alpha, m.perByte = fitLine(xs, v[:len(probeLen)])
+	v = v[len(probeLen):]
 	fns := make([]float64, len(ns))
 	for i, n := range ns {
 		fns[i] = float64(n)
 	}
-	m.encA, m.encB = fitLine(fns, v[len(probes):len(probes)+len(ns)])
-	m.decA, m.decB = fitLine(fns, v[len(probes)+len(ns):])
+	for _, l := range []*line{&m.enc, &m.mid, &m.dec, &m.avg} {
+		l.a, l.b = fitLine(fns, v[:len(ns)])
+		v = v[len(ns):]
+	}
 	return m, nil
 }
 
-// timeCodec returns the fastest of measureReps encodes (through fresh
-// error-feedback memory when the engine has it, so the engine's own stays
-// untouched) and decodes of the stage-1 payload, for each size in ns.
-func timeCodec(e *Engine, ns []int) (enc, dec []float64, err error) {
+// timePath runs the engine's compressed path for buckets of each size in
+// ns on a scratch engine (the same strategy and codec, its own empty
+// error-feedback memory, a loopback comm), and the dense path's average,
+// and returns per stage (encode, between collectives, decode, dense
+// average) the mean time per size over at least measureReps runs and
+// measureWindow. Ranks measure at the same time and a window spans several
+// scheduling quanta, so cores the ranks share show in the times, as they
+// will in a step.
+func timePath(e *Engine, ns []int) ([4][]float64, error) {
+	var times [4][]float64
+	s := &Engine{c: &loopback{rank: e.rank, size: e.size}, cfg: e.cfg, rank: e.rank, size: e.size,
+		spec: e.spec, comp: e.comp, strategy: e.strategy}
+	s.x = s.newExchanger()
 	rng := rand.New(rand.NewPCG(1, 2))
 	grad := make([]float32, ns[len(ns)-1])
 	for i := range grad {
 		grad[i] = float32(rng.NormFloat64())
 	}
-	p := e.x.first().p
-	for _, n := range ns {
-		c := coder{p: p}
-		if e.cfg.ErrorFeedback {
-			c.ef = compress.NewErrorFeedback(p)
-		}
-		payload := make([]byte, p.MaxEncodedLen(n))
-		out := make([]float32, n)
-		bestEnc, bestDec := math.Inf(1), math.Inf(1)
-		for rep := range measureReps + 1 {
+	st := &step{ctx: context.Background()}
+	for i, n := range ns {
+		b := &bucket{idx: i, n: n, compressed: true}
+		s.x.setup(b)
+		r := &run{b: b, grad: make([]float32, n)}
+		var sum [4]float64
+		reps := 0
+		for start := time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
+			if reps == 1 {
+				sum, start = [4]float64{}, time.Now()
+			}
+			copy(r.grad, grad)
+			r.key = compress.Key{Bucket: uint64(i), Step: uint64(reps)}
+			r.stats = BucketStats{}
 			t := time.Now()
-			_, pend, err := c.begin(payload[:0], grad[:n], compress.Key{Bucket: 0, Step: uint64(rep)})
-			d := time.Since(t).Seconds()
-			if err != nil {
-				return nil, nil, err
+			err := s.x.encode(r)
+			sum[0] += time.Since(t).Seconds()
+			if err == nil {
+				_, err = s.x.exchange(st, r)
 			}
-			discard(pend)
+			sum[1] += (r.stats.Compress + r.stats.Decompress).Seconds()
 			t = time.Now()
-			err = p.DecompressAdd(out, payload)
-			d2 := time.Since(t).Seconds()
+			if err == nil {
+				_, err = s.x.decode(r)
+			}
+			sum[2] += time.Since(t).Seconds()
+			discard(r.pend1)
+			discard(r.pend2)
 			if err != nil {
-				return nil, nil, err
+				return times, err
 			}
-			if rep > 0 {
-				bestEnc, bestDec = min(bestEnc, d), min(bestDec, d2)
-			}
+			t = time.Now()
+			average(r.grad, e.size)
+			sum[3] += time.Since(t).Seconds()
 		}
-		enc, dec = append(enc, bestEnc), append(dec, bestDec)
+		for k := range times {
+			times[k] = append(times[k], sum[k]/float64(reps-1))
+		}
 	}
-	return enc, dec, nil
+	return times, nil
 }
 
 // fitLine fits y = a + b·x by least squares, with a, b ≥ 0: a negative
@@ -188,12 +239,12 @@ func fitLine(xs, ys []float64) (a, b float64) {
 	case b <= 0:
 		return my, 0
 	case a < 0:
-		var sx, sy float64
+		var sxy, sxx float64
 		for i := range xs {
-			sx += xs[i]
-			sy += ys[i]
+			sxy += xs[i] * ys[i]
+			sxx += xs[i] * xs[i]
 		}
-		return 0, sy / sx
+		return 0, sxy / sxx
 	}
 	return a, b
 }
@@ -208,14 +259,14 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 		bw = fmt.Sprintf("%.3g GB/s", 1e-9/m.perByte)
 	}
 	for i, b := range e.buckets {
-		c := e.x.costs(m, b.n)
-		dense, comp := m.link(allReduceVolume(e.size, 4*b.n)), c.total()
-		b.predDense, b.predComp = seconds(dense), seconds(comp)
-		if comp < dense {
+		c := m.costs(e.x, b.n)
+		dense := stageCosts{exchange: m.link(allReduceVolume(e.size, 4*b.n)), decode: m.avg.at(b.n)}
+		b.predDense, b.predComp = seconds(dense.total()), seconds(c.total())
+		if c.total() < dense.total()/(1+margin) {
 			choice[i] = 1
 		}
-		b.reason = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v; link α=%v β=%s",
-			b.predComp, seconds(c.encode), seconds(c.exchange), seconds(c.decode), b.predDense, seconds(m.alpha), bw)
+		b.reason = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v (all-reduce %v, average %v); link α=%v β=%s",
+			b.predComp, seconds(c.encode), seconds(c.exchange), seconds(c.decode), b.predDense, seconds(dense.exchange), seconds(dense.decode), seconds(m.alpha), bw)
 	}
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
@@ -232,29 +283,16 @@ func seconds(s float64) time.Duration {
 	return time.Duration(s * 1e9).Round(time.Microsecond / 10)
 }
 
-func (g *gatherX) costs(m *costModel, n int) stageCosts {
-	return stageCosts{
-		encode:   m.enc(n),
-		exchange: m.link(allGatherVolume(g.e.size, g.c.p.slotLen(n))),
-		decode:   float64(g.e.size) * m.dec(n),
-	}
+// linkCost is the time of the bucket's collectives on the link.
+func (g *gatherX) linkCost(m *costModel, n int) float64 {
+	return m.link(allGatherVolume(g.e.size, g.c.p.slotLen(n)))
 }
 
-func (s *sraX) costs(m *costModel, n int) stageCosts {
-	N := s.e.size
-	slot := s.c1.p.slotLen(n)
-	return stageCosts{
-		encode: m.enc(n),
-		exchange: m.link(allToAllVolume(N, N*slot)) + m.dec(n) + m.enc((n+N-1)/N) +
-			m.link(allGatherVolume(N, slot)),
-		decode: m.dec(n),
-	}
+func (s *sraX) linkCost(m *costModel, n int) float64 {
+	N, slot := s.e.size, s.c1.p.slotLen(n)
+	return m.link(allToAllVolume(N, N*slot)) + m.link(allGatherVolume(N, slot))
 }
 
-func (s *sharedX) costs(m *costModel, n int) stageCosts {
-	return stageCosts{
-		encode:   m.enc(n),
-		exchange: m.link(allReduceVolume(s.e.size, 4*(s.e.size+s.k(n)))),
-		decode:   m.dec(n),
-	}
+func (s *sharedX) linkCost(m *costModel, n int) float64 {
+	return m.link(allReduceVolume(s.e.size, 4*(s.e.size+s.k(n))))
 }

@@ -85,26 +85,33 @@
 //
 // With DecideAuto, New then measures, on every rank: the link, with
 // all-reduces of 256, 16 Ki, 256 Ki (and 1 Mi, for buckets of 512 Ki
-// elements or more) float32s, the fastest of 3 each, fitted by least
-// squares to t(V) = α + V/β, V the bytes a rank sends; and the compressed
-// path's encode and decode times on the smallest, median and largest
-// bucket sizes (fastest of 2, synthetic normal gradient), fitted linear in
-// n. The element-wise maximum over ranks of these measurements is what
-// every rank uses (one all-gather). Per bucket it predicts
+// elements or more) float32s, the median of 5 each, fitted by least squares
+// to t(V) = α + V/β, V the bytes a rank sends; and the engine's own paths
+// — the compressed path's encode, its work between collectives (SRA's sum
+// and re-encode) and its decode and average, and the dense path's average
+// — run on a scratch engine over a loopback comm (collectives free, every
+// rank sending what this one sends) for the smallest, median and largest
+// bucket sizes, each stage's mean over at least 20 ms fitted linear in n.
+// Means over a window, taken by all ranks at once, include what ranks
+// sharing cores cost each other. Every rank then uses, for each probe, the
+// fastest rank's time (an early rank also timed its wait for the others)
+// and for each compute time the slowest rank's (one all-gather). Per
+// bucket it predicts
 //
-//	dense      = t(2(N−1)/N · 4n)
+//	dense      = A + max(0, M − A)
 //	compressed = X + max(0, E − X) + max(0, D − X)
 //
-// with E the encode, D the decode (N payload decodes for the gather
-// strategies) and X the exchange: the collectives' t(V) by the volumes
-// below, plus, for SRA, the owner's sum and re-encode, which run between
-// its two collectives. The max terms count what overlap hides: bucket i's
-// encode runs while bucket i−1 is on the wire and its decode while bucket
-// i+1 is, so with neighbours of similar size up to one exchange time of
-// each is hidden; the first bucket's encode and the last one's decode are
-// not, which this ignores. Compressed wins when it is predicted faster.
-// Rank 0's choices are broadcast; the predictions and inputs appear in
-// BucketStats. DecideCompressed and DecideDense pin the choice.
+// with A = t(2(N−1)/N · 4n) the all-reduce and M the average, and E the
+// encode, D the decode and X the exchange of the compressed path: the
+// collectives' t(V) by the volumes below, plus the work between them. The
+// max terms count what overlap hides: bucket i's encode runs while bucket
+// i−1 is on the wire and its decode while bucket i+1 is, so with
+// neighbours of similar size up to one exchange time of each is hidden;
+// the first bucket's encode and the last one's decode are not, which this
+// ignores. Compressed is chosen when predicted at least 20% faster (the
+// model's error on a loaded host is of that order). Rank 0's choices are
+// broadcast; the predictions and inputs appear in BucketStats.Reason.
+// DecideCompressed and DecideDense pin the choice.
 //
 // Volumes (bytes one rank sends, also BucketStats.BytesSent): an
 // all-reduce of S bytes 2(N−1)/N·S, an all-gather of s bytes per rank

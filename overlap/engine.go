@@ -173,8 +173,8 @@ func New(ctx context.Context, c comm.Comm, sizes []int, cfg Config) (*Engine, er
 	return e, nil
 }
 
-// configure checks cfg and sizes and sets up the compressor, the strategy,
-// the buckets and their buffers. Its error goes through the handshake.
+// configure checks cfg and sizes and sets up the compressor, the strategy
+// and the buckets. Its error goes through the handshake.
 func (e *Engine) configure(sizes []int) error {
 	cfg := e.cfg
 	switch {
@@ -252,32 +252,37 @@ func (e *Engine) newExchanger() exchanger {
 	return &gatherX{e: e, c: c1}
 }
 
-// decide sets every bucket's path: pinned, or from the cost model.
+// decide sets every bucket's path, pinned or from the cost model, and
+// allocates the compressed buckets' buffers.
 func (e *Engine) decide(ctx context.Context) error {
 	if e.x == nil {
 		return nil
-	}
-	for _, b := range e.buckets {
-		e.x.setup(b)
 	}
 	switch e.cfg.Decision {
 	case DecideCompressed:
 		for _, b := range e.buckets {
 			b.compressed, b.reason = true, "pinned: compressed"
 		}
-		return nil
 	case DecideDense:
 		for _, b := range e.buckets {
 			b.reason = "pinned: dense"
 		}
-		return nil
+	default:
+		m, err := measure(ctx, e)
+		if err != nil {
+			return err
+		}
+		e.model = m
+		if err := m.decide(ctx, e); err != nil {
+			return err
+		}
 	}
-	m, err := measure(ctx, e)
-	if err != nil {
-		return err
+	for _, b := range e.buckets {
+		if b.compressed {
+			e.x.setup(b)
+		}
 	}
-	e.model = m
-	return m.decide(ctx, e)
+	return nil
 }
 
 // Strategy returns the strategy in use (StrategyAuto resolved).
@@ -351,7 +356,7 @@ func (e *Engine) Ready(i int, grad []float32) error {
 	case i < 0 || i >= len(e.buckets):
 		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(e.buckets)-1)}
 	case st.waiting:
-		return &UsageError{Call: call, Err: ErrNoStep, Detail: fmt.Sprintf("Wait has been called for step %d", st.num)}
+		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
 	case st.ready[i]:
 		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
 	case len(grad) != e.buckets[i].n:
@@ -403,7 +408,7 @@ func (e *Engine) Wait(ctx context.Context) (StepStats, error) {
 	}
 	if st.waiting {
 		e.mu.Unlock()
-		return StepStats{}, &UsageError{Call: "Wait", Err: ErrStepInFlight, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
 	}
 	st.waiting = true
 	var missing []int
@@ -461,7 +466,11 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 		case <-done:
 		case <-st.failed:
 		case <-ctx.Done():
-			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
+			select {
+			case <-done: // finished as ctx ended: keep the result
+			default:
+				st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
+			}
 		}
 		fatal := st.failure()
 		if fatal != nil {
@@ -485,7 +494,7 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 		res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(st.runs)), Exposed: exposed}
 		for i, r := range st.runs {
 			s := r.stats
-			s.Compressed = r.b.compressed && r.outcome == pathCompressed && r.grad != nil
+			s.Compressed = r.outcome == pathCompressed
 			s.NonFinite = r.nonFinite
 			if r.fallback != "" {
 				s.Reason += "; " + r.fallback
@@ -645,17 +654,28 @@ func (e *Engine) decodeTask(st *step, r *run) {
 }
 
 // average divides dst by n in float32 (dst[i] = dst[i] / float32(n)) and
-// returns the index of its first non-finite element, or -1.
+// returns the index of its first non-finite element, or -1. For n a power
+// of two it multiplies by 1/n instead, which rounds the same real number
+// once and so gives the same bits, faster.
 func average(dst []float32, n int) int {
 	bad := -1
 	d := float32(n)
-	for i, v := range dst {
-		if n != 1 {
-			v /= d
-			dst[i] = v
+	switch {
+	case n == 1:
+	case n&(n-1) == 0:
+		inv := 1 / d
+		for i := range dst {
+			dst[i] *= inv
 		}
-		if bad < 0 && math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+	default:
+		for i := range dst {
+			dst[i] /= d
+		}
+	}
+	for i, v := range dst {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
 			bad = i
+			break
 		}
 	}
 	return bad

@@ -13,6 +13,7 @@ var (
 	ErrUnknownBucket = errors.New("unknown bucket")
 	ErrAlreadyReady  = errors.New("bucket already ready")
 	ErrNotReady      = errors.New("buckets not ready")
+	ErrWaiting       = errors.New("Wait has been called for this step")
 	ErrClosed        = errors.New("engine closed")
 	ErrLength        = errors.New("gradient length differs from the bucket size")
 )

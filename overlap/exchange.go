@@ -31,8 +31,8 @@ type exchanger interface {
 	// decode writes the average into r.grad and returns the index of a
 	// non-finite element in it, or -1.
 	decode(r *run) (int, error)
-	// costs predicts the stages' times for a bucket of n elements.
-	costs(m *costModel, n int) stageCosts
+	// linkCost predicts the time of a bucket's collectives on the link.
+	linkCost(m *costModel, n int) float64
 }
 
 // encodeInto runs c.begin into send (exactly c's slots) and turns a

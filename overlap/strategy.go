@@ -88,6 +88,9 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 			return 0, fmt.Errorf("overlap: strategy shared-index needs indices shared by every rank: codec randomk, not %s", c)
 		}
 	case StrategySparseGather, StrategyQuantSRA, StrategyQuantAllGather:
+		if c == compress.CodecNone {
+			return 0, fmt.Errorf("overlap: codec none is exchanged by the dense all-reduce, not strategy %v", s)
+		}
 	default:
 		return 0, fmt.Errorf("overlap: unknown strategy %v", s)
 	}

@@ -72,7 +72,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return fail(err)
 	}
-	p := newProgress(stderr)
+	p := newProgress(stderr, "bench")
 	cfg.Progress = p.update
 	results, err := bench.Run(ctx, cfg)
 	p.finish()

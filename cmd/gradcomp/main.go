@@ -2,6 +2,8 @@
 // subcommand:
 //
 //	gradcomp bench [flags]    measure compressors on synthetic gradients
+//	gradcomp train [flags]    data-parallel training demo comparing compression schemes
+//	gradcomp netbench [flags] compressed exchanges against a dense MPI all-reduce (under mpirun)
 //
 // Run "gradcomp help" for the list and "gradcomp CMD -h" for a command's
 // flags. Exit status: 0 on success, 1 when a command fails (including a bad
@@ -28,6 +30,7 @@ type command struct {
 // commands lists the subcommands in the order usage shows them.
 var commands = []command{
 	{"bench", "measure compressors on synthetic gradients (ratio, GB/s, error)", runBench},
+	{"train", "train a small MLP data-parallel with each compression scheme (accuracy, bytes, time)", runTrain},
 	{"netbench", "time compressed exchanges against a dense MPI all-reduce (-tags mpi, under mpirun)", runNetbench},
 }
 

@@ -17,15 +17,18 @@ const progressDelay = 3 * time.Second
 // pipe) it shows nothing.
 type progress struct {
 	w     io.Writer
+	label string
 	start time.Time
 	bar   *progressbar.ProgressBar
 }
 
-func newProgress(w io.Writer) *progress {
-	return &progress{w: w, start: time.Now()}
+// newProgress returns a progress bar labelled label, writing to w.
+func newProgress(w io.Writer, label string) *progress {
+	return &progress{w: w, label: label, start: time.Now()}
 }
 
-// update is a bench.Config.Progress callback.
+// update is a progress callback (bench.Config.Progress, train.Compare):
+// done of total units of work are finished.
 func (p *progress) update(done, total int) {
 	if p.bar == nil {
 		if time.Since(p.start) < progressDelay {
@@ -34,7 +37,7 @@ func (p *progress) update(done, total int) {
 		p.bar = progressbar.NewOptions(total,
 			progressbar.OptionSetWriter(p.w),
 			progressbar.OptionSetVisibility(isTerminal(p.w)),
-			progressbar.OptionSetDescription("bench"),
+			progressbar.OptionSetDescription(p.label),
 			progressbar.OptionShowCount(),
 			progressbar.OptionSetElapsedTime(true),
 			progressbar.OptionSetPredictTime(true),

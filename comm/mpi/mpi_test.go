@@ -16,6 +16,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/commtest"
+	"github.com/gradcomp/gradcomp/internal/mpilaunch"
 )
 
 func TestConformance(t *testing.T) {
@@ -143,8 +144,8 @@ func TestDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
 				if c.Rank() != 3 {
+					start := time.Now() // before the deadline is set, so took ≥ deadline
 					short, cancel := context.WithTimeout(ctx, deadline)
-					start := time.Now()
 					err := c.AllReduce(short, []float32{1})
 					took := time.Since(start)
 					cancel()
@@ -229,13 +230,10 @@ const scenarioEnv = "GRADCOMP_MPI_SCENARIO"
 // the scenario named after t and returns the finished job; a rank of that
 // job runs body on the world communicator and returns nil. In any other
 // job it skips t.
-func ownJob(t *testing.T, body func(ctx context.Context, c *Comm)) *job {
+func ownJob(t *testing.T, body func(ctx context.Context, c *Comm)) *mpilaunch.Job {
 	t.Helper()
 	if world == nil {
-		if _, err := exec.LookPath("mpirun"); err != nil {
-			t.Skip("mpirun not found (install openmpi-bin): " + err.Error())
-		}
-		return runJob(t, []string{scenarioEnv + "=" + t.Name()}, "-test.v=true", "-test.run=^"+t.Name()+"$")
+		return mpilaunch.Run(t, np, []string{scenarioEnv + "=" + t.Name()}, "-test.v=true", "-test.run=^"+t.Name()+"$")
 	}
 	if os.Getenv(scenarioEnv) != t.Name() {
 		t.Skip("runs in a job of its own, started by the launcher")
@@ -276,18 +274,18 @@ func TestJobEnds(t *testing.T) {
 				return // a rank: the launcher checks the outcome
 			}
 			var exit *exec.ExitError
-			if !errors.As(j.err, &exit) || exit.ExitCode() != tc.code {
-				t.Errorf("%s: %v, want exit code %d", j.cmd, j.err, tc.code)
+			if !errors.As(j.Err, &exit) || exit.ExitCode() != tc.code {
+				t.Errorf("%s: %v, want exit code %d", j.Cmd, j.Err, tc.code)
 			}
-			if j.took > 20*time.Second {
-				t.Errorf("the job took %v, want it ended well before the 60 s deadline", j.took)
+			if j.Took > 20*time.Second {
+				t.Errorf("the job took %v, want it ended well before the 60 s deadline", j.Took)
 			}
 			for _, re := range tc.want {
-				if !regexp.MustCompile(re).Match(j.out) {
-					t.Errorf("mpirun's output does not match %q:\n%s", re, tail(j.out, 40))
+				if !regexp.MustCompile(re).Match(j.Out) {
+					t.Errorf("mpirun's output does not match %q:\n%s", re, mpilaunch.Tail(j.Out, 40))
 				}
 			}
-			t.Logf("%s: %v after %v", j.cmd, j.err, j.took.Round(time.Millisecond))
+			t.Logf("%s: %v after %v", j.Cmd, j.Err, j.Took.Round(time.Millisecond))
 		})
 	}
 }

@@ -1,0 +1,152 @@
+//go:build mpi && cgo
+
+package overlap
+
+// With -tags mpi the test binary also runs as the ranks of an mpirun job
+// (see internal/mpilaunch): TestMPIEngine, started by `go test`, runs
+// itself on 4 processes and reports what they said.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm/mpi"
+	"github.com/gradcomp/gradcomp/internal/mpilaunch"
+)
+
+const mpiRanks = 4
+
+// world is this rank's world communicator; nil in the launcher.
+var world *mpi.Comm
+
+func TestMain(m *testing.M) {
+	if !mpilaunch.IsRank() {
+		os.Exit(m.Run())
+	}
+	c, err := mpi.Init()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	world = c
+	code := m.Run()
+	if err := c.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// TestMPIEngine runs the engine on 4 MPI processes: a few strategies
+// against the reference (exact where the result is a local decode in rank
+// order, within float32 rounding where MPI's all-reduce sums in its own
+// order), the cost model's agreement across processes, and a handshake
+// mismatch.
+func TestMPIEngine(t *testing.T) {
+	if world == nil {
+		mpilaunch.Run(t, mpiRanks, nil, "-test.v=true", "-test.run=^TestMPIEngine$").Report(t)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rank := world.Rank()
+	sizes := []int{5000, 3, 1 << 12}
+	for _, tc := range []struct {
+		spec  string
+		exact bool
+	}{{"topk:0.01", true}, {"int4", true}, {"fp16", true}, {"randomk:0.05", false}, {"none", false}} {
+		t.Run(tc.spec, func(t *testing.T) {
+			c, err := world.Dup(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			e, err := New(ctx, c, sizes, Config{Spec: tc.spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ref := newRef(t, tc.spec, e.Strategy(), mpiRanks, true)
+			for s := range 3 {
+				mine := make([][]float32, len(sizes))
+				want := make([][]float32, len(sizes))
+				for b, n := range sizes {
+					all := make([][]float32, mpiRanks)
+					for r := range all {
+						all[r] = gradient(r, s, b, n)
+					}
+					mine[b], want[b] = all[rank], ref.step(s, b, all)
+				}
+				if err := e.Step(); err != nil {
+					t.Fatal(err)
+				}
+				for _, b := range reversedOnOdd(len(sizes))(rank) {
+					if err := e.Ready(b, mine[b]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				stats, err := e.Wait(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for b := range sizes {
+					for i, w := range want[b] {
+						g := mine[b][i]
+						if tc.exact && g != w || math.Abs(float64(g-w)) > 1e-5*(1+math.Abs(float64(w))) {
+							t.Fatalf("step %d, bucket %d, element %d: %v, want %v", s, b, i, g, w)
+						}
+					}
+				}
+				if s == 2 {
+					t.Logf("%s on %d ranks: %d bytes sent per step, %v", e.Strategy(), mpiRanks, stats.BytesSent, stats.Total)
+				}
+			}
+		})
+	}
+
+	t.Run("cost model", func(t *testing.T) {
+		c, err := world.Dup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		e, err := New(ctx, c, []int{1 << 16, 1 << 10}, Config{Spec: "int8", ErrorFeedback: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		mine := []byte(fmt.Sprint(*e.model, e.Compressed()))
+		all := make([]byte, mpiRanks*len(mine))
+		if err := c.AllGather(ctx, all, mine); err != nil {
+			t.Fatalf("ranks' models differ in length, or: %v", err)
+		}
+		for r := range mpiRanks {
+			if got := string(all[r*len(mine) : (r+1)*len(mine)]); got != string(mine) {
+				t.Errorf("rank %d has model and decisions %s, this rank %s", r, got, mine)
+			}
+		}
+		t.Log(e.buckets[0].reason)
+	})
+
+	t.Run("mismatch", func(t *testing.T) {
+		c, err := world.Dup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		spec := "topk:0.01"
+		if rank == 2 {
+			spec = "int8"
+		}
+		_, err = New(ctx, c, []int{100}, Config{Spec: spec})
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || err.Error() != "overlap: ranks disagree on spec: rank 2 has int8, rank 0 has topk:0.01" {
+			t.Errorf("got %v, want the spec mismatch", err)
+		}
+	})
+}

@@ -1,0 +1,39 @@
+package train
+
+import (
+	"context"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/overlap"
+)
+
+// EngineExchanger is the NewExchanger of the overlap engine: overlap.New
+// over c with the scheme's spec, error feedback and strategy (StrategyAuto:
+// top-k → sparse-gather, int8/4/2 and sign → quantized SRA, none →
+// dense), compression pinned on every bucket
+// (DecideCompressed) so that the run shows each scheme's effect on training
+// whatever the cost model would choose on this link, and one compressor
+// goroutine per call (the ranks already share the cores).
+func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme) (Exchanger, error) {
+	e, err := overlap.New(ctx, c, bucketSizes, overlap.Config{
+		Spec:          s.Spec,
+		ErrorFeedback: s.ErrorFeedback,
+		Strategy:      s.Strategy,
+		Decision:      overlap.DecideCompressed,
+		Workers:       1,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return engine{e}, nil
+}
+
+// engine adapts *overlap.Engine to Exchanger.
+type engine struct{ *overlap.Engine }
+
+func (e engine) Strategy() string { return e.Engine.Strategy().String() }
+
+func (e engine) Wait(ctx context.Context) (StepStats, error) {
+	st, err := e.Engine.Wait(ctx)
+	return StepStats{BytesSent: st.BytesSent, Exchange: st.ExchangeTotal, Exposed: st.Exposed}, err
+}
