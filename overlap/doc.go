@@ -85,7 +85,7 @@
 //
 // With DecideAuto, New then measures, on every rank: the link, with
 // all-reduces of 256, 16 Ki, 256 Ki (and 1 Mi, for buckets of 512 Ki
-// elements or more) float32s, the median of 5 each, fitted by least squares
+// elements or more) float32s, the fastest of 5 each, fitted by least squares
 // to t(V) = α + V/β, V the bytes a rank sends; and the engine's own paths
 // — the compressed path's encode, its work between collectives (SRA's sum
 // and re-encode) and its decode and average, and the dense path's average
