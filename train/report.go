@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -171,29 +172,12 @@ func WriteReports(dir string, results []Result) ([]string, error) {
 		}},
 	} {
 		path := filepath.Join(dir, f.name)
-		if err := writeFile(path, f.write); err != nil {
+		if err := outfile.Write(path, f.write); err != nil {
 			return paths, err
 		}
 		paths = append(paths, path)
 	}
 	return paths, nil
-}
-
-// writeFile creates path and fills it with write, reporting the first error
-// of writing or closing.
-func writeFile(path string, write func(io.Writer) error) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	err = write(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("train: writing %s: %w", path, err)
-	}
-	return nil
 }
 
 // Title returns a one-line description of a run's settings for the head of

@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -38,23 +38,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			"the lossless stage's gain and cost. The defaults take 10-20 s on 2 cores.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if status, ok := parseFlags(fs, args, stderr); !ok {
+		return status
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gradcomp bench: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
-	}
-	fail := func(err error) int {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "gradcomp bench: %s\n", line)
-		}
-		return 1
-	}
+	fail := func(err error) int { return reportFailure(stderr, "gradcomp bench", err) }
 	cfg := bench.Config{Codecs: bench.SplitList(*codecs), Seed: *seed, Workers: *workers}
 	var err error
 	if cfg.Sizes, err = bench.ParseSizes(*sizes); err != nil {
@@ -101,27 +88,10 @@ func writeResults(dir string, results []bench.Result) error {
 		name  string
 		write func(io.Writer, []bench.Result) error
 	}{{"results.csv", bench.WriteCSV}, {"results.json", bench.WriteJSON}} {
-		if err := writeFile(filepath.Join(dir, f.name), func(w io.Writer) error { return f.write(w, results) }); err != nil {
+		if err := outfile.Write(filepath.Join(dir, f.name), func(w io.Writer) error { return f.write(w, results) }); err != nil {
 			return err
 		}
 	}
 	_, err := bench.WritePlots(dir, results)
 	return err
-}
-
-// writeFile creates path and fills it with write, reporting the first error
-// of writing or closing.
-func writeFile(path string, write func(io.Writer) error) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	err = write(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }

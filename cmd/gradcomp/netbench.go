@@ -5,12 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gradcomp/gradcomp/bench"
@@ -54,16 +54,8 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 			"runs it over emulated 1 and 10 Gbit/s links and plain loopback.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return a, 0, false
-		}
-		return a, 2, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gradcomp netbench: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return a, 2, false
+	if status, ok := parseFlags(fs, args, stderr); !ok {
+		return a, status, false
 	}
 	bad := func(format string, v ...any) (netbenchArgs, int, bool) {
 		fmt.Fprintf(stderr, "gradcomp netbench: "+format+"\n", v...)
@@ -134,9 +126,7 @@ func runNetbench(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 1
 	}
 	fail := func(err error) int {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "gradcomp netbench (rank %d): %s\n", c.Rank(), line)
-		}
+		reportFailure(stderr, fmt.Sprintf("gradcomp netbench (rank %d)", c.Rank()), err)
 		c.Abort(1)
 		return 1
 	}
@@ -174,7 +164,7 @@ func mergeJSON(path string, results []netbench.Result) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return writeFile(path, func(w io.Writer) error { return netbench.WriteJSON(w, netbench.Merge(old, results)) })
+	return outfile.Write(path, func(w io.Writer) error { return netbench.WriteJSON(w, netbench.Merge(old, results)) })
 }
 
 // readResults reads the results at path; a missing file holds none.

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
@@ -42,23 +40,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			"They take about a minute on 2 cores.\n\nflags:\n", def.Title(4))
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if status, ok := parseFlags(fs, args, stderr); !ok {
+		return status
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gradcomp train: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
-	}
-	fail := func(err error) int {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "gradcomp train: %s\n", line)
-		}
-		return 1
-	}
+	fail := func(err error) int { return reportFailure(stderr, "gradcomp train", err) }
 	cfg := def
 	cfg.Epochs, cfg.Seed, cfg.LR = *epochs, *seed, *lr
 	cfg.TrainSize, cfg.TestSize = *trainSize, *testSize

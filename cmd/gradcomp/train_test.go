@@ -101,7 +101,6 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"-ranks", "0"}, 1, "group size 0"},
 		{[]string{"-epochs", "0"}, 1, "0 epochs"},
 		{[]string{"-lr", "-1"}, 1, "learning rate"},
-		{[]string{"-mpi"}, 1, "-tags mpi"},
 		{[]string{"stray"}, 2, "unexpected argument"},
 		{[]string{"-nope"}, 2, "-nope"},
 	} {

@@ -13,3 +13,10 @@ func TestNetbenchExplainsMissingMPI(t *testing.T) {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and how to build", code, stdout, stderr)
 	}
 }
+
+func TestTrainMPIExplainsMissingMPI(t *testing.T) {
+	code, _, stderr := gradcomp(t, "train", "-out", t.TempDir(), "-mpi")
+	if code != 1 || !strings.Contains(stderr, "-tags mpi") {
+		t.Errorf("exit %d, stderr %q; want exit 1 mentioning -tags mpi", code, stderr)
+	}
+}
