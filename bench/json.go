@@ -1,17 +1,12 @@
 package bench
 
 import (
-	"encoding/json"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 )
 
 // WriteJSON writes results as an indented JSON array of Result objects (see
 // Result for the field names), followed by a newline.
 func WriteJSON(w io.Writer, results []Result) error {
-	if results == nil {
-		results = []Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(results)
+	return outfile.WriteJSONArray(w, results)
 }

@@ -3,6 +3,7 @@ package netbench
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"slices"
 	"strconv"
@@ -12,12 +13,7 @@ import (
 // WriteJSON writes results as an indented JSON array of Result objects,
 // followed by a newline.
 func WriteJSON(w io.Writer, results []Result) error {
-	if results == nil {
-		results = []Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(results)
+	return outfile.WriteJSONArray(w, results)
 }
 
 // ReadJSON reads what WriteJSON wrote. Unknown fields are an error, so a

@@ -2,7 +2,6 @@ package train
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
@@ -60,12 +59,7 @@ func baseline(results []Result) *Result {
 // WriteJSON writes results as an indented JSON array of Result objects,
 // curves included, followed by a newline.
 func WriteJSON(w io.Writer, results []Result) error {
-	if results == nil {
-		results = []Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(results)
+	return outfile.WriteJSONArray(w, results)
 }
 
 // WriteCSV writes the summary of results as CSV, one row per result, under

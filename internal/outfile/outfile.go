@@ -3,6 +3,7 @@
 package outfile
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -23,4 +24,15 @@ func Write(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
+}
+
+// WriteJSONArray writes items as an indented JSON array followed by a
+// newline; a nil slice is written as [] rather than null.
+func WriteJSONArray[T any](w io.Writer, items []T) error {
+	if items == nil {
+		items = []T{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(items)
 }

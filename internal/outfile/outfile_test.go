@@ -26,3 +26,14 @@ func TestWrite(t *testing.T) {
 		t.Fatal("writing into a missing directory succeeded")
 	}
 }
+
+func TestWriteJSONArray(t *testing.T) {
+	var b strings.Builder
+	if err := WriteJSONArray[int](&b, nil); err != nil || b.String() != "[]\n" {
+		t.Fatalf("nil slice: %q, %v", b.String(), err)
+	}
+	b.Reset()
+	if err := WriteJSONArray(&b, []struct{ A int }{{1}}); err != nil || b.String() != "[\n  {\n    \"A\": 1\n  }\n]\n" {
+		t.Fatalf("one item: %q, %v", b.String(), err)
+	}
+}
