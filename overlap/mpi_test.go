@@ -25,21 +25,7 @@ const mpiRanks = 4
 var world *mpi.Comm
 
 func TestMain(m *testing.M) {
-	if !mpilaunch.IsRank() {
-		os.Exit(m.Run())
-	}
-	c, err := mpi.Init()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	world = c
-	code := m.Run()
-	if err := c.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(mpilaunch.Main(m, func() (*mpi.Comm, error) { return mpi.Init() }, func(c *mpi.Comm) { world = c }))
 }
 
 // TestMPIEngine runs the engine on 4 MPI processes: a few strategies

@@ -10,7 +10,6 @@ package mpi
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -25,26 +24,7 @@ const np = 4
 var world *Comm
 
 func TestMain(m *testing.M) {
-	if !mpilaunch.IsRank() {
-		code := m.Run()
-		if j := mpilaunch.SharedJob(); j != nil && j.Err != nil && code == 0 {
-			fmt.Fprintf(os.Stderr, "mpirun failed after every test passed: %v\n%s", j.Err, j.Out)
-			code = 1
-		}
-		os.Exit(code)
-	}
-	c, err := Init()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	world = c
-	code := m.Run()
-	if err := c.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(mpilaunch.Main(m, func() (*Comm, error) { return Init() }, func(c *Comm) { world = c }))
 }
 
 // onRanks runs body on every rank with a fresh Dup of the world made with

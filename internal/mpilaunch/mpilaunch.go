@@ -190,3 +190,31 @@ func Tail(out []byte, n int) []byte {
 	}
 	return bytes.Join(lines, []byte("\n"))
 }
+
+// Main is the TestMain body of a package whose tests run on MPI ranks; it
+// returns the exit code for os.Exit. In the launcher it runs the tests and
+// fails if the shared job (Shared) failed after every test passed. On a
+// rank it opens the world communicator with open, hands it to keep, runs the
+// tests and closes it.
+func Main[C interface{ Close() error }](m *testing.M, open func() (C, error), keep func(C)) int {
+	if !IsRank() {
+		code := m.Run()
+		if j := SharedJob(); j != nil && j.Err != nil && code == 0 {
+			fmt.Fprintf(os.Stderr, "mpirun failed after every test passed: %v\n%s", j.Err, j.Out)
+			code = 1
+		}
+		return code
+	}
+	c, err := open()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	keep(c)
+	code := m.Run()
+	if err := c.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	return code
+}
