@@ -19,29 +19,55 @@ func gradcomp(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-func TestBenchWritesReports(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "nested", "out")
-	code, stdout, stderr := gradcomp(t, "bench", "-size", "1000,2^12", "-codecs", "none, fp16,bf16:lossless=zstd", "-out", dir, "-json", "-seed", "3", "-dist", "laplace")
+// gradcompJSON runs a command that prints a JSON array with -json and saves
+// results.json under dir; it fails the test unless the command exits 0 with
+// nothing on stderr (progress stays off a terminal), and returns how many
+// objects it printed and the saved file.
+func gradcompJSON(t *testing.T, dir string, args ...string) (printed int, saved []byte) {
+	t.Helper()
+	code, stdout, stderr := gradcomp(t, args...)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 	}
 	if stderr != "" {
 		t.Errorf("stderr is not empty off a terminal:\n%s", stderr)
 	}
-	var printed []map[string]any
-	if err := json.Unmarshal([]byte(stdout), &printed); err != nil {
+	var objs []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &objs); err != nil {
 		t.Fatalf("stdout is not a JSON array: %v\n%s", err, stdout)
 	}
-	file, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	saved, err := os.ReadFile(filepath.Join(dir, "results.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return len(objs), saved
+}
+
+// checkPNGs fails the test for each of names under dir that is not a PNG.
+func checkPNGs(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestBenchWritesReports(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nested", "out")
+	printed, file := gradcompJSON(t, dir, "bench", "-size", "1000,2^12", "-codecs", "none, fp16,bf16:lossless=zstd", "-out", dir, "-json", "-seed", "3", "-dist", "laplace")
 	var saved []map[string]any
 	if err := json.Unmarshal(file, &saved); err != nil {
 		t.Fatal(err)
 	}
-	if len(saved) != 6 || len(printed) != 6 {
-		t.Fatalf("%d results saved, %d printed; want 3 codecs × 2 sizes", len(saved), len(printed))
+	if len(saved) != 6 || printed != 6 {
+		t.Fatalf("%d results saved, %d printed; want 3 codecs × 2 sizes", len(saved), printed)
 	}
 	for i, o := range saved {
 		for _, k := range []string{"codec", "size", "ratio", "encode_gbps", "decode_gbps", "encode_vs_memcpy", "rel_l2_error"} {
@@ -66,17 +92,7 @@ func TestBenchWritesReports(t *testing.T) {
 	if lines := strings.Count(string(csv), "\n"); lines != 7 || !strings.HasPrefix(string(csv), "codec,size,") {
 		t.Errorf("results.csv has %d lines, want a header and 6 rows:\n%s", lines, csv)
 	}
-	for _, name := range []string{"ratio_vs_error.png", "throughput_1000.png", "throughput_4K.png"} {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
+	checkPNGs(t, dir, "ratio_vs_error.png", "throughput_1000.png", "throughput_4K.png")
 }
 
 func TestBenchTable(t *testing.T) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,22 +10,8 @@ import (
 
 func TestTrainWritesReports(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nested", "train")
-	code, stdout, stderr := gradcomp(t, "train", "-ranks", "2", "-epochs", "2", "-train-size", "640", "-test-size", "200",
+	printed, file := gradcompJSON(t, dir, "train", "-ranks", "2", "-epochs", "2", "-train-size", "640", "-test-size", "200",
 		"-configs", "none,topk:0.01+ef", "-out", dir, "-json", "-seed", "5")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
-	}
-	if stderr != "" {
-		t.Errorf("stderr is not empty off a terminal:\n%s", stderr)
-	}
-	var printed []map[string]any
-	if err := json.Unmarshal([]byte(stdout), &printed); err != nil {
-		t.Fatalf("stdout is not a JSON array: %v\n%s", err, stdout)
-	}
-	file, err := os.ReadFile(filepath.Join(dir, "results.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var saved []struct {
 		Scheme        string  `json:"scheme"`
 		Ranks         int     `json:"ranks"`
@@ -41,8 +26,8 @@ func TestTrainWritesReports(t *testing.T) {
 	if err := json.Unmarshal(file, &saved); err != nil {
 		t.Fatal(err)
 	}
-	if len(saved) != 2 || len(printed) != 2 {
-		t.Fatalf("%d results saved, %d printed; want 2", len(saved), len(printed))
+	if len(saved) != 2 || printed != 2 {
+		t.Fatalf("%d results saved, %d printed; want 2", len(saved), printed)
 	}
 	for i, want := range []string{"none", "topk:0.01+ef"} {
 		r := saved[i]
@@ -66,17 +51,7 @@ func TestTrainWritesReports(t *testing.T) {
 			t.Errorf("%s lacks the top-k rows:\n%s", name, b)
 		}
 	}
-	for _, name := range []string{"accuracy.png", "loss.png"} {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
+	checkPNGs(t, dir, "accuracy.png", "loss.png")
 }
 
 func TestTrainTable(t *testing.T) {
