@@ -285,7 +285,7 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 		if p.Compress {
 			choice[i] = 1
 		}
-		b.reason = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v (all-reduce %v, average %v); link α=%v β=%s",
+		b.predicted = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v (all-reduce %v, average %v); link α=%v β=%s",
 			p.Compressed, p.Encode, p.Exchange, p.Decode, p.Dense, p.AllReduce, p.Average, seconds(m.alpha), bw)
 	}
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
@@ -295,6 +295,7 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 	}
 	for i, b := range e.buckets {
 		b.compressed = choice[i] == 1
+		b.reason = b.predicted
 	}
 	return nil
 }
