@@ -78,9 +78,6 @@ func TestHeaderFunctions(t *testing.T) {
 			}
 		}
 	}
-	// gc_decide waits for overlap.Predict (branch verify); until then the
-	// library lacks it, and C callers must not call it.
-	exported = append(exported, "gc_decide")
 	slices.Sort(declared)
 	slices.Sort(exported)
 	if len(declared) < 10 || !slices.Equal(declared, exported) {

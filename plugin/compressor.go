@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
+	"time"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // The core of each export, on Go slices: the exports (exports.go) only turn
@@ -203,4 +206,35 @@ func (c *compressor) loadState(src []byte) error {
 		return &compress.CorruptInputError{Offset: int64(len(src) - r.Len()), Reason: fmt.Sprintf("%d bytes after the end of the error-feedback state", r.Len())}
 	}
 	return c.ef.Load(bytes.NewReader(src))
+}
+
+// maxLatency bounds gc_decide's latency argument: beyond it a link is not
+// worth modelling, and seconds near time.Duration's range would overflow.
+const maxLatency = time.Hour
+
+// decide is the cost model's prediction for one bucket of n elements among
+// world ranks with the named strategy over a link of bandwidth bytes/s and
+// latency seconds (overlap.Predict). Predict's own refusals (a strategy
+// that cannot carry c's codec) are GC_ERR_INVALID: every other argument is
+// checked here first.
+func (c *compressor) decide(strategy string, n uint64, world int, bandwidth, latency float64) (overlap.Prediction, error) {
+	s, err := overlap.ParseStrategy(strategy)
+	switch {
+	case err != nil:
+		return overlap.Prediction{}, errorf(errInvalid, "%v", err)
+	case n < 1 || n > compress.MaxElements:
+		return overlap.Prediction{}, errorf(errInvalid, "n = %d elements, want 1 to %d", n, uint64(compress.MaxElements))
+	case world < 1 || world > overlap.MaxPredictWorld:
+		return overlap.Prediction{}, errorf(errInvalid, "world = %d ranks, want 1 to %d", world, overlap.MaxPredictWorld)
+	case !(bandwidth > 0):
+		return overlap.Prediction{}, errorf(errInvalid, "bandwidth = %v bytes/s, want > 0 (+inf for a link of negligible transfer time)", bandwidth)
+	case !(latency >= 0 && latency <= maxLatency.Seconds()):
+		return overlap.Prediction{}, errorf(errInvalid, "latency = %v s, want 0 to %v", latency, maxLatency.Seconds())
+	}
+	lat := time.Duration(math.Round(latency * float64(time.Second)))
+	p, err := overlap.Predict(c.c, s, int(n), world, overlap.Link{Bandwidth: bandwidth, Latency: lat})
+	if err != nil {
+		return overlap.Prediction{}, errorf(errInvalid, "%s, %d elements, %d ranks: %v", c.c.Spec(), n, world, err)
+	}
+	return p, nil
 }

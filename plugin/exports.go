@@ -247,6 +247,35 @@ func gc_state_load(h C.uint64_t, src *C.uint8_t, length C.size_t) (st C.int) {
 	return C.int(statusOK)
 }
 
+//export gc_decide
+func gc_decide(h C.uint64_t, strategy *C.char, n C.size_t, world C.int, bandwidth, latency C.double,
+	compressOut *C.int, denseSeconds, compressedSeconds *C.double) (st C.int) {
+	const fn = "gc_decide"
+	defer guard(fn, &st)
+	if strategy == nil || compressOut == nil {
+		return C.int(fail(errInvalid, fn, "null %s", nullName(strategy == nil, "strategy", "compress")))
+	}
+	c, err := lookup(uint64(h))
+	if err != nil {
+		return C.int(fail(errHandle, fn, "%v", err))
+	}
+	p, err := c.decide(C.GoString(strategy), uint64(n), int(world), float64(bandwidth), float64(latency))
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*compressOut = 0
+	if p.Compress {
+		*compressOut = 1
+	}
+	if denseSeconds != nil {
+		*denseSeconds = C.double(p.Dense.Seconds())
+	}
+	if compressedSeconds != nil {
+		*compressedSeconds = C.double(p.Compressed.Seconds())
+	}
+	return C.int(statusOK)
+}
+
 //export gc_live_handles
 func gc_live_handles(out *C.size_t) (st C.int) {
 	defer guard("gc_live_handles", &st)

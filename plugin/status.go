@@ -99,8 +99,8 @@ func setLastError(msg string) {
 //
 //	func gc_x(...) (st C.int) {
 //		defer guard("gc_x", &st)
-func guard(fn string, st *C.int) {
+func guard[T ~int32](fn string, st *T) {
 	if r := recover(); r != nil {
-		*st = C.int(fail(errInternal, fn, "internal error, please report: panic: %v\n%s", r, debug.Stack()))
+		*st = T(fail(errInternal, fn, "internal error, please report: panic: %v\n%s", r, debug.Stack()))
 	}
 }

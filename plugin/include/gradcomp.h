@@ -130,12 +130,20 @@ gc_status gc_state_load(gc_compressor h, const uint8_t *src, size_t len);
 
 /* The cost model's decision for one bucket of n elements exchanged among
  * world ranks with strategy ("auto", "sparse-gather", "allgather", "sra",
- * "shared-index": overlap.ParseStrategy's names; "allgather" is an all-gather
- * of whole payloads, what the Python hook does) over a link of the given
- * bandwidth (bytes/s) and latency (seconds): *compress is 1 when the compressed exchange is predicted
- * faster than a dense all-reduce, 0 otherwise; the two predictions (seconds)
- * are returned when the pointers are not null. The compressor's own
- * encode/decode throughput is measured on first use and kept. */
+ * "shared-index", "dense": overlap.ParseStrategy's names; "allgather" is an
+ * all-gather of whole payloads, what the Python hook does) over a link of
+ * the given bandwidth (bytes/s, > 0; INFINITY for a link whose transfer
+ * time is negligible) and latency (seconds per collective, 0 to 3600):
+ * *compress is 1 when the compressed exchange is predicted at least 20%
+ * faster than a dense fp32 all-reduce, 0 otherwise; the two predictions
+ * (seconds, what overlap with neighbouring buckets does not hide) are
+ * returned when the pointers are not null (overlap.Predict). The
+ * compressed path's compute (encode, decode, with error feedback) is timed
+ * on this host on first use of each (spec, strategy, world) and kept for
+ * the process's life: that first call takes up to a few hundred
+ * milliseconds, later ones microseconds. n outside 1 to 2^32−1, world
+ * outside 1 to 1024, and a strategy that cannot carry h's codec are
+ * GC_ERR_INVALID. */
 gc_status gc_decide(gc_compressor h, const char *strategy, size_t n, int world,
                     double bandwidth, double latency,
                     int *compress, double *dense_seconds, double *compressed_seconds);

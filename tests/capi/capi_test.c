@@ -492,11 +492,51 @@ static void test_bad_inputs(void) {
 	free(q);
 }
 
+/* The cost model: on a 1 Gbit/s link top-k pays, on a link of negligible
+ * transfer time it cannot, codec none never compresses, and bad arguments
+ * fail. */
+static void test_decide(void) {
+	gc_compressor t = create("topk:0.01"), none = create("none");
+	const size_t n = 1 << 20;
+	int c = -1;
+	double dense = -1, comp = -1;
+	OK(gc_decide(t, "allgather", n, 4, 125e6, 50e-6, &c, &dense, &comp));
+	printf("gc_decide(topk:0.01, allgather, n = 2^20, 4 ranks, 1 Gbit/s, 50 us): compress %d, dense %.3g s, "
+	       "compressed %.3g s\n",
+	       c, dense, comp);
+	/* A dense all-reduce of 4 MiB among 4 ranks moves 6 MiB per rank: ≥ 50 ms at 125 MB/s. */
+	CHECK(c == 1 && dense >= 0.75 * 4 * n * 2 / 125e6 && comp > 0 && comp < dense / 1.2,
+	      "slow link: compress %d, dense %g s, compressed %g s", c, dense, comp);
+	OK(gc_decide(t, "auto", n, 4, INFINITY, 0, &c, &dense, &comp));
+	CHECK(c == 0 && comp > dense, "unlimited link: compress %d, dense %g s, compressed %g s", c, dense, comp);
+	OK(gc_decide(t, "sparse-gather", n, 4, 125e6, 50e-6, &c, NULL, NULL));
+	OK(gc_decide(none, "auto", n, 8, 1e6, 1e-3, &c, &dense, &comp));
+	CHECK(c == 0 && dense == comp, "codec none: compress %d, dense %g s, compressed %g s", c, dense, comp);
+
+	FAILS(gc_decide(t, NULL, n, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "null strategy");
+	FAILS(gc_decide(t, "auto", n, 4, 1e9, 0, NULL, NULL, NULL), GC_ERR_INVALID, "null compress");
+	FAILS(gc_decide(t, "ring", n, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "unknown strategy");
+	FAILS(gc_decide(t, "shared-index", n, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "randomk");
+	FAILS(gc_decide(none, "sra", n, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "none");
+	FAILS(gc_decide(t, "auto", 0, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "n = 0");
+	FAILS(gc_decide(t, "auto", SIZE_MAX, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "elements");
+	FAILS(gc_decide(t, "auto", n, 0, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "world = 0");
+	FAILS(gc_decide(t, "auto", n, 5000, 1e9, 0, &c, NULL, NULL), GC_ERR_INVALID, "world = 5000");
+	FAILS(gc_decide(t, "auto", n, 4, 0, 0, &c, NULL, NULL), GC_ERR_INVALID, "bandwidth");
+	FAILS(gc_decide(t, "auto", n, 4, NAN, 0, &c, NULL, NULL), GC_ERR_INVALID, "bandwidth");
+	FAILS(gc_decide(t, "auto", n, 4, 1e9, -1e-6, &c, NULL, NULL), GC_ERR_INVALID, "latency");
+	FAILS(gc_decide(t, "auto", n, 4, 1e9, NAN, &c, NULL, NULL), GC_ERR_INVALID, "latency");
+	OK(gc_compressor_destroy(t));
+	FAILS(gc_decide(t, "auto", n, 4, 1e9, 0, &c, NULL, NULL), GC_ERR_HANDLE, "not a live");
+	OK(gc_compressor_destroy(none));
+}
+
 /* Threads: each compresses its own buckets on a shared handle and on its
  * own, checks the payloads against a single-threaded reference, and checks
  * that its last error is its own while the others fail too. */
 enum { THREADS = 8, ITERS = 100, TN = 2000 };
 static gc_compressor shared;
+static pthread_barrier_t start; /* so that the threads run at once */
 static uint8_t ref[THREADS][5][4096];
 static size_t reflen[THREADS][5];
 
@@ -506,6 +546,10 @@ static void *worker(void *arg) {
 	uint8_t p[4096];
 	char want[64];
 	gc_compressor own = create("int8");
+	int c = -1;
+	pthread_barrier_wait(&start);
+	CHECK(gc_decide(shared, "allgather", 1 << 16, 4, 1e9, 1e-5, &c, NULL, NULL) == GC_OK && (c == 0 || c == 1),
+	      "thread %d: gc_decide: %s", id, gc_last_error());
 	for (int it = 0; it < ITERS; it++) {
 		size_t w = 0;
 		fill(g, TN, (uint64_t)(id * 1000 + it % 5));
@@ -522,6 +566,10 @@ static void *worker(void *arg) {
 		/* A failure of this thread's own, while the others fail with theirs. */
 		snprintf(want, sizeof want, "bucket %d has no deferred", 5000 + id);
 		gc_status bad = gc_settle(shared, 5000 + (uint64_t)id, GC_COMMIT);
+		for (int k = 0; k < 20; k++) { /* successful calls, while the others fail */
+			size_t m;
+			gc_max_encoded_len(shared, TN, &m);
+		}
 		CHECK(bad == GC_ERR_STATE && strstr(gc_last_error(), want) != NULL,
 		      "thread %d: last error \"%s\" is not this thread's (\"%s\")", id, gc_last_error(), want);
 		gc_compressor tmp = create("sign");
@@ -542,10 +590,12 @@ static void test_threads(void) {
 		}
 	}
 	pthread_t th[THREADS];
+	pthread_barrier_init(&start, NULL, THREADS);
 	for (int i = 0; i < THREADS; i++) {
 		CHECK(pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i) == 0, "pthread_create %d", i);
 	}
 	for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&start);
 	size_t l;
 	OK(gc_state_size(shared, &l));
 	CHECK(l == 9 + THREADS * (16 + 4 * TN) + 4, "shared state after the threads is %zu bytes", l);
@@ -561,30 +611,39 @@ static long rss_kib(void) {
 	return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-/* 10,000 compress + decompress calls: RSS stays flat. */
+/* 10,000 compress + decompress calls: RSS stays flat. It is read after a
+ * warm-up (the Go heap and the runtime's threads reach their working size),
+ * halfway and at the end; a leak of one payload per call (5 KiB) would add
+ * 25 MiB per half. */
 static void test_leak(void) {
 	enum { N = 1 << 16, CALLS = 10000, WARMUP = 500 };
-	const long bound_kib = 16 * 1024;
+	const long bound_kib = 16 * 1024, half_bound_kib = 4 * 1024;
 	float *g = malloc(4 * N), *d = malloc(4 * N);
 	gc_compressor h = create("topk:0.01");
-	size_t cap = 0, w = 0;
+	size_t cap = 0, w = 0, live = 0;
 	OK(gc_max_encoded_len(h, N, &cap));
 	uint8_t *p = malloc(cap);
 	fill(g, N, 3);
-	long before = 0;
+	memset(d, 0, 4 * N);
+	long before = 0, mid = 0;
 	int bad = 0;
 	for (int i = 0; i < WARMUP + CALLS; i++) {
 		if (i == WARMUP) before = rss_kib();
+		if (i == WARMUP + CALLS / 2) mid = rss_kib();
 		bad += gc_compress(h, (uint64_t)(i % 4), (uint64_t)i, GC_FEEDBACK, g, N, p, cap, &w) != GC_OK;
 		bad += gc_decompress_add(h, p, w, d, N) != GC_OK;
 	}
 	long after = rss_kib();
 	CHECK(bad == 0, "%d of %d calls failed (%s)", bad, 2 * CALLS, gc_last_error());
-	CHECK(before > 0 && after > 0, "cannot read /proc/self/statm");
+	CHECK(before > 0 && mid > 0 && after > 0, "cannot read /proc/self/statm");
 	printf("leak check: %d compress + %d decompress_add calls (topk:0.01, n = %d, feedback on 4 buckets): "
-	       "RSS %ld KiB before, %ld KiB after (%+ld KiB; bound %ld KiB)\n",
-	       CALLS, CALLS, N, before, after, after - before, bound_kib);
+	       "RSS %ld KiB before, %ld KiB halfway, %ld KiB after (%+ld KiB in all, bound %ld; %+ld KiB in the "
+	       "second half, bound %ld)\n",
+	       CALLS, CALLS, N, before, mid, after, after - before, bound_kib, after - mid, half_bound_kib);
 	CHECK(after - before <= bound_kib, "RSS grew by %ld KiB over %d calls", after - before, CALLS);
+	CHECK(after - mid <= half_bound_kib, "RSS grew by %ld KiB over the last %d calls", after - mid, CALLS / 2);
+	OK(gc_live_handles(&live));
+	CHECK(live == 1, "%zu live handles during the leak check, want 1", live);
 	OK(gc_compressor_destroy(h));
 	free(p);
 	free(g);
@@ -600,6 +659,7 @@ int main(void) {
 	test_deferred();
 	test_state();
 	test_bad_inputs();
+	test_decide();
 	test_threads();
 	test_leak();
 	OK(gc_live_handles(&live));
