@@ -14,8 +14,10 @@ import (
 
 // The exports of gradcomp.h, one each, documented there. Each defers guard
 // first, checks its pointers and sizes, finds its handle, calls its core in
-// compressor.go and writes results only on success (except where the header
-// says a length is returned on GC_ERR_SIZE too).
+// compressor.go and writes its outputs on success only, except that
+// gc_compress and gc_state_save zero *written first and the header's
+// GC_ERR_SIZE cases still return the length needed. gc_abi_version and
+// gc_version only return constants and have nothing to guard.
 
 // cVersion is gc_version's string, in C memory for the process's lifetime.
 var cVersion = C.CString(version)

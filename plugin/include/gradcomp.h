@@ -88,8 +88,8 @@ gc_status gc_max_encoded_len(gc_compressor h, size_t n, size_t *out);
  * length. With GC_FEEDBACK the bucket's residual is used and updated (a
  * bucket's first call fixes its length; another n is GC_ERR_SIZE); with
  * GC_DEFER as well, the update waits for gc_settle and the bucket is held
- * until then: any GC_FEEDBACK call on a held bucket is GC_ERR_STATE rather
- * than a wait. On any error *written is 0, the residual is untouched and
+ * until then: a GC_FEEDBACK call that finds the bucket held is GC_ERR_STATE
+ * rather than a wait. On any error *written is 0, the residual is untouched and
  * dst's bytes are unspecified (a NaN or Inf is GC_ERR_NONFINITE). */
 gc_status gc_compress(gc_compressor h, uint64_t bucket, uint64_t step, uint32_t flags,
                       const float *grad, size_t n, uint8_t *dst, size_t cap, size_t *written);
