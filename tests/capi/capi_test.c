@@ -617,7 +617,7 @@ static long rss_kib(void) {
  * 25 MiB per half. */
 static void test_leak(void) {
 	enum { N = 1 << 16, CALLS = 10000, WARMUP = 500 };
-	const long bound_kib = 16 * 1024, half_bound_kib = 4 * 1024;
+	const long bound_kib = 16 * 1024, half_bound_kib = 8 * 1024;
 	float *g = malloc(4 * N), *d = malloc(4 * N);
 	gc_compressor h = create("topk:0.01");
 	size_t cap = 0, w = 0, live = 0;
