@@ -117,49 +117,81 @@ func BenchmarkOverlap(b *testing.B) {
 }
 
 // BenchmarkUnlimitedLink: 4 in-process ranks (memory copies, no emulated
-// delay), 8 buckets of 256 Ki float32s, no compute. Each iteration runs a
-// step of the strategy with the cost model on (DecideAuto) and a dense
-// (codec none) step, side by side; reported: their time ratio (target ≤
-// 1.10), the same ratio with the compressed path pinned, and how many
-// buckets the cost model sent compressed.
+// delay), 8 buckets of 256 Ki float32s, no compute. Per codec it builds
+// engines with the cost model on (DecideAuto), with the compressed path
+// pinned, and dense (codec none), runs the first verification window
+// (windowSteps steps, each engine in turn) and then times each iteration's
+// three steps side by side. Reported: auto/dense, the steady-state step
+// time ratio (target ≤ 1.10); pinned/dense; window/dense, the ratio over
+// the verification window's steps (what verifying costs, once per
+// recheck); how many buckets the model predicted compressed and how many
+// verification kept compressed; the model's predicted compressed/dense
+// time for bucket 0.
 //
 //	go test ./overlap -run '^$' -bench UnlimitedLink -benchtime 20x
 func BenchmarkUnlimitedLink(b *testing.B) {
-	const ranks, buckets, n = 4, 8, 1 << 18
+	benchAutoVsDense(b, func(b *testing.B) []comm.Comm { return group(b, 4) })
+}
+
+// BenchmarkSlowLink is BenchmarkUnlimitedLink over an emulated 1 Gbit/s
+// link (50 µs + V/125 MB/s per collective, a sleep): where compression
+// pays, auto should match pinned.
+//
+//	go test ./overlap -run '^$' -bench SlowLink -benchtime 5x
+func BenchmarkSlowLink(b *testing.B) {
+	benchAutoVsDense(b, func(b *testing.B) []comm.Comm { return slowGroup(group(b, 4), 50*time.Microsecond, 125e6) })
+}
+
+func benchAutoVsDense(b *testing.B, link func(b *testing.B) []comm.Comm) {
+	const buckets, n = 8, 1 << 18
 	sizes := make([]int, buckets)
 	for i := range sizes {
 		sizes[i] = n
 	}
+	comms := link(b)
+	ranks := len(comms)
 	grads := stepGrads(ranks, 0, sizes)
-	dense := benchEngines(b, group(b, ranks), sizes, Config{Spec: "none"})
+	dense := benchEngines(b, comms, sizes, Config{Spec: "none"})
 	for _, spec := range []string{"fp16", "bf16", "topk:0.01", "randomk:0.01", "int8", "int4", "int2", "sign"} {
 		b.Run(spec, func(b *testing.B) {
-			auto := benchEngines(b, group(b, ranks), sizes, Config{Spec: spec, ErrorFeedback: true})
-			pinned := benchEngines(b, group(b, ranks), sizes, Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed})
-			compressed := 0
-			for _, c := range auto[0].Compressed() {
-				if c {
-					compressed++
+			auto := benchEngines(b, link(b), sizes, Config{Spec: spec, ErrorFeedback: true})
+			pinned := benchEngines(b, link(b), sizes, Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed})
+			predicted := count(auto[0].Compressed())
+			bk := auto[0].buckets[0]
+			predRatio := float64(bk.predComp) / float64(bk.predDense)
+			steps := func(k int) (tDense, tAuto, tPinned time.Duration) {
+				for range k {
+					for _, run := range []struct {
+						e []*Engine
+						t *time.Duration
+					}{{dense, &tDense}, {auto, &tAuto}, {pinned, &tPinned}} {
+						t := time.Now()
+						benchStep(b, run.e, clone3(grads), 0)
+						*run.t += time.Since(t)
+					}
 				}
+				return
 			}
-			var tDense, tAuto, tPinned time.Duration
+			wDense, wAuto, _ := steps(windowSteps)
 			b.ResetTimer()
-			for range b.N {
-				for _, run := range []struct {
-					e []*Engine
-					t *time.Duration
-				}{{dense, &tDense}, {auto, &tAuto}, {pinned, &tPinned}} {
-					t := time.Now()
-					benchStep(b, run.e, clone3(grads), 0)
-					*run.t += time.Since(t)
-				}
-			}
+			tDense, tAuto, tPinned := steps(b.N)
 			b.ReportMetric(float64(tAuto)/float64(tDense), "auto/dense")
 			b.ReportMetric(float64(tPinned)/float64(tDense), "pinned/dense")
-			b.ReportMetric(float64(compressed), "compressed-buckets")
-			bk := auto[0].buckets[0]
-			b.ReportMetric(float64(bk.predComp)/float64(bk.predDense), "predicted-comp/dense")
+			b.ReportMetric(float64(wAuto)/float64(wDense), "window/dense")
+			b.ReportMetric(float64(predicted), "predicted-compressed")
+			b.ReportMetric(float64(count(auto[0].Compressed())), "verified-compressed")
+			b.ReportMetric(predRatio, "predicted-comp/dense")
 			b.ReportMetric(float64(tDense.Microseconds())/float64(b.N), "µs-dense/step")
 		})
 	}
+}
+
+func count(v []bool) int {
+	k := 0
+	for _, x := range v {
+		if x {
+			k++
+		}
+	}
+	return k
 }

@@ -106,6 +106,8 @@ type run struct {
 	fallback  string // why this step went dense or was skipped
 	nonFinite bool
 	stats     BucketStats
+
+	readyAt, doneAt time.Time // Ready's call, the end of decode (verification's measure)
 }
 
 // step is one step in flight.
@@ -337,8 +339,12 @@ func (e *Engine) Step() error {
 	st := &step{num: e.next, ctx: ctx, cancel: cancel, start: time.Now(), failed: make(chan struct{}),
 		runs: make([]*run, len(e.buckets)), ready: make([]bool, len(e.buckets))}
 	trial := e.verify != nil && e.verify.trial()
+	trialPath := trial && e.trialPath()
 	for i, b := range e.buckets {
-		path := b.compressed != trial
+		path := b.compressed
+		if trial {
+			path = trialPath
+		}
 		if path && b.send == nil {
 			e.x.setup(b) // first time on the compressed path
 		}
@@ -381,6 +387,7 @@ func (e *Engine) Ready(i int, grad []float32) error {
 	}
 	st.ready[i] = true
 	r := st.runs[i]
+	r.readyAt = time.Now()
 	r.grad = grad
 	e.compute.enqueue(func() { e.encodeTask(st, r) })
 	r.encoded = e.compute.record()
@@ -663,6 +670,7 @@ func (e *Engine) decodeTask(st *step, r *run) {
 		}
 	}
 	r.stats.Decompress += time.Since(t)
+	r.doneAt = time.Now()
 	if bad < 0 {
 		return
 	}

@@ -25,14 +25,16 @@ type BucketStats struct {
 	// The cost model's predictions for the bucket (zero unless DecideAuto).
 	PredictedDense, PredictedCompressed time.Duration
 	// Verification's measurements (DecideAuto): per path, the slowest
-	// rank's smallest Compress + Exchange + Decompress in the latest
-	// verification window; zero until a window ends.
+	// rank's smallest time the bucket added to a step in the latest
+	// verification window (from the later of its Ready and the previous
+	// bucket's end to its own end of decode); zero until a window ends.
+	// The decision itself compares whole steps (see the package doc).
 	MeasuredDense, MeasuredCompressed time.Duration
-	// Trial is true when this step ran the bucket on the path it was not
-	// decided on, to measure it (DecideAuto, see the package doc).
+	// Trial is true when this step ran the buckets in verification's
+	// alternative configuration, to measure it (DecideAuto).
 	Trial bool
 	// Switched is true when the verification window that ended with this
-	// step changed the bucket's decision (Reason gives the new one).
+	// step changed the decisions (Reason gives the new one).
 	Switched bool
 	// NonFinite is true when some rank's gradient held NaN or Inf (or the
 	// average overflowed) this step.

@@ -5,80 +5,133 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 )
 
 // Online verification of the cost model's decisions (DecideAuto only).
 // The model predicts from a short probe and a timing at New; on a loaded
 // host either can be off by several times. So the engine measures what it
-// predicted: a verification window of windowSteps steps runs every bucket
-// on its decided path at even positions and on the other path at odd ones
-// (the trials), records per bucket and path the smallest time seen
-// (compress + exchange + decompress of that bucket, on this rank), and at
-// the end of the window's last step the ranks all-gather their records;
-// every rank takes, per bucket and path, the slowest rank's time, and keeps
-// the decided path unless the other one was measured at least hysteresis
-// faster. Every rank computes the same decisions from the same gathered
-// bytes, so no broadcast is needed. The first window starts with the first
-// step; the next one recheckFirst steps after it, and each window that
-// changes nothing doubles the gap (up to recheckMax), one that switches a
-// bucket resets it, so trials cost at most 2 steps in recheckFirst and
-// fewer as the decision holds.
+// predicted: a verification window of windowSteps steps runs the buckets
+// as decided at even positions and, at odd ones (the trials), the
+// alternative: every bucket dense if any is decided compressed, else every
+// bucket compressed. Per configuration it records the smallest step time
+// seen (from the first Ready to the last bucket's end of decode: what the
+// exchanges cost the step, overlap counted), and per bucket and path the
+// smallest time the bucket added to a step (for the stats). At the end of
+// the window's last step the ranks all-gather their records; every rank
+// takes the slowest rank's times and switches to the alternative when it
+// was measured at least hysteresis faster as a whole. Every rank computes
+// the same decisions from the same gathered bytes, so no broadcast is
+// needed.
+//
+// The decision is per step, not per bucket: a bucket's share of a
+// pipelined step depends on its neighbours' paths (the first compressed
+// bucket pays the pipeline's fill), so per-bucket times measured with all
+// buckets flipped do not add up to the time of a mix, and choosing per
+// bucket from them made steps slower on the loaded host this was written
+// on. Comparing whole configurations, the engine only ever switches to a
+// configuration it measured faster, and the alternative to anything
+// compressed is all dense: it is never kept slower than dense by more than
+// the measurement's noise plus hysteresis.
+//
+// The first window starts with the first step; the next one recheckFirst
+// steps after it, and each window that changes nothing doubles the gap (up
+// to recheckMax), one that switches resets it, so trials cost at most 2
+// steps in recheckFirst and fewer as the decision holds.
 //
 // A trial step is an ordinary step on the other path: a dense step leaves
 // the bucket's error-feedback memory untouched (its gradient is delivered
 // exactly), a compressed one goes through Begin and Commit as always, so
 // error feedback is exact whichever path a step takes.
 const (
-	windowSteps  = 4    // decided, other, decided, other
+	windowSteps  = 4    // decided, alternative, decided, alternative
 	recheckFirst = 100  // steps from the end of the first window to the next
 	recheckMax   = 6400 // the longest gap between windows
-	hysteresis   = 0.05 // the other path must be measured this much faster to switch
+	hysteresis   = 0.05 // the alternative must be measured this much faster to switch
 )
 
-// Paths, as indices of the measurements.
+// Paths and configurations, as indices of the measurements.
 const (
 	densePath = iota
 	compressedPath
 )
 
+const (
+	decidedConfig = iota
+	trialConfig
+)
+
 // verifier is the engine's verification schedule and measurements. Its
 // schedule advances once per step that ends without a fatal error, which
-// every rank sees alike.
+// every rank sees alike. Times are seconds, 0 for none.
 type verifier struct {
 	pos   int // position in the current window, or -1 between windows
 	wait  int // between windows: steps until the next one
 	gap   int // steps between the end of a window and the next
-	best  [][2]float64
 	steps int // windows completed
+	// config is the best step time per configuration; best the best time
+	// per bucket and path.
+	config [2]float64
+	best   [][2]float64
 }
 
 func newVerifier(buckets int) *verifier {
 	return &verifier{gap: recheckFirst, best: make([][2]float64, buckets)}
 }
 
-// trial reports whether the step about to start runs buckets the other
-// way. e.mu is held.
+// trial reports whether the step about to start is a trial. e.mu is held.
 func (v *verifier) trial() bool { return v.pos >= 0 && v.pos%2 == 1 }
 
-// record keeps, per bucket, the smallest time of the path the bucket took
-// in st: compress + exchange + decompress, in seconds. A bucket that fell
-// back to dense or was skipped is not recorded.
+// trialPath returns the path every bucket takes in a trial: dense if any
+// bucket is decided compressed, else compressed. e.mu is held.
+func (e *Engine) trialPath() bool {
+	for _, b := range e.buckets {
+		if b.compressed {
+			return false
+		}
+	}
+	return true
+}
+
+// keepMin sets *best to t if it has none or t is smaller.
+func keepMin(best *float64, t float64) {
+	if t = max(t, 1e-9); *best == 0 || t < *best {
+		*best = t
+	}
+}
+
+// record keeps st's step time for its configuration, unless a bucket fell
+// back to dense or was skipped, and, per bucket, the time it added to the
+// step: from the later of its Ready and the previous bucket's end of
+// decode to its own end of decode (buckets end in order, on one decode
+// stream).
 func (v *verifier) record(st *step) {
 	if v.pos < 0 {
 		return
 	}
+	var first, prev time.Time
+	clean := true
 	for i, r := range st.runs {
-		path := densePath
-		switch {
-		case r.fallback != "" || r.outcome == pathNone || r.outcome == pathSkipped:
+		if r.fallback != "" || r.doneAt.IsZero() || (r.outcome != pathCompressed && r.outcome != pathDense) {
+			clean = false
 			continue
-		case r.outcome == pathCompressed:
+		}
+		from := r.readyAt
+		if first.IsZero() || from.Before(first) {
+			first = from
+		}
+		if prev.After(from) {
+			from = prev
+		}
+		prev = r.doneAt
+		path := densePath
+		if r.outcome == pathCompressed {
 			path = compressedPath
 		}
-		t := (r.stats.Compress + r.stats.Exchange + r.stats.Decompress).Seconds()
-		if b := &v.best[i][path]; *b == 0 || t < *b {
-			*b = max(t, 1e-9)
-		}
+		keepMin(&v.best[i][path], r.doneAt.Sub(from).Seconds())
+	}
+	if clean {
+		keepMin(&v.config[v.pos%2], prev.Sub(first).Seconds())
 	}
 }
 
@@ -97,19 +150,22 @@ func (v *verifier) advance() bool {
 
 // verifyStep runs after st's error-feedback memory is settled, when st had
 // no fatal failure: it records st's times and, at the end of a window,
-// agrees with the other ranks on the measured winners (one all-gather,
-// bounded by ctx and Config.Timeout) and applies them. A failed
-// agreement is a *StepError.
+// agrees with the other ranks on the measurements (one all-gather, bounded
+// by ctx and Config.Timeout) and applies them. A failed agreement is a
+// *StepError.
 func (e *Engine) verifyStep(ctx context.Context, st *step) error {
 	v := e.verify
 	v.record(st)
 	if !v.advance() {
 		return nil
 	}
-	mine := make([]byte, 16*len(e.buckets))
+	vals := append(v.config[:], make([]float64, 2*len(v.best))...)
 	for i, b := range v.best {
-		binary.LittleEndian.PutUint64(mine[16*i:], math.Float64bits(b[densePath]))
-		binary.LittleEndian.PutUint64(mine[16*i+8:], math.Float64bits(b[compressedPath]))
+		vals[2+2*i], vals[3+2*i] = b[densePath], b[compressedPath]
+	}
+	mine := make([]byte, 8*len(vals))
+	for i, x := range vals {
+		binary.LittleEndian.PutUint64(mine[8*i:], math.Float64bits(x))
 	}
 	all := make([]byte, e.size*len(mine))
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
@@ -117,29 +173,39 @@ func (e *Engine) verifyStep(ctx context.Context, st *step) error {
 	if err := e.c.AllGather(tctx, all, mine); err != nil {
 		return &StepError{Step: st.num, Bucket: -1, Stage: "verification AllGather", Err: err}
 	}
-	// Per bucket and path the slowest rank's best; 0 where any rank has none.
-	for i := range v.best {
-		for p := range v.best[i] {
-			worst := 0.0
-			for q := range e.size {
-				x := math.Float64frombits(binary.LittleEndian.Uint64(all[q*len(mine)+16*i+8*p:]))
-				if x <= 0 || !(x < math.Inf(1)) {
-					worst = 0
-					break
-				}
-				worst = max(worst, x)
+	// The slowest rank's time; 0 where any rank has none.
+	for i := range vals {
+		worst := 0.0
+		for q := range e.size {
+			x := math.Float64frombits(binary.LittleEndian.Uint64(all[q*len(mine)+8*i:]))
+			if !(x > 0 && x < math.Inf(1)) {
+				worst = 0
+				break
 			}
-			v.best[i][p] = worst
+			worst = max(worst, x)
 		}
+		vals[i] = worst
 	}
 	e.mu.Lock()
-	switched := false
+	trial := e.trialPath()
+	decided, alt := vals[decidedConfig], vals[trialConfig]
+	switched := decided > 0 && alt > 0 && alt < decided*(1-hysteresis)
+	verdict := "kept the decisions"
+	switch {
+	case decided == 0 || alt == 0:
+		verdict = "incomplete (a configuration had no clean step on some rank), kept the decisions"
+	case switched:
+		verdict = "switched every bucket to " + pathName(trial)
+	}
 	for i, b := range e.buckets {
 		r := st.runs[i]
-		if e.apply(b, v.best[i]) {
-			switched = true
-			r.stats.Switched = true
+		if switched {
+			b.compressed = trial
 		}
+		b.measDense, b.measComp = seconds(vals[2+2*i]), seconds(vals[3+2*i])
+		b.reason = fmt.Sprintf("measured: %s (step %v as decided vs %v all %s; this bucket added %v dense, %v compressed); predicted: %s",
+			verdict, seconds(decided), seconds(alt), pathName(trial), b.measDense, b.measComp, b.predicted)
+		r.stats.Switched = switched
 		r.stats.Reason, r.stats.MeasuredDense, r.stats.MeasuredCompressed = b.reason, b.measDense, b.measComp
 	}
 	e.mu.Unlock()
@@ -148,8 +214,8 @@ func (e *Engine) verifyStep(ctx context.Context, st *step) error {
 }
 
 // endWindow schedules the next window: recheckFirst steps after one that
-// switched a bucket or after the first, twice the last gap (at most
-// recheckMax) otherwise.
+// switched or after the first, twice the last gap (at most recheckMax)
+// otherwise.
 func (v *verifier) endWindow(switched bool) {
 	v.steps++
 	if switched {
@@ -158,34 +224,8 @@ func (v *verifier) endWindow(switched bool) {
 		v.gap = min(2*v.gap, recheckMax)
 	}
 	v.pos, v.wait = -1, v.gap
+	v.config = [2]float64{}
 	clear(v.best)
-}
-
-// apply sets bucket b's path from its agreed measurements (seconds, dense
-// and compressed; 0: not measured) and reports whether it switched. e.mu
-// is held.
-func (e *Engine) apply(b *bucket, best [2]float64) bool {
-	d, c := best[densePath], best[compressedPath]
-	if d == 0 || c == 0 {
-		b.reason = fmt.Sprintf("verification incomplete (a path was not measured on every rank), kept %s; %s", pathName(b.compressed), b.predicted)
-		return false
-	}
-	b.measDense, b.measComp = seconds(d), seconds(c)
-	cur, other := d, c
-	if b.compressed {
-		cur, other = c, d
-	}
-	was := b.compressed
-	if other < cur*(1-hysteresis) {
-		b.compressed = !b.compressed
-	}
-	verb := "kept"
-	if b.compressed != was {
-		verb = "switched to"
-	}
-	b.reason = fmt.Sprintf("measured: %s %s (compressed %v vs dense %v, slowest rank's best over the window); predicted: %s",
-		verb, pathName(b.compressed), b.measComp, b.measDense, b.predicted)
-	return b.compressed != was
 }
 
 func pathName(compressed bool) string {

@@ -61,7 +61,7 @@ func TestVerifySchedule(t *testing.T) {
 }
 
 // TestVerifyConverges: whatever the model predicted, after the first
-// window every rank runs each bucket on the path measured faster, the
+// window every rank runs the buckets on the path measured faster, the
 // window's last step reports the switch, and the trials are in the stats.
 func TestVerifyConverges(t *testing.T) {
 	if testing.Short() {
@@ -104,7 +104,7 @@ func TestVerifyConverges(t *testing.T) {
 						}
 						if step == windowSteps-1 {
 							faster := bs.MeasuredCompressed < bs.MeasuredDense
-							if !bs.Switched || faster != tc.want || !strings.HasPrefix(bs.Reason, "measured: switched to "+pathName(tc.want)) ||
+							if !bs.Switched || faster != tc.want || !strings.HasPrefix(bs.Reason, "measured: switched every bucket to "+pathName(tc.want)) ||
 								!strings.Contains(bs.Reason, "predicted: cost model: ") || bs.MeasuredDense != stats[0].Buckets[i].MeasuredDense {
 								t.Errorf("window's end, rank %d, bucket %d: %+v", r, i, bs)
 							}
@@ -118,6 +118,34 @@ func TestVerifyConverges(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestVerifyMixed: the alternative to a mix is all dense; a mix measured
+// faster is kept.
+func TestVerifyMixed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an emulated slow link (about a second)")
+	}
+	sizes := []int{1 << 14, 1 << 13}
+	engines := newEnginesOn(t, slowGroup(group(t, 2), 0, 5e6), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true})
+	for _, e := range engines {
+		e.buckets[0].compressed, e.buckets[1].compressed = true, false
+	}
+	for step := range windowSteps + 1 {
+		stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
+		mustNoErrors(t, "step", errs)
+		trial := step < windowSteps && step%2 == 1
+		for i, bs := range stats[0].Buckets {
+			if want := i == 0 && !trial; bs.Trial != trial || bs.Compressed != want || bs.Switched {
+				t.Errorf("step %d, bucket %d: trial %v compressed %v switched %v, want %v %v false", step, i, bs.Trial, bs.Compressed, bs.Switched, trial, want)
+			}
+		}
+	}
+	for r, e := range engines {
+		if got := e.Compressed(); !slices.Equal(got, []bool{true, false}) {
+			t.Errorf("rank %d: decisions %v, want the mix kept", r, got)
+		}
 	}
 }
 
