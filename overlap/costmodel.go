@@ -168,10 +168,11 @@ func (m *costModel) fitCompute(ns []int, v []float64) {
 // ns on a scratch engine (the same strategy and codec, its own empty
 // error-feedback memory, a loopback comm), and the dense path's average,
 // and returns per stage (encode, between collectives, decode, dense
-// average) the mean time per size over at least measureReps runs and
+// average) the median time per size over at least measureReps runs and
 // measureWindow. Ranks measure at the same time and a window spans several
 // scheduling quanta, so cores the ranks share show in the times, as they
-// will in a step.
+// will in a step; the median keeps one run that lost its core for a
+// scheduling quantum from moving the model.
 func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
 	s := &Engine{c: &loopback{rank: e.rank, size: e.size}, cfg: e.cfg, rank: e.rank, size: e.size,
@@ -191,12 +192,12 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 			s.x.setup(b)
 		}
 		r := &run{b: b, grad: make([]float32, n)}
-		var sum [4]float64
-		reps := 0
-		for start := time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
+		var runs [4][]float64 // per stage, one time per timed run
+		for reps, start := 0, time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
 			if reps == 1 {
-				sum, start = [4]float64{}, time.Now()
+				start = time.Now()
 			}
+			var sum [4]float64
 			copy(r.grad, grad)
 			r.key = compress.Key{Bucket: uint64(i), Step: uint64(reps)}
 			if s.x != nil {
@@ -207,9 +208,16 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 			t := time.Now()
 			average(r.grad, e.size)
 			sum[3] += time.Since(t).Seconds()
+			if reps == 0 {
+				continue // untimed: first touch of the buffers
+			}
+			for k := range runs {
+				runs[k] = append(runs[k], sum[k])
+			}
 		}
 		for k := range times {
-			times[k] = append(times[k], sum[k]/float64(reps-1))
+			slices.Sort(runs[k])
+			times[k] = append(times[k], runs[k][len(runs[k])/2])
 		}
 	}
 	return times, nil

@@ -91,9 +91,9 @@
 // and re-encode) and its decode and average, and the dense path's average
 // — run on a scratch engine over a loopback comm (collectives free, every
 // rank sending what this one sends) for the smallest, median and largest
-// bucket sizes, each stage's mean over at least 20 ms fitted linear in n.
-// Means over a window, taken by all ranks at once, include what ranks
-// sharing cores cost each other. Every rank then uses, for each probe, the
+// bucket sizes, each stage's median over at least 20 ms fitted linear in n.
+// Medians over a window, taken by all ranks at once, include what ranks
+// sharing cores cost each other, without one preempted run moving them. Every rank then uses, for each probe, the
 // fastest rank's time (an early rank also timed its wait for the others)
 // and for each compute time the slowest rank's (one all-gather). Per
 // bucket it predicts
@@ -112,6 +112,17 @@
 // model's error on a loaded host is of that order). Rank 0's choices are
 // broadcast; the predictions and inputs appear in BucketStats.Reason.
 // DecideCompressed and DecideDense pin the choice.
+//
+// The prediction is then checked online (verify.go): the first steps
+// alternate the decided configuration with the alternative (all dense if
+// anything is compressed, else all compressed), the ranks all-gather their
+// step times, and every rank switches to the alternative when the slowest
+// rank measured it at least 5% faster; the check repeats after 100 steps,
+// the gap doubling while nothing changes. BucketStats carries the measured
+// times (MeasuredDense, MeasuredCompressed), Trial and Switched.
+//
+// Predict gives the same model's answer for one bucket without an engine
+// (the C ABI's gc_decide), from a link the caller measured.
 //
 // Volumes (bytes one rank sends, also BucketStats.BytesSent): an
 // all-reduce of S bytes 2(N−1)/N·S, an all-gather of s bytes per rank

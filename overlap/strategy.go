@@ -103,7 +103,7 @@ type Decision int
 
 // The decisions.
 const (
-	DecideAuto       Decision = iota // the cost model, measured once in New
+	DecideAuto       Decision = iota // the cost model at New, then verified online by timing both paths (verify.go)
 	DecideCompressed                 // always the compressed path (pinned)
 	DecideDense                      // always dense (pinned)
 )
