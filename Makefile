@@ -9,9 +9,9 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin purego race fuzz bench gobench
+.PHONY: test setup vet unit capi plugin purego race fuzz bench gobench cuda gpu-binaries
 
-test: setup vet unit capi purego race fuzz
+test: setup vet unit capi purego race fuzz cuda
 
 setup:
 	./scripts/setup
@@ -64,3 +64,24 @@ bench:
 # Go benchmarks of every compressor against memcpy of the same bytes.
 gobench:
 	$(GO) test ./compress -run '^$$' -bench . -benchtime 3x
+
+# CUDA (kernels/, -tags cuda), checked without a GPU: the committed PTX must
+# be what `go generate` makes from kernels/cuda/*.cu with this nvcc, the
+# cuda-tagged code must vet, and its test binaries must build and link
+# against the CUDA driver library. (They run on a GPU machine: gpu-binaries.)
+CUDA_TEST_PKGS := ./kernels
+cuda:
+	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (scripts/setup installs nvidia-cuda-toolkit)"; exit 1; }
+	$(GO) generate ./kernels
+	@stale=$$(git status --porcelain -- kernels/ptx); \
+	  if [ -n "$$stale" ]; then echo "make cuda: committed PTX is stale, commit the regenerated files:"; echo "$$stale"; exit 1; fi
+	$(GO) vet -tags cuda ./...
+	@mkdir -p build/cuda-check
+	$(GO) test -c -tags cuda -o build/cuda-check/ $(CUDA_TEST_PKGS)
+	set -o pipefail; ./build/cuda-check/kernels.test -test.run 'TestDevice|TestPlans' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
+
+# What scripts/gpu-check runs on the GPU machine (no Go there): carry build/gpu.
+gpu-binaries:
+	@mkdir -p build/gpu
+	$(GO) test -c -tags cuda -o build/gpu/kernels.test ./kernels
+	@ls -l build/gpu

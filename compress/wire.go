@@ -150,14 +150,21 @@ func (c *compressor) MaxEncodedLen(n int) int {
 
 func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error) {
 	n := len(src)
-	if n > MaxElements {
+	return c.encodeWith(dst, n, key, func(body []byte) error { return c.impl.encode(body, src, key, c.runner(n)) })
+}
+
+// encodeWith appends the payload of n elements under key to dst, its raw
+// body (bodyLen(n) bytes) written by fill: the framing, the lossless stage
+// and the checksum of Compress. On error it returns dst unchanged.
+func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byte) error) ([]byte, error) {
+	if n < 0 || n > MaxElements {
 		return dst, &SizeError{What: "input length", Got: int64(n), Want: MaxElements}
 	}
 	raw := c.impl.bodyLen(n)
 	start := len(dst)
 	out := grow(dst, headerLen+raw+trailerLen)
 	body := out[start+headerLen : start+headerLen+raw]
-	if err := c.impl.encode(body, src, key, c.runner(n)); err != nil {
+	if err := fill(body); err != nil {
 		return dst, err
 	}
 	h := header{codec: c.impl.id(), n: uint64(n), seed: c.impl.seed(), key: key, bodyLen: uint64(raw)}
@@ -184,34 +191,45 @@ func (c *compressor) DecompressAdd(dst []float32, payload []byte) error {
 }
 
 func (c *compressor) decompress(dst []float32, payload []byte, add bool) error {
-	h, body, err := parsePayload(payload)
+	h, body, err := c.open(payload, len(dst))
 	if err != nil {
 		return err
 	}
+	c.impl.decode(dst, body, h, add, c.runner(len(dst)))
+	return nil
+}
+
+// open validates payload for n elements as Decompress does (framing, the
+// compressor's configuration, the lossless stage, the codec's body checks)
+// and returns its header and raw body.
+func (c *compressor) open(payload []byte, n int) (*header, []byte, error) {
+	h, body, err := parsePayload(payload)
+	if err != nil {
+		return nil, nil, err
+	}
 	if h.codec != c.impl.id() {
-		return &MismatchError{Field: "codec", Got: h.codec.String(), Want: c.impl.id().String()}
+		return nil, nil, &MismatchError{Field: "codec", Got: h.codec.String(), Want: c.impl.id().String()}
 	}
-	if h.n != uint64(len(dst)) {
-		return &SizeError{What: "destination length", Got: int64(len(dst)), Want: int64(h.n)}
+	if h.n != uint64(n) {
+		return nil, nil, &SizeError{What: "destination length", Got: int64(n), Want: int64(h.n)}
 	}
-	n := len(dst)
 	a, b := c.impl.params(n)
 	switch {
 	case h.paramA != a:
-		return &MismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
+		return nil, nil, &MismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
 	case h.paramB != b:
-		return &MismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
+		return nil, nil, &MismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
 	case h.seed != c.impl.seed():
-		return &MismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
+		return nil, nil, &MismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
 	}
 	raw := c.impl.bodyLen(n)
 	if h.lossless != LosslessNone {
 		body, err = h.lossless.expand(body, raw, c.impl)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 	} else if len(body) != raw {
-		return &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body of %d bytes, %s needs %d for %d elements", len(body), h.codec, raw, n)}
+		return nil, nil, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body of %d bytes, %s needs %d for %d elements", len(body), h.codec, raw, n)}
 	}
 	if err := c.impl.check(body, h); err != nil {
 		if ce, ok := err.(*CorruptInputError); ok {
@@ -221,10 +239,9 @@ func (c *compressor) decompress(dst []float32, payload []byte, add bool) error {
 				ce.Reason = "in the body after the " + h.lossless.String() + " stage: " + ce.Reason
 			}
 		}
-		return err
+		return nil, nil, err
 	}
-	c.impl.decode(dst, body, h, add, c.runner(n))
-	return nil
+	return h, body, nil
 }
 
 // grow returns b extended by n bytes, reallocating only when cap is short.
@@ -260,10 +277,15 @@ func ParseHeader(payload []byte) (Header, []byte, error) {
 	if err != nil {
 		return Header{}, nil, err
 	}
+	return h.public(), body, nil
+}
+
+// public returns the exported form of h.
+func (h *header) public() Header {
 	return Header{
 		Codec: h.codec, Lossless: h.lossless, Elements: int(h.n),
 		ParamA: h.paramA, ParamB: h.paramB, Seed: h.seed, Key: h.key,
-	}, body, nil
+	}
 }
 
 // checkMagic checks the magic and version at the start of p, which holds at

@@ -1,0 +1,51 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DevicePtr is a device memory address (a CUdeviceptr); 0 is no buffer.
+type DevicePtr uintptr
+
+// Stream is a CUDA stream handle (a CUstream); 0 is the legacy default
+// stream.
+type Stream uintptr
+
+// Event is a CUDA event handle (a CUevent).
+type Event uintptr
+
+// ErrNoCUDA is returned by every call that needs a GPU in a build without
+// the cuda tag.
+var ErrNoCUDA = errors.New("kernels: this build has no CUDA support (rebuild with -tags cuda and a CUDA toolkit)")
+
+// ErrNoDevice is returned by Open when the CUDA driver is present but sees
+// no usable GPU (or the driver library cannot initialize).
+var ErrNoDevice = errors.New("kernels: no CUDA device")
+
+// DriverError is a failed CUDA driver call.
+type DriverError struct {
+	Call string // the driver function, e.g. "cuLaunchKernel(gc_quant_encode)"
+	Code int    // the CUresult
+	Name string // the CUresult's name, e.g. "CUDA_ERROR_INVALID_VALUE"
+}
+
+func (e *DriverError) Error() string {
+	return fmt.Sprintf("kernels: %s failed: %s (%d)", e.Call, e.Name, e.Code)
+}
+
+// ArgError reports an argument a call refuses before the device sees it.
+type ArgError struct {
+	Op     string // the call, e.g. "Encode"
+	Reason string
+}
+
+func (e *ArgError) Error() string { return "kernels: " + e.Op + ": " + e.Reason }
+
+// DeviceInfo describes the device of a Context.
+type DeviceInfo struct {
+	Ordinal      int
+	Name         string
+	Major, Minor int   // compute capability
+	Memory       int64 // bytes
+}

@@ -1,0 +1,68 @@
+//go:build !cuda
+
+package kernels
+
+import "time"
+
+// Context is a device's primary context with gradcomp's kernels loaded. In
+// this build (no cuda tag) none can be opened: every method returns
+// ErrNoCUDA.
+type Context struct{}
+
+// Open returns ErrNoCUDA: this build has no CUDA support.
+func Open(ordinal int) (*Context, error) { return nil, ErrNoCUDA }
+
+// Info returns the zero DeviceInfo.
+func (c *Context) Info() DeviceInfo { return DeviceInfo{} }
+
+// Close does nothing.
+func (c *Context) Close() error { return nil }
+
+func (c *Context) run(Stream, []step) error { return ErrNoCUDA }
+
+// Alloc returns ErrNoCUDA.
+func (c *Context) Alloc(int) (DevicePtr, error) { return 0, ErrNoCUDA }
+
+// Free returns ErrNoCUDA (nil for Free(0)).
+func (c *Context) Free(p DevicePtr) error {
+	if p == 0 {
+		return nil
+	}
+	return ErrNoCUDA
+}
+
+// CopyIn returns ErrNoCUDA.
+func (c *Context) CopyIn(Stream, DevicePtr, []byte) error { return ErrNoCUDA }
+
+// CopyOut returns ErrNoCUDA.
+func (c *Context) CopyOut(Stream, []byte, DevicePtr) error { return ErrNoCUDA }
+
+// Copy returns ErrNoCUDA.
+func (c *Context) Copy(Stream, DevicePtr, DevicePtr, int) error { return ErrNoCUDA }
+
+// NewStream returns ErrNoCUDA.
+func (c *Context) NewStream() (Stream, error) { return 0, ErrNoCUDA }
+
+// DestroyStream returns ErrNoCUDA.
+func (c *Context) DestroyStream(Stream) error { return ErrNoCUDA }
+
+// Synchronize returns ErrNoCUDA.
+func (c *Context) Synchronize(Stream) error { return ErrNoCUDA }
+
+// NewEvent returns ErrNoCUDA.
+func (c *Context) NewEvent(bool) (Event, error) { return 0, ErrNoCUDA }
+
+// DestroyEvent returns ErrNoCUDA.
+func (c *Context) DestroyEvent(Event) error { return ErrNoCUDA }
+
+// Record returns ErrNoCUDA.
+func (c *Context) Record(Event, Stream) error { return ErrNoCUDA }
+
+// WaitEvent returns ErrNoCUDA.
+func (c *Context) WaitEvent(Stream, Event) error { return ErrNoCUDA }
+
+// EventSynchronize returns ErrNoCUDA.
+func (c *Context) EventSynchronize(Event) error { return ErrNoCUDA }
+
+// Elapsed returns ErrNoCUDA.
+func (c *Context) Elapsed(Event, Event) (time.Duration, error) { return 0, ErrNoCUDA }

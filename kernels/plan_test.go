@@ -1,0 +1,275 @@
+package kernels
+
+import (
+	"errors"
+	"math"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
+)
+
+// ptxEntries parses the embedded PTX: every kernel entry and the widths in
+// bytes of its parameters.
+func ptxEntries(t *testing.T) map[string][]int {
+	t.Helper()
+	entry := regexp.MustCompile(`\.visible \.entry (\w+)\(([^)]*)\)`)
+	param := regexp.MustCompile(`\.param \.(u64|u32|f32|s32|b64|b32)`)
+	out := map[string][]int{}
+	names, texts := ptxModules()
+	if len(texts) != 3 {
+		t.Fatalf("embedded PTX modules %v, want dense, quant and topk", names)
+	}
+	for _, text := range texts {
+		for _, m := range entry.FindAllStringSubmatch(string(text), -1) {
+			var widths []int
+			for _, p := range param.FindAllStringSubmatch(m[2], -1) {
+				widths = append(widths, map[bool]int{true: 8, false: 4}[strings.HasSuffix(p[1], "64")])
+			}
+			if _, dup := out[m[1]]; dup {
+				t.Fatalf("kernel %s is defined in two modules", m[1])
+			}
+			out[m[1]] = widths
+		}
+	}
+	return out
+}
+
+// fakeArgs returns distinct, aligned, non-overlapping device addresses.
+func fakeArgs(c *Codec, n int, ef bool) EncodeArgs {
+	a := EncodeArgs{N: n, Key: compress.Key{Bucket: 3, Step: 5}, Grad: 1 << 40, Body: 2 << 40, Status: 3 << 40, Work: 4 << 40}
+	if ef {
+		a.Resid, a.ResidOut = 5<<40, 6<<40
+	}
+	if c.WorkspaceLen(n) == 0 {
+		a.Work = 0
+	}
+	return a
+}
+
+// allSpecs is every spec of the conformance suite plus the sampled path.
+var allSpecs = append([]string{"topk:0.001:sampled", "int8:bucket=3", "sign:bucket=7"}, compresstest.DefaultSpecs...)
+
+// TestPlansMatchPTX checks every launch the encoders and decoders build,
+// for every spec and a range of lengths (including the sampled top-k path
+// and the two-kernel quantization), against the kernels in the embedded
+// PTX: the entry exists, the argument count matches, 4-byte parameters get
+// values that fit, and the launch shape is legal.
+func TestPlansMatchPTX(t *testing.T) {
+	entries := ptxEntries(t)
+	used := map[string]bool{}
+	checkPlan := func(what string, plan []step) {
+		for _, s := range plan {
+			if s.fn == "" {
+				if s.ptr == 0 && s.count > 0 {
+					t.Errorf("%s: memset of %d words at address 0", what, s.count)
+				}
+				continue
+			}
+			used[s.fn] = true
+			widths, ok := entries[s.fn]
+			switch {
+			case !ok:
+				t.Errorf("%s: launches %s, which the PTX does not define", what, s.fn)
+				continue
+			case len(widths) != len(s.args):
+				t.Errorf("%s: %s gets %d arguments, the kernel has %d parameters", what, s.fn, len(s.args), len(widths))
+				continue
+			case s.grid < 1 || s.grid > math.MaxInt32 || s.block < 32 || s.block > 1024 || s.block%32 != 0:
+				t.Errorf("%s: %s launches %d blocks of %d threads", what, s.fn, s.grid, s.block)
+			}
+			for i, w := range widths {
+				if w == 4 && s.args[i] > math.MaxUint32 {
+					t.Errorf("%s: %s parameter %d is 4 bytes, gets %#x", what, s.fn, i, s.args[i])
+				}
+			}
+		}
+	}
+	for _, spec := range allSpecs {
+		c, err := NewCodec(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{0, 1, 7, 33, 513, 4097, 300_001, 1<<20 + 3} {
+			for _, ef := range []bool{false, true} {
+				plan, err := c.encodePlan(fakeArgs(c, n, ef))
+				if err != nil {
+					t.Fatalf("%s n=%d ef=%v: %v", spec, n, ef, err)
+				}
+				checkPlan(spec+" encode", plan)
+			}
+			bodies := make([]DevicePtr, 11) // more than one dequantize-accumulate launch
+			for i := range bodies {
+				bodies[i] = DevicePtr(i+8) << 40
+			}
+			plan, err := c.decodePlan(DecodeArgs{Dst: 7 << 40, N: n, Bodies: bodies})
+			if err != nil {
+				t.Fatalf("%s n=%d decode: %v", spec, n, err)
+			}
+			checkPlan(spec+" decode", plan)
+		}
+	}
+	checkPlan("laplace", []step{elementwise("gc_fill_laplace", 10, 1<<40, 10, 0)})
+	for name := range entries {
+		if !used[name] && !strings.Contains(name, "from") { // the plain conversions have no plan yet
+			t.Errorf("kernel %s is never launched by a plan", name)
+		}
+	}
+}
+
+// TestSampledPlan checks that the sampled top-k path is taken exactly
+// where its preconditions hold, and that its launches are guarded.
+func TestSampledPlan(t *testing.T) {
+	c, _ := NewCodec("topk:0.01:sampled")
+	has := func(plan []step, fn string) bool {
+		for _, s := range plan {
+			if s.fn == fn {
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		n    int
+		want bool
+	}{{sampledMinLen - 1, false}, {sampledMinLen, true}, {1 << 24, true}} {
+		plan, err := c.encodePlan(fakeArgs(c, tc.n, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := has(plan, "gc_topk_sample"); got != tc.want {
+			t.Errorf("n=%d: sampled path %v, want %v", tc.n, got, tc.want)
+		}
+	}
+	exact, _ := NewCodec("topk:0.01")
+	plan, _ := exact.encodePlan(fakeArgs(exact, 1<<24, false))
+	if has(plan, "gc_topk_sample") || has(plan, "gc_topk_cand_hist") && !has(plan, "gc_topk_collect") {
+		t.Error("exact top-k plan runs the sampled kernels")
+	}
+	if r, limit := sampleParams(1<<24, 1<<14); r < 64 || r > sampleSize || limit < uint64(1<<14) {
+		t.Errorf("sampleParams(2^24, 2^14) = %d, %d: the bound must leave at least k candidates", r, limit)
+	}
+}
+
+// TestCodecParams checks that NewCodec reads the spec's parameters and that
+// body lengths are the CPU reference's.
+func TestCodecParams(t *testing.T) {
+	c, err := NewCodec("int2:bucket=33:round=nearest:seed=3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.bits != 2 || c.bucket != 33 || !c.nearest || c.seed != 3 || c.aligned() {
+		t.Errorf("int2:bucket=33:round=nearest:seed=3 read as %+v", *c)
+	}
+	if _, err := NewCodec("int3"); err == nil {
+		t.Error("NewCodec accepted an unknown codec")
+	}
+	for _, spec := range allSpecs {
+		c, _ := NewCodec(spec)
+		ref, _ := compress.Parse(spec)
+		for _, n := range []int{1, 100, 4097} {
+			p, err := ref.Compress(nil, make([]float32, n), compress.Key{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, body, err := compress.DecodePayload(ref, p, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.BodyLen(n) != len(body) {
+				t.Errorf("%s n=%d: BodyLen %d, the CPU body has %d bytes", spec, n, c.BodyLen(n), len(body))
+			}
+		}
+	}
+}
+
+// TestTopkWorkspace checks the top-k workspace layout: 256-byte aligned
+// regions inside WorkspaceLen, in order, without overlap.
+func TestTopkWorkspace(t *testing.T) {
+	c, _ := NewCodec("topk:0.01")
+	for _, n := range []int{1, 4096, 4097, 1 << 20} {
+		tiles := (n + tile - 1) / tile
+		l := newTopkLayout(1<<20, tiles)
+		regions := []struct {
+			p     DevicePtr
+			bytes int
+		}{{l.state, topkStateLen}, {l.cand, 4 * tile * tiles}, {l.count, 4 * tiles}, {l.above, 4 * tiles}, {l.equal, 4 * tiles}, {l.offset, 4 * tiles}}
+		end := DevicePtr(1 << 20)
+		for i, r := range regions {
+			if r.p%256 != 0 || r.p < end {
+				t.Errorf("n=%d: region %d at %#x (previous ends at %#x)", n, i, r.p, end)
+			}
+			end = r.p + DevicePtr(r.bytes)
+		}
+		if got := int(end - 1<<20); got > c.WorkspaceLen(n) {
+			t.Errorf("n=%d: regions need %d bytes, WorkspaceLen says %d", n, got, c.WorkspaceLen(n))
+		}
+	}
+}
+
+// TestEncodeArgsRejected checks that bad device arguments are refused on
+// the host with an *ArgError before anything is enqueued.
+func TestEncodeArgsRejected(t *testing.T) {
+	q, _ := NewCodec("int2:bucket=33")
+	good := fakeArgs(q, 100, true)
+	if _, err := q.encodePlan(good); err != nil {
+		t.Fatalf("good arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *EncodeArgs){
+		"null status":        func(a *EncodeArgs) { a.Status = 0 },
+		"null gradient":      func(a *EncodeArgs) { a.Grad = 0 },
+		"null body":          func(a *EncodeArgs) { a.Body = 0 },
+		"negative length":    func(a *EncodeArgs) { a.N = -1 },
+		"too long":           func(a *EncodeArgs) { a.N = compress.MaxElements + 1 },
+		"resid without out":  func(a *EncodeArgs) { a.ResidOut = 0 },
+		"out without resid":  func(a *EncodeArgs) { a.Resid = 0 },
+		"aliased residual":   func(a *EncodeArgs) { a.ResidOut = a.Resid + 4 },
+		"misaligned body":    func(a *EncodeArgs) { a.Body += 2 },
+		"misaligned status":  func(a *EncodeArgs) { a.Status += 4 },
+		"missing workspace":  func(a *EncodeArgs) { a.Work = 0 },
+		"misaligned gradent": func(a *EncodeArgs) { a.Grad++ },
+	} {
+		a := good
+		mod(&a)
+		var ae *ArgError
+		if _, err := q.encodePlan(a); !errors.As(err, &ae) {
+			t.Errorf("%s: got %v, want an *ArgError", name, err)
+		}
+	}
+	for name, a := range map[string]DecodeArgs{
+		"no bodies":       {Dst: 1 << 40, N: 10},
+		"null dst":        {N: 10, Bodies: []DevicePtr{1 << 40}},
+		"null body":       {Dst: 1 << 40, N: 10, Bodies: []DevicePtr{0}},
+		"misaligned body": {Dst: 1 << 40, N: 10, Bodies: []DevicePtr{1<<40 + 1}},
+		"negative":        {Dst: 1 << 40, N: -1, Bodies: []DevicePtr{1 << 40}},
+	} {
+		var ae *ArgError
+		if _, err := q.decodePlan(a); !errors.As(err, &ae) {
+			t.Errorf("decode %s: got %v, want an *ArgError", name, err)
+		}
+	}
+}
+
+// TestStatusError checks the decoding of status blocks.
+func TestStatusError(t *testing.T) {
+	clean := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if err := StatusError(clean); err != nil {
+		t.Errorf("clean status: %v", err)
+	}
+	if err := StatusError(clean[:8]); err == nil {
+		t.Error("short status block accepted")
+	}
+	for w, want := range []compress.NonFiniteError{{Index: 7, Value: float32(math.Inf(-1))}, {Index: 1 << 31, Value: 70000}} {
+		s := append([]byte(nil), clean...)
+		v := uint64(want.Index)<<32 | uint64(math.Float32bits(want.Value))
+		for i := range 8 {
+			s[8*w+i] = byte(v >> (8 * i))
+		}
+		var nf *compress.NonFiniteError
+		if err := StatusError(s); !errors.As(err, &nf) || *nf != want {
+			t.Errorf("status word %d: got %v, want %v", w, err, &want)
+		}
+	}
+}
