@@ -44,6 +44,7 @@ import collections
 import hashlib
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -77,7 +78,13 @@ class State:
     ``cost_model``: "measure" (keep the faster path per bucket, measured) or
     "off" (always compress). ``probe_steps``: compressed steps timed per
     bucket before deciding. ``on_nonfinite``: "dense" or "raise".
-    ``workers``: compressor threads (≤ 0: all CPUs).
+    ``workers``: compressor threads (≤ 0: all CPUs). ``model``: the module
+    DDP wraps (or the DDP model), optional: it names each bucket's
+    parameters, so that a bucket whose element order differs from the one
+    its error feedback was built with (DDP's first step after restoring a
+    checkpoint, before DDP rebuilds its buckets) is permuted into that
+    order; without it such a bucket is exchanged dense for that step, its
+    error feedback untouched.
     """
 
     def __init__(
@@ -91,6 +98,7 @@ class State:
         probe_steps=3,
         on_nonfinite="dense",
         workers=0,
+        model=None,
     ):
         if not isinstance(warmup_steps, int) or warmup_steps < 2:
             raise ValueError(
@@ -114,8 +122,10 @@ class State:
         self.on_nonfinite = on_nonfinite
         #: Steps completed (incremented after the step's last bucket).
         self.iter = 0
-        #: Bucket index -> element count, as seen in the latest warm-up step.
+        #: Bucket index -> [[parameter ordinal (-1 without model), elements], ...]
+        #: in bucket order, as seen in the latest warm-up step.
         self.layout = {}
+        self._ordinals = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
         #: Bucket index -> True (compress) or False (dense), once decided.
         self.decisions = {}
         #: Counters: buckets "compressed", "dense", "nonfinite" (went dense
@@ -133,12 +143,13 @@ class State:
     def state_dict(self):
         """The state to checkpoint: error-feedback memory (gc_state_save),
         step counter, bucket layout, decisions and probe timings. Resuming
-        from it is bit-exact given the same inputs and bucket layout."""
+        from it is bit-exact given the same inputs (and, where DDP's first
+        step after the restore orders a bucket differently, a ``model``)."""
         return {
             "format": _STATE_FORMAT,
             "spec": self.spec,
             "iter": self.iter,
-            "layout": dict(self.layout),
+            "layout": {k: [list(p) for p in v] for k, v in self.layout.items()},
             "decisions": dict(self.decisions),
             "dense_times": {k: list(v) for k, v in self._dense_times.items()},
             "compressed_times": {k: list(v) for k, v in self._compressed_times.items()},
@@ -158,7 +169,7 @@ class State:
             )
         self.compressor.load_state(sd["error_feedback"])
         self.iter = int(sd["iter"])
-        self.layout = {int(k): int(v) for k, v in sd["layout"].items()}
+        self.layout = {int(k): [[int(o), int(n)] for o, n in v] for k, v in sd["layout"].items()}
         self.decisions = {int(k): bool(v) for k, v in sd["decisions"].items()}
         self._dense_times = collections.defaultdict(list, {int(k): list(v) for k, v in sd["dense_times"].items()})
         self._compressed_times = collections.defaultdict(
@@ -168,7 +179,7 @@ class State:
 
     def _describe(self):
         major, minor = abi_version()
-        sizes = [self.layout[i] for i in sorted(self.layout)]
+        sizes = [sum(n for _, n in self.layout[i]) for i in sorted(self.layout)]
         return "abi=%d.%d spec=%s buckets=%s" % (major, minor, self.spec, sizes)
 
     def _handshake(self, group):
@@ -198,6 +209,26 @@ class State:
             slots = (send, [torch.empty_like(send) for _ in range(world)], n)
             self._slots[index] = slots
         return slots[0], slots[1]
+
+    def _signature(self, bucket):
+        """The bucket's parameters in bucket order: [[ordinal, elements], ...]."""
+        return [[self._ordinals.get(id(p), -1), p.numel()] for p in bucket.parameters()]
+
+    def _reorder(self, index, signature):
+        """None when the bucket is in its recorded order; else the
+        [(offset, elements), ...] slices of the bucket that, concatenated,
+        give the recorded order; False when no such permutation is known
+        (no model, or other parameters)."""
+        want = self.layout.get(index)
+        if signature == want:
+            return None
+        if want is None or any(o < 0 for o, _ in signature) or sorted(signature) != sorted(want):
+            return False
+        offsets, at = {}, 0
+        for o, n in signature:
+            offsets[o] = at
+            at += n
+        return [(offsets[o], n) for o, n in want]
 
     def _decide(self, index, group):
         """Agrees, once per bucket after its probe steps, whether it stays
@@ -245,22 +276,27 @@ def hook(state, bucket):
     group = state.group()
     try:
         if state.iter < state.warmup_steps:
-            state.layout[index] = buf.numel()
+            state.layout[index] = state._signature(bucket)
             return _dense(state, buf, index, group, timed=state.iter >= 1)
         if not state._handshake_done:
             state._handshake(group)
-        if state.layout.get(index) != buf.numel():
-            raise RuntimeError(
-                "gradcomp.torch: bucket %d has %d elements; the warm-up (or the checkpoint) saw %s: DDP's bucket "
-                "layout changed, which error feedback keyed by bucket index cannot follow"
-                % (index, buf.numel(), state.layout.get(index))
-            )
         decided = state.decisions.get(index)
         if decided is None and state.cost_model == "measure" and len(state._compressed_times[index]) >= state.probe_steps:
             decided = state._decide(index, group)
         if decided is False:
             return _dense(state, buf, index, group, timed=False)
-        return _compressed(state, compressor, buf, index, group)
+        order = state._reorder(index, state._signature(bucket))
+        if order is False:
+            # Every rank sees the same layout (DDP builds it identically), so
+            # every rank takes this path for this bucket.
+            warnings.warn(
+                "gradcomp.torch: bucket %d's parameters differ from the recorded layout (DDP's first step after "
+                "a restore?); exchanging it dense this step, error feedback untouched. Pass model= to State to "
+                "follow reordered buckets." % index
+            )
+            state.stats["layout_dense"] += 1
+            return _dense(state, buf, index, group, timed=False)
+        return _compressed(state, compressor, buf, index, group, order)
     finally:
         if bucket.is_last():
             state.iter += 1
@@ -282,12 +318,18 @@ def _dense(state, buf, index, group, timed):
     return fut.then(done)
 
 
-def _compressed(state, compressor, buf, index, group):
-    """The compressed exchange of one bucket (synchronous); returns a
-    completed future."""
+def _compressed(state, compressor, buf, index, group, order):
+    """The compressed exchange of one bucket (synchronous), in the recorded
+    element order (``order``: the bucket's slices in that order, or None
+    when the bucket is in it); returns a completed future."""
     start = time.perf_counter()
     world = dist.get_world_size(group)
-    staged = buf if buf.dtype == torch.float32 and buf.is_contiguous() else buf.to(torch.float32).contiguous()
+    if order:
+        staged = torch.cat([buf[o : o + n] for o, n in order]).to(torch.float32)
+    elif buf.dtype == torch.float32 and buf.is_contiguous():
+        staged = buf
+    else:
+        staged = buf.to(torch.float32).contiguous()
     n = staged.numel()
     send, recv = state._slot_buffers(index, n, world)
     ef = state.error_feedback
@@ -334,7 +376,12 @@ def _compressed(state, compressor, buf, index, group):
             compressor.settle(index, _lib.Settle.COMMIT)
         state.stats["compressed"] += 1
         state.stats["bytes_sent"] += send.numel()
-    if staged is not buf:
+    if order:
+        at = 0
+        for o, n in order:
+            buf[o : o + n].copy_(staged[at : at + n])
+            at += n
+    elif staged is not buf:
         buf.copy_(staged)
     if state.decisions.get(index) is None and state.cost_model == "measure":
         state._compressed_times[index].append(time.perf_counter() - start)
