@@ -9,9 +9,9 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit purego race fuzz bench gobench
+.PHONY: test setup vet unit capi plugin purego race fuzz bench gobench
 
-test: setup vet unit purego race fuzz
+test: setup vet unit capi purego race fuzz
 
 setup:
 	./scripts/setup
@@ -26,6 +26,21 @@ unit:
 	$(GO) vet -tags mpi ./...
 	$(GO) test -count=1 -tags mpi ./comm/... ./overlap/... ./train/... ./netbench/... ./cmd/...
 
+# libgradcomp.so, the C ABI (plugin/include/gradcomp.h), copied next to the
+# Python package. The CUDA build (-tags cuda, libgradcomp_cuda.so) is not
+# written yet: it needs the kernels' GPU path.
+plugin:
+	mkdir -p build plugin/python/gradcomp
+	$(GO) build -buildmode=c-shared -o build/libgradcomp.so ./plugin
+	cp build/libgradcomp.so plugin/python/gradcomp/libgradcomp.so
+
+# The C program that drives every function of the ABI, linked against
+# build/libgradcomp.so (found through its rpath).
+capi: plugin
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
+	  -o build/capi_test tests/capi/capi_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
+	./build/capi_test
+
 # The assembly kernels' pure-Go twins, on their own.
 purego:
 	$(GO) test -count=1 -tags purego ./compress/...
@@ -33,7 +48,7 @@ purego:
 # The race detector slows the brute-force top-k comparisons ~20x; they run
 # without it in `unit`, and nothing in them is concurrent beyond the runner.
 race:
-	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/... ./netbench/...
+	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/... ./netbench/... ./plugin/...
 
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \

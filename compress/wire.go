@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"math"
 )
 
 // The wire format, version 1. All integers are little-endian.
@@ -70,11 +71,8 @@ func parsePayload(p []byte) (*header, []byte, error) {
 	if len(p) < headerLen+trailerLen {
 		return nil, nil, &CorruptInputError{Offset: int64(len(p)), Reason: fmt.Sprintf("payload of %d bytes is shorter than the %d-byte frame", len(p), headerLen+trailerLen)}
 	}
-	if string(p[:4]) != wireMagic {
-		return nil, nil, &CorruptInputError{Offset: 0, Reason: fmt.Sprintf("bad magic %q, want %q", p[:4], wireMagic)}
-	}
-	if p[4] != wireVersion {
-		return nil, nil, &VersionError{What: "payload", Got: p[4], Want: wireVersion}
+	if err := checkMagic(p); err != nil {
+		return nil, nil, err
 	}
 	end := len(p) - trailerLen
 	want := crc32.Checksum(p[:end], castagnoli)
@@ -266,4 +264,37 @@ func ParseHeader(payload []byte) (Header, []byte, error) {
 		Codec: h.codec, Lossless: h.lossless, Elements: int(h.n),
 		ParamA: h.paramA, ParamB: h.paramB, Seed: h.seed, Key: h.key,
 	}, body, nil
+}
+
+// checkMagic checks the magic and version at the start of p, which holds at
+// least 5 bytes.
+func checkMagic(p []byte) error {
+	if string(p[:4]) != wireMagic {
+		return &CorruptInputError{Offset: 0, Reason: fmt.Sprintf("bad magic %q, want %q", p[:4], wireMagic)}
+	}
+	if p[4] != wireVersion {
+		return &VersionError{What: "payload", Got: p[4], Want: wireVersion}
+	}
+	return nil
+}
+
+// PayloadLen returns the total length in bytes (header, body and checksum)
+// of the payload whose header starts prefix, which must hold at least the
+// 56-byte header; bytes past it are not read. It checks only the magic, the
+// version and that the length is representable, so that payloads can travel
+// in padded, fixed-size slots: pass slot[:PayloadLen(slot)] to Decompress,
+// which validates the rest. A short prefix or bad magic is a
+// *CorruptInputError, another version a *VersionError.
+func PayloadLen(prefix []byte) (int, error) {
+	if len(prefix) < headerLen {
+		return 0, &CorruptInputError{Offset: int64(len(prefix)), Reason: fmt.Sprintf("%d bytes are shorter than the %d-byte payload header", len(prefix), headerLen)}
+	}
+	if err := checkMagic(prefix); err != nil {
+		return 0, err
+	}
+	body := binary.LittleEndian.Uint64(prefix[48:])
+	if body > math.MaxInt-headerLen-trailerLen {
+		return 0, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d is not representable", body)}
+	}
+	return headerLen + int(body) + trailerLen, nil
 }

@@ -289,3 +289,50 @@ func TestParseHeader(t *testing.T) {
 		t.Errorf("flipped checksum: got %v, want *ChecksumError", err)
 	}
 }
+
+// TestPayloadLen reads the length of payloads of several codecs, with and
+// without a lossless stage, from their header alone and from padded slots,
+// and checks the errors of short, foreign, newer and absurd headers.
+func TestPayloadLen(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	src := make([]float32, 3000)
+	for i := range src {
+		src[i] = float32(rng.NormFloat64())
+	}
+	for _, spec := range []string{"none", "topk:0.01", "int4", "sign", "topk:0.05:lossless=zstd"} {
+		p, err := mustParse(t, spec).Compress(nil, src, Key{Bucket: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot := append(bytes.Clone(p), make([]byte, 100)...)
+		for _, b := range [][]byte{p, p[:headerLen], slot} {
+			if n, err := PayloadLen(b); err != nil || n != len(p) {
+				t.Errorf("%s: PayloadLen of %d bytes = %d, %v; want %d", spec, len(b), n, err, len(p))
+			}
+		}
+	}
+	p, err := mustParse(t, "none").Compress(nil, src[:4], Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *CorruptInputError
+	if _, err := PayloadLen(p[:headerLen-1]); !errors.As(err, &ce) || ce.Offset != headerLen-1 {
+		t.Errorf("short prefix: got %v, want a *CorruptInputError at offset %d", err, headerLen-1)
+	}
+	bad := bytes.Clone(p)
+	bad[0] = 'X'
+	if _, err := PayloadLen(bad); !errors.As(err, &ce) || ce.Offset != 0 {
+		t.Errorf("bad magic: got %v, want a *CorruptInputError at offset 0", err)
+	}
+	bad = bytes.Clone(p)
+	bad[4] = wireVersion + 1
+	var ve *VersionError
+	if _, err := PayloadLen(bad); !errors.As(err, &ve) {
+		t.Errorf("newer version: got %v, want a *VersionError", err)
+	}
+	bad = bytes.Clone(p)
+	binary.LittleEndian.PutUint64(bad[48:], math.MaxUint64-1)
+	if _, err := PayloadLen(bad); !errors.As(err, &ce) || ce.Offset != 48 {
+		t.Errorf("absurd body length: got %v, want a *CorruptInputError at offset 48", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -145,7 +146,14 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		xs[i] = float64(allReduceVolume(e.size, 4*l))
 	}
 	m.alpha, m.perByte = fitLine(xs, v[:len(probeLen)])
-	v = v[len(probeLen):]
+	m.fitCompute(ns, v[len(probeLen):])
+	return m, nil
+}
+
+// fitCompute fits the compute lines (encode, between collectives, decode,
+// dense average) to v, timePath's times flattened stage by stage, for the
+// sizes ns.
+func (m *costModel) fitCompute(ns []int, v []float64) {
 	fns := make([]float64, len(ns))
 	for i, n := range ns {
 		fns[i] = float64(n)
@@ -154,7 +162,6 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		l.a, l.b = fitLine(fns, v[:len(ns)])
 		v = v[len(ns):]
 	}
-	return m, nil
 }
 
 // timePath runs the engine's compressed path for buckets of each size in
@@ -169,7 +176,9 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
 	s := &Engine{c: &loopback{rank: e.rank, size: e.size}, cfg: e.cfg, rank: e.rank, size: e.size,
 		spec: e.spec, comp: e.comp, strategy: e.strategy}
-	s.x = s.newExchanger()
+	if s.comp != nil {
+		s.x = s.newExchanger()
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	grad := make([]float32, ns[len(ns)-1])
 	for i := range grad {
@@ -178,7 +187,9 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	st := &step{ctx: context.Background()}
 	for i, n := range ns {
 		b := &bucket{idx: i, n: n, compressed: true}
-		s.x.setup(b)
+		if s.x != nil {
+			s.x.setup(b)
+		}
 		r := &run{b: b, grad: make([]float32, n)}
 		var sum [4]float64
 		reps := 0
@@ -188,25 +199,12 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 			}
 			copy(r.grad, grad)
 			r.key = compress.Key{Bucket: uint64(i), Step: uint64(reps)}
-			r.stats = BucketStats{}
+			if s.x != nil {
+				if err := timeCompressed(s.x, st, r, &sum); err != nil {
+					return times, err
+				}
+			}
 			t := time.Now()
-			err := s.x.encode(r)
-			sum[0] += time.Since(t).Seconds()
-			if err == nil {
-				_, err = s.x.exchange(st, r)
-			}
-			sum[1] += (r.stats.Compress + r.stats.Decompress).Seconds()
-			t = time.Now()
-			if err == nil {
-				_, err = s.x.decode(r)
-			}
-			sum[2] += time.Since(t).Seconds()
-			discard(r.pend1)
-			discard(r.pend2)
-			if err != nil {
-				return times, err
-			}
-			t = time.Now()
 			average(r.grad, e.size)
 			sum[3] += time.Since(t).Seconds()
 		}
@@ -215,6 +213,27 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 		}
 	}
 	return times, nil
+}
+
+// timeCompressed runs r through x's compressed path once, adding each
+// stage's time (encode, between collectives, decode) to sum.
+func timeCompressed(x exchanger, st *step, r *run, sum *[4]float64) error {
+	r.stats = BucketStats{}
+	t := time.Now()
+	err := x.encode(r)
+	sum[0] += time.Since(t).Seconds()
+	if err == nil {
+		_, err = x.exchange(st, r)
+	}
+	sum[1] += (r.stats.Compress + r.stats.Decompress).Seconds()
+	t = time.Now()
+	if err == nil {
+		_, err = x.decode(r)
+	}
+	sum[2] += time.Since(t).Seconds()
+	discard(r.pend1)
+	discard(r.pend2)
+	return err
 }
 
 // fitLine fits y = a + b·x by least squares, with a, b ≥ 0: a negative
@@ -261,14 +280,13 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 		bw = fmt.Sprintf("%.3g GB/s", 1e-9/m.perByte)
 	}
 	for i, b := range e.buckets {
-		c := m.costs(e.x, b.n)
-		dense := stageCosts{exchange: m.link(allReduceVolume(e.size, 4*b.n)), decode: m.avg.at(b.n)}
-		b.predDense, b.predComp = seconds(dense.total()), seconds(c.total())
-		if c.total() < dense.total()/(1+margin) {
+		p := m.predict(e.x, e.size, b.n)
+		b.predDense, b.predComp = p.Dense, p.Compressed
+		if p.Compress {
 			choice[i] = 1
 		}
-		b.reason = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v (all-reduce %v, average %v); link α=%v β=%s",
-			b.predComp, seconds(c.encode), seconds(c.exchange), seconds(c.decode), b.predDense, seconds(dense.exchange), seconds(dense.decode), seconds(m.alpha), bw)
+		b.predicted = fmt.Sprintf("cost model: compressed %v (encode %v, exchange %v, decode %v) vs dense %v (all-reduce %v, average %v); link α=%v β=%s",
+			p.Compressed, p.Encode, p.Exchange, p.Decode, p.Dense, p.AllReduce, p.Average, seconds(m.alpha), bw)
 	}
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
@@ -277,12 +295,176 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 	}
 	for i, b := range e.buckets {
 		b.compressed = choice[i] == 1
+		b.reason = b.predicted
 	}
 	return nil
 }
 
+// seconds converts s to a Duration rounded to 0.1 µs, saturating at the
+// largest Duration.
 func seconds(s float64) time.Duration {
+	if s*1e9 >= math.MaxInt64 {
+		return math.MaxInt64
+	}
 	return time.Duration(s * 1e9).Round(time.Microsecond / 10)
+}
+
+// predict predicts a bucket of n elements on size ranks: the dense path,
+// and the compressed path of x (nil: codec none, no compressed path).
+func (m *costModel) predict(x exchanger, size, n int) Prediction {
+	dense := stageCosts{exchange: m.link(allReduceVolume(size, 4*n)), decode: m.avg.at(n)}
+	p := Prediction{Dense: seconds(dense.total()), AllReduce: seconds(dense.exchange), Average: seconds(dense.decode)}
+	if x == nil {
+		p.Compressed = p.Dense
+		return p
+	}
+	c := m.costs(x, n)
+	p.Compressed, p.Encode, p.Exchange, p.Decode = seconds(c.total()), seconds(c.encode), seconds(c.exchange), seconds(c.decode)
+	p.Compress = c.total() < dense.total()/(1+margin)
+	return p
+}
+
+// Link is a network link as Predict models it: a collective in which one
+// rank sends V bytes takes Latency + V/Bandwidth.
+type Link struct {
+	Bandwidth float64       // bytes per second, > 0; +Inf for a link whose transfer time is negligible
+	Latency   time.Duration // per collective, ≥ 0
+}
+
+// Prediction is the cost model's prediction for one bucket, as the engine
+// makes it at New (see the package doc for the formulas).
+type Prediction struct {
+	Strategy Strategy // the strategy predicted (StrategyAuto resolved)
+	// Dense is the dense fp32 all-reduce and average:
+	// AllReduce + max(0, Average − AllReduce).
+	Dense, AllReduce, Average time.Duration
+	// Compressed is the compressed path, what overlap with the neighbouring
+	// buckets does not hide: Exchange + max(0, Encode − Exchange) +
+	// max(0, Decode − Exchange). For codec none it equals Dense, and
+	// Encode, Exchange and Decode are zero.
+	Compressed, Encode, Exchange, Decode time.Duration
+	// Compress is true when Compressed is predicted at least 20% faster
+	// than Dense: the engine's choice.
+	Compress bool
+}
+
+// MaxPredictWorld is the largest world size Predict accepts: the
+// calibration runs the whole exchange of that many ranks on one core.
+const MaxPredictWorld = 1024
+
+// Predict is the engine's cost model for one bucket of n elements
+// exchanged among world ranks with strategy s (StrategyAuto picks it as
+// Config.Strategy would; StrategyQuantAllGather works with every codec but
+// none) over link, without an engine or a transport. The compressed path's
+// compute is the engine's own (with error feedback), timed on this host
+// on first use for each (spec, strategy, world) and kept for the life of
+// the process: the first call for a combination takes up to a few hundred
+// milliseconds, later ones microseconds. It returns an error for a nil
+// compressor, n outside 1 to compress.MaxElements, world outside 1 to
+// MaxPredictWorld, a bandwidth that is not positive, a negative latency, or
+// a strategy that cannot carry c's codec. Safe for concurrent use.
+func Predict(c compress.Compressor, s Strategy, n, world int, link Link) (Prediction, error) {
+	switch {
+	case c == nil:
+		return Prediction{}, fmt.Errorf("overlap: Predict: nil compressor")
+	case n < 1 || n > compress.MaxElements:
+		return Prediction{}, fmt.Errorf("overlap: Predict: %d elements, want 1 to %d", n, uint64(compress.MaxElements))
+	case world < 1 || world > MaxPredictWorld:
+		return Prediction{}, fmt.Errorf("overlap: Predict: world size %d, want 1 to %d", world, MaxPredictWorld)
+	case !(link.Bandwidth > 0):
+		return Prediction{}, fmt.Errorf("overlap: Predict: link bandwidth %v bytes/s, want > 0", link.Bandwidth)
+	case link.Latency < 0:
+		return Prediction{}, fmt.Errorf("overlap: Predict: link latency %v is negative", link.Latency)
+	}
+	strategy, err := resolve(s, c.Codec(), world)
+	if err != nil {
+		return Prediction{}, err
+	}
+	cal, err := calibrated(c, strategy, world)
+	if err != nil {
+		return Prediction{}, err
+	}
+	m := cal.model
+	m.alpha, m.perByte = link.Latency.Seconds(), 1/link.Bandwidth
+	p := m.predict(cal.x, world, n)
+	p.Strategy = strategy
+	return p, nil
+}
+
+// calibration is what Predict keeps per (spec, strategy, world): the
+// fitted compute lines, and the compressed path (nil for codec none),
+// whose memory-free exchanger gives the collectives' volumes.
+type calibration struct {
+	model costModel // compute lines only
+	x     exchanger
+}
+
+type calibrationKey struct {
+	spec     string
+	strategy Strategy
+	world    int
+}
+
+type calibrationEntry struct {
+	once sync.Once
+	cal  calibration
+	err  error
+}
+
+var calibrations struct {
+	sync.Mutex
+	m map[calibrationKey]*calibrationEntry
+}
+
+// calibrationBytes bounds the receive buffers of a calibration run (an
+// all-gather receives world payloads): sizes above it are not timed.
+const calibrationBytes = 128 << 20
+
+// calibrated returns the calibration of (c's spec, strategy, world),
+// timing it on first use: timePath on a scratch engine of rank 0 for
+// buckets of 4 Ki, 32 Ki and 256 Ki elements (rounded down to a multiple
+// of world, at least world; those whose world payloads exceed
+// calibrationBytes left out, the smallest always kept).
+func calibrated(c compress.Compressor, strategy Strategy, world int) (calibration, error) {
+	key := calibrationKey{c.Spec(), strategy, world}
+	calibrations.Lock()
+	if calibrations.m == nil {
+		calibrations.m = make(map[calibrationKey]*calibrationEntry)
+	}
+	ent := calibrations.m[key]
+	if ent == nil {
+		ent = &calibrationEntry{}
+		calibrations.m[key] = ent
+	}
+	calibrations.Unlock()
+	ent.once.Do(func() {
+		e := &Engine{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}
+		if c.Codec() != compress.CodecNone {
+			e.comp = c
+			e.x = e.newExchanger()
+			e.x.useMemory(nil, nil)
+		}
+		var ns []int
+		for _, n := range []int{1 << 12, 1 << 15, 1 << 18} {
+			n = max(n-n%world, world)
+			if len(ns) == 0 || int64(world)*int64(c.MaxEncodedLen(n)) <= calibrationBytes {
+				ns = append(ns, n)
+			}
+		}
+		ns = slices.Compact(ns)
+		times, err := timePath(e, ns)
+		if err != nil {
+			ent.err = fmt.Errorf("overlap: Predict: timing %s (%v, %d ranks): %w", c.Spec(), strategy, world, err)
+			return
+		}
+		var v []float64
+		for _, t := range times {
+			v = append(v, t...)
+		}
+		ent.cal.model.fitCompute(ns, v)
+		ent.cal.x = e.x
+	})
+	return ent.cal, ent.err
 }
 
 // linkCost is the time of the bucket's collectives on the link.

@@ -5,10 +5,12 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
 )
 
 func TestFitLine(t *testing.T) {
@@ -93,5 +95,85 @@ func TestCostModelAgrees(t *testing.T) {
 			}
 			t.Log(stats[0].Buckets[2].Reason)
 		})
+	}
+}
+
+// TestPredictKnownLink: the link terms are the formulas of the package
+// doc, exactly; all-gather's exchange has no compute between collectives.
+func TestPredictKnownLink(t *testing.T) {
+	const n, world, bw, lat = 1 << 16, 4, 1e6, time.Millisecond
+	c := mustParse(t, "topk:0.01")
+	p, err := Predict(c, StrategyQuantAllGather, n, world, Link{Bandwidth: bw, Latency: lat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAR := seconds(lat.Seconds() + float64(2*(world-1)*4*n/world)/bw)
+	wantX := seconds(lat.Seconds() + float64((world-1)*(slotHeaderLen+c.MaxEncodedLen(n)))/bw)
+	if p.AllReduce != wantAR || p.Exchange != wantX || p.Strategy != StrategyQuantAllGather {
+		t.Errorf("all-reduce %v, exchange %v, strategy %v; want %v, %v, allgather", p.AllReduce, p.Exchange, p.Strategy, wantAR, wantX)
+	}
+	if want := p.AllReduce + max(0, p.Average-p.AllReduce); p.Dense != want {
+		t.Errorf("dense %v, want %v", p.Dense, want)
+	}
+	if !p.Compress || p.Compressed >= p.Dense {
+		t.Errorf("top-k 1%% on 1 MB/s: %+v, want compressed", p)
+	}
+	again, err := Predict(c, StrategyQuantAllGather, n, world, Link{Bandwidth: bw, Latency: lat})
+	if err != nil || again != p {
+		t.Errorf("second call (cached calibration): %+v, %v; first %+v", again, err, p)
+	}
+}
+
+// TestPredictEveryCodec: all-gather carries every codec; on a link whose
+// transfers cost nothing, no codec is predicted to pay; codec none is
+// dense.
+func TestPredictEveryCodec(t *testing.T) {
+	free := Link{Bandwidth: math.Inf(1)}
+	specs := []string{"fp16", "bf16", "topk:0.01", "randomk:0.01", "int8", "int4", "int2", "sign"}
+	if testing.Short() {
+		specs = specs[2:4]
+	}
+	var wg sync.WaitGroup
+	for _, spec := range specs {
+		wg.Go(func() { // concurrently: Predict is safe for concurrent use
+			p, err := Predict(mustParse(t, spec), StrategyQuantAllGather, 1<<18, 4, free)
+			switch {
+			case err != nil:
+				t.Errorf("%s: %v", spec, err)
+			case p.Compress || p.Strategy != StrategyQuantAllGather || p.Encode <= 0 || p.Decode <= 0:
+				t.Errorf("%s on a free link: %+v, want dense, with encode and decode times", spec, p)
+			}
+		})
+	}
+	wg.Wait()
+	p, err := Predict(mustParse(t, "none"), StrategyAuto, 1<<10, 2, free)
+	if err != nil || p.Compress || p.Compressed != p.Dense || p.Strategy != StrategyDense || p.Encode != 0 {
+		t.Errorf("codec none: %+v, %v", p, err)
+	}
+}
+
+func TestPredictErrors(t *testing.T) {
+	c := mustParse(t, "int8")
+	ok := Link{Bandwidth: 1e9, Latency: time.Microsecond}
+	for _, tc := range []struct {
+		c     compress.Compressor
+		s     Strategy
+		n, w  int
+		link  Link
+		error string
+	}{
+		{nil, StrategyAuto, 10, 2, ok, "nil compressor"},
+		{c, StrategyAuto, 0, 2, ok, "0 elements"},
+		{c, StrategyAuto, 10, 0, ok, "world size 0"},
+		{c, StrategyAuto, 10, MaxPredictWorld + 1, ok, "world size 1025"},
+		{c, StrategyAuto, 10, 2, Link{}, "bandwidth 0"},
+		{c, StrategyAuto, 10, 2, Link{Bandwidth: math.NaN()}, "bandwidth NaN"},
+		{c, StrategyAuto, 10, 2, Link{Bandwidth: 1, Latency: -1}, "latency -1ns is negative"},
+		{c, StrategySharedIndex, 10, 2, ok, "shared-index needs"},
+		{c, Strategy(42), 10, 2, ok, "unknown strategy"},
+	} {
+		if _, err := Predict(tc.c, tc.s, tc.n, tc.w, tc.link); err == nil || !strings.Contains(err.Error(), tc.error) {
+			t.Errorf("Predict(%v, %v, %d, %d, %+v) = %v, want an error with %q", tc.c, tc.s, tc.n, tc.w, tc.link, err, tc.error)
+		}
 	}
 }

@@ -49,6 +49,7 @@ type Engine struct {
 	x          exchanger // the compressed path; nil for codec none
 	buckets    []*bucket
 	model      *costModel // nil unless Decision is DecideAuto with a compressed path
+	verify     *verifier  // non-nil with model: checks its decisions against measured times
 	ef1, ef2   *compress.ErrorFeedback
 
 	compute, wire, decode *stream // encode; collectives; decode and average
@@ -63,10 +64,13 @@ type Engine struct {
 // bucket is one bucket's fixed state: its decision and buffers.
 type bucket struct {
 	idx, n     int
-	compressed bool   // the compressed path, unless a step falls back
+	compressed bool   // the compressed path, unless a step falls back (DecideAuto: changed by verification between steps)
 	reason     string // why (the decision and its inputs)
+	predicted  string // the cost model's prediction and inputs (DecideAuto)
 	predDense  time.Duration
 	predComp   time.Duration
+	measDense  time.Duration // verification's latest measurements (DecideAuto), 0 until then
+	measComp   time.Duration
 
 	slot       int    // slot length of the strategy's exchanges
 	send, recv []byte // stage-1 slots
@@ -87,10 +91,11 @@ const (
 
 // run is one bucket in one step.
 type run struct {
-	b       *bucket
-	grad    []float32
-	key     compress.Key
-	encoded *event
+	b          *bucket
+	compressed bool // the path this step takes (b's decision, or the other in a verification trial)
+	grad       []float32
+	key        compress.Key
+	encoded    *event
 
 	begun        bool   // encode ran
 	local        status // this rank's stage-1 status
@@ -276,6 +281,7 @@ func (e *Engine) decide(ctx context.Context) error {
 		if err := m.decide(ctx, e); err != nil {
 			return err
 		}
+		e.verify = newVerifier(len(e.buckets))
 	}
 	for _, b := range e.buckets {
 		if b.compressed {
@@ -288,10 +294,13 @@ func (e *Engine) decide(ctx context.Context) error {
 // Strategy returns the strategy in use (StrategyAuto resolved).
 func (e *Engine) Strategy() Strategy { return e.strategy }
 
-// Compressed reports, per bucket, whether the cost model or the pinned
-// Decision chose the compressed path (a step may still fall back to dense,
-// see BucketStats).
+// Compressed reports, per bucket, whether the pinned Decision, or with
+// DecideAuto the cost model and then its verification, chose the
+// compressed path for the steps to come (a step may still fall back to
+// dense, and a verification trial takes the other path: see BucketStats).
 func (e *Engine) Compressed() []bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	out := make([]bool, len(e.buckets))
 	for i, b := range e.buckets {
 		out[i] = b.compressed
@@ -327,10 +336,18 @@ func (e *Engine) Step() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	st := &step{num: e.next, ctx: ctx, cancel: cancel, start: time.Now(), failed: make(chan struct{}),
 		runs: make([]*run, len(e.buckets)), ready: make([]bool, len(e.buckets))}
+	trial := e.verify != nil && e.verify.trial()
 	for i, b := range e.buckets {
-		st.runs[i] = &run{b: b, key: compress.Key{Bucket: uint64(i), Step: st.num},
-			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: e.strategy, Reason: b.reason,
-				PredictedDense: b.predDense, PredictedCompressed: b.predComp}}
+		path := b.compressed != trial
+		if path && b.send == nil {
+			e.x.setup(b) // first time on the compressed path
+		}
+		st.runs[i] = &run{b: b, compressed: path, key: compress.Key{Bucket: uint64(i), Step: st.num},
+			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: e.strategy, Reason: b.reason, Trial: trial,
+				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
+		if trial {
+			st.runs[i].stats.Reason += "; verification trial: " + pathName(path)
+		}
 	}
 	e.next++
 	e.cur = st
@@ -490,6 +507,11 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 			}
 		}
 		e.settle(st, fatal != nil || nf != nil)
+		if fatal == nil && e.verify != nil {
+			if err := e.verifyStep(ctx, st); err != nil {
+				fatal = err
+			}
+		}
 
 		res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(st.runs)), Exposed: exposed}
 		for i, r := range st.runs {
@@ -543,7 +565,7 @@ func (e *Engine) settle(st *step, failed bool) {
 		case !failed:
 		case r.pend1 != nil:
 			r.pend1.Retain()
-		case r.grad != nil && r.b.compressed && !r.begun && e.ef1 != nil:
+		case r.grad != nil && r.compressed && !r.begun && e.ef1 != nil:
 			// Never compressed: fold g in now. A non-finite g stays out.
 			if _, p, err := e.x.first().begin(r.b.send[:0], r.grad, r.key); err == nil {
 				p.Retain()
@@ -568,7 +590,7 @@ func discard(p *compress.Pending) {
 
 // encodeTask runs on the compute stream: stage-1 compression.
 func (e *Engine) encodeTask(st *step, r *run) {
-	if st.failure() != nil || !r.b.compressed {
+	if st.failure() != nil || !r.compressed {
 		return
 	}
 	t := time.Now()
@@ -586,7 +608,7 @@ func (e *Engine) exchangeTask(st *step, r *run) {
 	if st.failure() != nil {
 		return
 	}
-	if !r.b.compressed {
+	if !r.compressed {
 		r.outcome = pathDense
 		if err := e.allReduce(st, r, "dense AllReduce", r.grad); err != nil {
 			st.fail(err)

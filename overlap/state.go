@@ -187,7 +187,10 @@ func (e *Engine) Load(r io.Reader) error {
 	}
 	keep2 := mem[1] != nil && e.ef2 != nil && size == e.size && rank == e.rank && Strategy(flags[0]) == e.strategy
 	if keep2 {
-		if err := e.checkMemory(mem[1], 2, func(bk *bucket) int { return len(bk.mid) }); err != nil {
+		// This rank's part of each bucket (the bucket's buffers exist only
+		// once it has taken the compressed path).
+		part := &parts{count: e.size}
+		if err := e.checkMemory(mem[1], 2, func(bk *bucket) int { lo, hi := part.bounds(bk.n, e.rank); return hi - lo }); err != nil {
 			return err
 		}
 	}

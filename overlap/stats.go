@@ -24,6 +24,16 @@ type BucketStats struct {
 	Compress, Exchange, Decompress time.Duration
 	// The cost model's predictions for the bucket (zero unless DecideAuto).
 	PredictedDense, PredictedCompressed time.Duration
+	// Verification's measurements (DecideAuto): per path, the slowest
+	// rank's smallest Compress + Exchange + Decompress in the latest
+	// verification window; zero until a window ends.
+	MeasuredDense, MeasuredCompressed time.Duration
+	// Trial is true when this step ran the bucket on the path it was not
+	// decided on, to measure it (DecideAuto, see the package doc).
+	Trial bool
+	// Switched is true when the verification window that ended with this
+	// step changed the bucket's decision (Reason gives the new one).
+	Switched bool
 	// NonFinite is true when some rank's gradient held NaN or Inf (or the
 	// average overflowed) this step.
 	NonFinite bool

@@ -1,0 +1,203 @@
+package overlap
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+)
+
+// gatherDelay makes the compressed path's collectives (all-gather,
+// all-to-all) slow and leaves the dense all-reduce fast: a link on which
+// dense wins whatever the model predicted.
+type gatherDelay struct {
+	comm.Comm
+	d time.Duration
+}
+
+func (g *gatherDelay) AllGather(ctx context.Context, dst, src []byte) error {
+	err := g.Comm.AllGather(ctx, dst, src)
+	time.Sleep(g.d)
+	return err
+}
+
+func (g *gatherDelay) AllToAll(ctx context.Context, dst, src []byte) error {
+	err := g.Comm.AllToAll(ctx, dst, src)
+	time.Sleep(g.d)
+	return err
+}
+
+// TestVerifySchedule: windows of windowSteps steps, the first at step 0,
+// then gaps of recheckFirst, doubling while nothing switches, reset by a
+// switch; trials at the windows' odd positions.
+func TestVerifySchedule(t *testing.T) {
+	v := newVerifier(1)
+	var starts, trials []int
+	switches := map[int]bool{2: true} // the third window switches
+	windows := 0
+	for step := range 1200 {
+		if v.pos == 0 {
+			starts = append(starts, step)
+		}
+		if v.trial() {
+			trials = append(trials, step)
+		}
+		if v.advance() {
+			v.endWindow(switches[windows])
+			windows++
+		}
+	}
+	// 0; +4+100; +4+200; switched: +4+100; +4+200; +4+400.
+	if want := []int{0, 104, 308, 412, 616, 1020}; !slices.Equal(starts, want) {
+		t.Errorf("windows start at %v, want %v", starts, want)
+	}
+	if want := []int{1, 3, 105, 107}; !slices.Equal(trials[:4], want) {
+		t.Errorf("trials at %v, want %v first", trials, want)
+	}
+}
+
+// TestVerifyConverges: whatever the model predicted, after the first
+// window every rank runs each bucket on the path measured faster, the
+// window's last step reports the switch, and the trials are in the stats.
+func TestVerifyConverges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs emulated slow links (about a second)")
+	}
+	sizes := []int{1 << 14, 1 << 13}
+	for _, tc := range []struct {
+		name  string
+		comms func(t *testing.T) []comm.Comm
+		want  bool // compressed
+	}{
+		{"slow link: compressed", func(t *testing.T) []comm.Comm { return slowGroup(group(t, 2), 0, 5e6) }, true},
+		{"slow all-gather: dense", func(t *testing.T) []comm.Comm {
+			comms := group(t, 2)
+			for r, c := range comms {
+				comms[r] = &gatherDelay{Comm: c, d: 20 * time.Millisecond}
+			}
+			return comms
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engines := newEnginesOn(t, tc.comms(t), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true})
+			for _, e := range engines { // predict the wrong path
+				for _, b := range e.buckets {
+					b.compressed = !tc.want
+				}
+			}
+			for step := range windowSteps + 2 {
+				stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
+				mustNoErrors(t, "step", errs)
+				trial := step < windowSteps && step%2 == 1
+				for r, s := range stats {
+					for i, bs := range s.Buckets {
+						decided := tc.want
+						if step < windowSteps {
+							decided = !tc.want
+						}
+						if bs.Trial != trial || bs.Compressed != (decided != trial) {
+							t.Errorf("step %d, rank %d, bucket %d: trial %v compressed %v, want %v %v", step, r, i, bs.Trial, bs.Compressed, trial, decided != trial)
+						}
+						if step == windowSteps-1 {
+							faster := bs.MeasuredCompressed < bs.MeasuredDense
+							if !bs.Switched || faster != tc.want || !strings.HasPrefix(bs.Reason, "measured: switched to "+pathName(tc.want)) ||
+								!strings.Contains(bs.Reason, "predicted: cost model: ") || bs.MeasuredDense != stats[0].Buckets[i].MeasuredDense {
+								t.Errorf("window's end, rank %d, bucket %d: %+v", r, i, bs)
+							}
+						}
+					}
+				}
+			}
+			for r, e := range engines {
+				if got := e.Compressed(); !slices.Equal(got, []bool{tc.want, tc.want}) {
+					t.Errorf("rank %d: decisions %v, want compressed = %v", r, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestVerifyPinned: pinned decisions are never verified or changed.
+func TestVerifyPinned(t *testing.T) {
+	sizes := []int{1 << 10}
+	comms := group(t, 2)
+	for r, c := range comms {
+		comms[r] = &gatherDelay{Comm: c, d: time.Millisecond}
+	}
+	engines := newEnginesOn(t, comms, sizes, Config{Spec: "topk:0.01", ErrorFeedback: true, Decision: DecideCompressed})
+	for step := range windowSteps + 1 {
+		stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(1))
+		mustNoErrors(t, "step", errs)
+		if bs := stats[0].Buckets[0]; !bs.Compressed || bs.Trial || bs.Switched || bs.Reason != "pinned: compressed" {
+			t.Errorf("step %d: %+v", step, bs)
+		}
+	}
+}
+
+// TestVerifyErrorFeedbackExact: a bucket that alternates between dense and
+// compressed steps (the verification window) gives, bit for bit, the
+// averages and the error-feedback memories (both of SRA's) of pinned
+// engines taking the same path each step with the memory handed over
+// through Save and Load.
+func TestVerifyErrorFeedbackExact(t *testing.T) {
+	const ranks = 3
+	sizes := []int{3001}
+	cfg := Config{Spec: "int4", Strategy: StrategyQuantSRA, ErrorFeedback: true}
+	auto := newEngines(t, ranks, sizes, cfg)
+	cfg.Decision = DecideCompressed
+	comp := newEngines(t, ranks, sizes, cfg)
+	cfg.Decision = DecideDense
+	dense := newEngines(t, ranks, sizes, cfg)
+	var prev []*Engine
+	paths := ""
+	for step := range windowSteps + 2 {
+		grads := stepGrads(ranks, step, sizes)
+		stats, errs := runStep(auto, grads, inOrder(1))
+		mustNoErrors(t, "auto step", errs)
+		ref := dense
+		paths += pathName(stats[0].Buckets[0].Compressed)[:1]
+		if stats[0].Buckets[0].Compressed {
+			ref = comp
+		}
+		if prev != nil && &prev[0] != &ref[0] {
+			for r := range ranks { // hand the memory over
+				var buf bytes.Buffer
+				if err := prev[r].Save(&buf); err != nil {
+					t.Fatal(err)
+				}
+				if err := ref[r].Load(&buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		prev = ref
+		want := stepGrads(ranks, step, sizes)
+		_, errs = runStep(ref, want, inOrder(1))
+		mustNoErrors(t, "reference step", errs)
+		for r := range ranks {
+			if i := sameFloats(grads[r][0], want[r][0]); i >= 0 {
+				t.Fatalf("step %d (%s), rank %d: element %d is %v, reference %v", step, paths, r, i, grads[r][0][i], want[r][0][i])
+			}
+		}
+	}
+	if !strings.Contains(paths, "dc") || !strings.Contains(paths, "cd") {
+		t.Fatalf("paths %s: want switches both ways", paths)
+	}
+	for r := range ranks {
+		var a, b bytes.Buffer
+		if err := auto[r].Save(&a); err != nil {
+			t.Fatal(err)
+		}
+		if err := prev[r].Save(&b); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a.Bytes(), b.Bytes()) {
+			t.Errorf("rank %d: saved state differs from the reference's (paths %s)", r, paths)
+		}
+	}
+	t.Logf("paths %s", paths)
+}

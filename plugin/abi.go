@@ -1,0 +1,53 @@
+package main
+
+// The constants of include/gradcomp.h, in Go. They are not read through
+// cgo: the go command does not track headers outside the package directory,
+// so a changed header would leave a stale build. abi_test.go reads the
+// header and checks every value here against it, and that the header
+// declares exactly the functions this package exports.
+//
+// The exports (exports.go) use plain C integer types in their signatures
+// (C.int for gc_status and gc_settle_mode, which are int-sized enums;
+// C.uint64_t for gc_compressor): cgo cannot spell the header's const
+// qualifiers, and a preamble holding both the header and cgo's own
+// declarations of the same functions would not compile.
+
+// The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
+const (
+	abiMajor   = 1
+	abiMinor   = 1
+	abiVersion = abiMajor<<16 | abiMinor
+)
+
+// The flags of gc_compress.
+const (
+	flagFeedback = 1 // GC_FEEDBACK
+	flagDefer    = 2 // GC_DEFER
+)
+
+// The gc_settle_mode values.
+const (
+	settleCommit  = 0 // GC_COMMIT
+	settleRetain  = 1 // GC_RETAIN
+	settleDiscard = 2 // GC_DISCARD
+)
+
+// status is a gc_status value.
+type status int32
+
+// The gc_status values.
+const (
+	statusOK     status = 0 // GC_OK
+	errInvalid   status = 1 // GC_ERR_INVALID
+	errSpec      status = 2 // GC_ERR_SPEC
+	errHandle    status = 3 // GC_ERR_HANDLE
+	errSize      status = 4 // GC_ERR_SIZE
+	errCorrupt   status = 5 // GC_ERR_CORRUPT
+	errNonFinite status = 6 // GC_ERR_NONFINITE
+	errMismatch  status = 7 // GC_ERR_MISMATCH
+	errState     status = 8 // GC_ERR_STATE
+	errInternal  status = 9 // GC_ERR_INTERNAL
+)
+
+// version is the library version gc_version returns.
+const version = "0.1.0"

@@ -1,0 +1,106 @@
+package main
+
+/*
+#include "lasterror.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// errorBufLen is the size of lasterror.c's per-thread buffer, NUL included.
+const errorBufLen = 1024
+
+// fail records msg as the calling thread's last error, prefixed with the
+// export's name, and returns st.
+func fail(st status, fn, format string, args ...any) status {
+	setLastError(fn + ": " + fmt.Sprintf(format, args...))
+	return st
+}
+
+// failErr records err, prefixed with the export's name, and returns the
+// status its type maps to (statusOf).
+func failErr(fn string, err error) status {
+	return fail(statusOf(err), fn, "%v", err)
+}
+
+// statusError is an error the plugin itself detects, with its status code.
+type statusError struct {
+	st  status
+	msg string
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+// errorf returns a *statusError with status st.
+func errorf(st status, format string, args ...any) error {
+	return &statusError{st: st, msg: fmt.Sprintf(format, args...)}
+}
+
+// statusOf maps an error to its status code: a *statusError's own, else
+// that of compress's typed errors. An error of no known type is a bug in
+// gradcomp: GC_ERR_INTERNAL.
+func statusOf(err error) status {
+	var (
+		own      *statusError
+		spec     *compress.SpecError
+		nonFin   *compress.NonFiniteError
+		size     *compress.SizeError
+		mismatch *compress.MismatchError
+		corrupt  *compress.CorruptInputError
+		checksum *compress.ChecksumError
+		ver      *compress.VersionError
+	)
+	switch {
+	case errors.As(err, &own):
+		return own.st
+	case errors.As(err, &spec):
+		return errSpec
+	case errors.As(err, &nonFin):
+		return errNonFinite
+	case errors.As(err, &mismatch):
+		return errMismatch
+	case errors.As(err, &size):
+		return errSize
+	case errors.As(err, &corrupt), errors.As(err, &checksum), errors.As(err, &ver):
+		return errCorrupt
+	}
+	return errInternal
+}
+
+// setLastError copies msg, cut to the buffer at a UTF-8 boundary, into the
+// calling thread's last-error buffer. The Go string is only read during the
+// call, so no C copy is allocated.
+func setLastError(msg string) {
+	if len(msg) >= errorBufLen {
+		cut := errorBufLen - 1
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
+	}
+	if msg == "" {
+		C.gc_set_last_error(nil, 0)
+		return
+	}
+	C.gc_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// guard turns a panic in the export fn into GC_ERR_INTERNAL with the panic
+// value and the stack's first frames as the message. Every export defers it
+// first, directly, so that its recover sees the panic:
+//
+//	func gc_x(...) (st C.int) {
+//		defer guard("gc_x", &st)
+func guard(fn string, st *C.int) {
+	if r := recover(); r != nil {
+		*st = C.int(fail(errInternal, fn, "internal error, please report: panic: %v\n%s", r, debug.Stack()))
+	}
+}
