@@ -179,3 +179,19 @@ def _roundtrip(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return torch.load(buf)
+
+
+def checkpoint_resume_all(rank, world, variants, steps, cut):
+    """checkpoint_resume for each (spec, name_params) in variants."""
+    return [checkpoint_resume(rank, world, spec, steps, cut, name_params) for spec, name_params in variants]
+
+
+def measured_decisions(rank, world, spec, steps):
+    """Trains `steps` steps with cost_model="measure"; returns the decisions
+    and stats."""
+    x, y, _, _ = digits()
+    ddp, state = make_ddp(mlp(0), spec, warmup_steps=3, probe_steps=2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in list(batches(rank, world, x, y, 0, 0))[:steps]:
+        train_step(ddp, opt, xb, yb)
+    return {"decisions": {str(k): v for k, v in state.decisions.items()}, "stats": dict(state.stats)}

@@ -49,7 +49,7 @@ def abi_version():
 
 def version():
     """The loaded library's version string, e.g. "0.1.0"."""
-    return _lib.lib().gc_version().decode("utf-8", "replace")
+    return _lib.function("gc_version")().decode("utf-8", "replace")
 
 
 def live_handles():

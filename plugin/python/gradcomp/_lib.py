@@ -157,21 +157,22 @@ def _load():
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
             continue
+        for name in ("gc_abi_version", "gc_last_error"):
+            if not hasattr(handle, name):
+                raise LibraryNotFoundError("%s lacks %s: not a gradcomp library" % (path, name))
         for name, (restype, argtypes) in _PROTOTYPES.items():
-            try:
-                fn = getattr(handle, name)
-            except AttributeError:
-                raise LibraryNotFoundError("%s lacks %s: not a gradcomp library of ABI %d" % (path, name, ABI_MAJOR))
-            fn.restype = restype
-            fn.argtypes = argtypes
+            fn = getattr(handle, name, None)
+            if fn is not None:  # a missing one fails when called, naming it
+                fn.restype = restype
+                fn.argtypes = argtypes
         version = handle.gc_abi_version()
         if version >> 16 != ABI_MAJOR:
             raise LibraryNotFoundError(
                 "%s has ABI %d.%d; this package needs ABI %d.x" % (path, version >> 16, version & 0xFFFF, ABI_MAJOR)
             )
         for name, (minor, restype, argtypes) in _OPTIONAL.items():
-            if version & 0xFFFF >= minor:
-                fn = getattr(handle, name)
+            fn = getattr(handle, name, None)
+            if version & 0xFFFF >= minor and fn is not None:
                 fn.restype = restype
                 fn.argtypes = argtypes
         return handle
@@ -179,6 +180,28 @@ def _load():
         "gradcomp: cannot load %s: tried %s; build it with `make plugin` or set %s"
         % (CPU_LIB_NAME, "; ".join(tried), ENV_LIB)
     )
+
+
+def has(name):
+    """Whether the loaded library provides the ABI function ``name`` (one
+    added in a later minor version needs that version)."""
+    handle = lib()
+    if name in _OPTIONAL and handle.gc_abi_version() & 0xFFFF < _OPTIONAL[name][0]:
+        return False
+    fn = getattr(handle, name, None)
+    return fn is not None and fn.argtypes is not None
+
+
+def function(name):
+    """The library's ABI function ``name``; LibraryError when the loaded
+    library lacks it."""
+    if not has(name):
+        version = lib().gc_abi_version()
+        raise LibraryError(
+            name, Status.INVALID,
+            "the loaded library (ABI %d.%d) lacks %s" % (version >> 16, version & 0xFFFF, name),
+        )
+    return getattr(lib(), name)
 
 
 def last_error():
@@ -193,10 +216,8 @@ def call(name, *args):
     GC_ERR_INVALID and GC_ERR_SIZE, NonFiniteError for GC_ERR_NONFINITE and
     LibraryError (RuntimeError) for the rest, with gc_last_error's message.
     """
-    handle = lib()
-    if name in _OPTIONAL and handle.gc_abi_version() & 0xFFFF < _OPTIONAL[name][0]:
-        raise LibraryError(name, Status.INVALID, "%s needs ABI %d.%d or later" % (name, ABI_MAJOR, _OPTIONAL[name][0]))
-    status = getattr(handle, name)(*args)
+    fn = function(name)
+    status = fn(*args)
     if status == Status.OK:
         return
     try:
