@@ -9,9 +9,9 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin purego race fuzz bench gobench cuda gpu-binaries
+.PHONY: test setup vet unit capi plugin pytest purego race fuzz bench gobench cuda gpu-binaries
 
-test: setup vet unit capi purego race fuzz cuda
+test: setup vet unit capi pytest purego race fuzz cuda
 
 setup:
 	./scripts/setup
@@ -36,6 +36,12 @@ plugin:
 
 # The C program that drives every function of the ABI, linked against
 # build/libgradcomp.so (found through its rpath).
+# The Python package (plugin/python) under Debian's torch and sklearn:
+# the ctypes binding, the DDP hook on 4 gloo ranks, digits accuracy.
+PYTHON ?= /usr/bin/python3
+pytest: plugin
+	cd tests/python && PYTHONPATH=$(CURDIR)/plugin/python $(PYTHON) -m unittest discover -v -s . -t .
+
 capi: plugin
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_test tests/capi/capi_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
