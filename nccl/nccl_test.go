@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gradcomp/gradcomp/internal/ncclmock"
 	"github.com/gradcomp/gradcomp/nccl"
-	"github.com/gradcomp/gradcomp/nccl/internal/ncclmock"
 )
 
 // The tests run against the MOCK libnccl.so.2 that ncclmock compiles (a
