@@ -30,6 +30,7 @@ type Option func(*commOptions) error
 
 type commOptions struct {
 	timeout, grace time.Duration
+	device         int // the CUDA device ordinal for InitRank; -1: the thread's current one
 }
 
 // WithTimeout sets the communicator's timeout (default DefaultTimeout,
@@ -56,6 +57,23 @@ func WithAbortGrace(d time.Duration) Option {
 			return fmt.Errorf("nccl: WithAbortGrace(%v): must be > 0", d)
 		}
 		o.grace = d
+		return nil
+	}
+}
+
+// WithDevice makes InitRank create the communicator on CUDA device ordinal
+// d (≥ 0, counted among the devices CUDA_VISIBLE_DEVICES leaves): the init
+// thread makes d's primary context current (libcuda.so.1: cuInit,
+// cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent) before
+// ncclCommInitRank. A failure there is a *CUDAError and nothing reaches
+// NCCL. Without WithDevice the device is the init thread's current one,
+// which for a fresh thread is device 0.
+func WithDevice(d int) Option {
+	return func(o *commOptions) error {
+		if d < 0 {
+			return fmt.Errorf("nccl: WithDevice(%d): must be ≥ 0", d)
+		}
+		o.device = d
 		return nil
 	}
 }
@@ -101,14 +119,15 @@ type Comm struct {
 // InitRank creates rank's end of a communicator of nranks ranks
 // (ncclCommInitRank); every rank calls it with the same id, nranks and
 // options, at about the same time, and it returns once all have joined.
-// The GPU is the calling OS thread's current CUDA device: for a process
-// with one GPU, device 0 or whichever CUDA_VISIBLE_DEVICES leaves first.
+// The GPU is the one WithDevice names, else device 0 (InitRank runs
+// ncclCommInitRank on a thread of its own, whose current device is the
+// CUDA default).
 //
 // When the timeout passes or ctx ends before every rank has joined, the
 // communicator is aborted if NCCL has created it yet and InitRank returns
 // an *AbortError.
 func (l *Library) InitRank(ctx context.Context, nranks int, id UniqueID, rank int, opts ...Option) (*Comm, error) {
-	o := commOptions{timeout: DefaultTimeout, grace: DefaultAbortGrace}
+	o := commOptions{timeout: DefaultTimeout, grace: DefaultAbortGrace, device: -1}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -152,6 +171,11 @@ func (l *Library) InitRank(ctx context.Context, nranks int, id UniqueID, rank in
 		},
 	}
 	returned, err := l.supervise(ctx, w, func() error {
+		if o.device >= 0 {
+			if err := bindDevice(o.device); err != nil {
+				return err
+			}
+		}
 		r := ccall(l.fns[fnCommInitRank], fnCommInitRank, &[7]uintptr{uintptr(nranks), uintptr(rank)}, slot.ptr(), unsafe.Pointer(in))
 		if r != ResultSuccess {
 			return l.errorf(fnCommInitRank, rank, r, slot.load())

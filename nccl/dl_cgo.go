@@ -106,6 +106,32 @@ static const char* gc_string(uintptr_t fn, int id, uintptr_t a) {
 }
 
 static void* gc_load_ptr(void** p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+// gc_cuda_bind makes device ordinal's primary context current on the
+// calling thread with the driver API functions fns (cuInit,
+// cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent; CUresult is an
+// int enum, CUdevice an int, CUcontext a pointer). It returns the CUresult
+// and, in *step, the index of the function that failed.
+static int gc_cuda_bind(const uintptr_t* fns, int ordinal, int* step) {
+	int dev = 0;
+	void* ctx = NULL;
+	int r;
+	*step = 0;
+	if ((r = ((int (*)(unsigned))fns[0])(0)) != 0) return r;
+	*step = 1;
+	if ((r = ((int (*)(int*, int))fns[1])(&dev, ordinal)) != 0) return r;
+	*step = 2;
+	if ((r = ((int (*)(void**, int))fns[2])(&ctx, dev)) != 0) return r;
+	*step = 3;
+	return ((int (*)(void*))fns[3])(ctx);
+}
+
+// gc_cuda_name calls cuGetErrorName(code); NULL when it fails.
+static const char* gc_cuda_name(uintptr_t fn, int code) {
+	const char* s = NULL;
+	if (((int (*)(int, const char**))fn)(code, &s) != 0) return NULL;
+	return s;
+}
 */
 import "C"
 
@@ -179,6 +205,24 @@ func (s commSlot) load() uintptr { return uintptr(C.gc_load_ptr((*unsafe.Pointer
 
 // free releases the slot.
 func (s commSlot) free() { C.free(s.p) }
+
+// cudaBind calls gc_cuda_bind: fns are cuInit, cuDeviceGet,
+// cuDevicePrimaryCtxRetain and cuCtxSetCurrent. It returns the CUresult and
+// the index of the function that failed.
+func cudaBind(fns *[4]uintptr, ordinal int) (code, step int) {
+	var cstep C.int
+	r := C.gc_cuda_bind((*C.uintptr_t)(unsafe.Pointer(fns)), C.int(ordinal), &cstep)
+	return int(r), int(cstep)
+}
+
+// cudaErrorName calls cuGetErrorName; "" when it fails.
+func cudaErrorName(fn uintptr, code int) string {
+	p := C.gc_cuda_name(C.uintptr_t(fn), C.int(code))
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}
 
 func boolInt(b bool) C.int {
 	if b {

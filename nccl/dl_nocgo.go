@@ -17,6 +17,9 @@ func ccall(uintptr, fnID, *[7]uintptr, unsafe.Pointer, unsafe.Pointer) Result {
 }
 func cstring(uintptr, fnID, uintptr) string { return "" }
 
+func cudaBind(*[4]uintptr, int) (code, step int) { return -1, 0 }
+func cudaErrorName(uintptr, int) string          { return "" }
+
 type commSlot struct{}
 
 func newCommSlot() commSlot          { return commSlot{} }

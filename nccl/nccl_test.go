@@ -673,3 +673,30 @@ func TestTypesStrings(t *testing.T) {
 		t.Errorf("Op.String = %q", got)
 	}
 }
+
+// TestWithDevice: binding a device goes through the real CUDA driver
+// library; on a machine without a GPU it fails with a clear error before
+// NCCL sees anything.
+func TestWithDevice(t *testing.T) {
+	l := open(t)
+	if _, err := l.InitRank(t.Context(), 1, ncclmock.ID(ncclmock.ModeOK), 0, nccl.WithDevice(-1)); err == nil {
+		t.Error("WithDevice(-1) accepted")
+	}
+	c, err := l.InitRank(t.Context(), 1, ncclmock.ID(ncclmock.ModeOK), 0, nccl.WithDevice(0))
+	if err == nil {
+		c.Destroy(t.Context())
+		t.Skip("this machine has CUDA device 0: the failure path is not reachable here")
+	}
+	var ce *nccl.CUDAError
+	switch {
+	case errors.As(err, &ce):
+		if ce.Func != "cuInit" && ce.Func != "cuDeviceGet" || ce.Device != 0 || ce.Code == 0 {
+			t.Errorf("got %+v", ce)
+		}
+		t.Logf("as expected without a GPU: %v", err)
+	case strings.Contains(err.Error(), nccl.CUDADriverName):
+		t.Logf("as expected without a CUDA driver: %v", err)
+	default:
+		t.Errorf("got %v, want a *CUDAError or a missing %s", err, nccl.CUDADriverName)
+	}
+}
