@@ -700,3 +700,42 @@ func TestWithDevice(t *testing.T) {
 		t.Errorf("got %v, want a *CUDAError or a missing %s", err, nccl.CUDADriverName)
 	}
 }
+
+// BenchmarkRun measures what one Run costs on top of the NCCL call: a
+// one-element AllReduce on a one-rank mock world (the mock's own work is a
+// few hundred nanoseconds), so ns/op is mostly the binding's supervision
+// (a goroutine on a locked thread, a timer, an async-error poll).
+func BenchmarkRun(b *testing.B) {
+	if buildErr != nil {
+		b.Skipf("mock libnccl.so.2 not built: %v", buildErr)
+	}
+	l, err := nccl.Open(nccl.WithPath(mockPath))
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := l.InitRank(b.Context(), 1, ncclmock.ID(ncclmock.ModeOK), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Destroy(context.Background())
+	buf, err := ncclmock.Alloc(4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer buf.Free()
+	op := nccl.AllReduce(buf.Ptr(), buf.Ptr(), 1, nccl.Float32, nccl.Sum, 0)
+	b.Run("Run", func(b *testing.B) {
+		for b.Loop() {
+			if err := c.Run(b.Context(), op); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Wait", func(b *testing.B) {
+		for b.Loop() {
+			if err := c.Wait(b.Context(), func() (bool, error) { return true, nil }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
