@@ -19,8 +19,7 @@ typedef struct { char internal[128]; } gc_unique_id;
 // The function ids; the Go constants fn* mirror them one for one.
 enum {
 	GC_GET_VERSION, GC_GET_UNIQUE_ID, GC_COMM_INIT_RANK, GC_COMM_DESTROY,
-	GC_COMM_ABORT, GC_COMM_GET_ASYNC_ERROR, GC_COMM_COUNT, GC_COMM_USER_RANK,
-	GC_ALL_REDUCE, GC_ALL_GATHER, GC_REDUCE_SCATTER, GC_BROADCAST, GC_SEND,
+	GC_COMM_ABORT, GC_COMM_GET_ASYNC_ERROR, GC_ALL_REDUCE, GC_ALL_GATHER, GC_REDUCE_SCATTER, GC_BROADCAST, GC_SEND,
 	GC_RECV, GC_GROUP_START, GC_GROUP_END, GC_GET_ERROR_STRING,
 	GC_GET_LAST_ERROR,
 };
@@ -66,8 +65,6 @@ static int gc_call(uintptr_t fn, int id, const uintptr_t* a, void* out, const vo
 	case GC_COMM_ABORT:
 		return ((int (*)(void*))f)((void*)a[0]);
 	case GC_COMM_GET_ASYNC_ERROR:
-	case GC_COMM_COUNT:
-	case GC_COMM_USER_RANK:
 		return ((int (*)(void*, int*))f)((void*)a[0], (int*)out);
 	case GC_ALL_REDUCE:
 		return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
@@ -137,6 +134,19 @@ import "C"
 
 import (
 	"unsafe"
+)
+
+// The C function ids must equal the Go ones (fnID): each pair of array
+// types below has a negative length, and fails to compile, otherwise.
+var (
+	_ [C.GC_COMM_INIT_RANK - int(fnCommInitRank)]struct{}
+	_ [int(fnCommInitRank) - C.GC_COMM_INIT_RANK]struct{}
+	_ [C.GC_ALL_REDUCE - int(fnAllReduce)]struct{}
+	_ [int(fnAllReduce) - C.GC_ALL_REDUCE]struct{}
+	_ [C.GC_RECV - int(fnRecv)]struct{}
+	_ [int(fnRecv) - C.GC_RECV]struct{}
+	_ [C.GC_GET_LAST_ERROR - int(fnGetLastError)]struct{}
+	_ [int(fnGetLastError) - C.GC_GET_LAST_ERROR]struct{}
 )
 
 // cgoEnabled says whether the package can load a library at all.

@@ -24,8 +24,6 @@ const (
 	fnCommDestroy
 	fnCommAbort
 	fnCommGetAsyncError
-	fnCommCount
-	fnCommUserRank
 	fnAllReduce
 	fnAllGather
 	fnReduceScatter
@@ -50,8 +48,6 @@ var functions = [fnCount]struct {
 	fnCommDestroy:       {"ncclCommDestroy", true},
 	fnCommAbort:         {"ncclCommAbort", true},
 	fnCommGetAsyncError: {"ncclCommGetAsyncError", true},
-	fnCommCount:         {"ncclCommCount", false},
-	fnCommUserRank:      {"ncclCommUserRank", false},
 	fnAllReduce:         {"ncclAllReduce", true},
 	fnAllGather:         {"ncclAllGather", true},
 	fnReduceScatter:     {"ncclReduceScatter", true},
