@@ -4,6 +4,7 @@
 //	gradcomp bench [flags]    measure compressors on synthetic gradients
 //	gradcomp train [flags]    data-parallel training demo comparing compression schemes
 //	gradcomp netbench [flags] compressed exchanges against a dense MPI all-reduce (under mpirun)
+//	gradcomp info [flags]     GPUs, their topology and the NCCL version (exits 0 without a GPU too)
 //
 // Run "gradcomp help" for the list and "gradcomp CMD -h" for a command's
 // flags. Exit status: 0 on success, 1 when a command fails (including a bad
@@ -32,6 +33,7 @@ var commands = []command{
 	{"bench", "measure compressors on synthetic gradients (ratio, GB/s, error)", runBench},
 	{"train", "train a small MLP data-parallel with each compression scheme (accuracy, bytes, time)", runTrain},
 	{"netbench", "time compressed exchanges against a dense MPI all-reduce (-tags mpi, under mpirun)", runNetbench},
+	{"info", "list GPUs, memory, compute capability, NVLink/PCIe topology and the NCCL version", runInfo},
 }
 
 func main() {

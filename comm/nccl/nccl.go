@@ -1,0 +1,133 @@
+// Package nccl implements comm.DeviceComm over NCCL (package
+// github.com/gradcomp/gradcomp/nccl): collectives on GPU memory, enqueued
+// on CUDA streams, one rank per GPU.
+//
+// New bootstraps the NCCL communicator over a host comm.Comm of the same
+// ranks (comm/inproc, comm/mpi): rank 0 makes the ncclUniqueId and
+// broadcasts it, and every rank calls ncclCommInitRank with the host
+// group's rank and size.
+//
+// Each method maps to one NCCL call, or one group:
+//
+//	AllReduce      ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum) (in place)
+//	AllGather      ncclAllGather(src, dst, n, ncclUint8)
+//	ReduceScatter  ncclReduceScatter(src, dst, n, ncclFloat32, ncclSum)
+//	AllToAll       one group of ncclSend/ncclRecv of n/Size() bytes with every rank, itself included
+//	Broadcast      ncclBroadcast(buf, buf, n, ncclUint8, root) (in place)
+//
+// Timeouts, aborts and errors are those of the binding (nccl.Comm): a call
+// or Wait that runs past the timeout given to New (nccl.WithTimeout) or
+// past its ctx aborts the communicator and returns an *nccl.AbortError;
+// the Comm is unusable afterwards. Invalid arguments are an
+// *nccl.ArgumentError, or a *comm.ArgumentError for what only this
+// package checks (AllToAll's divisibility).
+package nccl
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/nccl"
+)
+
+// Comm is one rank's comm.DeviceComm over an NCCL communicator.
+type Comm struct {
+	c *nccl.Comm
+}
+
+var _ comm.DeviceComm = (*Comm)(nil)
+
+// New creates this rank's NCCL communicator for the ranks of boot, which
+// it uses once to broadcast the unique id from rank 0 (a collective call on
+// boot: every rank calls New at about the same time). opts configure the
+// communicator (nccl.WithTimeout, nccl.WithAbortGrace). The GPU is the
+// calling thread's current CUDA device (see nccl.Library.InitRank).
+func New(ctx context.Context, lib *nccl.Library, boot comm.Comm, opts ...nccl.Option) (*Comm, error) {
+	var id nccl.UniqueID
+	var idErr error
+	if boot.Rank() == 0 {
+		// On failure rank 0 still broadcasts (a zero id), so no rank waits
+		// for an id that never comes.
+		id, idErr = lib.GetUniqueID()
+	}
+	if err := boot.Broadcast(ctx, id[:], 0); err != nil {
+		return nil, fmt.Errorf("comm/nccl: rank %d: broadcasting the NCCL unique id: %w", boot.Rank(), err)
+	}
+	switch {
+	case idErr != nil:
+		return nil, fmt.Errorf("comm/nccl: rank 0: %w", idErr)
+	case id.IsZero():
+		return nil, fmt.Errorf("comm/nccl: rank %d: rank 0 could not make an NCCL unique id (see its error)", boot.Rank())
+	}
+	c, err := lib.InitRank(ctx, boot.Size(), id, boot.Rank(), opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Comm{c: c}, nil
+}
+
+// NCCL returns the underlying communicator, for operations this package
+// does not wrap (other data types and reductions, point-to-point).
+func (c *Comm) NCCL() *nccl.Comm { return c.c }
+
+// Rank implements comm.DeviceComm.
+func (c *Comm) Rank() int { return c.c.Rank() }
+
+// Size implements comm.DeviceComm.
+func (c *Comm) Size() int { return c.c.Size() }
+
+// AllReduce implements comm.DeviceComm: an in-place ncclAllReduce sum of n
+// float32s.
+func (c *Comm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+	b := nccl.DevicePtr(buf)
+	return c.c.Run(ctx, nccl.AllReduce(b, b, n, nccl.Float32, nccl.Sum, nccl.Stream(s)))
+}
+
+// AllGather implements comm.DeviceComm: ncclAllGather of n bytes per rank.
+func (c *Comm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	return c.c.Run(ctx, nccl.AllGather(nccl.DevicePtr(src), nccl.DevicePtr(dst), n, nccl.Uint8, nccl.Stream(s)))
+}
+
+// ReduceScatter implements comm.DeviceComm: ncclReduceScatter sum, n
+// float32s per rank.
+func (c *Comm) ReduceScatter(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	return c.c.Run(ctx, nccl.ReduceScatter(nccl.DevicePtr(src), nccl.DevicePtr(dst), n, nccl.Float32, nccl.Sum, nccl.Stream(s)))
+}
+
+// AllToAll implements comm.DeviceComm: one NCCL group of a send and a
+// receive of n/Size() bytes with every rank.
+func (c *Comm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	size := c.c.Size()
+	if n < 0 || n%size != 0 {
+		return &comm.ArgumentError{Op: comm.OpAllToAll, Rank: c.c.Rank(),
+			Reason: fmt.Sprintf("n = %d bytes, want a non-negative multiple of Size() = %d", n, size)}
+	}
+	m := n / size
+	ops := make([]nccl.Op, 0, 2*size)
+	for j := range size {
+		off := nccl.DevicePtr(j * m)
+		ops = append(ops,
+			nccl.Send(nccl.DevicePtr(src)+off, m, nccl.Uint8, j, nccl.Stream(s)),
+			nccl.Recv(nccl.DevicePtr(dst)+off, m, nccl.Uint8, j, nccl.Stream(s)))
+	}
+	return c.c.Run(ctx, ops...)
+}
+
+// Broadcast implements comm.DeviceComm: an in-place ncclBroadcast of n
+// bytes.
+func (c *Comm) Broadcast(ctx context.Context, buf comm.DevicePtr, n int, root int, s comm.Stream) error {
+	b := nccl.DevicePtr(buf)
+	return c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, nccl.Stream(s)))
+}
+
+// Wait implements comm.DeviceComm with nccl.Comm.Wait.
+func (c *Comm) Wait(ctx context.Context, done func() (bool, error)) error {
+	return c.c.Wait(ctx, done)
+}
+
+// Close implements comm.DeviceComm: ncclCommDestroy, bounded by the
+// communicator's timeout.
+func (c *Comm) Close() error {
+	return c.c.Destroy(context.Background())
+}

@@ -1,0 +1,114 @@
+// Package ncclmock is a TEST FIXTURE: it compiles a mock libnccl.so.2
+// (testdata/mocknccl.c, embedded) with the C compiler, so that the tests of
+// package nccl and comm/nccl run the binding's real dlopen, dlsym and call
+// paths on machines without a GPU. Only _test.go files import it; nothing
+// that ships loads the mock.
+//
+// The mock implements NCCL's C ABI on host memory: a "device pointer" is a
+// host address (Alloc gives memory outside the Go heap), streams are
+// ignored and every operation completes before it returns. Ranks are
+// goroutines of one process that share a unique id; the id's first bytes
+// select a behaviour for the whole world (see ID and mocknccl.c).
+package ncclmock
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/nccl"
+)
+
+//go:embed testdata/mocknccl.c
+var source []byte
+
+// ErrNoCompiler is returned by Build when no C compiler is on PATH (tests
+// skip with it as the reason).
+var ErrNoCompiler = errors.New("ncclmock: no C compiler (cc or gcc, or $CC) on PATH to build the mock libnccl.so.2")
+
+// Build compiles the mock into dir/libnccl.so.2 (soname libnccl.so.2) and
+// returns its path. defines are extra -D macros, e.g. "MOCK_NO_SEND" for a
+// library that lacks ncclSend.
+func Build(dir string, defines ...string) (string, error) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		for _, name := range []string{"cc", "gcc"} {
+			if p, err := exec.LookPath(name); err == nil {
+				cc = p
+				break
+			}
+		}
+	}
+	if cc == "" {
+		return "", ErrNoCompiler
+	}
+	src := filepath.Join(dir, "mocknccl.c")
+	if err := os.WriteFile(src, source, 0o644); err != nil {
+		return "", fmt.Errorf("ncclmock: %w", err)
+	}
+	out := filepath.Join(dir, nccl.LibraryName)
+	args := []string{"-O1", "-shared", "-fPIC", "-Wl,-soname," + nccl.LibraryName, "-o", out}
+	for _, d := range defines {
+		args = append(args, "-D"+d)
+	}
+	args = append(args, src, "-lpthread")
+	if msg, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("ncclmock: %s %v: %v\n%s", cc, args, err, msg)
+	}
+	return out, nil
+}
+
+// Modes of a mock world, selected by the unique id (see ID).
+const (
+	ModeOK    = "ok"    // everything works
+	ModeHang  = "hang"  // operations block until the communicator is aborted
+	ModeStuck = "stuck" // the same, but they return only 500 ms after the abort
+	ModeAsync = "async" // operations succeed, then ncclCommGetAsyncError reports ncclRemoteError
+	ModeFail  = "fail"  // operations return ncclInvalidUsage with a last error
+)
+
+var idCounter atomic.Uint64
+
+// ID returns a fresh unique id whose world behaves as mode (Mode*).
+func ID(mode string) nccl.UniqueID {
+	var id nccl.UniqueID
+	copy(id[:], fmt.Sprintf("mock:%s:go:%d", mode, idCounter.Add(1)))
+	return id
+}
+
+// Buffer is "device" memory for the mock: anonymous pages outside the Go
+// heap, so C may keep their address while the garbage collector runs.
+type Buffer struct {
+	mem []byte
+}
+
+// Alloc maps n bytes (at least one page). Free releases them.
+func Alloc(n int) (*Buffer, error) {
+	mem, err := syscall.Mmap(-1, 0, max(n, 1), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("ncclmock: mmap %d bytes: %w", n, err)
+	}
+	return &Buffer{mem: mem[:n]}, nil
+}
+
+// Ptr returns the buffer's address as a device pointer.
+func (b *Buffer) Ptr() nccl.DevicePtr {
+	return nccl.DevicePtr(unsafe.Pointer(unsafe.SliceData(b.mem[:cap(b.mem)])))
+}
+
+// Bytes returns the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.mem }
+
+// Float32s returns the buffer's memory as float32s (len(Bytes())/4 of them).
+func (b *Buffer) Float32s() []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b.mem[:cap(b.mem)]))), len(b.mem)/4)
+}
+
+// Free unmaps the buffer.
+func (b *Buffer) Free() error { return syscall.Munmap(b.mem[:cap(b.mem)]) }

@@ -1,0 +1,217 @@
+package nccl
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"unsafe"
+)
+
+// LibraryName is the NCCL library's soname, the name Open looks for.
+const LibraryName = "libnccl.so.2"
+
+// EnvPath is the environment variable that names the NCCL library file to
+// load when no copy is loaded already (see Open).
+const EnvPath = "GRADCOMP_NCCL"
+
+// fnID names an NCCL function; the values match gc_call's ids in dl_cgo.go.
+type fnID int
+
+const (
+	fnGetVersion fnID = iota
+	fnGetUniqueID
+	fnCommInitRank
+	fnCommDestroy
+	fnCommAbort
+	fnCommGetAsyncError
+	fnAllReduce
+	fnAllGather
+	fnReduceScatter
+	fnBroadcast
+	fnSend
+	fnRecv
+	fnGroupStart
+	fnGroupEnd
+	fnGetErrorString
+	fnGetLastError
+	fnCount
+)
+
+// functions lists each function's symbol and whether Open requires it.
+var functions = [fnCount]struct {
+	name     string
+	required bool
+}{
+	fnGetVersion:        {"ncclGetVersion", true},
+	fnGetUniqueID:       {"ncclGetUniqueId", true},
+	fnCommInitRank:      {"ncclCommInitRank", true},
+	fnCommDestroy:       {"ncclCommDestroy", true},
+	fnCommAbort:         {"ncclCommAbort", true},
+	fnCommGetAsyncError: {"ncclCommGetAsyncError", true},
+	fnAllReduce:         {"ncclAllReduce", true},
+	fnAllGather:         {"ncclAllGather", true},
+	fnReduceScatter:     {"ncclReduceScatter", true},
+	fnBroadcast:         {"ncclBroadcast", true},
+	fnSend:              {"ncclSend", true},
+	fnRecv:              {"ncclRecv", true},
+	fnGroupStart:        {"ncclGroupStart", true},
+	fnGroupEnd:          {"ncclGroupEnd", true},
+	fnGetErrorString:    {"ncclGetErrorString", true},
+	fnGetLastError:      {"ncclGetLastError", false}, // NCCL ≥ 2.13
+}
+
+func (f fnID) String() string { return functions[f].name }
+
+// Library is a loaded libnccl.so.2. It is safe for concurrent use. A
+// library is never unloaded: NCCL keeps threads and CUDA state alive for
+// the life of the process.
+type Library struct {
+	path    string // the file, as the dynamic linker reports it
+	source  string // how it was found
+	fns     [fnCount]uintptr
+	version Version
+}
+
+// LoadOption configures Open.
+type LoadOption func(*loadOptions) error
+
+type loadOptions struct {
+	path string
+}
+
+// WithPath names the NCCL library file Open loads when no copy is loaded
+// already; it takes precedence over $GRADCOMP_NCCL. The path must not be
+// empty.
+func WithPath(path string) LoadOption {
+	return func(o *loadOptions) error {
+		if path == "" {
+			return fmt.Errorf("nccl: WithPath: empty path")
+		}
+		o.path = path
+		return nil
+	}
+}
+
+var errNotLoaded = dlError("no copy is loaded in this process")
+
+// Open loads NCCL and resolves its functions. It tries, in order:
+//
+//  1. a copy already loaded in the process (dlopen of "libnccl.so.2" with
+//     RTLD_NOLOAD), such as the one PyTorch loaded: one process must not
+//     hold two NCCLs, so this copy always wins;
+//  2. the file named by WithPath, else by $GRADCOMP_NCCL, when either is
+//     set; a failure here is final, so an explicit choice is never
+//     silently replaced by another library;
+//  3. otherwise "libnccl.so.2" on the dynamic linker's search path
+//     (LD_LIBRARY_PATH, the ld.so cache).
+//
+// When nothing loads, the error is a *LoadError listing every attempt with
+// dlerror's message (errors.Is(err, ErrNotFound)); a library without one of
+// the functions the package needs is a *LoadError naming it. Without cgo,
+// Open returns ErrNoCgo.
+func Open(opts ...LoadOption) (*Library, error) {
+	var o loadOptions
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	if !cgoEnabled {
+		return nil, ErrNoCgo
+	}
+	type candidate struct {
+		name   string
+		noload bool
+		what   string
+	}
+	cands := []candidate{{LibraryName, true, "already loaded (RTLD_NOLOAD " + LibraryName + ")"}}
+	switch env := os.Getenv(EnvPath); {
+	case o.path != "":
+		cands = append(cands, candidate{o.path, false, "WithPath(" + o.path + ")"})
+	case env != "":
+		cands = append(cands, candidate{env, false, "$" + EnvPath + "=" + env})
+	default:
+		cands = append(cands, candidate{LibraryName, false, "search path (" + LibraryName + ")"})
+	}
+	var attempts []Attempt
+	for _, c := range cands {
+		h, err := dlopen(c.name, c.noload)
+		if err != nil {
+			if c.noload {
+				err = errNotLoaded
+			}
+			attempts = append(attempts, Attempt{c.what, err})
+			continue
+		}
+		return load(h, c.what)
+	}
+	return nil, &LoadError{Attempts: attempts}
+}
+
+// load resolves the functions of the opened library h and reads its version.
+func load(h uintptr, source string) (*Library, error) {
+	l := &Library{source: source}
+	for f := range fnCount {
+		l.fns[f] = dlsym(h, functions[f].name)
+	}
+	l.path = dlpath(l.fns[fnGetVersion])
+	if l.path == "" {
+		l.path = source
+	}
+	for f := range fnCount {
+		if l.fns[f] == 0 && functions[f].required {
+			return nil, &LoadError{Path: l.path, Symbol: functions[f].name}
+		}
+	}
+	code := new(int32)
+	if r := ccall(l.fns[fnGetVersion], fnGetVersion, &[7]uintptr{}, unsafe.Pointer(code), nil); r != ResultSuccess {
+		return nil, l.errorf(fnGetVersion, -1, r, 0)
+	}
+	l.version = VersionFromCode(int(*code))
+	return l, nil
+}
+
+// Path returns the file the library was loaded from.
+func (l *Library) Path() string { return l.path }
+
+// Source says how Open found the library: "already loaded (…)",
+// "WithPath(…)", "$GRADCOMP_NCCL=…" or "search path (…)".
+func (l *Library) Source() string { return l.source }
+
+// Version returns the library's version (ncclGetVersion). It never fails.
+func (l *Library) Version() Version { return l.version }
+
+// ErrorString returns ncclGetErrorString(r).
+func (l *Library) ErrorString(r Result) string {
+	return cstring(l.fns[fnGetErrorString], fnGetErrorString, uintptr(uint32(r)))
+}
+
+// GetUniqueID returns a new ncclUniqueId (ncclGetUniqueId). Call it on one
+// rank and hand the id to every rank's InitRank. NCCL may open a listening
+// socket here (its bootstrap root), so call it once per communicator.
+func (l *Library) GetUniqueID() (UniqueID, error) {
+	id := new(UniqueID)
+	if r := ccall(l.fns[fnGetUniqueID], fnGetUniqueID, &[7]uintptr{}, unsafe.Pointer(id), nil); r != ResultSuccess {
+		return UniqueID{}, l.errorf(fnGetUniqueID, -1, r, 0)
+	}
+	return *id, nil
+}
+
+// errorf builds the *Error of function f that returned r on the
+// communicator comm (0 when none) of rank rank. Call it on the thread that
+// made the failing call: ncclGetLastError is per thread.
+func (l *Library) errorf(f fnID, rank int, r Result, comm uintptr) *Error {
+	e := &Error{Func: f.String(), Rank: rank, Result: r, Message: l.ErrorString(r)}
+	if fn := l.fns[fnGetLastError]; fn != 0 {
+		e.Detail = cstring(fn, fnGetLastError, comm)
+	}
+	return e
+}
+
+// lockedCall runs f on a locked OS thread, so that per-thread NCCL state
+// (group depth, the last-error buffer) sees one thread throughout.
+func lockedCall[T any](f func() T) T {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return f()
+}
