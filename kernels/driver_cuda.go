@@ -101,6 +101,7 @@ static CUresult gc_event(uintptr_t ctx, int timing, uintptr_t *e) {
 static CUresult gc_event_destroy(uintptr_t ctx, uintptr_t e) { CUR(ctx); return cuEventDestroy((CUevent)e); }
 static CUresult gc_record(uintptr_t ctx, uintptr_t e, uintptr_t s) { CUR(ctx); return cuEventRecord((CUevent)e, (CUstream)s); }
 static CUresult gc_wait(uintptr_t ctx, uintptr_t s, uintptr_t e) { CUR(ctx); return cuStreamWaitEvent((CUstream)s, (CUevent)e, 0); }
+static CUresult gc_event_query(uintptr_t ctx, uintptr_t e) { CUR(ctx); return cuEventQuery((CUevent)e); }
 static CUresult gc_event_sync(uintptr_t ctx, uintptr_t e) { CUR(ctx); return cuEventSynchronize((CUevent)e); }
 static CUresult gc_elapsed(uintptr_t ctx, uintptr_t a, uintptr_t b, float *ms) {
 	CUR(ctx);
@@ -384,6 +385,23 @@ func (c *Context) WaitEvent(s Stream, e Event) error {
 		return err
 	}
 	return check("cuStreamWaitEvent", C.gc_wait(c.ctx, C.uintptr_t(s), C.uintptr_t(e)))
+}
+
+// EventQuery reports, without blocking, whether e has completed
+// (cuEventQuery: CUDA_ERROR_NOT_READY is false, not an error). An event
+// never recorded counts as completed.
+func (c *Context) EventQuery(e Event) (bool, error) {
+	if err := c.live("EventQuery"); err != nil {
+		return false, err
+	}
+	switch r := C.gc_event_query(c.ctx, C.uintptr_t(e)); r {
+	case C.CUDA_SUCCESS:
+		return true, nil
+	case C.CUDA_ERROR_NOT_READY:
+		return false, nil
+	default:
+		return false, check("cuEventQuery", r)
+	}
 }
 
 // EventSynchronize blocks the host until e has completed.

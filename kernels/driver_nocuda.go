@@ -61,6 +61,9 @@ func (c *Context) Record(Event, Stream) error { return ErrNoCUDA }
 // WaitEvent returns ErrNoCUDA.
 func (c *Context) WaitEvent(Stream, Event) error { return ErrNoCUDA }
 
+// EventQuery returns ErrNoCUDA.
+func (c *Context) EventQuery(Event) (bool, error) { return false, ErrNoCUDA }
+
 // EventSynchronize returns ErrNoCUDA.
 func (c *Context) EventSynchronize(Event) error { return ErrNoCUDA }
 

@@ -8,3 +8,5 @@ package kernels
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/dense.ptx cuda/dense.cu
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/quant.ptx cuda/quant.cu
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/topk.ptx cuda/topk.cu
+//go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/engine.ptx cuda/engine.cu
+//go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/gemm.ptx cuda/gemm.cu

@@ -19,8 +19,8 @@ func ptxEntries(t *testing.T) map[string][]int {
 	param := regexp.MustCompile(`\.param \.(u64|u32|f32|s32|b64|b32)`)
 	out := map[string][]int{}
 	names, texts := ptxModules()
-	if len(texts) != 3 {
-		t.Fatalf("embedded PTX modules %v, want dense, quant and topk", names)
+	if len(texts) != 5 {
+		t.Fatalf("embedded PTX modules %v, want dense, engine, gemm, quant and topk", names)
 	}
 	for _, text := range texts {
 		for _, m := range entry.FindAllStringSubmatch(string(text), -1) {
@@ -112,6 +112,23 @@ func TestPlansMatchPTX(t *testing.T) {
 		}
 	}
 	checkPlan("laplace", []step{elementwise("gc_fill_laplace", 10, 1<<40, 10, 0)})
+	for _, a := range []AverageArgs{
+		{Dst: 1 << 40, N: 1<<20 + 3, Ranks: 3, Out: 2 << 40},
+		{Dst: 1 << 40, N: 1, Ranks: 65535, Slots: 3 << 40, Stride: 1 << 20, Count: 65535, Out: 2 << 40},
+	} {
+		plan, err := averagePlan(a)
+		if err != nil {
+			t.Fatalf("average %+v: %v", a, err)
+		}
+		checkPlan("average", plan)
+	}
+	for _, d := range [][3]int{{1, 1, 1}, {1000, 17, 4097}, {1 << 15, 1 << 15, 3}} {
+		plan, err := sgemmPlan(1<<40, 2<<40, 3<<40, d[0], d[1], d[2])
+		if err != nil {
+			t.Fatalf("sgemm %v: %v", d, err)
+		}
+		checkPlan("sgemm", plan)
+	}
 	for name := range entries {
 		if !used[name] && !strings.Contains(name, "from") { // the plain conversions have no plan yet
 			t.Errorf("kernel %s is never launched by a plan", name)
@@ -271,5 +288,53 @@ func TestStatusError(t *testing.T) {
 		if err := StatusError(s); !errors.As(err, &nf) || *nf != want {
 			t.Errorf("status word %d: got %v, want %v", w, err, &want)
 		}
+	}
+}
+
+// TestEngineArgsRejected checks that Average and SGEMM refuse bad
+// arguments on the host with an *ArgError, and that SGEMM's grid covers
+// every tile of c.
+func TestEngineArgsRejected(t *testing.T) {
+	good := AverageArgs{Dst: 1 << 40, N: 100, Ranks: 4, Slots: 3 << 40, Stride: 64, Count: 4, Out: 2 << 40}
+	if _, err := averagePlan(good); err != nil {
+		t.Fatalf("good arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *AverageArgs){
+		"zero ranks":        func(a *AverageArgs) { a.Ranks = 0 },
+		"too many ranks":    func(a *AverageArgs) { a.Ranks = 1 << 16 },
+		"null dst":          func(a *AverageArgs) { a.Dst = 0 },
+		"misaligned dst":    func(a *AverageArgs) { a.Dst += 2 },
+		"null out":          func(a *AverageArgs) { a.Out = 0 },
+		"misaligned out":    func(a *AverageArgs) { a.Out += 4 },
+		"negative length":   func(a *AverageArgs) { a.N = -1 },
+		"null slots":        func(a *AverageArgs) { a.Slots = 0 },
+		"short stride":      func(a *AverageArgs) { a.Stride = 8 },
+		"misaligned stride": func(a *AverageArgs) { a.Stride = 20 },
+		"negative count":    func(a *AverageArgs) { a.Count = -1 },
+		"misaligned slots":  func(a *AverageArgs) { a.Slots += 4 },
+		"too many slots":    func(a *AverageArgs) { a.Count = 1 << 16 },
+	} {
+		a := good
+		mod(&a)
+		var ae *ArgError
+		if _, err := averagePlan(a); !errors.As(err, &ae) {
+			t.Errorf("average %s: got %v, want an *ArgError", name, err)
+		}
+	}
+	for name, d := range map[string][6]int{
+		"zero m":         {1 << 40, 2 << 40, 3 << 40, 0, 4, 4},
+		"negative k":     {1 << 40, 2 << 40, 3 << 40, 4, 4, -1},
+		"null c":         {0, 2 << 40, 3 << 40, 4, 4, 4},
+		"misaligned a":   {1 << 40, 2<<40 + 1, 3 << 40, 4, 4, 4},
+		"too many tiles": {1 << 40, 2 << 40, 3 << 40, math.MaxInt32, math.MaxInt32, 1},
+	} {
+		var ae *ArgError
+		if _, err := sgemmPlan(DevicePtr(d[0]), DevicePtr(d[1]), DevicePtr(d[2]), d[3], d[4], d[5]); !errors.As(err, &ae) {
+			t.Errorf("sgemm %s: got %v, want an *ArgError", name, err)
+		}
+	}
+	plan, _ := sgemmPlan(1<<40, 2<<40, 3<<40, 33, 17, 5)
+	if got, want := plan[0].grid, uint32(3*2); got != want {
+		t.Errorf("sgemm 33×17: %d blocks, want %d (one per 16×16 tile)", got, want)
 	}
 }

@@ -1,0 +1,99 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// AverageArgs are the device buffers of one Average call.
+type AverageArgs struct {
+	Dst   DevicePtr // N float32: the sum over Ranks ranks, averaged in place
+	N     int
+	Ranks int // the divisor, 1 to 65535
+	// Slots, optional: Count status blocks (StatusLen bytes each, 8-byte
+	// aligned), Stride bytes apart, the first at Slots: every rank's Encode
+	// status as its gathered payload slot carries it. 0 (with Count 0) for
+	// an exchange without statuses (a dense all-reduce).
+	Slots  DevicePtr
+	Stride int
+	Count  int
+	Out    DevicePtr // StatusLen bytes, 8-byte aligned: the result's status (see Average)
+}
+
+// averagePlan returns the operations of Average.
+func averagePlan(a AverageArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgError{Op: "Average", Reason: fmt.Sprintf(format, v...)}
+	}
+	switch {
+	case a.N < 0 || a.N > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case a.Ranks < 1 || a.Ranks > math.MaxUint16:
+		return nil, bad("%d ranks, want 1 to %d", a.Ranks, math.MaxUint16)
+	case a.N > 0 && (a.Dst == 0 || a.Dst%4 != 0):
+		return nil, bad("destination %#x is null or not 4-byte aligned", a.Dst)
+	case a.Out == 0 || a.Out%8 != 0:
+		return nil, bad("out status %#x is null or not 8-byte aligned", a.Out)
+	case a.Count < 0 || a.Count > math.MaxUint16:
+		return nil, bad("%d status slots, want 0 to %d", a.Count, math.MaxUint16)
+	case a.Count > 0 && (a.Slots == 0 || a.Slots%8 != 0 || a.Stride < StatusLen || a.Stride%8 != 0):
+		return nil, bad("status slots at %#x, stride %d: want a non-null 8-byte aligned address and stride ≥ %d, a multiple of 8", a.Slots, a.Stride, StatusLen)
+	}
+	plan := []step{memset32(a.Out, 0xffffffff, StatusLen/4)}
+	if a.N == 0 {
+		return plan, nil
+	}
+	n := uint64(a.N)
+	return append(plan, elementwise("gc_average", n, ptrArg(a.Dst), n, uint64(a.Ranks), ptrArg(a.Slots),
+		uint64(a.Stride), uint64(a.Count), ptrArg(a.Out))), nil
+}
+
+// Average enqueues on s the last step of an exchange (see AverageArgs) and
+// returns without waiting: it resets a.Out, then, if a status slot reports
+// a failure (a NaN or ±Inf, or a value a codec cannot represent, on some
+// rank), sets every element of Dst to a quiet NaN and records the lowest
+// such slot's index in the second word of Out (binary little-endian
+// uint64; ^0 when none); otherwise it divides Dst by Ranks (each element
+// x becomes x / float32(Ranks), rounded once: overlap's average) and
+// records the first non-finite result in the first word (read it with
+// StatusError).
+func Average(ctx *Context, s Stream, a AverageArgs) error {
+	plan, err := averagePlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
+// gemmTile is GT in gemm.cu.
+const gemmTile = 16
+
+// sgemmPlan returns the launch of SGEMM.
+func sgemmPlan(c, a, b DevicePtr, m, n, k int) ([]step, error) {
+	switch {
+	case m < 1 || n < 1 || k < 1 || m > math.MaxInt32 || n > math.MaxInt32 || k > math.MaxInt32:
+		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("dimensions m=%d n=%d k=%d, want 1 to %d each", m, n, k, math.MaxInt32)}
+	case c == 0 || a == 0 || b == 0 || c%4 != 0 || a%4 != 0 || b%4 != 0:
+		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("matrices at %#x, %#x, %#x: want non-null 4-byte aligned addresses", c, a, b)}
+	}
+	tiles := uint64((m+gemmTile-1)/gemmTile) * uint64((n+gemmTile-1)/gemmTile)
+	if tiles > math.MaxInt32 {
+		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("%d tiles of %d×%d exceed the grid limit", tiles, gemmTile, gemmTile)}
+	}
+	return []step{launch("gc_sgemm", uint32(tiles), gemmTile*gemmTile, ptrArg(c), ptrArg(a), ptrArg(b),
+		uint64(m), uint64(n), uint64(k))}, nil
+}
+
+// SGEMM enqueues on s the product c (m×n) = a (m×k) · b (k×n) of row-major
+// float32 matrices, summed in k order, and returns without waiting. It is
+// the synthetic compute of the overlap benchmark (a plain shared-memory
+// tiled kernel, not a fast GEMM); c must not overlap a or b.
+func SGEMM(ctx *Context, s Stream, c, a, b DevicePtr, m, n, k int) error {
+	plan, err := sgemmPlan(c, a, b, m, n, k)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
