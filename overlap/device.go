@@ -1,0 +1,739 @@
+package overlap
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
+)
+
+// Device is what the device engine needs of a GPU: memory, streams,
+// events, and the kernels of package kernels enqueued on a stream. CUDA
+// gives the one over a kernels.Context; tests use a fake. Every method but
+// EventQuery, CopyIn and CopyOut only enqueues work (or creates or
+// destroys a handle) and never waits for the device; their contracts are
+// kernels.Context's of the same names, and Encode, Decode and Average are
+// kernels.Codec.Encode, kernels.Codec.Decode and kernels.Average.
+type Device interface {
+	Alloc(bytes int) (kernels.DevicePtr, error)
+	Free(p kernels.DevicePtr) error
+	CopyIn(s kernels.Stream, dst kernels.DevicePtr, src []byte) error
+	CopyOut(s kernels.Stream, dst []byte, src kernels.DevicePtr) error
+	NewStream() (kernels.Stream, error)
+	DestroyStream(s kernels.Stream) error
+	NewEvent(timing bool) (kernels.Event, error)
+	DestroyEvent(e kernels.Event) error
+	Record(e kernels.Event, s kernels.Stream) error
+	WaitEvent(s kernels.Stream, e kernels.Event) error
+	EventQuery(e kernels.Event) (bool, error)
+	Elapsed(start, end kernels.Event) (time.Duration, error)
+	Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error
+	Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error
+	Average(s kernels.Stream, a kernels.AverageArgs) error
+}
+
+// CUDA returns the Device of a kernels.Context (its primary context, so
+// PyTorch's pointers and streams are valid in it). In a build without the
+// cuda tag no Context can be opened.
+func CUDA(ctx *kernels.Context) Device { return cudaDevice{ctx} }
+
+type cudaDevice struct{ *kernels.Context }
+
+func (d cudaDevice) Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error {
+	return c.Encode(d.Context, s, a)
+}
+
+func (d cudaDevice) Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error {
+	return c.Decode(d.Context, s, a)
+}
+
+func (d cudaDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
+	return kernels.Average(d.Context, s, a)
+}
+
+// ErrBadPointer is a *UsageError's Err for a null or misaligned device
+// pointer.
+var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
+
+// DeviceEngine is the engine on CUDA streams: the same step protocol as
+// Engine (Step, Ready per bucket, Wait), with gradients in device memory
+// and every stage enqueued on the engine's own streams, so neither the
+// caller's stream nor the host waits for gradcomp's work unless asked.
+//
+// # Pipeline
+//
+// Ready(i, grad, s) records an event on the caller's stream s (the
+// gradient is complete once s reaches it) and returns. The engine's encode
+// stream waits for that event and compresses the bucket (error feedback
+// fused: the kernel reads the memory e and writes the new residual to a
+// second buffer, installed by a swap only when the step succeeds). The
+// wire stream, in bucket order on every rank (bucket i once buckets 0..i
+// are ready, as Engine), waits for the encode and enqueues the bucket's
+// collective on the comm.DeviceComm; the decode stream waits for it,
+// decodes and adds every rank's payload in rank order into grad and
+// averages (kernels.Average). After the last bucket the decode stream
+// records the step's done event. Done(s) makes the caller's stream wait
+// for it (before the optimizer) without blocking the host; Wait blocks the
+// host until it, bounded by ctx and the DeviceComm's timeout (which aborts
+// the communicator), then settles error-feedback memory and returns the
+// statistics (stage times measured with device events).
+//
+// # Strategies
+//
+// Codec none: a float32 all-reduce in place (StrategyDense). Every other
+// codec all-gathers fixed-size slots (a 16-byte Encode status, then the
+// body): top-k as StrategySparseGather, the quantizers, sign, fp16, bf16
+// and random-k as StrategyQuantAllGather (random-k under the shared key of
+// shared-index, so one decode serves every rank). The results are those of
+// the package doc for these strategies. Shared-index and SRA are not on
+// the device yet (ConfigError), nor the cost model: DecideAuto means
+// compressed here, DecideDense pins the dense all-reduce.
+//
+// # Failures
+//
+// A NaN or ±Inf (or a value the codec cannot represent) on any rank is
+// seen on the device by kernels.Average through the gathered statuses: the
+// bucket's gradient becomes NaN on every rank (Engine instead re-exchanges
+// it dense; the device engine does not keep g), so a NaN-checking
+// optimizer (AMP) skips the step; its error-feedback memory keeps e. Wait
+// reports it in BucketStats (NonFinite, Reason), or returns a
+// *NonFiniteError with Config.FailOnNonFinite; the engine stays usable. A
+// dense bucket whose average is non-finite is reported the same way. A
+// collective that does not finish ends Wait with a *StepError within the
+// DeviceComm's timeout (or ctx); a launch that fails ends the step at
+// once (Ready returns the *StepError). Such a step breaks the engine
+// (*BrokenError afterwards) and leaves every error-feedback memory holding
+// e: unlike Engine, the step's gradients are lost, since the device no
+// longer holds them separately.
+type DeviceEngine struct {
+	dev      Device
+	dc       comm.DeviceComm
+	cfg      Config
+	spec     string
+	codec    *kernels.Codec // nil for codec none
+	strategy Strategy
+	rank     int
+	size     int
+	buckets  []*devBucket
+
+	enc, wire, dec kernels.Stream
+	statuses       kernels.DevicePtr // kernels.StatusLen per bucket: the averages' Out blocks
+	done           kernels.Event     // the step's end, on the decode stream
+	drained        [2]kernels.Event  // encode and wire stream ends, for a step that did not launch every bucket
+	mem            []kernels.DevicePtr
+	events         []kernels.Event
+
+	mu     sync.Mutex
+	cur    *devStep
+	next   uint64
+	broken error
+	closed bool
+}
+
+// devBucket is one bucket's fixed state on the device.
+type devBucket struct {
+	idx, n     int
+	compressed bool
+	reason     string
+	slot       int               // bytes per rank: status, then the body, padded to 16
+	send, recv kernels.DevicePtr // this rank's slot; every rank's
+	resid, out kernels.DevicePtr // error feedback: e, and the residual Encode writes
+	work       kernels.DevicePtr
+	// Events: the caller's gradient ready; each stage's start and end on
+	// its stream (timing events).
+	ready                                      kernels.Event
+	encBeg, encEnd, xBeg, xEnd, decBeg, decEnd kernels.Event
+}
+
+// devStep is one step in flight.
+type devStep struct {
+	num     uint64
+	start   time.Time
+	grads   []kernels.DevicePtr
+	ready   []bool
+	cursor  int   // buckets below it are launched on the wire and decode streams
+	err     error // the first failure (a launch), fatal
+	waiting bool
+}
+
+// NewDevice builds a device engine for buckets of the given element counts
+// over dc (the device transport, e.g. comm/nccl) on dev, after a handshake
+// over host, a comm.Comm of the same ranks (the one that bootstrapped dc;
+// it is used only here): the fields Engine's handshake compares, so a
+// difference is a *ConfigMismatchError on every rank. cfg is Engine's;
+// Workers is ignored and Strategy must be one the device has (see the
+// type's doc). It allocates every buffer the steps need (slots, error
+// feedback memory, zeroed; workspaces), three streams and the events.
+func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config) (*DeviceEngine, error) {
+	switch {
+	case dev == nil || dc == nil || host == nil:
+		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
+	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
+		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	e := &DeviceEngine{dev: dev, dc: dc, cfg: cfg, rank: dc.Rank(), size: dc.Size()}
+	local := e.configure(sizes)
+	hs := &Engine{c: host, cfg: cfg, rank: e.rank, size: e.size, spec: e.spec, strategy: e.strategy}
+	if err := handshake(ctx, hs, sizes, local); err != nil {
+		return nil, err
+	}
+	if err := e.allocate(); err != nil {
+		e.release()
+		return nil, fmt.Errorf("overlap: NewDevice on rank %d: %w", e.rank, err)
+	}
+	return e, nil
+}
+
+// configure checks cfg and sizes and sets the codec, strategy and
+// decisions. Its error goes through the handshake.
+func (e *DeviceEngine) configure(sizes []int) error {
+	cfg := e.cfg
+	switch {
+	case cfg.Timeout < 0:
+		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
+	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
+		return fmt.Errorf("unknown Decision %v", cfg.Decision)
+	case len(sizes) == 0:
+		return fmt.Errorf("no buckets")
+	case len(sizes) > math.MaxUint32 || e.size > math.MaxUint16:
+		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), e.size, uint64(math.MaxUint32), math.MaxUint16)
+	}
+	for i, n := range sizes {
+		if n < 1 || n > compress.MaxElements {
+			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
+		}
+	}
+	codec, err := kernels.NewCodec(cfg.Spec)
+	if err != nil {
+		return err
+	}
+	e.spec = codec.Spec()
+	if strings.Contains(e.spec, ":lossless=") {
+		return fmt.Errorf("spec %s: the device has no lossless stage", e.spec)
+	}
+	c := codec.Reference().Codec()
+	if e.strategy, err = resolve(cfg.Strategy, c, e.size); err != nil {
+		return err
+	}
+	switch {
+	case c == compress.CodecNone:
+	case cfg.Strategy == StrategyAuto && c == compress.CodecTopK:
+		e.strategy = StrategySparseGather
+	case cfg.Strategy == StrategyAuto:
+		e.strategy = StrategyQuantAllGather
+	case e.strategy != StrategySparseGather && e.strategy != StrategyQuantAllGather:
+		return fmt.Errorf("strategy %v is not available on the device (sparse-gather and allgather are)", e.strategy)
+	}
+	e.buckets = make([]*devBucket, len(sizes))
+	for i, n := range sizes {
+		b := &devBucket{idx: i, n: n}
+		switch {
+		case c == compress.CodecNone:
+			b.reason = "codec none: dense all-reduce"
+		case cfg.Decision == DecideDense:
+			b.reason = "pinned: dense"
+		case cfg.Decision == DecideCompressed:
+			b.compressed, b.reason = true, "pinned: compressed"
+		default:
+			b.compressed, b.reason = true, "auto: the device engine has no cost model yet: compressed"
+		}
+		e.buckets[i] = b
+	}
+	if c != compress.CodecNone {
+		e.codec = codec
+	}
+	return nil
+}
+
+// allocate makes the streams, events and device buffers.
+func (e *DeviceEngine) allocate() error {
+	var err error
+	for _, s := range []*kernels.Stream{&e.enc, &e.wire, &e.dec} {
+		if *s, err = e.dev.NewStream(); err != nil {
+			return err
+		}
+	}
+	event := func(timing bool) (kernels.Event, error) {
+		ev, err := e.dev.NewEvent(timing)
+		if err == nil {
+			e.events = append(e.events, ev)
+		}
+		return ev, err
+	}
+	alloc := func(bytes int) (kernels.DevicePtr, error) {
+		p, err := e.dev.Alloc(bytes)
+		if err == nil {
+			e.mem = append(e.mem, p)
+		}
+		return p, err
+	}
+	for _, p := range []*kernels.Event{&e.done, &e.drained[0], &e.drained[1]} {
+		if *p, err = event(false); err != nil {
+			return err
+		}
+	}
+	if e.statuses, err = alloc(kernels.StatusLen * len(e.buckets)); err != nil {
+		return err
+	}
+	for _, b := range e.buckets {
+		if b.ready, err = event(false); err != nil {
+			return err
+		}
+		for _, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd} {
+			if *p, err = event(true); err != nil {
+				return err
+			}
+		}
+		if e.codec == nil {
+			continue
+		}
+		b.slot = kernels.StatusLen + (e.codec.BodyLen(b.n)+15)&^15
+		if b.send, err = alloc(b.slot); err != nil {
+			return err
+		}
+		if b.recv, err = alloc(e.size * b.slot); err != nil {
+			return err
+		}
+		if w := e.codec.WorkspaceLen(b.n); w > 0 {
+			if b.work, err = alloc(w); err != nil {
+				return err
+			}
+		}
+		if !e.cfg.ErrorFeedback {
+			continue
+		}
+		if b.resid, err = alloc(4 * b.n); err != nil {
+			return err
+		}
+		if b.out, err = alloc(4 * b.n); err != nil {
+			return err
+		}
+		if err := e.dev.CopyIn(e.enc, b.resid, make([]byte, 4*b.n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release destroys the events and streams and frees the buffers, and
+// returns the first failure.
+func (e *DeviceEngine) release() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, ev := range e.events {
+		keep(e.dev.DestroyEvent(ev))
+	}
+	for _, s := range []kernels.Stream{e.enc, e.wire, e.dec} {
+		if s != 0 {
+			keep(e.dev.DestroyStream(s))
+		}
+	}
+	for _, p := range e.mem {
+		keep(e.dev.Free(p))
+	}
+	e.events, e.mem = nil, nil
+	return first
+}
+
+// Strategy returns the strategy in use (StrategyAuto resolved).
+func (e *DeviceEngine) Strategy() Strategy { return e.strategy }
+
+// Compressed reports, per bucket, whether it takes the compressed path.
+func (e *DeviceEngine) Compressed() []bool {
+	out := make([]bool, len(e.buckets))
+	for i, b := range e.buckets {
+		out[i] = b.compressed
+	}
+	return out
+}
+
+// usable returns why call cannot run. e.mu is held.
+func (e *DeviceEngine) usable(call string) error {
+	switch {
+	case e.closed:
+		return &UsageError{Call: call, Err: ErrClosed}
+	case e.broken != nil:
+		return &BrokenError{Cause: e.broken}
+	}
+	return nil
+}
+
+// Step starts a step; as Engine.Step (the step number keys stochastic
+// rounding and random-k, so every rank calls Step equally often). A step
+// in flight is a *UsageError (ErrStepInFlight).
+func (e *DeviceEngine) Step() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.usable("Step"); err != nil {
+		return err
+	}
+	if e.cur != nil {
+		return &UsageError{Call: "Step", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d has not been waited for", e.cur.num)}
+	}
+	e.cur = &devStep{num: e.next, start: time.Now(), grads: make([]kernels.DevicePtr, len(e.buckets)), ready: make([]bool, len(e.buckets))}
+	e.next++
+	return nil
+}
+
+// Ready hands bucket i's gradient (grad: its float32s in device memory,
+// 4-byte aligned) to the engine: the gradient is complete once stream s
+// (the caller's; 0 is the legacy default stream) passes this call. Ready
+// only enqueues (an event on s, the bucket's compression, and the
+// exchanges now launchable) and never waits for the device; the engine
+// owns grad until the done event (Done, Wait), after which grad holds the
+// rank average. Misuse (no step, an unknown or already ready bucket,
+// after Wait began, a null or misaligned grad) is a *UsageError that
+// changes nothing. A launch that fails is a *StepError: the step has
+// failed (Wait returns it too).
+func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) error {
+	call := fmt.Sprintf("Ready(%d)", i)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.usable(call); err != nil {
+		return err
+	}
+	st := e.cur
+	switch {
+	case st == nil:
+		return &UsageError{Call: call, Err: ErrNoStep, Detail: "call Step first"}
+	case i < 0 || i >= len(e.buckets):
+		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(e.buckets)-1)}
+	case st.waiting:
+		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
+	case st.ready[i]:
+		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
+	case grad == 0 || grad%4 != 0:
+		return &UsageError{Call: call, Err: ErrBadPointer, Detail: fmt.Sprintf("gradient at %#x", grad)}
+	}
+	st.ready[i] = true
+	st.grads[i] = grad
+	if st.err != nil {
+		return st.err
+	}
+	if err := e.encode(st, i, s); err != nil {
+		st.err = &StepError{Step: st.num, Bucket: i, Stage: "encode launch", Err: err}
+		return st.err
+	}
+	for st.cursor < len(e.buckets) && st.ready[st.cursor] {
+		if err := e.launch(st, st.cursor); err != nil {
+			st.err = &StepError{Step: st.num, Bucket: st.cursor, Stage: "exchange launch", Err: err}
+			return st.err
+		}
+		st.cursor++
+	}
+	if st.cursor == len(e.buckets) {
+		if err := e.dev.Record(e.done, e.dec); err != nil {
+			st.err = &StepError{Step: st.num, Bucket: -1, Stage: "done event", Err: err}
+			return st.err
+		}
+	}
+	return nil
+}
+
+// key returns the compress.Key of this rank's payload of bucket i: the
+// keys of Engine's gather strategies (tag 1 + rank·N), or tag 0 on every
+// rank for random-k, whose indices must then agree (shared-index's key).
+func (e *DeviceEngine) key(step uint64, i int) compress.Key {
+	tag := uint64(1 + e.rank*e.size)
+	if e.codec.Reference().Codec() == compress.CodecRandomK {
+		tag = 0
+	}
+	return compress.Key{Bucket: tag<<32 | uint64(i), Step: step}
+}
+
+// encode enqueues bucket i's compression: the encode stream waits for the
+// caller's stream s.
+func (e *DeviceEngine) encode(st *devStep, i int, s kernels.Stream) error {
+	b := e.buckets[i]
+	if err := e.dev.Record(b.ready, s); err != nil {
+		return err
+	}
+	if err := e.dev.WaitEvent(e.enc, b.ready); err != nil {
+		return err
+	}
+	if err := e.dev.Record(b.encBeg, e.enc); err != nil {
+		return err
+	}
+	if b.compressed {
+		a := kernels.EncodeArgs{Body: b.send + kernels.StatusLen, Grad: st.grads[i], Work: b.work,
+			Status: b.send, N: b.n, Key: e.key(st.num, i)}
+		if e.cfg.ErrorFeedback {
+			a.Resid, a.ResidOut = b.resid, b.out
+		}
+		if err := e.dev.Encode(e.codec, e.enc, a); err != nil {
+			return err
+		}
+	}
+	return e.dev.Record(b.encEnd, e.enc)
+}
+
+// launch enqueues bucket i's exchange on the wire stream and its decode
+// and average on the decode stream.
+func (e *DeviceEngine) launch(st *devStep, i int) error {
+	b, grad := e.buckets[i], st.grads[i]
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	for _, f := range []func() error{
+		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
+		func() error { return e.dev.Record(b.xBeg, e.wire) },
+		func() error {
+			if b.compressed {
+				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), b.slot, comm.Stream(e.wire))
+			}
+			return e.dc.AllReduce(ctx, comm.DevicePtr(grad), b.n, comm.Stream(e.wire))
+		},
+		func() error { return e.dev.Record(b.xEnd, e.wire) },
+		func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+		func() error { return e.dev.Record(b.decBeg, e.dec) },
+		func() error {
+			avg := kernels.AverageArgs{Dst: grad, N: b.n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
+			if b.compressed {
+				bodies := make([]kernels.DevicePtr, e.size)
+				for r := range bodies {
+					bodies[r] = b.recv + kernels.DevicePtr(r*b.slot+kernels.StatusLen)
+				}
+				if err := e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: b.n, Bodies: bodies, Key: e.key(st.num, i)}); err != nil {
+					return err
+				}
+				avg.Slots, avg.Stride, avg.Count = b.recv, b.slot, e.size
+			}
+			return e.dev.Average(e.dec, avg)
+		},
+		func() error { return e.dev.Record(b.decEnd, e.dec) },
+	} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Done makes stream s (the caller's, before its optimizer step) wait for
+// the end of the step's last bucket, without blocking the host. It needs
+// every bucket ready (else a *UsageError, ErrNotReady). Wait must still be
+// called to settle the step.
+func (e *DeviceEngine) Done(s kernels.Stream) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.usable("Done"); err != nil {
+		return err
+	}
+	st := e.cur
+	switch {
+	case st == nil:
+		return &UsageError{Call: "Done", Err: ErrNoStep, Detail: "call Step first"}
+	case st.err != nil:
+		return st.err
+	case st.cursor < len(e.buckets):
+		return &UsageError{Call: "Done", Err: ErrNotReady, Detail: fmt.Sprintf("step %d: bucket %d is not ready", st.num, st.cursor)}
+	}
+	return e.dev.WaitEvent(s, e.done)
+}
+
+// Wait blocks the host until the step's work on the device has finished,
+// or the DeviceComm's timeout or ctx ends it (the communicator is then
+// aborted), then settles error-feedback memory and returns the step's
+// statistics (partial on error). Without a step it returns a *UsageError
+// (ErrNoStep); a bucket never made ready fails the step (ErrNotReady).
+// Errors: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
+// any other breaks it (see the type's doc).
+func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) {
+	e.mu.Lock()
+	if err := e.usable("Wait"); err != nil {
+		e.mu.Unlock()
+		return StepStats{}, err
+	}
+	st := e.cur
+	switch {
+	case st == nil:
+		e.mu.Unlock()
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrNoStep, Detail: "call Step first"}
+	case st.waiting:
+		e.mu.Unlock()
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
+	}
+	st.waiting = true
+	e.mu.Unlock()
+	res, err := e.finish(ctx, st)
+	e.mu.Lock()
+	e.cur = nil
+	var nf *NonFiniteError
+	if err != nil && !errors.As(err, &nf) && e.broken == nil {
+		e.broken = err
+	}
+	e.mu.Unlock()
+	return res, err
+}
+
+// finish waits for st's work, settles and builds the statistics.
+func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, error) {
+	fatal := st.err
+	if fatal == nil && st.cursor < len(e.buckets) {
+		var missing []int
+		for i, ok := range st.ready {
+			if !ok {
+				missing = append(missing, i)
+			}
+		}
+		fatal = &UsageError{Call: "Wait", Err: ErrNotReady, Detail: fmt.Sprintf("step %d: Ready was not called for buckets %v", st.num, missing)}
+	}
+	t0 := time.Now()
+	if fatal != nil || st.cursor < len(e.buckets) {
+		if err := e.seal(); err != nil && fatal == nil {
+			fatal = &StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err}
+		}
+	}
+	if err := e.dc.Wait(ctx, func() (bool, error) { return e.dev.EventQuery(e.done) }); err != nil && fatal == nil {
+		fatal = &StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err}
+	}
+	res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(e.buckets)), Exposed: time.Since(t0)}
+	for i, b := range e.buckets {
+		res.Buckets[i] = BucketStats{Bucket: i, Elements: b.n, Strategy: e.strategy, Reason: b.reason}
+	}
+	if fatal != nil {
+		res.Total = time.Since(st.start)
+		return res, fatal
+	}
+	statuses := make([]byte, kernels.StatusLen*len(e.buckets))
+	if err := e.dev.CopyOut(e.dec, statuses, e.statuses); err != nil {
+		return res, &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
+	}
+	var nf *NonFiniteError
+	for i, b := range e.buckets {
+		s := &res.Buckets[i]
+		fallback, err := e.outcome(b, statuses[kernels.StatusLen*i:kernels.StatusLen*(i+1)], s)
+		if err != nil {
+			return res, &StepError{Step: st.num, Bucket: i, Stage: "reading statuses", Err: err}
+		}
+		if fallback != "" {
+			s.Reason += "; " + fallback
+			if e.cfg.FailOnNonFinite {
+				if nf == nil {
+					nf = &NonFiniteError{Step: st.num}
+				}
+				nf.Buckets = append(nf.Buckets, i)
+				nf.Details = append(nf.Details, fallback)
+			}
+		}
+		if s.Compressed && e.cfg.ErrorFeedback && !s.NonFinite {
+			b.resid, b.out = b.out, b.resid // commit: the residual Encode wrote
+		}
+		for _, t := range []struct {
+			d          *time.Duration
+			start, end kernels.Event
+		}{{&s.Compress, b.encBeg, b.encEnd}, {&s.Exchange, b.xBeg, b.xEnd}, {&s.Decompress, b.decBeg, b.decEnd}} {
+			if *t.d, err = e.dev.Elapsed(t.start, t.end); err != nil {
+				return res, &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
+			}
+		}
+		if b.compressed {
+			s.BytesSent = allGatherVolume(e.size, b.slot)
+		} else {
+			s.BytesSent = allReduceVolume(e.size, 4*b.n)
+		}
+		res.BytesSent += s.BytesSent
+		res.ExchangeTotal += s.Exchange
+	}
+	res.Total = time.Since(st.start)
+	if nf != nil {
+		return res, nf
+	}
+	return res, nil
+}
+
+// outcome fills s from bucket b's average status (kernels.Average's Out)
+// and returns what went wrong this step, or "".
+func (e *DeviceEngine) outcome(b *devBucket, status []byte, s *BucketStats) (string, error) {
+	s.Compressed = b.compressed
+	if r := binary.LittleEndian.Uint64(status[8:]); r != math.MaxUint64 {
+		s.NonFinite = true
+		var bad []string
+		for q := range e.size {
+			slot := make([]byte, kernels.StatusLen)
+			if err := e.dev.CopyOut(e.dec, slot, b.recv+kernels.DevicePtr(q*b.slot)); err != nil {
+				return "", err
+			}
+			if err := kernels.StatusError(slot); err != nil {
+				bad = append(bad, fmt.Sprintf("rank %d has %v", q, err))
+			}
+		}
+		return "gradient set to NaN on every rank: " + strings.Join(bad, ", "), nil
+	}
+	clean := make([]byte, kernels.StatusLen)
+	for i := range clean {
+		clean[i] = 0xff
+	}
+	copy(clean, status[:8])
+	if err := kernels.StatusError(clean); err != nil {
+		s.NonFinite = true
+		var nfe *compress.NonFiniteError
+		if errors.As(err, &nfe) {
+			return fmt.Sprintf("the average holds %v at element %d (a rank's gradient held NaN or Inf, or the sum overflowed)", nfe.Value, nfe.Index), nil
+		}
+		return err.Error(), nil
+	}
+	return "", nil
+}
+
+// seal records the ends of the encode and wire streams and makes the
+// decode stream wait for them before the done event, so that the done
+// event covers everything enqueued, launched or not.
+func (e *DeviceEngine) seal() error {
+	for k, s := range []kernels.Stream{e.enc, e.wire} {
+		if err := e.dev.Record(e.drained[k], s); err != nil {
+			return err
+		}
+		if err := e.dev.WaitEvent(e.dec, e.drained[k]); err != nil {
+			return err
+		}
+	}
+	return e.dev.Record(e.done, e.dec)
+}
+
+// Close ends the engine: a step in flight is abandoned (its device work
+// is waited for, bounded by the DeviceComm's timeout), then the events and
+// streams are destroyed and the device memory freed. It closes neither
+// the DeviceComm nor the Device. Later calls return a *UsageError
+// (ErrClosed); closing twice returns nil.
+func (e *DeviceEngine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	st := e.cur
+	e.cur = nil
+	e.mu.Unlock()
+	var first error
+	if st != nil {
+		if err := e.seal(); err != nil {
+			first = err
+		}
+		if err := e.dc.Wait(context.Background(), func() (bool, error) { return e.dev.EventQuery(e.done) }); err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := e.release(); err != nil && first == nil {
+		first = err
+	}
+	if first != nil {
+		return fmt.Errorf("overlap: DeviceEngine.Close on rank %d: %w", e.rank, first)
+	}
+	return nil
+}

@@ -1,0 +1,508 @@
+package overlap
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
+)
+
+// devRig is one device engine per rank, each on its own fake device (its
+// GPU), with a caller stream and a device buffer per bucket.
+type devRig struct {
+	sizes   []int
+	devs    []*fakeDevice
+	dcs     []*fakeDeviceComm
+	engines []*DeviceEngine
+	caller  []kernels.Stream
+	grads   [][]kernels.DevicePtr
+}
+
+// newDevRig builds the engines with per-rank configurations; it returns
+// New's errors by rank (the engines of failed ranks are nil).
+func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration) (*devRig, []error) {
+	t.Helper()
+	n := len(cfgs)
+	host, wire := group(t, n), group(t, n)
+	g := &devRig{sizes: sizes, devs: make([]*fakeDevice, n), dcs: make([]*fakeDeviceComm, n),
+		engines: make([]*DeviceEngine, n), caller: make([]kernels.Stream, n), grads: make([][]kernels.DevicePtr, n)}
+	for r := range n {
+		g.devs[r] = newFakeDevice()
+		g.dcs[r] = newFakeDeviceComm(wire[r], g.devs[r], timeout)
+		var err error
+		if g.caller[r], err = g.devs[r].NewStream(); err != nil {
+			t.Fatal(err)
+		}
+		for _, sz := range sizes {
+			p, err := g.devs[r].Alloc(4 * sz)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.grads[r] = append(g.grads[r], p)
+		}
+	}
+	errs := onRanks(host, func(r int, c comm.Comm) error {
+		var err error
+		g.engines[r], err = NewDevice(context.Background(), g.devs[r], g.dcs[r], c, sizes, cfgs[r])
+		return err
+	})
+	t.Cleanup(func() {
+		for r, e := range g.engines {
+			if e != nil {
+				e.Close()
+			}
+			g.devs[r].close()
+		}
+	})
+	return g, errs
+}
+
+// mustDevRig is newDevRig with one configuration for every rank, failing
+// the test on any error.
+func mustDevRig(t *testing.T, ranks int, sizes []int, cfg Config) *devRig {
+	t.Helper()
+	cfgs := make([]Config, ranks)
+	for r := range cfgs {
+		cfgs[r] = cfg
+	}
+	g, errs := newDevRig(t, sizes, cfgs, 2*time.Second)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: NewDevice: %v", r, err)
+		}
+	}
+	return g
+}
+
+func f32bytes(x []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
+
+// step runs one step on every rank: each bucket's gradient is copied in on
+// the caller's stream, then Ready in order(r), Done and Wait. It returns
+// each rank's averaged gradients, stats and Wait error (or Ready's).
+func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float32, []StepStats, []error) {
+	n := len(g.engines)
+	out := make([][][]float32, n)
+	stats := make([]StepStats, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			e, d, s := g.engines[r], g.devs[r], g.caller[r]
+			if errs[r] = e.Step(); errs[r] != nil {
+				return
+			}
+			for _, i := range order(r) {
+				d.CopyIn(s, g.grads[r][i], f32bytes(grads[r][i]))
+				if err := e.Ready(i, g.grads[r][i], s); err != nil {
+					errs[r] = err
+				}
+			}
+			if errs[r] == nil {
+				errs[r] = e.Done(s)
+			}
+			var err error
+			stats[r], err = e.Wait(context.Background())
+			if errs[r] == nil {
+				errs[r] = err
+			}
+			for i, sz := range g.sizes {
+				x := make([]float32, sz)
+				d.CopyOut(s, f32bytes(x), g.grads[r][i])
+				out[r] = append(out[r], x)
+			}
+		})
+	}
+	wg.Wait()
+	return out, stats, errs
+}
+
+// devReference computes the package doc's result of the device strategies
+// for one step: per rank x = e + g (with error feedback), the payload under
+// the engine's key, e ← x − D(C(x)); the sum of the decoded payloads in
+// rank order, divided by N. Codec none: the float32 sum in rank order.
+// skip lists buckets whose step is discarded (memory unchanged).
+type devReference struct {
+	spec  string
+	ef    bool
+	mem   [][][]float32 // rank, bucket
+	ranks int
+}
+
+func (ref *devReference) step(t *testing.T, num uint64, grads [][][]float32, skip map[int]bool) [][]float32 {
+	t.Helper()
+	c, err := compress.Parse(ref.spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.mem == nil {
+		ref.mem = make([][][]float32, ref.ranks)
+	}
+	var out [][]float32
+	for i := range grads[0] {
+		n := len(grads[0][i])
+		sum := make([]float32, n)
+		for r := range ref.ranks {
+			if len(ref.mem[r]) <= i {
+				ref.mem[r] = append(ref.mem[r], make([]float32, n))
+			}
+			x := append([]float32(nil), grads[r][i]...)
+			if c.Codec() == compress.CodecNone {
+				for j := range sum {
+					sum[j] += x[j]
+				}
+				continue
+			}
+			if ref.ef {
+				for j := range x {
+					x[j] = ref.mem[r][i][j] + x[j]
+				}
+			}
+			tag := uint64(1 + r*ref.ranks)
+			if c.Codec() == compress.CodecRandomK {
+				tag = 0
+			}
+			p, err := c.Compress(nil, x, compress.Key{Bucket: tag<<32 | uint64(i), Step: num})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := make([]float32, n)
+			if err := c.Decompress(d, p); err != nil {
+				t.Fatal(err)
+			}
+			if r == 0 {
+				copy(sum, d)
+			} else {
+				for j := range sum {
+					sum[j] += d[j]
+				}
+			}
+			if ref.ef && !skip[i] {
+				for j := range x {
+					ref.mem[r][i][j] = x[j] - d[j]
+				}
+			}
+		}
+		average(sum, ref.ranks)
+		out = append(out, sum)
+	}
+	return out
+}
+
+func sameBits(a, b []float32) int {
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestDeviceEngineResults checks, for every device strategy and codec, 3
+// ranks and 3 steps with error feedback and buckets made ready in
+// different orders on different ranks, that every rank ends each step
+// with exactly the package doc's result, and the statistics' accounting.
+func TestDeviceEngineResults(t *testing.T) {
+	sizes := []int{1000, 37, 300}
+	const ranks = 3
+	for _, spec := range []string{"none", "int8", "topk:0.05", "randomk:0.1", "fp16", "sign:bucket=64", "int4:round=nearest"} {
+		t.Run(spec, func(t *testing.T) {
+			g := mustDevRig(t, ranks, sizes, Config{Spec: spec, ErrorFeedback: true})
+			ref := &devReference{spec: spec, ef: true, ranks: ranks}
+			wantStrategy := map[string]Strategy{"none": StrategyDense, "topk:0.05": StrategySparseGather}[spec]
+			if wantStrategy == StrategyAuto {
+				wantStrategy = StrategyQuantAllGather
+			}
+			if s := g.engines[0].Strategy(); s != wantStrategy {
+				t.Errorf("strategy %v, want %v", s, wantStrategy)
+			}
+			order := func(r int) []int { return [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}}[r] }
+			for num := range 3 {
+				grads := stepGrads(ranks, num, sizes)
+				out, stats, errs := g.step(grads, order)
+				want := ref.step(t, uint64(num), grads, nil)
+				for r := range ranks {
+					if errs[r] != nil {
+						t.Fatalf("step %d rank %d: %v", num, r, errs[r])
+					}
+					for i := range sizes {
+						if j := sameBits(out[r][i], want[i]); j >= 0 {
+							t.Fatalf("step %d rank %d bucket %d element %d: %v, want %v", num, r, i, j, out[r][i][j], want[i][j])
+						}
+						bs := stats[r].Buckets[i]
+						if bs.Compressed != (spec != "none") || bs.NonFinite || bs.Strategy != wantStrategy {
+							t.Errorf("step %d rank %d bucket %d stats %+v", num, r, i, bs)
+						}
+						if bs.BytesSent <= 0 || bs.Exchange <= 0 {
+							t.Errorf("step %d rank %d bucket %d: BytesSent %d, Exchange %v", num, r, i, bs.BytesSent, bs.Exchange)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestDeviceEngineWaitsForCallerStream holds each rank's caller stream
+// before its gradients are written: Ready and Done must return at once
+// (nothing blocks the host), the engine must not read the gradients
+// before the caller's stream passed Ready (the results are of the values
+// written after the hold), and work the caller enqueues after Done must
+// see the averages.
+func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
+	sizes := []int{300, 500}
+	const ranks = 2
+	g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true})
+	grads := stepGrads(ranks, 0, sizes)
+	want := (&devReference{spec: "int8", ef: true, ranks: ranks}).step(t, 0, grads, nil)
+	gate := make(chan struct{})
+	seen := make([][][]float32, ranks)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for r := range ranks {
+		e, d, s := g.engines[r], g.devs[r], g.caller[r]
+		if err := e.Step(); err != nil {
+			t.Fatal(err)
+		}
+		d.enqueue(s, func() { <-gate }) // backward is still running
+		for i := range sizes {
+			d.CopyIn(s, g.grads[r][i], f32bytes(grads[r][i]))
+			if err := e.Ready(i, g.grads[r][i], s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Done(s); err != nil {
+			t.Fatal(err)
+		}
+		d.enqueue(s, func() { // the optimizer
+			for i, n := range sizes {
+				seen[r] = append(seen[r], append([]float32(nil), d.floats(g.grads[r][i], n)...))
+			}
+		})
+		if ok, _ := d.EventQuery(e.done); ok {
+			t.Errorf("rank %d: the step is done while the caller's stream is held", r)
+		}
+		wg.Go(func() { _, errs[r] = e.Wait(context.Background()) })
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(gate)
+	wg.Wait()
+	for r := range ranks {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		g.devs[r].sync(g.caller[r])
+		for i := range sizes {
+			if j := sameBits(seen[r][i], want[i]); j >= 0 {
+				t.Errorf("rank %d bucket %d element %d: the optimizer saw %v, want %v", r, i, j, seen[r][i][j], want[i][j])
+			}
+		}
+	}
+}
+
+// TestDeviceEngineNonFinite puts a NaN in one rank's bucket: every rank's
+// bucket becomes NaN, the stats say who had what, the bucket's memory
+// skips the step (the next step matches a reference that skipped it), and
+// with FailOnNonFinite every rank's Wait returns the same
+// *NonFiniteError and the engine stays usable.
+func TestDeviceEngineNonFinite(t *testing.T) {
+	sizes := []int{200, 100}
+	const ranks = 2
+	for _, fail := range []bool{false, true} {
+		g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true, FailOnNonFinite: fail})
+		ref := &devReference{spec: "int8", ef: true, ranks: ranks}
+		grads := stepGrads(ranks, 0, sizes)
+		grads[1][0][5] = float32(math.NaN())
+		out, stats, errs := g.step(grads, inOrder(len(sizes)))
+		ref.step(t, 0, stepGrads(ranks, 0, sizes), map[int]bool{0: true})
+		for r := range ranks {
+			var nf *NonFiniteError
+			switch {
+			case fail && (!errors.As(errs[r], &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 0):
+				t.Fatalf("FailOnNonFinite rank %d: %v, want a *NonFiniteError for bucket 0", r, errs[r])
+			case !fail && errs[r] != nil:
+				t.Fatalf("rank %d: %v", r, errs[r])
+			}
+			for j, v := range out[r][0] {
+				if !math.IsNaN(float64(v)) {
+					t.Fatalf("rank %d bucket 0 element %d: %v, want NaN", r, j, v)
+				}
+			}
+			b := stats[r].Buckets[0]
+			if !b.NonFinite || !strings.Contains(b.Reason, "rank 1 has") || !strings.Contains(b.Reason, "index 5") {
+				t.Errorf("rank %d bucket 0: NonFinite %v, Reason %q", r, b.NonFinite, b.Reason)
+			}
+			if stats[r].Buckets[1].NonFinite {
+				t.Errorf("rank %d bucket 1 reported non-finite", r)
+			}
+		}
+		grads = stepGrads(ranks, 1, sizes)
+		out, _, errs = g.step(grads, inOrder(len(sizes)))
+		want := ref.step(t, 1, grads, nil)
+		for r := range ranks {
+			if errs[r] != nil {
+				t.Fatalf("step after the NaN, rank %d: %v", r, errs[r])
+			}
+			for i := range sizes {
+				if j := sameBits(out[r][i], want[i]); j >= 0 {
+					t.Fatalf("step after the NaN, rank %d bucket %d element %d: %v, want %v", r, i, j, out[r][i][j], want[i][j])
+				}
+			}
+		}
+	}
+}
+
+// TestDeviceEngineDeadPeer: a rank that never joins the step makes the
+// other's Wait end with a *StepError within the transport's timeout, and
+// break the engine.
+func TestDeviceEngineDeadPeer(t *testing.T) {
+	sizes := []int{100}
+	g, errs := newDevRig(t, sizes, []Config{{Spec: "topk:0.1"}, {Spec: "topk:0.1"}}, 300*time.Millisecond)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := g.engines[0]
+	if err := e.Step(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Ready(0, g.grads[0][0], g.caller[0]); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	_, err := e.Wait(context.Background())
+	var se *StepError
+	if !errors.As(err, &se) || se.Stage != "Wait" {
+		t.Fatalf("Wait: %v, want a *StepError in Wait", err)
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Wait took %v with a 300ms timeout", d)
+	}
+	var be *BrokenError
+	if err := e.Step(); !errors.As(err, &be) {
+		t.Errorf("Step after the failure: %v, want a *BrokenError", err)
+	}
+}
+
+// TestDeviceEngineLaunchFailure: a kernel launch that fails ends the step
+// at once (Ready returns the *StepError, Wait too), breaks the engine, and
+// leaves the error-feedback memory as it was (no swap).
+func TestDeviceEngineLaunchFailure(t *testing.T) {
+	g := mustDevRig(t, 1, []int{64}, Config{Spec: "int4", ErrorFeedback: true})
+	e, d := g.engines[0], g.devs[0]
+	b := e.buckets[0]
+	resid, out := b.resid, b.out
+	d.failEncode = errors.New("CUDA_ERROR_LAUNCH_FAILED")
+	if err := e.Step(); err != nil {
+		t.Fatal(err)
+	}
+	var se *StepError
+	if err := e.Ready(0, g.grads[0][0], g.caller[0]); !errors.As(err, &se) || !errors.Is(err, d.failEncode) {
+		t.Fatalf("Ready: %v, want a *StepError wrapping the launch failure", err)
+	}
+	if _, err := e.Wait(context.Background()); !errors.As(err, &se) {
+		t.Fatalf("Wait: %v, want the *StepError", err)
+	}
+	if b.resid != resid || b.out != out {
+		t.Error("error-feedback buffers swapped after a failed step")
+	}
+	for j, v := range d.floats(resid, 64) {
+		if v != 0 {
+			t.Fatalf("error-feedback memory element %d is %v after a failed first step, want 0", j, v)
+		}
+	}
+}
+
+// TestDeviceEngineUsage checks misuse: each is a *UsageError that changes
+// nothing, until Wait with a bucket missing fails the step.
+func TestDeviceEngineUsage(t *testing.T) {
+	g := mustDevRig(t, 1, []int{16, 16}, Config{Spec: "int8"})
+	e, s := g.engines[0], g.caller[0]
+	grad := g.grads[0][0]
+	want := func(what string, err, sentinel error) {
+		t.Helper()
+		var ue *UsageError
+		if !errors.As(err, &ue) || !errors.Is(err, sentinel) {
+			t.Errorf("%s: %v, want a *UsageError %v", what, err, sentinel)
+		}
+	}
+	want("Ready without Step", e.Ready(0, grad, s), ErrNoStep)
+	want("Done without Step", e.Done(s), ErrNoStep)
+	_, err := e.Wait(context.Background())
+	want("Wait without Step", err, ErrNoStep)
+	if err := e.Step(); err != nil {
+		t.Fatal(err)
+	}
+	want("Step twice", e.Step(), ErrStepInFlight)
+	want("unknown bucket", e.Ready(2, grad, s), ErrUnknownBucket)
+	want("null gradient", e.Ready(0, 0, s), ErrBadPointer)
+	want("misaligned gradient", e.Ready(0, grad+2, s), ErrBadPointer)
+	if err := e.Ready(0, grad, s); err != nil {
+		t.Fatal(err)
+	}
+	want("Ready twice", e.Ready(0, grad, s), ErrAlreadyReady)
+	want("Done with bucket 1 missing", e.Done(s), ErrNotReady)
+	_, err = e.Wait(context.Background())
+	want("Wait with bucket 1 missing", err, ErrNotReady)
+	var be *BrokenError
+	if err := e.Step(); !errors.As(err, &be) {
+		t.Errorf("Step after the failed step: %v, want a *BrokenError", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	want("Step after Close", e.Step(), ErrClosed)
+}
+
+// TestDeviceEngineConfig checks the handshake and the configurations the
+// device refuses, and that Close frees every buffer and handle.
+func TestDeviceEngineConfig(t *testing.T) {
+	_, errs := newDevRig(t, []int{10}, []Config{{Spec: "int8"}, {Spec: "int4"}}, time.Second)
+	for r, err := range errs {
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || me.Field != "spec" {
+			t.Errorf("rank %d: %v, want a spec *ConfigMismatchError", r, err)
+		}
+	}
+	for _, cfg := range []Config{
+		{Spec: "int8", Strategy: StrategyQuantSRA},
+		{Spec: "randomk:0.1", Strategy: StrategySharedIndex},
+		{Spec: "topk:0.1:lossless=zstd"},
+		{Spec: "fp16", Strategy: StrategyDense},
+		{Spec: "int9"},
+		{Spec: "int8", Timeout: -time.Second},
+	} {
+		_, errs := newDevRig(t, []int{10}, []Config{cfg}, time.Second)
+		var ce *ConfigError
+		if !errors.As(errs[0], &ce) {
+			t.Errorf("%+v: %v, want a *ConfigError", cfg, errs[0])
+		}
+	}
+	g := mustDevRig(t, 2, []int{100, 7}, Config{Spec: "topk:0.1", ErrorFeedback: true})
+	if _, _, errs := g.step(stepGrads(2, 0, g.sizes), inOrder(len(g.sizes))); errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	for r, e := range g.engines {
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		d := g.devs[r]
+		if len(d.mem) != len(g.sizes) || len(d.events) != 0 || len(d.streams) != 1 {
+			t.Errorf("rank %d after Close: %d allocations (want the test's %d), %d events, %d streams (want the caller's)",
+				r, len(d.mem), len(g.sizes), len(d.events), len(d.streams))
+		}
+	}
+}

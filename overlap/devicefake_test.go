@@ -1,0 +1,454 @@
+package overlap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
+)
+
+// fakeDevice is a Device in host memory for the device engine's tests:
+// streams are the CPU engine's ordered workers (stream.go), events the
+// latest record of an event handle (cuEventRecord semantics: a wait or
+// query sees the record made before it; a never-recorded event counts as
+// complete), and the kernels are the CPU reference compressors, so a step's
+// result is exactly the package doc's. Device addresses are offsets in an
+// address space of Go buffers; an access outside an allocation panics the
+// stream goroutine (a test failure, by design).
+type fakeDevice struct {
+	mu      sync.Mutex
+	nextPtr kernels.DevicePtr
+	mem     map[kernels.DevicePtr][]byte
+	handles uintptr
+	streams map[kernels.Stream]*stream
+	events  map[kernels.Event]*fakeEvent
+	freed   int
+	// failEncode, when set, is returned by Encode (a failed launch).
+	failEncode error
+}
+
+type fakeEvent struct {
+	timing bool
+	ev     *event    // the latest record; nil if never recorded
+	at     time.Time // when that record fired
+}
+
+func newFakeDevice() *fakeDevice {
+	return &fakeDevice{nextPtr: 1 << 40, mem: map[kernels.DevicePtr][]byte{},
+		streams: map[kernels.Stream]*stream{}, events: map[kernels.Event]*fakeEvent{}}
+}
+
+// close stops the stream goroutines the engine did not destroy (the
+// caller's streams of a test).
+func (d *fakeDevice) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for h, s := range d.streams {
+		s.close()
+		delete(d.streams, h)
+	}
+}
+
+func (d *fakeDevice) Alloc(bytes int) (kernels.DevicePtr, error) {
+	if bytes <= 0 {
+		return 0, fmt.Errorf("fake Alloc(%d)", bytes)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.nextPtr
+	d.mem[p] = make([]byte, bytes)
+	d.nextPtr += kernels.DevicePtr(bytes+255) &^ 255
+	return p, nil
+}
+
+func (d *fakeDevice) Free(p kernels.DevicePtr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.mem[p]; !ok {
+		return fmt.Errorf("fake Free(%#x): not allocated", p)
+	}
+	delete(d.mem, p)
+	d.freed++
+	return nil
+}
+
+// bytes returns the n bytes at p, which must lie inside one allocation.
+func (d *fakeDevice) bytes(p kernels.DevicePtr, n int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for base, b := range d.mem {
+		if p >= base && uint64(p-base)+uint64(n) <= uint64(len(b)) {
+			return b[p-base : int(p-base)+n]
+		}
+	}
+	panic(fmt.Sprintf("fake device: %d bytes at %#x are outside every allocation", n, p))
+}
+
+func (d *fakeDevice) floats(p kernels.DevicePtr, n int) []float32 {
+	b := d.bytes(p, 4*n)
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+}
+
+func (d *fakeDevice) stream(s kernels.Stream) *stream {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, ok := d.streams[s]
+	if !ok {
+		panic(fmt.Sprintf("fake device: unknown stream %#x", s))
+	}
+	return st
+}
+
+// enqueue runs fn on stream s in order.
+func (d *fakeDevice) enqueue(s kernels.Stream, fn func()) { d.stream(s).enqueue(fn) }
+
+func (d *fakeDevice) sync(s kernels.Stream) { <-d.stream(s).record().fired() }
+
+func (d *fakeDevice) CopyIn(s kernels.Stream, dst kernels.DevicePtr, src []byte) error {
+	data := append([]byte(nil), src...)
+	d.enqueue(s, func() { copy(d.bytes(dst, len(data)), data) })
+	return nil
+}
+
+func (d *fakeDevice) CopyOut(s kernels.Stream, dst []byte, src kernels.DevicePtr) error {
+	d.sync(s)
+	copy(dst, d.bytes(src, len(dst)))
+	return nil
+}
+
+func (d *fakeDevice) NewStream() (kernels.Stream, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handles++
+	h := kernels.Stream(d.handles)
+	d.streams[h] = newStream()
+	return h, nil
+}
+
+func (d *fakeDevice) DestroyStream(s kernels.Stream) error {
+	st := d.stream(s)
+	st.close()
+	d.mu.Lock()
+	delete(d.streams, s)
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *fakeDevice) NewEvent(timing bool) (kernels.Event, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handles++
+	h := kernels.Event(d.handles)
+	d.events[h] = &fakeEvent{timing: timing}
+	return h, nil
+}
+
+func (d *fakeDevice) event(e kernels.Event) *fakeEvent {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ev, ok := d.events[e]
+	if !ok {
+		panic(fmt.Sprintf("fake device: unknown event %#x", e))
+	}
+	return ev
+}
+
+func (d *fakeDevice) DestroyEvent(e kernels.Event) error {
+	d.event(e)
+	d.mu.Lock()
+	delete(d.events, e)
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *fakeDevice) Record(e kernels.Event, s kernels.Stream) error {
+	fe, st := d.event(e), d.stream(s)
+	ev := newEvent()
+	st.enqueue(func() {
+		d.mu.Lock()
+		fe.at = time.Now()
+		d.mu.Unlock()
+		ev.fire()
+	})
+	d.mu.Lock()
+	fe.ev = ev
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *fakeDevice) WaitEvent(s kernels.Stream, e kernels.Event) error {
+	fe, st := d.event(e), d.stream(s)
+	d.mu.Lock()
+	ev := fe.ev
+	d.mu.Unlock()
+	if ev != nil {
+		st.waitEvent(ev)
+	}
+	return nil
+}
+
+func (d *fakeDevice) EventQuery(e kernels.Event) (bool, error) {
+	fe := d.event(e)
+	d.mu.Lock()
+	ev := fe.ev
+	d.mu.Unlock()
+	if ev == nil {
+		return true, nil
+	}
+	select {
+	case <-ev.fired():
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+func (d *fakeDevice) Elapsed(start, end kernels.Event) (time.Duration, error) {
+	a, b := d.event(start), d.event(end)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !a.timing || !b.timing || a.at.IsZero() || b.at.IsZero() {
+		return 0, fmt.Errorf("fake Elapsed: events not timing or not completed")
+	}
+	return b.at.Sub(a.at), nil
+}
+
+// setStatus writes the kernels' status word w for a failing element.
+func setStatus(status []byte, w int, nf *compress.NonFiniteError) {
+	v := uint64(nf.Index)<<32 | uint64(math.Float32bits(nf.Value))
+	for i := range 8 {
+		status[8*w+i] = byte(v >> (8 * i))
+	}
+}
+
+// Encode is kernels.Codec.Encode by the CPU reference: the body of
+// compress's payload of s = e + g (or g), and s − D(c) into ResidOut.
+func (d *fakeDevice) Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error {
+	if d.failEncode != nil {
+		return d.failEncode
+	}
+	ref := c.Reference()
+	d.enqueue(s, func() {
+		status := d.bytes(a.Status, kernels.StatusLen)
+		for i := range status {
+			status[i] = 0xff
+		}
+		x := append([]float32(nil), d.floats(a.Grad, a.N)...)
+		if a.Resid != 0 {
+			for i, e := range d.floats(a.Resid, a.N) {
+				x[i] = e + x[i]
+			}
+		}
+		for i, v := range x {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				setStatus(status, 0, &compress.NonFiniteError{Index: i, Value: v})
+				return
+			}
+		}
+		payload, err := ref.Compress(nil, x, a.Key)
+		var nf *compress.NonFiniteError
+		if errors.As(err, &nf) {
+			setStatus(status, 1, nf)
+			return
+		} else if err != nil {
+			panic(err)
+		}
+		_, body, err := compress.DecodePayload(ref, payload, a.N)
+		if err != nil {
+			panic(err)
+		}
+		copy(d.bytes(a.Body, len(body)), body)
+		if a.Resid != 0 {
+			dx := make([]float32, a.N)
+			if err := ref.Decompress(dx, payload); err != nil {
+				panic(err)
+			}
+			out := d.floats(a.ResidOut, a.N)
+			for i := range x {
+				out[i] = x[i] - dx[i]
+			}
+		}
+	})
+	return nil
+}
+
+// Decode is kernels.Codec.Decode by the CPU reference: every body framed
+// and decoded (the first set, the others added) in order.
+func (d *fakeDevice) Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error {
+	ref := c.Reference()
+	d.enqueue(s, func() {
+		dst := d.floats(a.Dst, a.N)
+		for i, b := range a.Bodies {
+			payload, err := compress.EncodePayload(ref, nil, a.N, a.Key, func(body []byte) error {
+				copy(body, d.bytes(b, len(body)))
+				return nil
+			})
+			if err == nil {
+				if i == 0 && !a.Add {
+					err = ref.Decompress(dst, payload)
+				} else {
+					err = ref.DecompressAdd(dst, payload)
+				}
+			}
+			if err != nil {
+				// A status-failed slot holds no body: the kernels decode
+				// garbage, which Average then poisons. Do the same.
+				for j := range dst {
+					dst[j] = float32(math.NaN())
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// Average is kernels.Average in Go.
+func (d *fakeDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
+	d.enqueue(s, func() {
+		out := d.bytes(a.Out, kernels.StatusLen)
+		for i := range out {
+			out[i] = 0xff
+		}
+		dst := d.floats(a.Dst, a.N)
+		for r := range a.Count {
+			st := d.bytes(a.Slots+kernels.DevicePtr(r*a.Stride), kernels.StatusLen)
+			if kernels.StatusError(st) != nil {
+				for i := range dst {
+					dst[i] = float32(math.NaN())
+				}
+				for i := range 8 {
+					out[8+i] = byte(uint64(r) >> (8 * i))
+				}
+				return
+			}
+		}
+		if bad := average(dst, a.Ranks); bad >= 0 {
+			setStatus(out, 0, &compress.NonFiniteError{Index: bad, Value: dst[bad]})
+		}
+	})
+	return nil
+}
+
+// fakeDeviceComm is a comm.DeviceComm over a host comm.Comm on the fake
+// device's memory: each collective runs on the given stream when the
+// stream reaches it (as NCCL's kernels do), and a failure is reported
+// asynchronously through Wait, as ncclCommGetAsyncError.
+type fakeDeviceComm struct {
+	c       comm.Comm
+	dev     *fakeDevice
+	timeout time.Duration
+	base    context.Context // cancelled by an abort: collectives in flight end
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	asyncErr error
+	aborted  bool
+}
+
+func newFakeDeviceComm(c comm.Comm, dev *fakeDevice, timeout time.Duration) *fakeDeviceComm {
+	base, cancel := context.WithCancel(context.Background())
+	return &fakeDeviceComm{c: c, dev: dev, timeout: timeout, base: base, cancel: cancel}
+}
+
+func (f *fakeDeviceComm) Rank() int { return f.c.Rank() }
+func (f *fakeDeviceComm) Size() int { return f.c.Size() }
+
+// run enqueues a collective on s, bounded by the communicator's timeout.
+func (f *fakeDeviceComm) run(s comm.Stream, fn func(ctx context.Context) error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.aborted {
+		return errors.New("fake DeviceComm: aborted")
+	}
+	f.dev.enqueue(kernels.Stream(s), func() {
+		ctx, cancel := context.WithTimeout(f.base, f.timeout)
+		defer cancel()
+		if err := fn(ctx); err != nil {
+			f.mu.Lock()
+			if f.asyncErr == nil {
+				f.asyncErr = err
+			}
+			f.mu.Unlock()
+		}
+	})
+	return nil
+}
+
+func (f *fakeDeviceComm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+	return f.run(s, func(ctx context.Context) error {
+		return f.c.AllReduce(ctx, f.dev.floats(kernels.DevicePtr(buf), n))
+	})
+}
+
+func (f *fakeDeviceComm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	return f.run(s, func(ctx context.Context) error {
+		return f.c.AllGather(ctx, f.dev.bytes(kernels.DevicePtr(dst), n*f.c.Size()), f.dev.bytes(kernels.DevicePtr(src), n))
+	})
+}
+
+var errFakeUnused = errors.New("fake DeviceComm: not used by the engine")
+
+func (f *fakeDeviceComm) ReduceScatter(context.Context, comm.DevicePtr, comm.DevicePtr, int, comm.Stream) error {
+	return errFakeUnused
+}
+
+func (f *fakeDeviceComm) AllToAll(context.Context, comm.DevicePtr, comm.DevicePtr, int, comm.Stream) error {
+	return errFakeUnused
+}
+
+func (f *fakeDeviceComm) Broadcast(context.Context, comm.DevicePtr, int, int, comm.Stream) error {
+	return errFakeUnused
+}
+
+// Wait polls done and the asynchronous error until the timeout or ctx,
+// then aborts (later calls fail), as nccl.Comm.Wait.
+func (f *fakeDeviceComm) Wait(ctx context.Context, done func() (bool, error)) error {
+	deadline := time.NewTimer(f.timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		f.mu.Lock()
+		err := f.asyncErr
+		f.mu.Unlock()
+		if err != nil {
+			f.abort()
+			return fmt.Errorf("fake DeviceComm: asynchronous error: %w", err)
+		}
+		ok, err := done()
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			f.abort()
+			return fmt.Errorf("fake DeviceComm: aborted: %w", ctx.Err())
+		case <-deadline.C:
+			f.abort()
+			return fmt.Errorf("fake DeviceComm: aborted after the %v timeout", f.timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+func (f *fakeDeviceComm) abort() {
+	f.mu.Lock()
+	f.aborted = true
+	f.mu.Unlock()
+	f.cancel()
+}
+
+func (f *fakeDeviceComm) Close() error { return nil }
