@@ -1,0 +1,246 @@
+//go:build cuda
+
+package overlap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/inproc"
+	commnccl "github.com/gradcomp/gradcomp/comm/nccl"
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
+	"github.com/gradcomp/gradcomp/nccl"
+)
+
+var (
+	gpuOnce sync.Once
+	gpuCtx  *kernels.Context
+	gpuDC   comm.DeviceComm
+	gpuHost comm.Comm
+	gpuErr  error
+	gpuSkip string
+)
+
+// gpu returns device 0's context and a one-rank NCCL communicator on it
+// (one H200: NCCL refuses two ranks on one GPU), or skips the test with
+// the reason when there is no GPU or no libnccl.so.2 ($GRADCOMP_NCCL
+// names it; scripts/gpu-check sets it to the nvidia-nccl wheel's copy).
+func gpu(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
+	tb.Helper()
+	gpuOnce.Do(func() {
+		if gpuCtx, gpuErr = kernels.Open(0); errors.Is(gpuErr, kernels.ErrNoDevice) {
+			gpuSkip = fmt.Sprintf("no CUDA device here: %v", gpuErr)
+			return
+		} else if gpuErr != nil {
+			return
+		}
+		lib, err := nccl.Open()
+		if errors.Is(err, nccl.ErrNotFound) {
+			gpuSkip = fmt.Sprintf("no NCCL here (set %s): %v", nccl.EnvPath, err)
+			return
+		} else if err != nil {
+			gpuErr = err
+			return
+		}
+		hosts, err := inproc.NewGroup(1)
+		if err != nil {
+			gpuErr = err
+			return
+		}
+		gpuHost = hosts[0]
+		gpuDC, gpuErr = commnccl.New(context.Background(), lib, gpuHost, nccl.WithDevice(0), nccl.WithTimeout(30*time.Second))
+	})
+	if gpuSkip != "" {
+		tb.Skip(gpuSkip)
+	}
+	if gpuErr != nil {
+		tb.Fatal(gpuErr)
+	}
+	return gpuCtx, gpuDC, gpuHost
+}
+
+// gpuBuffers allocates one device buffer per size, freed at cleanup.
+func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []kernels.DevicePtr {
+	tb.Helper()
+	var ps []kernels.DevicePtr
+	for _, n := range sizes {
+		p, err := ctx.Alloc(4 * n)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { ctx.Free(p) })
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// TestDeviceEngineCUDA runs the device engine on the GPU, one NCCL rank,
+// with error feedback, for 3 steps per codec, and compares every bucket
+// bit for bit with the package doc's result computed on the CPU (the
+// kernels are bit-identical to package compress); then a NaN bucket.
+func TestDeviceEngineCUDA(t *testing.T) {
+	ctx, dc, host := gpu(t)
+	sizes := []int{1 << 20, 300_001, 4097}
+	for _, spec := range []string{"none", "int8", "int4", "sign", "topk:0.01", "topk:0.01:sampled", "randomk:0.01", "fp16", "bf16"} {
+		t.Run(spec, func(t *testing.T) {
+			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			s, err := ctx.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ctx.DestroyStream(s)
+			grads := gpuBuffers(t, ctx, sizes)
+			ref := &devReference{spec: spec, ef: true, ranks: 1}
+			for num := range 3 {
+				hg := stepGrads(1, num, sizes)
+				if num == 2 {
+					hg[0][1][77] = float32(math.Inf(-1))
+				}
+				if err := e.Step(); err != nil {
+					t.Fatal(err)
+				}
+				for i := range sizes {
+					if err := ctx.CopyIn(s, grads[i], f32bytes(hg[0][i])); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Ready(i, grads[i], s); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := e.Done(s); err != nil {
+					t.Fatal(err)
+				}
+				stats, err := e.Wait(context.Background())
+				if err != nil {
+					t.Fatalf("step %d: %v", num, err)
+				}
+				// The reference skips the Inf bucket's memory update on clean values.
+				want := ref.step(t, uint64(num), stepGrads(1, num, sizes), map[int]bool{1: num == 2})
+				for i, n := range sizes {
+					got := make([]float32, n)
+					if err := ctx.CopyOut(s, f32bytes(got), grads[i]); err != nil {
+						t.Fatal(err)
+					}
+					if num == 2 && i == 1 {
+						if !stats.Buckets[i].NonFinite || (spec != "none" && !math.IsNaN(float64(got[0]))) {
+							t.Errorf("step 2 bucket 1 with an Inf: stats %+v, element 0 %v", stats.Buckets[i], got[0])
+						}
+						continue
+					}
+					if j := sameBits(got, want[i]); j >= 0 {
+						t.Fatalf("step %d bucket %d element %d: %v, want %v", num, i, j, got[j], want[i][j])
+					}
+				}
+				t.Logf("step %d: %+v", num, stats.Buckets[0])
+			}
+		})
+	}
+}
+
+// BenchmarkDeviceOverlap is issue 4's overlap target on one GPU: a
+// synthetic backward (per bucket R SGEMMs of 1024³ and the gradient's
+// fill, on the caller's stream) with the device engine compressing and
+// exchanging each bucket (one NCCL rank) on its own streams, against the
+// same backward alone. R is calibrated so that the compute of a bucket is
+// at least twice the engine's time for it measured alone (the exchange
+// fits under compute). Metrics: step/compute (the step time ÷ the
+// compute-only time, medians of the same run; target ≤ 1.1), and both
+// times and the engine-alone time in ms.
+func BenchmarkDeviceOverlap(b *testing.B) {
+	for _, spec := range []string{"none", "int8", "topk:0.01"} {
+		b.Run(spec, func(b *testing.B) { overlapBench(b, spec) })
+	}
+}
+
+func overlapBench(b *testing.B, spec string) {
+	ctx, dc, host := gpu(b)
+	const nb, n, dim = 8, 4 << 20, 1024
+	sizes := slices.Repeat([]int{n}, nb)
+	e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	s, err := ctx.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctx.DestroyStream(s)
+	grads := gpuBuffers(b, ctx, sizes)
+	mats := gpuBuffers(b, ctx, []int{dim * dim, dim * dim, dim * dim})
+	for i, m := range mats[:2] {
+		if err := kernels.FillLaplace(ctx, s, m, dim*dim, 7, compress.Key{Bucket: uint64(i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	// step runs one training step with r GEMMs per bucket, through the
+	// engine or not, and returns its wall time (host to host).
+	step := func(num, r int, engine bool) time.Duration {
+		t0 := time.Now()
+		if engine {
+			must(e.Step())
+		}
+		for i := range nb {
+			for range r {
+				must(kernels.SGEMM(ctx, s, mats[2], mats[0], mats[1], dim, dim, dim))
+			}
+			must(kernels.FillLaplace(ctx, s, grads[i], n, 1, compress.Key{Bucket: uint64(i), Step: uint64(num)}))
+			if engine {
+				must(e.Ready(i, grads[i], s))
+			}
+		}
+		if engine {
+			must(e.Done(s))
+			_, err := e.Wait(context.Background())
+			must(err)
+		}
+		must(ctx.Synchronize(s))
+		return time.Since(t0)
+	}
+	median := func(k, r int, engine bool) time.Duration {
+		ts := make([]time.Duration, k)
+		for j := range ts {
+			ts[j] = step(j, r, engine)
+		}
+		slices.Sort(ts)
+		return ts[k/2]
+	}
+	median(3, 1, true) // warm up: JIT, NCCL, caches
+	fillOnly := median(5, 0, false)
+	alone := median(5, 0, true) - fillOnly // the engine's work, nothing to hide behind
+	perGemm := (median(3, 4, false) - fillOnly) / (4 * nb)
+	r := max(1, int(math.Ceil(2*float64(alone)/float64(nb)/float64(perGemm))))
+	b.ResetTimer()
+	var compute, withEngine []time.Duration
+	for j := range b.N { // paired: compute-only and engine steps alternate
+		compute = append(compute, step(j, r, false))
+		withEngine = append(withEngine, step(j, r, true))
+	}
+	b.StopTimer()
+	slices.Sort(compute)
+	slices.Sort(withEngine)
+	c, w := compute[len(compute)/2], withEngine[len(withEngine)/2]
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	b.ReportMetric(float64(w)/float64(c), "step/compute")
+	b.ReportMetric(ms(c), "compute_ms")
+	b.ReportMetric(ms(w), "step_ms")
+	b.ReportMetric(ms(alone), "engine_alone_ms")
+	b.ReportMetric(float64(r), "gemms/bucket")
+}
