@@ -75,7 +75,7 @@ gobench:
 # be what `go generate` makes from kernels/cuda/*.cu with this nvcc, the
 # cuda-tagged code must vet, and its test binaries must build and link
 # against the CUDA driver library. (They run on a GPU machine: gpu-binaries.)
-CUDA_TEST_PKGS := ./kernels
+CUDA_TEST_PKGS := ./kernels ./overlap
 cuda:
 	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (scripts/setup installs nvidia-cuda-toolkit)"; exit 1; }
 	$(GO) generate ./kernels
@@ -90,4 +90,5 @@ cuda:
 gpu-binaries:
 	@mkdir -p build/gpu
 	$(GO) test -c -tags cuda -o build/gpu/kernels.test ./kernels
+	$(GO) test -c -tags cuda -o build/gpu/overlap.test ./overlap
 	@ls -l build/gpu

@@ -11,7 +11,7 @@ import json
 import re
 import sys
 
-LINE = re.compile(r"^(Benchmark\w+)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(.*)$")
+LINE = re.compile(r"^(Benchmark[\w/:.=-]+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(.*)$")
 
 
 def parse_bench(text):
@@ -60,6 +60,9 @@ def main(bench_path, torch_path, status_path, out_path):
     target("torch.topk time / sampled top-k 1% time", tk / s if tk and s else None, ">=", 10)
     target("sampled top-k recall", bench.get("BenchmarkTopKSampled", {}).get("recall"), ">=", 0.95)
     target("exact top-k time / torch.topk time", e / tk if tk and e else None, "<=", 0.5)
+    for spec in ("none", "int8", "topk:0.01"):
+        r = bench.get("BenchmarkDeviceOverlap/" + spec, {})
+        target("overlap %s: step time / compute-only time" % spec, r.get("step_per_compute"), "<=", 1.1)
     json.dump(report, open(out_path, "w"), indent=2)
 
     print("gpu-check: tests:", " ".join("%s=%s" % (k, "ok" if v == 0 else "FAIL(%d)" % v) for k, v in tests.items()))
