@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
@@ -131,11 +133,16 @@ type DeviceEngine struct {
 	mem            []kernels.DevicePtr
 	events         []kernels.Event
 
+	// busy is held while the host reads or releases the engine's device
+	// state (Wait's settle, Save, Load, Close), so Close never frees what
+	// another call is using.
+	busy   sync.Mutex
 	mu     sync.Mutex
 	cur    *devStep
 	next   uint64
 	broken error
 	closed bool
+	sizes  []int
 }
 
 // devBucket is one bucket's fixed state on the device.
@@ -182,7 +189,7 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	e := &DeviceEngine{dev: dev, dc: dc, cfg: cfg, rank: dc.Rank(), size: dc.Size()}
+	e := &DeviceEngine{dev: dev, dc: dc, cfg: cfg, rank: dc.Rank(), size: dc.Size(), sizes: append([]int(nil), sizes...)}
 	local := e.configure(sizes)
 	hs := &Engine{c: host, cfg: cfg, rank: e.rank, size: e.size, spec: e.spec, strategy: e.strategy}
 	if err := handshake(ctx, hs, sizes, local); err != nil {
@@ -568,8 +575,10 @@ func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) {
 		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
 	}
 	st.waiting = true
+	e.busy.Lock()
 	e.mu.Unlock()
 	res, err := e.finish(ctx, st)
+	e.busy.Unlock()
 	e.mu.Lock()
 	e.cur = nil
 	var nf *NonFiniteError
@@ -711,6 +720,8 @@ func (e *DeviceEngine) seal() error {
 // the DeviceComm nor the Device. Later calls return a *UsageError
 // (ErrClosed); closing twice returns nil.
 func (e *DeviceEngine) Close() error {
+	e.busy.Lock()
+	defer e.busy.Unlock()
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -736,4 +747,117 @@ func (e *DeviceEngine) Close() error {
 		return fmt.Errorf("overlap: DeviceEngine.Close on rank %d: %w", e.rank, first)
 	}
 	return nil
+}
+
+// hostTwin returns a CPU Engine (no Comm, no streams) with this engine's
+// spec, strategy, error-feedback flag, buckets and step number: the
+// keeper of the state format of Engine.Save and Engine.Load, which the
+// device engine shares, so a checkpoint moves between the CPU and the GPU.
+func (e *DeviceEngine) hostTwin() (*Engine, error) {
+	cfg := e.cfg
+	cfg.Strategy, cfg.Workers = e.strategy, 1
+	t := &Engine{cfg: cfg, rank: e.rank, size: e.size, next: e.next}
+	if err := t.configure(e.sizes); err != nil {
+		return nil, fmt.Errorf("overlap: the device engine's host twin: %w", err)
+	}
+	return t, nil
+}
+
+// idle returns why call cannot touch the device state now: the engine is
+// closed or a step is in flight. e.mu is held.
+func (e *DeviceEngine) idle(call string) error {
+	switch {
+	case e.closed:
+		return &UsageError{Call: call, Err: ErrClosed}
+	case e.cur != nil:
+		return &UsageError{Call: call, Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
+	}
+	return nil
+}
+
+// Save writes the engine's error-feedback memory (copied from the device,
+// which waits for the engine's streams) and next step number to w, in
+// Engine.Save's format: Engine.Load and DeviceEngine.Load read either's.
+// It fails with a *UsageError while a step is in flight or after Close;
+// it works after a failed step (the memory then holds e, see the type's
+// doc).
+func (e *DeviceEngine) Save(w io.Writer) error {
+	e.busy.Lock()
+	defer e.busy.Unlock()
+	e.mu.Lock()
+	err := e.idle("Save")
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	t, err := e.hostTwin()
+	if err != nil {
+		return err
+	}
+	if t.ef1 != nil {
+		for i, b := range e.buckets {
+			if !b.compressed {
+				continue
+			}
+			res := make([]float32, b.n)
+			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), b.resid); err != nil {
+				return fmt.Errorf("overlap: saving device engine state: bucket %d: %w", i, err)
+			}
+			// e ← 0 + res: the twin's memory takes the residual exactly.
+			_, p, err := t.ef1.Begin(nil, res, compress.Key{Bucket: uint64(i)})
+			if err != nil {
+				return fmt.Errorf("overlap: saving device engine state: bucket %d: %w", i, err)
+			}
+			p.Retain()
+		}
+	}
+	return t.Save(w)
+}
+
+// Load replaces the engine's error-feedback memory and step number with a
+// state Engine.Save or DeviceEngine.Save wrote, under Engine.Load's rules
+// (same spec, error-feedback flag and bucket layout, else a *StateError;
+// validated whole first, so on error nothing changes; any world size). A
+// bucket the state holds no memory for starts from zero. The copies to the
+// device are ordered before the next step's compression. It fails with a
+// *UsageError while a step is in flight or after Close.
+func (e *DeviceEngine) Load(r io.Reader) error {
+	e.busy.Lock()
+	defer e.busy.Unlock()
+	e.mu.Lock()
+	err := e.idle("Load")
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	t, err := e.hostTwin()
+	if err != nil {
+		return err
+	}
+	if err := t.Load(r); err != nil {
+		return err
+	}
+	if t.ef1 != nil {
+		for i, b := range e.buckets {
+			if b.resid == 0 {
+				continue
+			}
+			res := t.ef1.Residual(uint64(i))
+			if res == nil {
+				res = make([]float32, b.n)
+			}
+			if err := e.dev.CopyIn(e.enc, b.resid, unsafeBytes(res)); err != nil {
+				return fmt.Errorf("overlap: loading device engine state: bucket %d: %w", i, err)
+			}
+		}
+	}
+	e.mu.Lock()
+	e.next = t.next
+	e.mu.Unlock()
+	return nil
+}
+
+// unsafeBytes returns the memory of x as bytes.
+func unsafeBytes(x []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
 }

@@ -112,7 +112,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i := range sizes {
-					if err := ctx.CopyIn(s, grads[i], f32bytes(hg[0][i])); err != nil {
+					if err := ctx.CopyIn(s, grads[i], unsafeBytes(hg[0][i])); err != nil {
 						t.Fatal(err)
 					}
 					if err := e.Ready(i, grads[i], s); err != nil {
@@ -130,7 +130,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 				want := ref.step(t, uint64(num), stepGrads(1, num, sizes), map[int]bool{1: num == 2})
 				for i, n := range sizes {
 					got := make([]float32, n)
-					if err := ctx.CopyOut(s, f32bytes(got), grads[i]); err != nil {
+					if err := ctx.CopyOut(s, unsafeBytes(got), grads[i]); err != nil {
 						t.Fatal(err)
 					}
 					if num == 2 && i == 1 {

@@ -1,6 +1,7 @@
 package overlap
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -8,7 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
@@ -82,10 +82,6 @@ func mustDevRig(t *testing.T, ranks int, sizes []int, cfg Config) *devRig {
 	return g
 }
 
-func f32bytes(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
-}
-
 // step runs one step on every rank: each bucket's gradient is copied in on
 // the caller's stream, then Ready in order(r), Done and Wait. It returns
 // each rank's averaged gradients, stats and Wait error (or Ready's).
@@ -102,7 +98,7 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 				return
 			}
 			for _, i := range order(r) {
-				d.CopyIn(s, g.grads[r][i], f32bytes(grads[r][i]))
+				d.CopyIn(s, g.grads[r][i], unsafeBytes(grads[r][i]))
 				if err := e.Ready(i, g.grads[r][i], s); err != nil {
 					errs[r] = err
 				}
@@ -117,7 +113,7 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 			}
 			for i, sz := range g.sizes {
 				x := make([]float32, sz)
-				d.CopyOut(s, f32bytes(x), g.grads[r][i])
+				d.CopyOut(s, unsafeBytes(x), g.grads[r][i])
 				out[r] = append(out[r], x)
 			}
 		})
@@ -275,7 +271,7 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 		}
 		d.enqueue(s, func() { <-gate }) // backward is still running
 		for i := range sizes {
-			d.CopyIn(s, g.grads[r][i], f32bytes(grads[r][i]))
+			d.CopyIn(s, g.grads[r][i], unsafeBytes(grads[r][i]))
 			if err := e.Ready(i, g.grads[r][i], s); err != nil {
 				t.Fatal(err)
 			}
@@ -504,5 +500,76 @@ func TestDeviceEngineConfig(t *testing.T) {
 			t.Errorf("rank %d after Close: %d allocations (want the test's %d), %d events, %d streams (want the caller's)",
 				r, len(d.mem), len(g.sizes), len(d.events), len(d.streams))
 		}
+	}
+}
+
+// TestDeviceEngineCheckpoint saves the device engines' state after two
+// steps and loads it into new device engines and into CPU engines of the
+// same strategy: the third step of all three must be bit for bit the same
+// (the device engine's results and keys are the CPU engine's, and the
+// state format is shared). A state of another spec is a *StateError that
+// changes nothing.
+func TestDeviceEngineCheckpoint(t *testing.T) {
+	sizes := []int{500, 64}
+	const ranks = 2
+	for _, tc := range []struct {
+		spec     string
+		strategy Strategy
+	}{{"int8", StrategyQuantAllGather}, {"topk:0.1", StrategySparseGather}} {
+		t.Run(tc.spec, func(t *testing.T) {
+			cfg := Config{Spec: tc.spec, ErrorFeedback: true}
+			old := mustDevRig(t, ranks, sizes, cfg)
+			for num := range 2 {
+				if _, _, errs := old.step(stepGrads(ranks, num, sizes), inOrder(len(sizes))); errs[0] != nil || errs[1] != nil {
+					t.Fatal(errs)
+				}
+			}
+			states := make([][]byte, ranks)
+			for r, e := range old.engines {
+				var buf bytes.Buffer
+				if err := e.Save(&buf); err != nil {
+					t.Fatal(err)
+				}
+				states[r] = buf.Bytes()
+			}
+			fresh := mustDevRig(t, ranks, sizes, cfg)
+			cpuCfg := cfg
+			cpuCfg.Strategy, cpuCfg.Decision = tc.strategy, DecideCompressed
+			cpu := newEngines(t, ranks, sizes, cpuCfg)
+			for r := range ranks {
+				if err := fresh.engines[r].Load(bytes.NewReader(states[r])); err != nil {
+					t.Fatalf("device Load: %v", err)
+				}
+				if err := cpu[r].Load(bytes.NewReader(states[r])); err != nil {
+					t.Fatalf("CPU Load of a device state: %v", err)
+				}
+			}
+			grads := stepGrads(ranks, 2, sizes)
+			want, _, errs := old.step(grads, inOrder(len(sizes)))
+			got, stats, errs2 := fresh.step(grads, inOrder(len(sizes)))
+			cpuGrads := stepGrads(ranks, 2, sizes)
+			_, cpuErrs := runStep(cpu, cpuGrads, inOrder(len(sizes)))
+			for r := range ranks {
+				if errs[r] != nil || errs2[r] != nil || cpuErrs[r] != nil {
+					t.Fatal(errs, errs2, cpuErrs)
+				}
+				if stats[r].Step != 2 {
+					t.Errorf("rank %d: step %d after Load, want 2", r, stats[r].Step)
+				}
+				for i := range sizes {
+					if j := sameBits(got[r][i], want[r][i]); j >= 0 {
+						t.Fatalf("rank %d bucket %d element %d after Load: %v, want %v", r, i, j, got[r][i][j], want[r][i][j])
+					}
+					if j := sameBits(cpuGrads[r][i], want[r][i]); j >= 0 {
+						t.Fatalf("rank %d bucket %d element %d: the CPU engine has %v, the device engine %v", r, i, j, cpuGrads[r][i][j], want[r][i][j])
+					}
+				}
+			}
+			other := mustDevRig(t, 1, sizes, Config{Spec: "int4", ErrorFeedback: true})
+			var se *StateError
+			if err := other.engines[0].Load(bytes.NewReader(states[0])); !errors.As(err, &se) {
+				t.Errorf("Load of an %s state into an int4 engine: %v, want a *StateError", tc.spec, err)
+			}
+		})
 	}
 }
