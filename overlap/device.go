@@ -107,7 +107,9 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // it dense; the device engine does not keep g), so a NaN-checking
 // optimizer (AMP) skips the step; its error-feedback memory keeps e. Wait
 // reports it in BucketStats (NonFinite, Reason), or returns a
-// *NonFiniteError with Config.FailOnNonFinite; the engine stays usable. A
+// *NonFiniteError with Config.FailOnNonFinite: then the caller skips the
+// step, and so does every bucket's memory (Engine instead keeps e + g);
+// the engine stays usable. A
 // dense bucket whose average is non-finite is reported the same way. A
 // collective that does not finish ends Wait with a *StepError within the
 // DeviceComm's timeout (or ctx); a launch that fails ends the step at
@@ -128,6 +130,8 @@ type DeviceEngine struct {
 
 	enc, wire, dec kernels.Stream
 	statuses       kernels.DevicePtr // kernels.StatusLen per bucket: the averages' Out blocks
+	midStatuses    kernels.DevicePtr // the same for SRA's averages of this rank's parts
+	part           parts             // SRA's partition of a bucket (count: the world size)
 	done           kernels.Event     // the step's end, on the decode stream
 	drained        [2]kernels.Event  // encode and wire stream ends, for a step that did not launch every bucket
 	mem            []kernels.DevicePtr
@@ -150,14 +154,23 @@ type devBucket struct {
 	idx, n     int
 	compressed bool
 	reason     string
-	slot       int               // bytes per rank: status, then the body, padded to 16
-	send, recv kernels.DevicePtr // this rank's slot; every rank's
-	resid, out kernels.DevicePtr // error feedback: e, and the residual Encode writes
-	work       kernels.DevicePtr
+	// Slots: a 16-byte Encode status, then the body, padded to 16 bytes.
+	// Gather strategies: send is this rank's slot, recv every rank's. SRA:
+	// send holds this rank's N part slots (slot bytes each), recv every
+	// rank's slot of this rank's part; send2 and recv2 (slot2 bytes per
+	// rank) carry the stage-2 payloads of the averaged parts.
+	slot, slot2  int
+	send, recv   kernels.DevicePtr
+	send2, recv2 kernels.DevicePtr
+	resid, out   kernels.DevicePtr // error feedback: e, and the residual Encode writes
+	resid2, out2 kernels.DevicePtr // SRA: this rank's part's second memory
+	mid          kernels.DevicePtr // SRA: this rank's part, summed and averaged
+	work, work2  kernels.DevicePtr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
 	// Events: the caller's gradient ready; each stage's start and end on
 	// its stream (timing events).
 	ready                                      kernels.Event
 	encBeg, encEnd, xBeg, xEnd, decBeg, decEnd kernels.Event
+	xMid, midEnd                               kernels.Event // SRA: the all-to-all's end; the owner's work's end
 }
 
 // devStep is one step in flight.
@@ -237,11 +250,16 @@ func (e *DeviceEngine) configure(sizes []int) error {
 	case c == compress.CodecNone:
 	case cfg.Strategy == StrategyAuto && c == compress.CodecTopK:
 		e.strategy = StrategySparseGather
-	case cfg.Strategy == StrategyAuto:
+	case cfg.Strategy == StrategyAuto && (c == compress.CodecRandomK || e.size <= 2):
 		e.strategy = StrategyQuantAllGather
-	case e.strategy != StrategySparseGather && e.strategy != StrategyQuantAllGather:
-		return fmt.Errorf("strategy %v is not available on the device (sparse-gather and allgather are)", e.strategy)
+	case cfg.Strategy == StrategyAuto:
+		e.strategy = StrategyQuantSRA
+	case e.strategy == StrategyQuantSRA && c == compress.CodecRandomK:
+		return fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use allgather)")
+	case e.strategy != StrategySparseGather && e.strategy != StrategyQuantAllGather && e.strategy != StrategyQuantSRA:
+		return fmt.Errorf("strategy %v is not available on the device (sparse-gather, allgather and sra are)", e.strategy)
 	}
+	e.part = parts{count: e.size}
 	e.buckets = make([]*devBucket, len(sizes))
 	for i, n := range sizes {
 		b := &devBucket{idx: i, n: n}
@@ -293,11 +311,16 @@ func (e *DeviceEngine) allocate() error {
 	if e.statuses, err = alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 		return err
 	}
+	if e.strategy == StrategyQuantSRA {
+		if e.midStatuses, err = alloc(kernels.StatusLen * len(e.buckets)); err != nil {
+			return err
+		}
+	}
 	for _, b := range e.buckets {
 		if b.ready, err = event(false); err != nil {
 			return err
 		}
-		for _, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd} {
+		for _, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
 			if *p, err = event(true); err != nil {
 				return err
 			}
@@ -305,29 +328,53 @@ func (e *DeviceEngine) allocate() error {
 		if e.codec == nil {
 			continue
 		}
-		b.slot = kernels.StatusLen + (e.codec.BodyLen(b.n)+15)&^15
-		if b.send, err = alloc(b.slot); err != nil {
-			return err
+		slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }
+		// What one encode covers: the bucket, or (SRA) its largest part.
+		unit, sends := b.n, 1
+		if e.strategy == StrategyQuantSRA {
+			unit, sends = (b.n+e.size-1)/e.size, e.size
 		}
-		if b.recv, err = alloc(e.size * b.slot); err != nil {
-			return err
+		lo, hi := e.part.bounds(b.n, e.rank)
+		mine := hi - lo
+		type buffer struct {
+			p     *kernels.DevicePtr
+			bytes int
+			need  bool
 		}
-		if w := e.codec.WorkspaceLen(b.n); w > 0 {
-			if b.work, err = alloc(w); err != nil {
+		b.slot = slot(unit)
+		sra, ef := e.strategy == StrategyQuantSRA, e.cfg.ErrorFeedback
+		for _, x := range []buffer{
+			{&b.send, sends * b.slot, true},
+			{&b.recv, e.size * b.slot, true},
+			{&b.work, e.codec.WorkspaceLen(unit), e.codec.WorkspaceLen(unit) > 0},
+			{&b.resid, 4 * b.n, ef},
+			{&b.out, 4 * b.n, ef},
+			{&b.mid, 4 * max(mine, 1), sra},
+			{&b.send2, slot(unit), sra},
+			{&b.recv2, e.size * slot(unit), sra},
+			{&b.work2, e.codec.WorkspaceLen(unit), sra && e.codec.WorkspaceLen(unit) > 0},
+			{&b.resid2, 4 * max(mine, 1), sra && ef},
+			{&b.out2, 4 * max(mine, 1), sra && ef},
+		} {
+			if !x.need {
+				continue
+			}
+			if *x.p, err = alloc(x.bytes); err != nil {
 				return err
 			}
 		}
-		if !e.cfg.ErrorFeedback {
-			continue
+		if sra {
+			b.slot2 = slot(unit)
 		}
-		if b.resid, err = alloc(4 * b.n); err != nil {
-			return err
-		}
-		if b.out, err = alloc(4 * b.n); err != nil {
-			return err
-		}
-		if err := e.dev.CopyIn(e.enc, b.resid, make([]byte, 4*b.n)); err != nil {
-			return err
+		for _, m := range []struct {
+			p kernels.DevicePtr
+			n int
+		}{{b.resid, b.n}, {b.resid2, mine}} {
+			if m.p != 0 && m.n > 0 {
+				if err := e.dev.CopyIn(e.enc, m.p, make([]byte, 4*m.n)); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
@@ -452,15 +499,22 @@ func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) er
 	return nil
 }
 
-// key returns the compress.Key of this rank's payload of bucket i: the
-// keys of Engine's gather strategies (tag 1 + rank·N), or tag 0 on every
-// rank for random-k, whose indices must then agree (shared-index's key).
-func (e *DeviceEngine) key(step uint64, i int) compress.Key {
-	tag := uint64(1 + e.rank*e.size)
+// key returns the compress.Key of this rank's stage-1 payload of part j
+// of bucket i (j = 0 for the gather strategies): Engine's keys (tag 1 +
+// rank·N + j), or tag 0 on every rank for random-k, whose indices must
+// then agree (shared-index's key).
+func (e *DeviceEngine) key(step uint64, i, j int) compress.Key {
+	tag := uint64(1 + e.rank*e.size + j)
 	if e.codec.Reference().Codec() == compress.CodecRandomK {
 		tag = 0
 	}
 	return compress.Key{Bucket: tag<<32 | uint64(i), Step: step}
+}
+
+// key2 returns the key of this rank's SRA stage-2 payload of bucket i
+// (tag 1 + N² + rank, as Engine).
+func (e *DeviceEngine) key2(step uint64, i int) compress.Key {
+	return compress.Key{Bucket: uint64(1+e.size*e.size+e.rank)<<32 | uint64(i), Step: step}
 }
 
 // encode enqueues bucket i's compression: the encode stream waits for the
@@ -477,52 +531,119 @@ func (e *DeviceEngine) encode(st *devStep, i int, s kernels.Stream) error {
 		return err
 	}
 	if b.compressed {
-		a := kernels.EncodeArgs{Body: b.send + kernels.StatusLen, Grad: st.grads[i], Work: b.work,
-			Status: b.send, N: b.n, Key: e.key(st.num, i)}
-		if e.cfg.ErrorFeedback {
-			a.Resid, a.ResidOut = b.resid, b.out
+		count := 1
+		if e.strategy == StrategyQuantSRA {
+			count = e.size
 		}
-		if err := e.dev.Encode(e.codec, e.enc, a); err != nil {
-			return err
+		for j := range count {
+			lo, hi := 0, b.n
+			if count > 1 {
+				lo, hi = e.part.bounds(b.n, j)
+			}
+			slot := b.send + kernels.DevicePtr(j*b.slot)
+			off := kernels.DevicePtr(4 * lo)
+			a := kernels.EncodeArgs{Body: slot + kernels.StatusLen, Grad: st.grads[i] + off, Work: b.work,
+				Status: slot, N: hi - lo, Key: e.key(st.num, i, j)}
+			if e.cfg.ErrorFeedback {
+				a.Resid, a.ResidOut = b.resid+off, b.out+off
+			}
+			if err := e.dev.Encode(e.codec, e.enc, a); err != nil {
+				return err
+			}
 		}
 	}
 	return e.dev.Record(b.encEnd, e.enc)
 }
 
 // launch enqueues bucket i's exchange on the wire stream and its decode
-// and average on the decode stream.
+// and average on the decode stream (SRA: the owner's sum, average and
+// re-encode on the decode stream between its two collectives).
 func (e *DeviceEngine) launch(st *devStep, i int) error {
 	b, grad := e.buckets[i], st.grads[i]
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	for _, f := range []func() error{
-		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
-		func() error { return e.dev.Record(b.xBeg, e.wire) },
-		func() error {
-			if b.compressed {
-				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), b.slot, comm.Stream(e.wire))
+	avg := kernels.AverageArgs{Dst: grad, N: b.n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
+	var ops []func() error
+	switch {
+	case !b.compressed:
+		ops = []func() error{
+			func() error { return e.dc.AllReduce(ctx, comm.DevicePtr(grad), b.n, comm.Stream(e.wire)) },
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+		}
+	case e.strategy == StrategyQuantSRA:
+		lo, hi := e.part.bounds(b.n, e.rank)
+		bodies := func(base kernels.DevicePtr, slot int) []kernels.DevicePtr {
+			out := make([]kernels.DevicePtr, e.size)
+			for r := range out {
+				out[r] = base + kernels.DevicePtr(r*slot+kernels.StatusLen)
 			}
-			return e.dc.AllReduce(ctx, comm.DevicePtr(grad), b.n, comm.Stream(e.wire))
-		},
-		func() error { return e.dev.Record(b.xEnd, e.wire) },
-		func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
-		func() error { return e.dev.Record(b.decBeg, e.dec) },
-		func() error {
-			avg := kernels.AverageArgs{Dst: grad, N: b.n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
-			if b.compressed {
+			return out
+		}
+		ops = []func() error{
+			func() error {
+				return e.dc.AllToAll(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), e.size*b.slot, comm.Stream(e.wire))
+			},
+			func() error { return e.dev.Record(b.xMid, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xMid) },
+			func() error {
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: b.mid, N: hi - lo, Bodies: bodies(b.recv, b.slot)})
+			},
+			func() error {
+				return e.dev.Average(e.dec, kernels.AverageArgs{Dst: b.mid, N: hi - lo, Ranks: e.size, Slots: b.recv,
+					Stride: b.slot, Count: e.size, Out: e.midStatuses + kernels.DevicePtr(kernels.StatusLen*i)})
+			},
+			func() error {
+				a := kernels.EncodeArgs{Body: b.send2 + kernels.StatusLen, Grad: b.mid, Work: b.work2, Status: b.send2,
+					N: hi - lo, Key: e.key2(st.num, i)}
+				if e.cfg.ErrorFeedback {
+					a.Resid, a.ResidOut = b.resid2, b.out2
+				}
+				return e.dev.Encode(e.codec, e.dec, a)
+			},
+			func() error { return e.dev.Record(b.midEnd, e.dec) },
+			func() error { return e.dev.WaitEvent(e.wire, b.midEnd) },
+			func() error {
+				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv2), comm.DevicePtr(b.send2), b.slot2, comm.Stream(e.wire))
+			},
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+		}
+		for j, body := range bodies(b.recv2, b.slot2) {
+			lo, hi := e.part.bounds(b.n, j)
+			ops = append(ops, func() error {
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad + kernels.DevicePtr(4*lo), N: hi - lo, Bodies: []kernels.DevicePtr{body}})
+			})
+		}
+		avg.Ranks, avg.Slots, avg.Stride, avg.Count = 1, b.recv2, b.slot2, e.size
+	default:
+		ops = []func() error{
+			func() error {
+				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), b.slot, comm.Stream(e.wire))
+			},
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+			func() error {
 				bodies := make([]kernels.DevicePtr, e.size)
 				for r := range bodies {
 					bodies[r] = b.recv + kernels.DevicePtr(r*b.slot+kernels.StatusLen)
 				}
-				if err := e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: b.n, Bodies: bodies, Key: e.key(st.num, i)}); err != nil {
-					return err
-				}
-				avg.Slots, avg.Stride, avg.Count = b.recv, b.slot, e.size
-			}
-			return e.dev.Average(e.dec, avg)
-		},
-		func() error { return e.dev.Record(b.decEnd, e.dec) },
-	} {
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: b.n, Bodies: bodies, Key: e.key(st.num, i, 0)})
+			},
+		}
+		avg.Slots, avg.Stride, avg.Count = b.recv, b.slot, e.size
+	}
+	ops = append([]func() error{
+		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
+		func() error { return e.dev.Record(b.xBeg, e.wire) },
+	}, ops...)
+	ops = append(ops,
+		func() error { return e.dev.Average(e.dec, avg) },
+		func() error { return e.dev.Record(b.decEnd, e.dec) })
+	for _, f := range ops {
 		if err := f(); err != nil {
 			return err
 		}
@@ -623,6 +744,7 @@ func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, erro
 		return res, &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
 	}
 	var nf *NonFiniteError
+	var commit []*devBucket
 	for i, b := range e.buckets {
 		s := &res.Buckets[i]
 		fallback, err := e.outcome(b, statuses[kernels.StatusLen*i:kernels.StatusLen*(i+1)], s)
@@ -640,7 +762,7 @@ func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, erro
 			}
 		}
 		if s.Compressed && e.cfg.ErrorFeedback && !s.NonFinite {
-			b.resid, b.out = b.out, b.resid // commit: the residual Encode wrote
+			commit = append(commit, b)
 		}
 		for _, t := range []struct {
 			d          *time.Duration
@@ -650,9 +772,12 @@ func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, erro
 				return res, &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
 			}
 		}
-		if b.compressed {
+		switch {
+		case b.compressed && e.strategy == StrategyQuantSRA:
+			s.BytesSent = allToAllVolume(e.size, e.size*b.slot) + allGatherVolume(e.size, b.slot2)
+		case b.compressed:
 			s.BytesSent = allGatherVolume(e.size, b.slot)
-		} else {
+		default:
 			s.BytesSent = allReduceVolume(e.size, 4*b.n)
 		}
 		res.BytesSent += s.BytesSent
@@ -660,7 +785,11 @@ func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, erro
 	}
 	res.Total = time.Since(st.start)
 	if nf != nil {
-		return res, nf
+		return res, nf // the step is skipped whole: no memory changes
+	}
+	for _, b := range commit { // install the residuals Encode wrote
+		b.resid, b.out = b.out, b.resid
+		b.resid2, b.out2 = b.out2, b.resid2
 	}
 	return res, nil
 }
@@ -672,13 +801,17 @@ func (e *DeviceEngine) outcome(b *devBucket, status []byte, s *BucketStats) (str
 	if r := binary.LittleEndian.Uint64(status[8:]); r != math.MaxUint64 {
 		s.NonFinite = true
 		var bad []string
+		base, stride, what := b.recv, b.slot, "rank %d has %v"
+		if e.strategy == StrategyQuantSRA {
+			base, stride, what = b.recv2, b.slot2, "rank %d's part of the sum has %v"
+		}
 		for q := range e.size {
 			slot := make([]byte, kernels.StatusLen)
-			if err := e.dev.CopyOut(e.dec, slot, b.recv+kernels.DevicePtr(q*b.slot)); err != nil {
+			if err := e.dev.CopyOut(e.dec, slot, base+kernels.DevicePtr(q*stride)); err != nil {
 				return "", err
 			}
 			if err := kernels.StatusError(slot); err != nil {
-				bad = append(bad, fmt.Sprintf("rank %d has %v", q, err))
+				bad = append(bad, fmt.Sprintf(what, q, err))
 			}
 		}
 		return "gradient set to NaN on every rank: " + strings.Join(bad, ", "), nil
@@ -794,19 +927,28 @@ func (e *DeviceEngine) Save(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if t.ef1 != nil {
-		for i, b := range e.buckets {
-			if !b.compressed {
+	for i, b := range e.buckets {
+		if !b.compressed {
+			continue
+		}
+		lo, hi := e.part.bounds(b.n, e.rank)
+		for _, m := range []struct {
+			f   *compress.ErrorFeedback
+			p   kernels.DevicePtr
+			n   int
+			tag string
+		}{{t.ef1, b.resid, b.n, "stage 1"}, {t.ef2, b.resid2, hi - lo, "stage 2"}} {
+			if m.f == nil || m.p == 0 {
 				continue
 			}
-			res := make([]float32, b.n)
-			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), b.resid); err != nil {
-				return fmt.Errorf("overlap: saving device engine state: bucket %d: %w", i, err)
+			res := make([]float32, m.n)
+			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), m.p); err != nil {
+				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
 			}
 			// e ← 0 + res: the twin's memory takes the residual exactly.
-			_, p, err := t.ef1.Begin(nil, res, compress.Key{Bucket: uint64(i)})
+			_, p, err := m.f.Begin(nil, res, compress.Key{Bucket: uint64(i)})
 			if err != nil {
-				return fmt.Errorf("overlap: saving device engine state: bucket %d: %w", i, err)
+				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
 			}
 			p.Retain()
 		}
@@ -837,16 +979,21 @@ func (e *DeviceEngine) Load(r io.Reader) error {
 	if err := t.Load(r); err != nil {
 		return err
 	}
-	if t.ef1 != nil {
-		for i, b := range e.buckets {
-			if b.resid == 0 {
+	for i, b := range e.buckets {
+		lo, hi := e.part.bounds(b.n, e.rank)
+		for _, m := range []struct {
+			f *compress.ErrorFeedback
+			p kernels.DevicePtr
+			n int
+		}{{t.ef1, b.resid, b.n}, {t.ef2, b.resid2, hi - lo}} {
+			if m.f == nil || m.p == 0 || m.n == 0 {
 				continue
 			}
-			res := t.ef1.Residual(uint64(i))
+			res := m.f.Residual(uint64(i))
 			if res == nil {
-				res = make([]float32, b.n)
+				res = make([]float32, m.n)
 			}
-			if err := e.dev.CopyIn(e.enc, b.resid, unsafeBytes(res)); err != nil {
+			if err := e.dev.CopyIn(e.enc, m.p, unsafeBytes(res)); err != nil {
 				return fmt.Errorf("overlap: loading device engine state: bucket %d: %w", i, err)
 			}
 		}

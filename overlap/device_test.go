@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -203,39 +204,69 @@ func sameBits(a, b []float32) int {
 	return -1
 }
 
-// TestDeviceEngineResults checks, for every device strategy and codec, 3
-// ranks and 3 steps with error feedback and buckets made ready in
-// different orders on different ranks, that every rank ends each step
-// with exactly the package doc's result, and the statistics' accounting.
+// cpuTwins returns CPU engines that exchange as the device engine e
+// does: the same spec, error feedback and strategy (shared-index for
+// random-k: the device's gather under the shared key gives its result),
+// pinned compressed.
+func cpuTwins(t *testing.T, e *DeviceEngine, ranks int, sizes []int) []*Engine {
+	t.Helper()
+	cfg := e.cfg
+	cfg.Strategy, cfg.Decision = e.strategy, DecideCompressed
+	if e.codec != nil && e.codec.Reference().Codec() == compress.CodecRandomK {
+		cfg.Strategy = StrategySharedIndex
+	}
+	return newEngines(t, ranks, sizes, cfg)
+}
+
+func cloneGrads(g [][][]float32) [][][]float32 {
+	out := make([][][]float32, len(g))
+	for r := range g {
+		for _, b := range g[r] {
+			out[r] = append(out[r], append([]float32(nil), b...))
+		}
+	}
+	return out
+}
+
+// TestDeviceEngineResults checks, for every device strategy and codec on
+// 2 and 3 ranks (3: SRA for the quantizers and fp16), 3 steps with error
+// feedback and buckets made ready in different orders on different ranks,
+// that every rank ends each step with exactly the CPU engine's result of
+// the same strategy, keys and memory (the package doc's), and the
+// statistics' accounting.
 func TestDeviceEngineResults(t *testing.T) {
-	sizes := []int{1000, 37, 300}
-	const ranks = 3
-	for _, spec := range []string{"none", "int8", "topk:0.05", "randomk:0.1", "fp16", "sign:bucket=64", "int4:round=nearest"} {
-		t.Run(spec, func(t *testing.T) {
-			g := mustDevRig(t, ranks, sizes, Config{Spec: spec, ErrorFeedback: true})
-			ref := &devReference{spec: spec, ef: true, ranks: ranks}
-			wantStrategy := map[string]Strategy{"none": StrategyDense, "topk:0.05": StrategySparseGather}[spec]
-			if wantStrategy == StrategyAuto {
-				wantStrategy = StrategyQuantAllGather
+	sizes := []int{1000, 37, 300, 2}
+	for _, tc := range []struct {
+		spec     string
+		ranks    int
+		strategy Strategy
+	}{
+		{"none", 3, StrategyDense}, {"topk:0.05", 3, StrategySparseGather}, {"randomk:0.1", 3, StrategyQuantAllGather},
+		{"int8", 2, StrategyQuantAllGather}, {"int8", 3, StrategyQuantSRA}, {"int4:round=nearest", 3, StrategyQuantSRA},
+		{"sign:bucket=64", 3, StrategyQuantSRA}, {"fp16", 3, StrategyQuantSRA}, {"bf16", 2, StrategyQuantAllGather},
+	} {
+		t.Run(fmt.Sprintf("%s/%d", tc.spec, tc.ranks), func(t *testing.T) {
+			g := mustDevRig(t, tc.ranks, sizes, Config{Spec: tc.spec, ErrorFeedback: true})
+			if s := g.engines[0].Strategy(); s != tc.strategy {
+				t.Fatalf("strategy %v, want %v", s, tc.strategy)
 			}
-			if s := g.engines[0].Strategy(); s != wantStrategy {
-				t.Errorf("strategy %v, want %v", s, wantStrategy)
-			}
-			order := func(r int) []int { return [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}}[r] }
+			cpu := cpuTwins(t, g.engines[0], tc.ranks, sizes)
+			order := func(r int) []int { return [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 2, 0}}[r] }
 			for num := range 3 {
-				grads := stepGrads(ranks, num, sizes)
+				grads := stepGrads(tc.ranks, num, sizes)
 				out, stats, errs := g.step(grads, order)
-				want := ref.step(t, uint64(num), grads, nil)
-				for r := range ranks {
-					if errs[r] != nil {
-						t.Fatalf("step %d rank %d: %v", num, r, errs[r])
+				want := cloneGrads(grads)
+				_, cpuErrs := runStep(cpu, want, order)
+				for r := range tc.ranks {
+					if errs[r] != nil || cpuErrs[r] != nil {
+						t.Fatalf("step %d rank %d: device %v, CPU %v", num, r, errs[r], cpuErrs[r])
 					}
 					for i := range sizes {
-						if j := sameBits(out[r][i], want[i]); j >= 0 {
-							t.Fatalf("step %d rank %d bucket %d element %d: %v, want %v", num, r, i, j, out[r][i][j], want[i][j])
+						if j := sameBits(out[r][i], want[r][i]); j >= 0 {
+							t.Fatalf("step %d rank %d bucket %d element %d: %v, the CPU engine has %v", num, r, i, j, out[r][i][j], want[r][i][j])
 						}
 						bs := stats[r].Buckets[i]
-						if bs.Compressed != (spec != "none") || bs.NonFinite || bs.Strategy != wantStrategy {
+						if bs.Compressed != (tc.spec != "none") || bs.NonFinite || bs.Strategy != tc.strategy {
 							t.Errorf("step %d rank %d bucket %d stats %+v", num, r, i, bs)
 						}
 						if bs.BytesSent <= 0 || bs.Exchange <= 0 {
@@ -306,51 +337,78 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 }
 
 // TestDeviceEngineNonFinite puts a NaN in one rank's bucket: every rank's
-// bucket becomes NaN, the stats say who had what, the bucket's memory
-// skips the step (the next step matches a reference that skipped it), and
-// with FailOnNonFinite every rank's Wait returns the same
-// *NonFiniteError and the engine stays usable.
+// bucket becomes NaN, the stats say who had what, the other bucket is
+// exchanged as usual, and the bucket's memories skip the step (the saved
+// state before and after agree on it, and the next step matches the CPU
+// engine's, which discards it too). With FailOnNonFinite every rank's
+// Wait returns the same *NonFiniteError, every bucket's memory skips the
+// step, and the engine stays usable. 2 ranks: allgather; 3 ranks: SRA,
+// where the NaN reaches the others through its owner's stage-2 status.
 func TestDeviceEngineNonFinite(t *testing.T) {
 	sizes := []int{200, 100}
-	const ranks = 2
-	for _, fail := range []bool{false, true} {
-		g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true, FailOnNonFinite: fail})
-		ref := &devReference{spec: "int8", ef: true, ranks: ranks}
-		grads := stepGrads(ranks, 0, sizes)
-		grads[1][0][5] = float32(math.NaN())
-		out, stats, errs := g.step(grads, inOrder(len(sizes)))
-		ref.step(t, 0, stepGrads(ranks, 0, sizes), map[int]bool{0: true})
-		for r := range ranks {
-			var nf *NonFiniteError
-			switch {
-			case fail && (!errors.As(errs[r], &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 0):
-				t.Fatalf("FailOnNonFinite rank %d: %v, want a *NonFiniteError for bucket 0", r, errs[r])
-			case !fail && errs[r] != nil:
-				t.Fatalf("rank %d: %v", r, errs[r])
+	for _, ranks := range []int{2, 3} {
+		for _, fail := range []bool{false, true} {
+			cfg := Config{Spec: "int8", ErrorFeedback: true, FailOnNonFinite: fail}
+			g := mustDevRig(t, ranks, sizes, cfg)
+			cpu := cpuTwins(t, g.engines[0], ranks, sizes)
+			// Step 0 fills the memories; step 1 has the NaN.
+			if _, _, errs := g.step(stepGrads(ranks, 0, sizes), inOrder(len(sizes))); errs[0] != nil {
+				t.Fatal(errs)
 			}
-			for j, v := range out[r][0] {
-				if !math.IsNaN(float64(v)) {
-					t.Fatalf("rank %d bucket 0 element %d: %v, want NaN", r, j, v)
+			runStep(cpu, stepGrads(ranks, 0, sizes), inOrder(len(sizes)))
+			before := saveResiduals(t, g, cpuTwins(t, g.engines[0], ranks, sizes))
+			grads := stepGrads(ranks, 1, sizes)
+			grads[1][0][5] = float32(math.NaN())
+			want := cloneGrads(grads)
+			out, stats, errs := g.step(grads, inOrder(len(sizes)))
+			runStep(cpu, want, inOrder(len(sizes)))
+			after := saveResiduals(t, g, cpuTwins(t, g.engines[0], ranks, sizes))
+			for r := range ranks {
+				for i := range sizes {
+					if same := sameBits(before[r][i], after[r][i]) < 0; same != (i == 0 || fail) {
+						t.Errorf("%d ranks, FailOnNonFinite %v, rank %d bucket %d: memory unchanged by the NaN step: %v", ranks, fail, r, i, same)
+					}
 				}
 			}
-			b := stats[r].Buckets[0]
-			if !b.NonFinite || !strings.Contains(b.Reason, "rank 1 has") || !strings.Contains(b.Reason, "index 5") {
-				t.Errorf("rank %d bucket 0: NonFinite %v, Reason %q", r, b.NonFinite, b.Reason)
+			for r := range ranks {
+				var nf *NonFiniteError
+				switch {
+				case fail && (!errors.As(errs[r], &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 0):
+					t.Fatalf("%d ranks, FailOnNonFinite, rank %d: %v, want a *NonFiniteError for bucket 0", ranks, r, errs[r])
+				case !fail && errs[r] != nil:
+					t.Fatalf("%d ranks, rank %d: %v", ranks, r, errs[r])
+				}
+				for j, v := range out[r][0] {
+					if !math.IsNaN(float64(v)) {
+						t.Fatalf("%d ranks, rank %d bucket 0 element %d: %v, want NaN", ranks, r, j, v)
+					}
+				}
+				if j := sameBits(out[r][1], want[r][1]); j >= 0 {
+					t.Fatalf("%d ranks, rank %d bucket 1 element %d: %v, want %v", ranks, r, j, out[r][1][j], want[r][1][j])
+				}
+				b := stats[r].Buckets[0]
+				if !b.NonFinite || !strings.Contains(b.Reason, "NaN") || (ranks == 2 && !strings.Contains(b.Reason, "rank 1 has")) {
+					t.Errorf("%d ranks, rank %d bucket 0: NonFinite %v, Reason %q", ranks, r, b.NonFinite, b.Reason)
+				}
+				if stats[r].Buckets[1].NonFinite {
+					t.Errorf("%d ranks, rank %d bucket 1 reported non-finite", ranks, r)
+				}
 			}
-			if stats[r].Buckets[1].NonFinite {
-				t.Errorf("rank %d bucket 1 reported non-finite", r)
+			if fail {
+				continue // the CPU engine kept e + g: the next steps differ by design
 			}
-		}
-		grads = stepGrads(ranks, 1, sizes)
-		out, _, errs = g.step(grads, inOrder(len(sizes)))
-		want := ref.step(t, 1, grads, nil)
-		for r := range ranks {
-			if errs[r] != nil {
-				t.Fatalf("step after the NaN, rank %d: %v", r, errs[r])
-			}
-			for i := range sizes {
-				if j := sameBits(out[r][i], want[i]); j >= 0 {
-					t.Fatalf("step after the NaN, rank %d bucket %d element %d: %v, want %v", r, i, j, out[r][i][j], want[i][j])
+			grads = stepGrads(ranks, 2, sizes)
+			want = cloneGrads(grads)
+			out, _, errs = g.step(grads, inOrder(len(sizes)))
+			runStep(cpu, want, inOrder(len(sizes)))
+			for r := range ranks {
+				if errs[r] != nil {
+					t.Fatalf("step after the NaN, rank %d: %v", r, errs[r])
+				}
+				for i := range sizes {
+					if j := sameBits(out[r][i], want[r][i]); j >= 0 {
+						t.Fatalf("%d ranks, step after the NaN, rank %d bucket %d element %d: %v, want %v", ranks, r, i, j, out[r][i][j], want[r][i][j])
+					}
 				}
 			}
 		}
@@ -474,7 +532,7 @@ func TestDeviceEngineConfig(t *testing.T) {
 		}
 	}
 	for _, cfg := range []Config{
-		{Spec: "int8", Strategy: StrategyQuantSRA},
+		{Spec: "randomk:0.1", Strategy: StrategyQuantSRA},
 		{Spec: "randomk:0.1", Strategy: StrategySharedIndex},
 		{Spec: "topk:0.1:lossless=zstd"},
 		{Spec: "fp16", Strategy: StrategyDense},
@@ -572,4 +630,29 @@ func TestDeviceEngineCheckpoint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// saveResiduals saves every device engine's state and loads it into the
+// CPU engines twins, and returns their stage-1 residuals, by rank and bucket
+// (with SRA, the stage-2 ones appended).
+func saveResiduals(t *testing.T, g *devRig, twins []*Engine) [][][]float32 {
+	t.Helper()
+	out := make([][][]float32, len(g.engines))
+	for r, e := range g.engines {
+		var buf bytes.Buffer
+		if err := e.Save(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := twins[r].Load(&buf); err != nil {
+			t.Fatal(err)
+		}
+		for i := range g.sizes {
+			res := residuals(twins[r], i)
+			if twins[r].ef2 != nil {
+				res = append(res, twins[r].ef2.Residual(uint64(i))...)
+			}
+			out[r] = append(out[r], res)
+		}
+	}
+	return out
 }

@@ -402,8 +402,13 @@ func (f *fakeDeviceComm) ReduceScatter(context.Context, comm.DevicePtr, comm.Dev
 	return errFakeUnused
 }
 
-func (f *fakeDeviceComm) AllToAll(context.Context, comm.DevicePtr, comm.DevicePtr, int, comm.Stream) error {
-	return errFakeUnused
+func (f *fakeDeviceComm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	if n%f.c.Size() != 0 {
+		return fmt.Errorf("fake AllToAll: %d bytes for %d ranks", n, f.c.Size())
+	}
+	return f.run(s, func(ctx context.Context) error {
+		return f.c.AllToAll(ctx, f.dev.bytes(kernels.DevicePtr(dst), n), f.dev.bytes(kernels.DevicePtr(src), n))
+	})
 }
 
 func (f *fakeDeviceComm) Broadcast(context.Context, comm.DevicePtr, int, int, comm.Stream) error {
