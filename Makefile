@@ -85,6 +85,7 @@ cuda:
 	@mkdir -p build/cuda-check
 	$(GO) test -c -tags cuda -o build/cuda-check/ $(CUDA_TEST_PKGS)
 	set -o pipefail; ./build/cuda-check/kernels.test -test.run 'TestDevice|TestPlans' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
+	set -o pipefail; ./build/cuda-check/overlap.test -test.run 'TestDeviceEngine' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
 
 # What scripts/gpu-check runs on the GPU machine (no Go there): carry build/gpu.
 gpu-binaries:

@@ -91,13 +91,30 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // # Strategies
 //
 // Codec none: a float32 all-reduce in place (StrategyDense). Every other
-// codec all-gathers fixed-size slots (a 16-byte Encode status, then the
-// body): top-k as StrategySparseGather, the quantizers, sign, fp16, bf16
-// and random-k as StrategyQuantAllGather (random-k under the shared key of
-// shared-index, so one decode serves every rank). The results are those of
-// the package doc for these strategies. Shared-index and SRA are not on
-// the device yet (ConfigError), nor the cost model: DecideAuto means
-// compressed here, DecideDense pins the dense all-reduce.
+// codec exchanges fixed-size slots (a 16-byte Encode status, then the
+// body, padded to 16 bytes). StrategyAuto picks as Engine does, except
+// that random-k and fp16/bf16 use the gather or SRA mechanism:
+//
+//	sparse-gather  top-k: all-gather of the slots, decode and add in rank
+//	               order, divide by N
+//	allgather      the same for the quantizers, sign, fp16, bf16 on ≤ 2
+//	               ranks, and random-k (under shared-index's key, tag 0 on
+//	               every rank, so one decode serves every slot)
+//	sra            the quantizers, sign, fp16, bf16 on > 2 ranks: each part
+//	               encoded under its own key, an all-to-all of the part
+//	               slots, on each part's owner the decode-and-add, the
+//	               division and the stage-2 encode (its own memory), an
+//	               all-gather of the stage-2 slots, their decode
+//
+// Each gives bit for bit the result and error-feedback memory of Engine
+// with the same strategy (shared-index for random-k; the package doc's
+// definitions), with the same payload keys. Shared-index's smaller
+// all-reduce is not on the device, nor SRA for random-k (ConfigError),
+// nor the cost model: DecideAuto means compressed here, DecideDense pins
+// the dense all-reduce. Stage times: Compress is stage-1 encoding,
+// Exchange runs from the first collective's start to the last one's end
+// (SRA: the owner's work between them included), Decompress the final
+// decode and average.
 //
 // # Failures
 //
@@ -109,8 +126,9 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // reports it in BucketStats (NonFinite, Reason), or returns a
 // *NonFiniteError with Config.FailOnNonFinite: then the caller skips the
 // step, and so does every bucket's memory (Engine instead keeps e + g);
-// the engine stays usable. A
-// dense bucket whose average is non-finite is reported the same way. A
+// the engine stays usable. Under SRA a bad part reaches the other ranks
+// through its owner's stage-2 status. A dense bucket whose average is
+// non-finite is reported the same way. A
 // collective that does not finish ends Wait with a *StepError within the
 // DeviceComm's timeout (or ctx); a launch that fails ends the step at
 // once (Ready returns the *StepError). Such a step breaks the engine
