@@ -338,12 +338,12 @@ func (e *DeviceEngine) allocate() error {
 		if b.ready, err = event(false); err != nil {
 			return err
 		}
-		for _, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
-			if *p, err = event(true); err != nil {
+		for k, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
+			if *p, err = event(k < 6); err != nil { // the stage bounds are timed
 				return err
 			}
 		}
-		if e.codec == nil {
+		if e.codec == nil || !b.compressed {
 			continue
 		}
 		slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }

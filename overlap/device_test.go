@@ -656,3 +656,32 @@ func saveResiduals(t *testing.T, g *devRig, twins []*Engine) [][][]float32 {
 	}
 	return out
 }
+
+// TestDeviceEngineDecideDense: a pinned dense decision exchanges a
+// compressing spec's buckets by the float32 all-reduce, as codec none.
+func TestDeviceEngineDecideDense(t *testing.T) {
+	sizes := []int{300, 5}
+	const ranks = 3
+	g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideDense})
+	if got := g.engines[0].Compressed(); got[0] || got[1] {
+		t.Fatalf("Compressed() = %v under DecideDense", got)
+	}
+	cpu := newEngines(t, ranks, sizes, Config{Spec: "none"})
+	grads := stepGrads(ranks, 0, sizes)
+	want := cloneGrads(grads)
+	out, stats, errs := g.step(grads, inOrder(len(sizes)))
+	runStep(cpu, want, inOrder(len(sizes)))
+	for r := range ranks {
+		if errs[r] != nil {
+			t.Fatal(errs[r])
+		}
+		for i := range sizes {
+			if j := sameBits(out[r][i], want[r][i]); j >= 0 {
+				t.Fatalf("rank %d bucket %d element %d: %v, want %v", r, i, j, out[r][i][j], want[r][i][j])
+			}
+			if b := stats[r].Buckets[i]; b.Compressed || b.BytesSent != allReduceVolume(ranks, 4*sizes[i]) || !strings.Contains(b.Reason, "pinned: dense") {
+				t.Errorf("rank %d bucket %d stats %+v", r, i, b)
+			}
+		}
+	}
+}
