@@ -127,6 +127,26 @@ type codec interface {
 	decode(dst []float32, body []byte, h *header, add bool, run runner)
 }
 
+// residualCodec is implemented by codecs that compute the error-feedback
+// residual while they encode, from data still in cache, instead of
+// decoding the body afterwards.
+type residualCodec interface {
+	// encodeResidual is encode that also sets res[i] = src[i] − D[i]
+	// (one float32 subtraction), D being what decode sets from the body;
+	// len(res) == len(src), and res does not overlap src.
+	encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error
+}
+
+// subtractFrom sets res[i] = src[i] − res[i].
+func subtractFrom(res, src []float32, run runner) {
+	run(len(res), decodeBlock, func(lo, hi int) {
+		r, s := res[lo:hi], src[lo:hi]
+		for i, v := range s {
+			r[i] = v - r[i]
+		}
+	})
+}
+
 // entropyTransform is implemented by codecs whose body compresses better after
 // a reversible rewrite (top-k delta-codes its indices) before the lossless stage.
 type entropyTransform interface {
@@ -151,6 +171,22 @@ func (c *compressor) MaxEncodedLen(n int) int {
 }
 
 func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error) {
+	return c.compress(dst, src, key, nil)
+}
+
+// CompressResidual implements ResidualCompressor: a codec with a fused
+// path (residualCodec) computes res while it encodes; any other decodes
+// its raw body into res and subtracts, skipping the framing checks a
+// Decompress of the payload would repeat.
+func (c *compressor) CompressResidual(dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
+	if len(res) != len(src) {
+		return dst, &SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
+	}
+	return c.compress(dst, src, key, res)
+}
+
+// compress is Compress, and with res != nil CompressResidual.
+func (c *compressor) compress(dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
 	n := len(src)
 	if n > MaxElements {
 		return dst, &SizeError{What: "input length", Got: int64(n), Want: MaxElements}
@@ -159,11 +195,23 @@ func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error
 	start := len(dst)
 	out := grow(dst, headerLen+raw+trailerLen)
 	body := out[start+headerLen : start+headerLen+raw]
-	if err := c.impl.encode(body, src, key, c.runner(n)); err != nil {
-		return dst, err
-	}
 	h := header{codec: c.impl.id(), n: uint64(n), seed: c.impl.seed(), key: key, bodyLen: uint64(raw)}
 	h.paramA, h.paramB = c.impl.params(n)
+	run := c.runner(n)
+	rc, fused := c.impl.(residualCodec)
+	var err error
+	if res != nil && fused {
+		err = rc.encodeResidual(body, src, key, res, run)
+	} else {
+		err = c.impl.encode(body, src, key, run)
+	}
+	if err != nil {
+		return dst, err
+	}
+	if res != nil && !fused {
+		c.impl.decode(res, body, &h, false, run)
+		subtractFrom(res, src, run)
+	}
 	if c.lossless != LosslessNone {
 		if stored, ok := c.lossless.squeeze(body, c.impl); ok {
 			h.lossless = c.lossless
