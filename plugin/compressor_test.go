@@ -48,14 +48,14 @@ func TestHandles(t *testing.T) {
 	if got, err := lookup(h); err != nil || got != c || liveHandles() != n0+1 {
 		t.Fatalf("lookup(%d) = %p, %v with %d live; want %p and %d live", h, got, err, liveHandles(), c, n0+1)
 	}
-	if err := release(h); err != nil {
+	if _, err := release(h); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []uint64{h, 0, h + 1000, math.MaxUint64} {
 		if _, err := lookup(bad); err == nil {
 			t.Errorf("lookup(%d) succeeded after release or for an unknown value", bad)
 		}
-		if err := release(bad); err == nil {
+		if _, err := release(bad); err == nil {
 			t.Errorf("release(%d) succeeded after release or for an unknown value", bad)
 		}
 	}
