@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // TestStatusOf maps each of compress's typed errors, bare and wrapped, and
@@ -27,6 +28,10 @@ func TestStatusOf(t *testing.T) {
 		{errorf(errState, "x"), errState},
 		{fmt.Errorf("bucket 3: %w", &compress.NonFiniteError{}), errNonFinite},
 		{fmt.Errorf("outer: %w", errorf(errHandle, "inner")), errHandle},
+		{kernels.ErrNoCUDA, errNoCUDA},
+		{fmt.Errorf("%w: device 0: %w", kernels.ErrNoDevice, &kernels.DriverError{Call: "cuInit"}), errNoDevice},
+		{fmt.Errorf("x: %w", &kernels.DriverError{Call: "cuLaunchKernel"}), errCUDA},
+		{&kernels.ArgError{Op: "Encode"}, errInvalid},
 		{errors.New("something else"), errInternal},
 	}
 	for _, c := range cases {
