@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -53,6 +54,10 @@ var devices = struct {
 	open map[int]*deviceContext
 }{open: map[int]*deviceContext{}}
 
+// errNoCUDABuild is what device calls to libgradcomp.so (no cuda tag) fail
+// with, saying which library to load instead.
+var errNoCUDABuild = fmt.Errorf("this is libgradcomp.so, built without CUDA: device calls need libgradcomp_cuda.so (%w)", kernels.ErrNoCUDA)
+
 // openDevice returns the context of device ordinal, opening it on first use.
 // A failure is not cached: a later call tries again.
 func openDevice(ordinal int) (*deviceContext, error) {
@@ -62,6 +67,9 @@ func openDevice(ordinal int) (*deviceContext, error) {
 		return d, nil
 	}
 	ctx, err := kernels.Open(ordinal)
+	if errors.Is(err, kernels.ErrNoCUDA) {
+		return nil, errNoCUDABuild
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -108,7 +108,7 @@ func TestDeviceUnavailable(t *testing.T) {
 	want, what := errInvalid, "not CUDA device memory"
 	switch {
 	case errors.Is(qerr, kernels.ErrNoCUDA):
-		want, what = errNoCUDA, "no CUDA support"
+		want, what = errNoCUDA, "device calls need libgradcomp_cuda.so"
 	case errors.Is(qerr, kernels.ErrNoDevice):
 		want, what = errNoDevice, "no CUDA device"
 	case qerr != nil:
