@@ -25,6 +25,11 @@ const (
 	flagDefer    = 2 // GC_DEFER
 )
 
+// The bits of gc_features (since ABI 1.2).
+const (
+	featureCUDA = 1 // GC_FEATURE_CUDA: the device calls run (libgradcomp_cuda.so)
+)
+
 // The gc_settle_mode values.
 const (
 	settleCommit  = 0 // GC_COMMIT

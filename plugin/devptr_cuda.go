@@ -41,6 +41,9 @@ import (
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
+// features is gc_features' value in this build.
+const features = featureCUDA
+
 // queryPointer asks the driver what p is. A driver that cannot initialize
 // (no GPU) is an error wrapping kernels.ErrNoDevice.
 func queryPointer(p kernels.DevicePtr) (pointerInfo, error) {

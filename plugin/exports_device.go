@@ -16,6 +16,10 @@ import (
 // The device exports of gradcomp.h (ABI 1.2), documented there; their
 // cores are in device.go. They follow exports.go's pattern: guard first,
 // pointer and size checks, the handle, the core, outputs on success.
+// gc_features only returns a constant and has nothing to guard.
+
+//export gc_features
+func gc_features() C.uint32_t { return C.uint32_t(features) }
 
 //export gc_device_info
 func gc_device_info(device C.int, name *C.char, nameCap C.size_t, major, minor *C.int, memory *C.uint64_t) (st C.int) {

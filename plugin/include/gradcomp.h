@@ -173,6 +173,11 @@ gc_status gc_decide(gc_compressor h, const char *strategy, size_t n, int world,
 typedef uintptr_t gc_devptr;
 typedef uintptr_t gc_stream;
 
+/* What this library can do, as GC_FEATURE_* bits; it touches no device.
+ * Since ABI 1.2. */
+#define GC_FEATURE_CUDA 1u /* the device calls run: libgradcomp_cuda.so */
+uint32_t gc_features(void);
+
 /* Device ordinal device: its name (NUL-terminated into name, name_cap
  * bytes, at most 256 needed; GC_ERR_SIZE if short), compute capability and
  * total memory in bytes. Opens the device's primary context and loads the

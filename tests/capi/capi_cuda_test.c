@@ -263,6 +263,7 @@ static void test_threads(void) {
 
 int main(void) {
 	CHECK(gc_abi_version() == GRADCOMP_ABI_VERSION, "ABI %#x, header %#x", gc_abi_version(), GRADCOMP_ABI_VERSION);
+	CHECK(gc_features() & GC_FEATURE_CUDA, "gc_features() = %#x: GC_FEATURE_CUDA missing", gc_features());
 	char name[256];
 	int major = 0, minor = 0;
 	uint64_t mem = 0;

@@ -486,6 +486,7 @@ static void test_device_stubs(void) {
 	char name[256];
 	int major, minor;
 	uint64_t mem;
+	CHECK(gc_features() == 0, "gc_features() = %#x in libgradcomp.so, want 0", gc_features());
 	FAILS(gc_device_info(0, name, sizeof name, &major, &minor, &mem), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
 	FAILS(gc_device_info(0, name, sizeof name, NULL, &minor, &mem), GC_ERR_INVALID, "null major");
 	FAILS(gc_compress_device(h, 0, 0, 0, p, 1000, p, 4096, 0, &written), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
