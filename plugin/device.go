@@ -277,12 +277,14 @@ func (b *deviceBucket) free() error {
 // stream (the caller's streams are not waited for: a residual is complete
 // when the gc_compress_device that wrote it returns).
 func (m *deviceMemory) residuals() (map[uint64][]float32, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make(map[uint64][]float32, len(m.buckets))
-	for id, b := range m.buckets {
+	out := make(map[uint64][]float32)
+	for id, b := range m.snapshot(false) {
 		e := make([]float32, b.n)
 		b.mu.Lock()
+		if b.freed { // a concurrent gc_state_load or destroy won
+			b.mu.Unlock()
+			continue
+		}
 		err := b.dev.ctx.CopyOut(b.dev.own, floatBytes(e), b.e)
 		b.mu.Unlock()
 		if err != nil {
@@ -296,18 +298,31 @@ func (m *deviceMemory) residuals() (map[uint64][]float32, error) {
 // reset frees every device bucket (after a state load put them all on the
 // host), waiting for calls running on them to finish.
 func (m *deviceMemory) reset() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var first error
-	for id, b := range m.buckets {
+	for id, b := range m.snapshot(true) {
 		b.mu.Lock()
 		if err := b.free(); err != nil && first == nil {
 			first = fmt.Errorf("freeing bucket %d's device memory: %w", id, err)
 		}
 		b.mu.Unlock()
 	}
-	m.buckets = nil
 	return first
+}
+
+// snapshot returns the device buckets (and with forget, drops them from
+// m). m.mu is never held while a bucket's lock is awaited: a compress
+// holds its bucket's lock while it takes and returns scratch under m.mu.
+func (m *deviceMemory) snapshot(forget bool) map[uint64]*deviceBucket {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[uint64]*deviceBucket, len(m.buckets))
+	for id, b := range m.buckets {
+		out[id] = b
+	}
+	if forget {
+		m.buckets = nil
+	}
+	return out
 }
 
 // close frees everything (gc_compressor_destroy); later device calls fail.
