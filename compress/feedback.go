@@ -185,6 +185,28 @@ func (f *ErrorFeedback) Residual(bucket uint64) []float32 {
 	return append([]float32(nil), r.e...)
 }
 
+// SetResidual installs a copy of e as the residual of bucket, replacing the
+// one it had (its length becomes len(e)): how memory kept elsewhere, such as
+// a GPU's, joins a checkpoint written by Save. A Begin of the bucket not yet
+// settled keeps working on the memory it replaced, which is then dropped. A
+// NaN or ±Inf in e is a *NonFiniteError and more than MaxElements values a
+// *SizeError; on error nothing changes.
+func (f *ErrorFeedback) SetResidual(bucket uint64, e []float32) error {
+	if len(e) > MaxElements {
+		return &SizeError{What: fmt.Sprintf("residual length for bucket %d", bucket), Got: int64(len(e)), Want: MaxElements}
+	}
+	for i, v := range e {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return &NonFiniteError{Index: i, Value: v}
+		}
+	}
+	r := &residual{n: len(e), e: append(make([]float32, 0, len(e)), e...)}
+	f.mu.Lock()
+	f.buckets[bucket] = r
+	f.mu.Unlock()
+	return nil
+}
+
 // Buckets returns the keys of the buckets that have memory, ascending.
 func (f *ErrorFeedback) Buckets() []uint64 {
 	f.mu.Lock()
