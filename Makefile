@@ -26,13 +26,21 @@ unit:
 	$(GO) vet -tags mpi ./...
 	$(GO) test -count=1 -tags mpi ./comm/... ./overlap/... ./train/... ./netbench/... ./cmd/...
 
-# libgradcomp.so, the C ABI (plugin/include/gradcomp.h), copied next to the
-# Python package. The CUDA build (-tags cuda, libgradcomp_cuda.so) is not
-# written yet: it needs the kernels' GPU path.
+# libgradcomp.so, the C ABI (plugin/include/gradcomp.h), and, where the
+# CUDA headers are (cuda.h, from nvidia-cuda-toolkit), libgradcomp_cuda.so
+# (-tags cuda: the device calls; links libcuda.so.1), both copied next to
+# the Python package.
+HAVE_CUDA_H := $(shell $(CC) -E -include cuda.h -x c /dev/null >/dev/null 2>&1 && echo yes)
 plugin:
 	mkdir -p build plugin/python/gradcomp
 	$(GO) build -buildmode=c-shared -o build/libgradcomp.so ./plugin
 	cp build/libgradcomp.so plugin/python/gradcomp/libgradcomp.so
+ifeq ($(HAVE_CUDA_H),yes)
+	$(GO) build -tags cuda -buildmode=c-shared -o build/libgradcomp_cuda.so ./plugin
+	cp build/libgradcomp_cuda.so plugin/python/gradcomp/libgradcomp_cuda.so
+else
+	@echo "make plugin: cuda.h not found: libgradcomp_cuda.so not built (scripts/setup installs nvidia-cuda-toolkit)"
+endif
 
 # The C program that drives every function of the ABI, linked against
 # build/libgradcomp.so (found through its rpath).
@@ -42,10 +50,17 @@ PYTHON ?= /usr/bin/python3
 pytest: plugin
 	cd tests/python && PYTHONPATH=$(CURDIR)/plugin/python $(PYTHON) -m unittest discover -v -s . -t .
 
+# With libgradcomp_cuda.so, tests/capi/capi_cuda_test.c drives its device
+# calls (its device tests say SKIPPED, with the driver's reason, without a GPU).
 capi: plugin
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_test tests/capi/capi_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
 	./build/capi_test
+ifeq ($(HAVE_CUDA_H),yes)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
+	  -o build/capi_cuda_test tests/capi/capi_cuda_test.c -Lbuild -lgradcomp_cuda -lcuda -lm -Wl,-rpath,'$$ORIGIN'
+	./build/capi_cuda_test
+endif
 
 # The assembly kernels' pure-Go twins, on their own.
 purego:
@@ -75,7 +90,7 @@ gobench:
 # be what `go generate` makes from kernels/cuda/*.cu with this nvcc, the
 # cuda-tagged code must vet, and its test binaries must build and link
 # against the CUDA driver library. (They run on a GPU machine: gpu-binaries.)
-CUDA_TEST_PKGS := ./kernels ./overlap
+CUDA_TEST_PKGS := ./kernels ./plugin ./overlap
 cuda:
 	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (scripts/setup installs nvidia-cuda-toolkit)"; exit 1; }
 	$(GO) generate ./kernels
@@ -85,11 +100,18 @@ cuda:
 	@mkdir -p build/cuda-check
 	$(GO) test -c -tags cuda -o build/cuda-check/ $(CUDA_TEST_PKGS)
 	set -o pipefail; ./build/cuda-check/kernels.test -test.run 'TestDevice|TestPlans' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
+	set -o pipefail; ./build/cuda-check/plugin.test -test.run 'TestDevice|TestGPU' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
 	set -o pipefail; ./build/cuda-check/overlap.test -test.run 'TestDeviceEngine' -test.v | grep -E '^(--- |ok|PASS|FAIL)'
 
 # What scripts/gpu-check runs on the GPU machine (no Go there): carry build/gpu.
-gpu-binaries:
+# The plugin's pieces: both libraries (the CPU one is the reference of
+# scripts/gpu-plugin-check.py), its Go device tests and the C device test.
+gpu-binaries: plugin
 	@mkdir -p build/gpu
 	$(GO) test -c -tags cuda -o build/gpu/kernels.test ./kernels
 	$(GO) test -c -tags cuda -o build/gpu/overlap.test ./overlap
+	$(GO) test -c -tags cuda -o build/gpu/plugin.test ./plugin
+	cp build/libgradcomp.so build/libgradcomp_cuda.so build/gpu/
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
+	  -o build/gpu/capi_cuda_test tests/capi/capi_cuda_test.c -Lbuild/gpu -lgradcomp_cuda -lcuda -lm -Wl,-rpath,'$$ORIGIN'
 	@ls -l build/gpu

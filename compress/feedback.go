@@ -96,22 +96,51 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	for i, g := range grad {
 		r.sum[i] = r.e[i] + g
 	}
-	out, err := f.c.Compress(dst, r.sum, key)
-	if err == nil {
-		if err = f.c.Decompress(r.dec, out[len(dst):]); err != nil {
-			err = fmt.Errorf("compress: error feedback: %s cannot decode its own payload: %w", f.c.Spec(), err)
-		}
-	}
+	// The residual Commit will install, computed now so that Commit is a
+	// swap: a caller settling many buckets at once pays nothing more.
+	out, err := CompressResidual(f.c, dst, r.sum, key, r.dec)
 	if err != nil {
 		r.mu.Unlock()
 		return dst, nil, err
 	}
-	// The residual Commit will install, computed now so that Commit is a
-	// swap: a caller settling many buckets at once pays nothing more.
-	for i, s := range r.sum {
-		r.dec[i] = s - r.dec[i]
-	}
 	return out, &Pending{r: r}, nil
+}
+
+// ResidualCompressor is a Compressor that computes, with a payload, what
+// error feedback keeps of its input, in fewer passes over memory than a
+// Decompress of the payload and a subtraction. Every compressor Parse
+// returns implements it.
+type ResidualCompressor interface {
+	Compressor
+	// CompressResidual is Compress that also sets res[i] = src[i] − D[i]
+	// (one float32 subtraction), where D is what Decompress sets from the
+	// payload it appends. len(res) must equal len(src) (else a *SizeError)
+	// and res must not overlap src. On error dst is returned unchanged and
+	// res holds unspecified values.
+	CompressResidual(dst []byte, src []float32, key Key, res []float32) ([]byte, error)
+}
+
+// CompressResidual appends c's payload for src to dst and sets res[i] =
+// src[i] − D[i], D being the payload decoded, exactly as
+// ResidualCompressor.CompressResidual does: through that method when c has
+// it, else by Compress, Decompress into res and a subtraction. The
+// contract on res and on errors is the method's.
+func CompressResidual(c Compressor, dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
+	if rc, ok := c.(ResidualCompressor); ok {
+		return rc.CompressResidual(dst, src, key, res)
+	}
+	if len(res) != len(src) {
+		return dst, &SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
+	}
+	out, err := c.Compress(dst, src, key)
+	if err != nil {
+		return dst, err
+	}
+	if err := c.Decompress(res, out[len(dst):]); err != nil {
+		return dst, fmt.Errorf("compress: %s cannot decode its own payload: %w", c.Spec(), err)
+	}
+	subtractFrom(res, src, serial)
+	return out, nil
 }
 
 // Pending is a Begin not yet settled. Exactly one of its methods takes
@@ -154,6 +183,28 @@ func (f *ErrorFeedback) Residual(bucket uint64) []float32 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]float32(nil), r.e...)
+}
+
+// SetResidual installs a copy of e as the residual of bucket, replacing the
+// one it had (its length becomes len(e)): how memory kept elsewhere, such as
+// a GPU's, joins a checkpoint written by Save. A Begin of the bucket not yet
+// settled keeps working on the memory it replaced, which is then dropped. A
+// NaN or ±Inf in e is a *NonFiniteError and more than MaxElements values a
+// *SizeError; on error nothing changes.
+func (f *ErrorFeedback) SetResidual(bucket uint64, e []float32) error {
+	if len(e) > MaxElements {
+		return &SizeError{What: fmt.Sprintf("residual length for bucket %d", bucket), Got: int64(len(e)), Want: MaxElements}
+	}
+	for i, v := range e {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return &NonFiniteError{Index: i, Value: v}
+		}
+	}
+	r := &residual{n: len(e), e: append(make([]float32, 0, len(e)), e...)}
+	f.mu.Lock()
+	f.buckets[bucket] = r
+	f.mu.Unlock()
+	return nil
 }
 
 // Buckets returns the keys of the buckets that have memory, ascending.

@@ -450,3 +450,39 @@ func TestFeedbackBeginHolds(t *testing.T) {
 		t.Errorf("after a failed Begin: %v", err)
 	}
 }
+
+// TestFeedbackSetResidual checks that SetResidual installs an exact copy
+// that Save writes and the next Compress folds in, and refuses bad input.
+func TestFeedbackSetResidual(t *testing.T) {
+	f := compress.NewErrorFeedback(mustParse(t, "int8"))
+	e := []float32{0.5, float32(math.Copysign(0, -1)), -3, 1e-30}
+	if err := f.SetResidual(7, e); err != nil {
+		t.Fatal(err)
+	}
+	e[0] = 99 // a copy was installed
+	got := f.Residual(7)
+	if math.Float32bits(got[0]) != math.Float32bits(0.5) || math.Float32bits(got[1]) != 1<<31 {
+		t.Fatalf("Residual = %v (bits of [1] %#x), want [0.5 -0 -3 1e-30]", got, math.Float32bits(got[1]))
+	}
+	var saved bytes.Buffer
+	if err := f.Save(&saved); err != nil {
+		t.Fatal(err)
+	}
+	g := compress.NewErrorFeedback(mustParse(t, "int8"))
+	if err := g.Load(bytes.NewReader(saved.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if r := g.Residual(7); !slices.Equal(r, got) {
+		t.Fatalf("after Save/Load %v, want %v", r, got)
+	}
+	if _, err := f.Compress(nil, make([]float32, 3), compress.Key{Bucket: 7}); err == nil {
+		t.Fatal("Compress of 3 elements into a 4-element residual: no error")
+	}
+	var nf *compress.NonFiniteError
+	if err := f.SetResidual(7, []float32{1, float32(math.NaN())}); !errors.As(err, &nf) || nf.Index != 1 {
+		t.Fatalf("SetResidual with a NaN: %v, want a NonFiniteError at index 1", err)
+	}
+	if r := f.Residual(7); !slices.Equal(r, got) {
+		t.Fatalf("a refused SetResidual changed the memory to %v", r)
+	}
+}

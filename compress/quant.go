@@ -113,13 +113,19 @@ func (q *quantCodec) bodyLen(n int) int {
 }
 
 func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	return q.encodeResidual(body, src, key, nil, run)
+}
+
+// encodeResidual is encode that, with res != nil, also sets res to src
+// minus its decoded values, bucket by bucket while they are in cache.
+func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
 	n := len(src)
 	nb := numBuckets(n, q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
 	base := NewStream(q.rngSeed, key, DomainRound).base
 	var fe firstError
 	run(n, 8*q.bucket, func(from, to int) {
-		fe.set(from, q.encodeRange(hdr, codes, src, from, to, base))
+		fe.set(from, q.encodeRange(hdr, codes, src, res, from, to, base))
 	})
 	if fe.err != nil {
 		return fe.err
@@ -128,9 +134,10 @@ func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) err
 	return nil
 }
 
-// encodeRange encodes the buckets of src[from:to]; from is a multiple of
-// 8·B, so the range starts on a bucket and a byte boundary.
-func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int, base uint64) error {
+// encodeRange encodes the buckets of src[from:to], and sets their residual
+// in res unless res is nil; from is a multiple of 8·B, so the range starts
+// on a bucket and a byte boundary.
+func (q *quantCodec) encodeRange(hdr, codes []byte, src, res []float32, from, to int, base uint64) error {
 	draws := new([quantBlock]uint32)
 	for s := from; s < to; s += q.bucket {
 		x := src[s:min(s+q.bucket, to)]
@@ -152,6 +159,11 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, src []float32, from, to int,
 		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
 		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
 		q.quantize(codes, x, s, lo, inv, base, draws)
+		if res != nil {
+			r := res[s : s+len(x)]
+			dequantBucket(r, codes, s, lo, scale, q.bits, false)
+			subtractFrom(r, x, serial)
+		}
 	}
 	return nil
 }
@@ -350,23 +362,27 @@ func (q *quantCodec) check(body []byte, h *header) error {
 func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
 	nb := numBuckets(len(dst), q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
-	bits := q.bits
 	run(len(dst), 8*q.bucket, func(from, to int) {
 		for s := from; s < to; s += q.bucket {
 			h := hdr[8*(s/q.bucket):]
 			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
 			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
-			out := dst[s:min(s+q.bucket, to)]
-			head, end := groupSpan(s, len(out))
-			for k := range head {
-				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
-			}
-			dequantKernel(out[head:end], codes[(s+head)*int(bits)/8:], lo, scale, bits, add)
-			for k := end; k < len(out); k++ {
-				setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
-			}
+			dequantBucket(dst[s:min(s+q.bucket, to)], codes, s, lo, scale, q.bits, add)
 		}
 	})
+}
+
+// dequantBucket sets (or adds to) out the decoded values of the bucket
+// whose first element has index s, from codes packed at bits per code.
+func dequantBucket(out []float32, codes []byte, s int, lo, scale float32, bits uint, add bool) {
+	head, end := groupSpan(s, len(out))
+	for k := range head {
+		setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
+	}
+	dequantKernel(out[head:end], codes[(s+head)*int(bits)/8:], lo, scale, bits, add)
+	for k := end; k < len(out); k++ {
+		setOrAdd(&out[k], dequant(getCode(codes, s+k, bits), lo, scale), add)
+	}
 }
 
 // dequant returns D(c) = lo + float32(float32(c)·scale).

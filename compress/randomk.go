@@ -79,6 +79,24 @@ func (r randomkCodec) encode(body []byte, src []float32, key Key, run runner) er
 	return fe.err
 }
 
+// encodeResidual is encode that also sets res = src − D: src itself, but
+// +0 at the k drawn indices, where D holds src's own values (see
+// topkCodec.encodeResidual).
+func (r randomkCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
+	if err := r.encode(body, src, key, run); err != nil {
+		return err
+	}
+	copyBlocks(res, src, run)
+	n, k := len(src), len(body)/4
+	st := NewStream(r.seedV, key, DomainRandomK)
+	forStrata(k, run, func(j0, j1 int) {
+		for j := j0; j < j1; j++ {
+			res[randomkIndex(st, j, n, k)] = 0
+		}
+	})
+	return nil
+}
+
 func (r randomkCodec) check(body []byte, _ *header) error {
 	for i := 0; i+4 <= len(body); i += 4 {
 		if binary.LittleEndian.Uint32(body[i:])&nonFiniteKey == nonFiniteKey {

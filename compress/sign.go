@@ -51,19 +51,31 @@ func (c *signCodec) params(int) (a, b uint32) { return uint32(c.bucket), 0 }
 func (c *signCodec) bodyLen(n int) int        { return 4*numBuckets(n, c.bucket) + packedLen(n, 1) }
 func (c *signCodec) scalesLen(n int) int      { return 4 * numBuckets(n, c.bucket) }
 
-func (c *signCodec) encode(body []byte, src []float32, _ Key, run runner) error {
+func (c *signCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	return c.encodeResidual(body, src, key, nil, run)
+}
+
+// encodeResidual is encode that, with res != nil, also sets res to src
+// minus its decoded values, bucket by bucket while they are in cache.
+func (c *signCodec) encodeResidual(body []byte, src []float32, _ Key, res []float32, run runner) error {
 	n := len(src)
 	nh := c.scalesLen(n)
 	hdr, bits := body[:nh], body[nh:]
 	var fe firstError
 	run(n, 8*c.bucket, func(from, to int) {
 		for s := from; s < to; s += c.bucket {
-			scale, err := signBucket(bits, src[s:min(s+c.bucket, to)], s)
+			x := src[s:min(s+c.bucket, to)]
+			scale, err := signBucket(bits, x, s)
 			if err != nil {
 				fe.set(from, err)
 				return
 			}
 			binary.LittleEndian.PutUint32(hdr[4*(s/c.bucket):], math.Float32bits(scale))
+			if res != nil {
+				r := res[s : s+len(x)]
+				unsign(r, bits, s, math.Float32bits(scale), false)
+				subtractFrom(r, x, serial)
+			}
 		}
 	})
 	if fe.err != nil {

@@ -71,6 +71,26 @@ func (t topkCodec) encode(body []byte, src []float32, _ Key, run runner) error {
 	return selectTopK(body, src, k, t.sampled, run)
 }
 
+// encodeResidual is encode that also sets res = src − D: src itself, but
+// +0 at the k selected indices, where D holds src's own values (s − s is
+// +0 for finite s, and s − (+0) is s, −0 included).
+func (t topkCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
+	if err := t.encode(body, src, key, run); err != nil {
+		return err
+	}
+	copyBlocks(res, src, run)
+	idx := body[:len(body)/2]
+	for i := 0; i < len(idx); i += 4 {
+		res[binary.LittleEndian.Uint32(idx[i:])] = 0
+	}
+	return nil
+}
+
+// copyBlocks copies src to dst (of equal length) over run.
+func copyBlocks(dst, src []float32, run runner) {
+	run(len(src), decodeBlock, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
+}
+
 func (t topkCodec) check(body []byte, h *header) error {
 	k := len(body) / 8
 	prev := uint32(0)

@@ -125,6 +125,26 @@ type codec interface {
 	decode(dst []float32, body []byte, h *header, add bool, run runner)
 }
 
+// residualCodec is implemented by codecs that compute the error-feedback
+// residual while they encode, from data still in cache, instead of
+// decoding the body afterwards.
+type residualCodec interface {
+	// encodeResidual is encode that also sets res[i] = src[i] − D[i]
+	// (one float32 subtraction), D being what decode sets from the body;
+	// len(res) == len(src), and res does not overlap src.
+	encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error
+}
+
+// subtractFrom sets res[i] = src[i] − res[i].
+func subtractFrom(res, src []float32, run runner) {
+	run(len(res), decodeBlock, func(lo, hi int) {
+		r, s := res[lo:hi], src[lo:hi]
+		for i, v := range s {
+			r[i] = v - r[i]
+		}
+	})
+}
+
 // entropyTransform is implemented by codecs whose body compresses better after
 // a reversible rewrite (top-k delta-codes its indices) before the lossless stage.
 type entropyTransform interface {
@@ -149,8 +169,46 @@ func (c *compressor) MaxEncodedLen(n int) int {
 }
 
 func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error) {
+	return c.compress(dst, src, key, nil)
+}
+
+// CompressResidual implements ResidualCompressor: a codec with a fused
+// path (residualCodec) computes res while it encodes; any other decodes
+// its raw body into res and subtracts, skipping the framing checks a
+// Decompress of the payload would repeat.
+func (c *compressor) CompressResidual(dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
+	if len(res) != len(src) {
+		return dst, &SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
+	}
+	return c.compress(dst, src, key, res)
+}
+
+// compress is Compress, and with res != nil CompressResidual.
+func (c *compressor) compress(dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
 	n := len(src)
-	return c.encodeWith(dst, n, key, func(body []byte) error { return c.impl.encode(body, src, key, c.runner(n)) })
+	run := c.runner(n)
+	return c.encodeWith(dst, n, key, func(body []byte) error {
+		if res == nil {
+			return c.impl.encode(body, src, key, run)
+		}
+		if rc, fused := c.impl.(residualCodec); fused {
+			return rc.encodeResidual(body, src, key, res, run)
+		}
+		if err := c.impl.encode(body, src, key, run); err != nil {
+			return err
+		}
+		h := c.header(n, key)
+		c.impl.decode(res, body, &h, false, run)
+		subtractFrom(res, src, run)
+		return nil
+	})
+}
+
+// header is the header of n elements under key before the lossless stage.
+func (c *compressor) header(n int, key Key) header {
+	h := header{codec: c.impl.id(), n: uint64(n), seed: c.impl.seed(), key: key, bodyLen: uint64(c.impl.bodyLen(n))}
+	h.paramA, h.paramB = c.impl.params(n)
+	return h
 }
 
 // encodeWith appends the payload of n elements under key to dst, its raw
@@ -167,8 +225,7 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 	if err := fill(body); err != nil {
 		return dst, err
 	}
-	h := header{codec: c.impl.id(), n: uint64(n), seed: c.impl.seed(), key: key, bodyLen: uint64(raw)}
-	h.paramA, h.paramB = c.impl.params(n)
+	h := c.header(n, key)
 	if c.lossless != LosslessNone {
 		if stored, ok := c.lossless.squeeze(body, c.impl); ok {
 			h.lossless = c.lossless

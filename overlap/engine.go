@@ -688,28 +688,39 @@ func (e *Engine) decodeTask(st *step, r *run) {
 // of two it multiplies by 1/n instead, which rounds the same real number
 // once and so gives the same bits, faster.
 func average(dst []float32, n int) int {
-	bad := -1
+	// One pass: the largest magnitude bits seen tell whether a second
+	// pass must look for the first non-finite element.
+	var top uint32
 	d := float32(n)
 	switch {
 	case n == 1:
+		top = nonFiniteBits
 	case n&(n-1) == 0:
 		inv := 1 / d
-		for i := range dst {
-			dst[i] *= inv
+		for i, v := range dst {
+			v *= inv
+			dst[i] = v
+			top = max(top, math.Float32bits(v)&0x7fffffff)
 		}
 	default:
-		for i := range dst {
-			dst[i] /= d
+		for i, v := range dst {
+			v /= d
+			dst[i] = v
+			top = max(top, math.Float32bits(v)&0x7fffffff)
 		}
 	}
-	for i, v := range dst {
-		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
-			bad = i
-			break
+	if top >= nonFiniteBits {
+		for i, v := range dst {
+			if math.Float32bits(v)&nonFiniteBits == nonFiniteBits {
+				return i
+			}
 		}
 	}
-	return bad
+	return -1
 }
+
+// nonFiniteBits is the float32 exponent field: all ones in Inf and NaN.
+const nonFiniteBits = 0x7f800000
 
 // collective runs one collective of bucket r under the step's context and
 // Config.Timeout, adding its time and volume (bytes this rank sends, see

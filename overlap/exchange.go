@@ -104,8 +104,59 @@ func (g *gatherX) decode(r *run) (int, error) {
 			return -1, fmt.Errorf("rank %d's payload: %w", q, err)
 		}
 	}
+	if g.c.p.inner.Codec() == compress.CodecTopK {
+		return g.averageTouched(r)
+	}
 	return average(r.grad, g.e.size), nil
 }
+
+// averageTouched is average(r.grad, N) for top-k payloads, without a pass
+// over the whole bucket: r.grad is +0 (which averages to +0) except at the
+// indices of the N payloads in r.b.recv, which Decompress has validated
+// (ascending; the body starts with them, see compress's top-k codec). It
+// merges the N index lists and averages each index once, in one ascending
+// sweep, so the first non-finite average it meets is the lowest. Merging
+// costs O(N) per index: beyond maxMergeRanks the full pass is cheaper.
+func (g *gatherX) averageTouched(r *run) (int, error) {
+	b, n := r.b, g.e.size
+	if n > maxMergeRanks {
+		return average(r.grad, n), nil
+	}
+	end := slotHeaderLen + g.c.p.inner.MaxEncodedLen(b.n)
+	var lists [maxMergeRanks][]byte
+	bad := -1
+	for q := range n {
+		h, body, err := compress.ParseHeader(b.recv[q*b.slot+slotHeaderLen : q*b.slot+end])
+		if err != nil {
+			return -1, fmt.Errorf("rank %d's payload: %w", q, err)
+		}
+		lists[q] = body[:4*int(h.ParamA)]
+	}
+	for {
+		p, found := uint32(0), false
+		for _, l := range lists[:n] {
+			if len(l) > 0 {
+				if v := binary.LittleEndian.Uint32(l); !found || v < p {
+					p, found = v, true
+				}
+			}
+		}
+		if !found {
+			return bad, nil
+		}
+		for q, l := range lists[:n] {
+			if len(l) > 0 && binary.LittleEndian.Uint32(l) == p {
+				lists[q] = l[4:]
+			}
+		}
+		if average(r.grad[p:p+1], n) >= 0 && bad < 0 {
+			bad = int(p)
+		}
+	}
+}
+
+// maxMergeRanks is the most ranks whose top-k indices averageTouched merges.
+const maxMergeRanks = 8
 
 // sraX is scatter-reduce-allgather: the bucket is cut into N parts; rank
 // j owns part j. Stage 1 compresses every part (memory ef1) and an

@@ -129,6 +129,21 @@ func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", 
 // Compress appends count slots to dst, each with status ok. A part's
 // *NonFiniteError comes back with Index counted in the whole bucket.
 func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
+	return p.compress(dst, src, key, nil)
+}
+
+// CompressResidual is Compress that also sets res to src minus the
+// decoded parts (compress.ResidualCompressor), part by part with inner's
+// fused path: error-feedback memory over parts pays no decoding pass.
+func (p *parts) CompressResidual(dst []byte, src []float32, key compress.Key, res []float32) ([]byte, error) {
+	if len(res) != len(src) {
+		return dst, &compress.SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
+	}
+	return p.compress(dst, src, key, res)
+}
+
+// compress is Compress, and with res != nil CompressResidual.
+func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []float32) ([]byte, error) {
 	n, stride := len(src), p.slotLen(len(src))
 	start := len(dst)
 	out := dst
@@ -141,7 +156,13 @@ func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, e
 		lo, hi := p.bounds(n, j)
 		slot := out[start+j*stride : start+(j+1)*stride]
 		status{}.put(slot)
-		payload, err := p.inner.Compress(slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j))
+		var payload []byte
+		var err error
+		if res == nil {
+			payload, err = p.inner.Compress(slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j))
+		} else {
+			payload, err = compress.CompressResidual(p.inner, slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j), res[lo:hi])
+		}
 		if err != nil {
 			var nf *compress.NonFiniteError
 			if errors.As(err, &nf) {

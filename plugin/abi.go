@@ -15,7 +15,7 @@ package main
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 1
-	abiMinor   = 1
+	abiMinor   = 2
 	abiVersion = abiMajor<<16 | abiMinor
 )
 
@@ -23,6 +23,11 @@ const (
 const (
 	flagFeedback = 1 // GC_FEEDBACK
 	flagDefer    = 2 // GC_DEFER
+)
+
+// The bits of gc_features (since ABI 1.2).
+const (
+	featureCUDA = 1 // GC_FEATURE_CUDA: the device calls run (libgradcomp_cuda.so)
 )
 
 // The gc_settle_mode values.
@@ -37,16 +42,19 @@ type status int32
 
 // The gc_status values.
 const (
-	statusOK     status = 0 // GC_OK
-	errInvalid   status = 1 // GC_ERR_INVALID
-	errSpec      status = 2 // GC_ERR_SPEC
-	errHandle    status = 3 // GC_ERR_HANDLE
-	errSize      status = 4 // GC_ERR_SIZE
-	errCorrupt   status = 5 // GC_ERR_CORRUPT
-	errNonFinite status = 6 // GC_ERR_NONFINITE
-	errMismatch  status = 7 // GC_ERR_MISMATCH
-	errState     status = 8 // GC_ERR_STATE
-	errInternal  status = 9 // GC_ERR_INTERNAL
+	statusOK     status = 0  // GC_OK
+	errInvalid   status = 1  // GC_ERR_INVALID
+	errSpec      status = 2  // GC_ERR_SPEC
+	errHandle    status = 3  // GC_ERR_HANDLE
+	errSize      status = 4  // GC_ERR_SIZE
+	errCorrupt   status = 5  // GC_ERR_CORRUPT
+	errNonFinite status = 6  // GC_ERR_NONFINITE
+	errMismatch  status = 7  // GC_ERR_MISMATCH
+	errState     status = 8  // GC_ERR_STATE
+	errInternal  status = 9  // GC_ERR_INTERNAL
+	errNoCUDA    status = 10 // GC_ERR_NOCUDA (since ABI 1.2)
+	errNoDevice  status = 11 // GC_ERR_NODEVICE (since ABI 1.2)
+	errCUDA      status = 12 // GC_ERR_CUDA (since ABI 1.2)
 )
 
 // version is the library version gc_version returns.

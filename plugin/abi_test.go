@@ -24,6 +24,8 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_ERR_HANDLE": int64(errHandle), "GC_ERR_SIZE": int64(errSize), "GC_ERR_CORRUPT": int64(errCorrupt),
 		"GC_ERR_NONFINITE": int64(errNonFinite), "GC_ERR_MISMATCH": int64(errMismatch),
 		"GC_ERR_STATE": int64(errState), "GC_ERR_INTERNAL": int64(errInternal),
+		"GC_FEATURE_CUDA": featureCUDA,
+		"GC_ERR_NOCUDA":   int64(errNoCUDA), "GC_ERR_NODEVICE": int64(errNoDevice), "GC_ERR_CUDA": int64(errCUDA),
 	}
 	defs := regexp.MustCompile(`(?m)^#define (\w+) (\d+)u?\b|^\s+(GC_\w+) = (\d+),?`).FindAllSubmatch(h, -1)
 	got := map[string]int64{}

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -26,7 +27,22 @@ func newCompressor(spec string, workers int) (*compressor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &compressor{c: c, ef: compress.NewErrorFeedback(c), pending: map[uint64]*compress.Pending{}}, nil
+	codec, err := kernels.NewCodec(c.Spec())
+	if err != nil {
+		return nil, err
+	}
+	return &compressor{c: c, codec: codec, ef: compress.NewErrorFeedback(c), pending: map[uint64]settler{}}, nil
+}
+
+// checkFlags validates gc_compress's flags.
+func checkFlags(flags uint32) error {
+	if flags&^(flagFeedback|flagDefer) != 0 {
+		return errorf(errInvalid, "unknown flag bits %#x (GC_FEEDBACK = %d, GC_DEFER = %d)", flags&^(flagFeedback|flagDefer), flagFeedback, flagDefer)
+	}
+	if flags&flagDefer != 0 && flags&flagFeedback == 0 {
+		return errorf(errInvalid, "GC_DEFER needs GC_FEEDBACK (flags %#x)", flags)
+	}
+	return nil
 }
 
 // compress writes the payload of grad under key into dst, which must hold
@@ -35,11 +51,11 @@ func newCompressor(spec string, workers int) (*compressor, error) {
 // not yet settled refuses every error-feedback call (GC_ERR_STATE): waiting
 // for its settle on the same thread would never end.
 func (c *compressor) compress(key compress.Key, flags uint32, grad []float32, dst []byte) (int, error) {
-	if flags&^(flagFeedback|flagDefer) != 0 {
-		return 0, errorf(errInvalid, "unknown flag bits %#x (GC_FEEDBACK = %d, GC_DEFER = %d)", flags&^(flagFeedback|flagDefer), flagFeedback, flagDefer)
+	if err := checkFlags(flags); err != nil {
+		return 0, err
 	}
-	if flags&flagDefer != 0 && flags&flagFeedback == 0 {
-		return 0, errorf(errInvalid, "GC_DEFER needs GC_FEEDBACK (flags %#x)", flags)
+	if flags&flagFeedback != 0 && c.dev.owns(key.Bucket) {
+		return 0, errorf(errState, "bucket %d's error-feedback memory is in device memory: compress it with gc_compress_device", key.Bucket)
 	}
 	if need := c.c.MaxEncodedLen(len(grad)); len(dst) < need {
 		return 0, errorf(errSize, "destination holds %d bytes; a %s payload of %d elements may need %d (gc_max_encoded_len)", len(dst), c.c.Spec(), len(grad), need)
@@ -54,14 +70,11 @@ func (c *compressor) compress(key compress.Key, flags uint32, grad []float32, ds
 			return 0, err
 		}
 		var p *compress.Pending
-		out, p, err = c.ef.Begin(dst[:0], grad, key)
-		c.mu.Lock()
-		if err != nil {
-			delete(c.pending, key.Bucket)
+		if out, p, err = c.ef.Begin(dst[:0], grad, key); err != nil {
+			c.unclaim(key.Bucket)
 		} else {
-			c.pending[key.Bucket] = p
+			c.hold(key.Bucket, p)
 		}
-		c.mu.Unlock()
 	case flags&flagFeedback != 0:
 		if err := c.claim(key.Bucket, false); err != nil {
 			return 0, err
@@ -94,6 +107,20 @@ func (c *compressor) claim(bucket uint64, hold bool) error {
 		c.pending[bucket] = nil
 	}
 	return nil
+}
+
+// unclaim drops the claim of a deferred compress that failed.
+func (c *compressor) unclaim(bucket uint64) {
+	c.mu.Lock()
+	delete(c.pending, bucket)
+	c.mu.Unlock()
+}
+
+// hold records the deferred compress of a claimed bucket, for gc_settle.
+func (c *compressor) hold(bucket uint64, p settler) {
+	c.mu.Lock()
+	c.pending[bucket] = p
+	c.mu.Unlock()
 }
 
 // settle settles bucket's deferred compress with mode (GC_COMMIT, GC_RETAIN
@@ -142,8 +169,8 @@ func payloadLen(buf []byte) (int, error) {
 // or longer than its header says is named as such, so a caller who passed a
 // whole padded slot learns to pass gc_payload_len's length.
 func (c *compressor) decompress(payload []byte, dst []float32, add bool) error {
-	if n, err := compress.PayloadLen(payload); err == nil && n != len(payload) {
-		return errorf(errCorrupt, "%d bytes given, but the payload's header describes %d (a padded slot? pass the length gc_payload_len gives)", len(payload), n)
+	if err := checkExact(payload); err != nil {
+		return err
 	}
 	var err error
 	if add {
@@ -152,6 +179,17 @@ func (c *compressor) decompress(payload []byte, dst []float32, add bool) error {
 		err = c.c.Decompress(dst, payload)
 	}
 	return err
+}
+
+// checkExact fails if the payload's header describes another length than
+// len(payload): a caller who passed a whole padded slot learns to pass
+// gc_payload_len's length. A header too short or corrupt to say is left to
+// the decoder's own, more precise, checks.
+func checkExact(payload []byte) error {
+	if n, err := compress.PayloadLen(payload); err == nil && n != len(payload) {
+		return errorf(errCorrupt, "%d bytes given, but the payload's header describes %d (a padded slot? pass the length gc_payload_len gives)", len(payload), n)
+	}
+	return nil
 }
 
 // idle fails if any bucket has a deferred compress not settled: saving or
@@ -165,13 +203,35 @@ func (c *compressor) idle(doing string) error {
 	return nil
 }
 
-// state returns the error-feedback memory in compress's checkpoint format.
+// state returns the error-feedback memory in compress's checkpoint format:
+// the host buckets and the device buckets (copied to the host), in one
+// state that either library loads.
 func (c *compressor) state() ([]byte, error) {
 	if err := c.idle("save the error-feedback state"); err != nil {
 		return nil, err
 	}
+	f := c.ef
+	onDevice, err := c.dev.residuals()
+	if err != nil {
+		return nil, err
+	}
+	if len(onDevice) > 0 {
+		f = compress.NewErrorFeedback(c.c)
+		for _, id := range c.ef.Buckets() {
+			if _, moved := onDevice[id]; !moved {
+				if err := f.SetResidual(id, c.ef.Residual(id)); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for id, e := range onDevice {
+			if err := f.SetResidual(id, e); err != nil {
+				return nil, fmt.Errorf("bucket %d's device residual: %w", id, err)
+			}
+		}
+	}
 	var b bytes.Buffer
-	if err := c.ef.Save(&b); err != nil {
+	if err := f.Save(&b); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -193,7 +253,9 @@ func (c *compressor) saveState(dst []byte) (int, error) {
 // loadState replaces the error-feedback memory with a saved one, validated
 // whole first: compress's Load checks everything up to the state's
 // checksum, and bytes after it are refused too, so it is tried on scratch
-// memory before c's is replaced.
+// memory before c's is replaced. Every bucket lands in host memory; device
+// buckets are freed, and a bucket moves back to the device on its next
+// gc_compress_device.
 func (c *compressor) loadState(src []byte) error {
 	if err := c.idle("load an error-feedback state"); err != nil {
 		return err
@@ -205,7 +267,10 @@ func (c *compressor) loadState(src []byte) error {
 	if r.Len() > 0 {
 		return &compress.CorruptInputError{Offset: int64(len(src) - r.Len()), Reason: fmt.Sprintf("%d bytes after the end of the error-feedback state", r.Len())}
 	}
-	return c.ef.Load(bytes.NewReader(src))
+	if err := c.ef.Load(bytes.NewReader(src)); err != nil {
+		return err
+	}
+	return c.dev.reset()
 }
 
 // maxLatency bounds gc_decide's latency argument: beyond it a link is not

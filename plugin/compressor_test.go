@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // TestStatusOf maps each of compress's typed errors, bare and wrapped, and
@@ -27,6 +28,10 @@ func TestStatusOf(t *testing.T) {
 		{errorf(errState, "x"), errState},
 		{fmt.Errorf("bucket 3: %w", &compress.NonFiniteError{}), errNonFinite},
 		{fmt.Errorf("outer: %w", errorf(errHandle, "inner")), errHandle},
+		{kernels.ErrNoCUDA, errNoCUDA},
+		{fmt.Errorf("%w: device 0: %w", kernels.ErrNoDevice, &kernels.DriverError{Call: "cuInit"}), errNoDevice},
+		{fmt.Errorf("x: %w", &kernels.DriverError{Call: "cuLaunchKernel"}), errCUDA},
+		{&kernels.ArgError{Op: "Encode"}, errInvalid},
 		{errors.New("something else"), errInternal},
 	}
 	for _, c := range cases {
@@ -48,14 +53,14 @@ func TestHandles(t *testing.T) {
 	if got, err := lookup(h); err != nil || got != c || liveHandles() != n0+1 {
 		t.Fatalf("lookup(%d) = %p, %v with %d live; want %p and %d live", h, got, err, liveHandles(), c, n0+1)
 	}
-	if err := release(h); err != nil {
+	if _, err := release(h); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []uint64{h, 0, h + 1000, math.MaxUint64} {
 		if _, err := lookup(bad); err == nil {
 			t.Errorf("lookup(%d) succeeded after release or for an unknown value", bad)
 		}
-		if err := release(bad); err == nil {
+		if _, err := release(bad); err == nil {
 			t.Errorf("release(%d) succeeded after release or for an unknown value", bad)
 		}
 	}

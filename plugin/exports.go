@@ -7,6 +7,7 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -45,8 +46,12 @@ func gc_compressor_create(spec *C.char, workers C.int, out *C.uint64_t) (st C.in
 //export gc_compressor_destroy
 func gc_compressor_destroy(h C.uint64_t) (st C.int) {
 	defer guard("gc_compressor_destroy", &st)
-	if err := release(uint64(h)); err != nil {
+	c, err := release(uint64(h))
+	if err != nil {
 		return C.int(fail(errHandle, "gc_compressor_destroy", "%v", err))
+	}
+	if err := c.dev.close(); err != nil {
+		return C.int(failErr("gc_compressor_destroy", fmt.Errorf("handle %d destroyed, but freeing its device memory failed: %w", uint64(h), err)))
 	}
 	return C.int(statusOK)
 }

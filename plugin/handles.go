@@ -6,20 +6,32 @@ import (
 	"sync"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // compressor is what a gc_compressor handle refers to: a compressor, its
-// error-feedback memory and the deferred compresses not settled yet.
+// error-feedback memory (host buckets in ef, device buckets in dev) and the
+// deferred compresses not settled yet.
 type compressor struct {
-	c  compress.Compressor
-	ef *compress.ErrorFeedback
+	c     compress.Compressor
+	codec *kernels.Codec // the device kernels of c's spec (device.go)
+	ef    *compress.ErrorFeedback
+	dev   deviceMemory
 
 	mu sync.Mutex
 	// pending holds, per bucket, the deferred compress (GC_DEFER) waiting
-	// for gc_settle. A nil value is one being computed: the bucket is
-	// claimed, so a second deferred compress of it fails at once instead of
-	// waiting forever on the bucket's lock.
-	pending map[uint64]*compress.Pending
+	// for gc_settle, host (*compress.Pending) or device (*devicePending).
+	// A nil value is one being computed: the bucket is claimed, so a second
+	// deferred compress of it fails at once instead of waiting forever on
+	// the bucket's lock.
+	pending map[uint64]settler
+}
+
+// settler is a deferred compress waiting for gc_settle.
+type settler interface {
+	Commit()
+	Retain()
+	Discard()
 }
 
 // handles is the registry of live handles. A handle is a runtime/cgo.Handle
@@ -49,16 +61,19 @@ func lookup(h uint64) (*compressor, error) {
 	return cgo.Handle(h).Value().(*compressor), nil
 }
 
-// release unregisters h. Calls already running on it finish normally.
-func release(h uint64) error {
+// release unregisters h and frees its device memory, if it has any. Host
+// calls already running on it finish normally; device calls still running
+// on a bucket finish before its memory is freed, and later ones fail.
+func release(h uint64) (*compressor, error) {
 	handles.mu.Lock()
 	defer handles.mu.Unlock()
 	if _, ok := handles.live[cgo.Handle(h)]; !ok {
-		return fmt.Errorf("handle %d is not a live compressor (never created, or destroyed)", h)
+		return nil, fmt.Errorf("handle %d is not a live compressor (never created, or destroyed)", h)
 	}
+	c := cgo.Handle(h).Value().(*compressor)
 	delete(handles.live, cgo.Handle(h))
 	cgo.Handle(h).Delete()
-	return nil
+	return c, nil
 }
 
 // liveHandles returns how many handles are live.

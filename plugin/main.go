@@ -13,9 +13,15 @@
 // a message in the calling thread's last-error buffer (C storage, see
 // lasterror.c), so C never sees a Go panic or a Go pointer.
 //
-// The CUDA library, libgradcomp_cuda.so (-tags cuda: device pointers and a
-// CUDA stream), is not built yet: it needs the kernels/ package's GPU path.
-// This package builds only the CPU library, libgradcomp.so.
+// With -tags cuda the same package is libgradcomp_cuda.so:
+//
+//	go build -tags cuda -buildmode=c-shared -o build/libgradcomp_cuda.so ./plugin
+//
+// It links libcuda.so.1 (kernels/ and devptr_cuda.go) and runs the device
+// calls (gc_compress_device and the gc_decompress*_device calls,
+// device.go) on the GPU; in libgradcomp.so they return GC_ERR_NOCUDA.
+// Loading either library never touches a GPU: the driver is initialized on
+// the first device call.
 package main
 
 // main is never called: a c-shared library's Go runtime starts when the

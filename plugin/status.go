@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // errorBufLen is the size of lasterror.c's per-thread buffer, NUL included.
@@ -45,8 +46,8 @@ func errorf(st status, format string, args ...any) error {
 }
 
 // statusOf maps an error to its status code: a *statusError's own, else
-// that of compress's typed errors. An error of no known type is a bug in
-// gradcomp: GC_ERR_INTERNAL.
+// that of compress's and kernels' typed errors. An error of no known type
+// is a bug in gradcomp: GC_ERR_INTERNAL.
 func statusOf(err error) status {
 	var (
 		own      *statusError
@@ -57,10 +58,20 @@ func statusOf(err error) status {
 		corrupt  *compress.CorruptInputError
 		checksum *compress.ChecksumError
 		ver      *compress.VersionError
+		driver   *kernels.DriverError
+		arg      *kernels.ArgError
 	)
 	switch {
 	case errors.As(err, &own):
 		return own.st
+	case errors.Is(err, kernels.ErrNoCUDA):
+		return errNoCUDA
+	case errors.Is(err, kernels.ErrNoDevice):
+		return errNoDevice
+	case errors.As(err, &driver):
+		return errCUDA
+	case errors.As(err, &arg):
+		return errInvalid
 	case errors.As(err, &spec):
 		return errSpec
 	case errors.As(err, &nonFin):

@@ -11,9 +11,15 @@
  * GC_ERR_INTERNAL.
  *
  * Lengths are element counts (float32) or byte counts (payloads, state), as
- * each parameter says. Pointers are host memory in libgradcomp.so. A pointer
- * may be NULL only where its length is 0; output pointers never. The library
- * keeps no pointer it was given after the call returns.
+ * each parameter says. Pointers are host memory, except the gc_devptr
+ * arguments of the *_device calls (since ABI 1.2), which are CUDA device
+ * addresses. A pointer may be NULL only where its length is 0; output
+ * pointers never. The library keeps no pointer it was given after the call
+ * returns.
+ *
+ * Both libraries export every function. In libgradcomp.so (no CUDA) the
+ * device calls check their arguments and then return GC_ERR_NOCUDA;
+ * libgradcomp_cuda.so links libcuda.so.1 and runs them on the GPU.
  */
 #ifndef GRADCOMP_H
 #define GRADCOMP_H
@@ -28,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 1
-#define GRADCOMP_ABI_MINOR 1
+#define GRADCOMP_ABI_MINOR 2
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -41,7 +47,10 @@ typedef enum gc_status {
 	GC_ERR_NONFINITE = 6,  /* NaN or Inf in a gradient: nothing was written */
 	GC_ERR_MISMATCH = 7,   /* a payload from another codec, spec or length */
 	GC_ERR_STATE = 8,      /* a call out of order (e.g. commit with nothing pending) */
-	GC_ERR_INTERNAL = 9    /* a bug in gradcomp: please report the message */
+	GC_ERR_INTERNAL = 9,   /* a bug in gradcomp: please report the message */
+	GC_ERR_NOCUDA = 10,    /* since 1.2: a device call to libgradcomp.so: load libgradcomp_cuda.so */
+	GC_ERR_NODEVICE = 11,  /* since 1.2: the CUDA driver cannot initialize or sees no such device */
+	GC_ERR_CUDA = 12       /* since 1.2: a CUDA driver call failed (the message names it) */
 } gc_status;
 
 typedef uint64_t gc_compressor;
@@ -147,6 +156,80 @@ gc_status gc_state_load(gc_compressor h, const uint8_t *src, size_t len);
 gc_status gc_decide(gc_compressor h, const char *strategy, size_t n, int world,
                     double bandwidth, double latency,
                     int *compress, double *dense_seconds, double *compressed_seconds);
+
+/* ---- Device calls (ABI 1.2) ----
+ *
+ * A gc_devptr is a CUDA device address (a CUdeviceptr, e.g. a tensor's
+ * data_ptr()) and a gc_stream a CUstream (e.g. torch.cuda.current_stream()
+ * .cuda_stream; 0 is the legacy default stream). Every device buffer must
+ * be device (or managed) memory of one device, 4-byte aligned, and lie
+ * within its allocation (checked with cuPointerGetAttributes: a host
+ * pointer is GC_ERR_INVALID, a length past the allocation's end
+ * GC_ERR_SIZE). The work runs in that device's primary context (the one
+ * the CUDA runtime and PyTorch use) and is ordered on the given stream,
+ * which must belong to it. Specs with a lossless stage are GC_ERR_INVALID.
+ * Payloads are byte-identical to gc_compress's on the same data, so host
+ * and device ranks can exchange them. */
+typedef uintptr_t gc_devptr;
+typedef uintptr_t gc_stream;
+
+/* What this library can do, as GC_FEATURE_* bits; it touches no device.
+ * Since ABI 1.2. */
+#define GC_FEATURE_CUDA 1u /* the device calls run: libgradcomp_cuda.so */
+uint32_t gc_features(void);
+
+/* Device ordinal device: its name (NUL-terminated into name, name_cap
+ * bytes, at most 256 needed; GC_ERR_SIZE if short), compute capability and
+ * total memory in bytes. Opens the device's primary context and loads the
+ * kernels on first use. GC_ERR_NODEVICE when the driver sees no such
+ * device (no GPU, no kernel driver), GC_ERR_NOCUDA in libgradcomp.so. */
+gc_status gc_device_info(int device, char *name, size_t name_cap, int *major, int *minor, uint64_t *memory_bytes);
+
+/* gc_compress on the device: compresses grad[0..n) (device float32) for
+ * (bucket, step) into dst (device, cap bytes, at least gc_max_encoded_len
+ * (n)); *written gets the payload's length. Flags, error feedback and
+ * GC_DEFER/gc_settle as gc_compress, with the bucket's residual in device
+ * memory (a bucket is either a host or a device bucket; a host residual,
+ * e.g. from gc_state_load, moves to the device on its first call here, and
+ * a later gc_compress with GC_FEEDBACK on it is GC_ERR_STATE). It WAITS for
+ * the stream: the kernels are enqueued on it, then the host waits for them
+ * to read the NaN/Inf status and to checksum the body, and the header and
+ * checksum are copied into dst (ordered on the stream, done when the call
+ * returns but for their host-to-device copy). On any error *written is 0
+ * and the residual is untouched; a NaN or Inf is GC_ERR_NONFINITE. */
+gc_status gc_compress_device(gc_compressor h, uint64_t bucket, uint64_t step, uint32_t flags,
+                             gc_devptr grad, size_t n, gc_devptr dst, size_t cap, gc_stream stream,
+                             size_t *written);
+
+/* gc_decompress / gc_decompress_add on the device: payload[0..len) (device;
+ * len its exact length) into dst[0..n) (device float32). The payload is
+ * copied to the host and validated whole (waiting for the stream) before
+ * the decode is enqueued on the stream; the call returns without waiting
+ * for the decode. On a validation error dst is untouched. */
+gc_status gc_decompress_device(gc_compressor h, gc_devptr payload, size_t len, gc_devptr dst, size_t n,
+                               gc_stream stream);
+gc_status gc_decompress_add_device(gc_compressor h, gc_devptr payload, size_t len, gc_devptr dst, size_t n,
+                                   gc_stream stream);
+
+/* Decodes count payloads, one at the start of each slot of slot_len bytes
+ * (a multiple of 4) from slots (device; e.g. an all-gather's output of
+ * padded payloads, each's length read from its header), and sets dst (add =
+ * 0) or adds to it (add = 1) their sum in slot order: the result equals
+ * gc_decompress of slot 0 followed by gc_decompress_add of the others, bit
+ * for bit; quantized codes are summed 8 payloads per pass over dst. Waits
+ * for the stream to validate every payload on the host first (an error
+ * names the slot; dst is then untouched), enqueues the decode and returns
+ * without waiting for it. count is 1 to 65536. */
+gc_status gc_decompress_slots_device(gc_compressor h, gc_devptr slots, size_t slot_len, size_t count,
+                                     gc_devptr dst, size_t n, int add, gc_stream stream);
+
+/* In libgradcomp_cuda.so, gc_settle of a device bucket only swaps device
+ * pointers, and gc_state_size/save copy device residuals to the host on
+ * gradcomp's own stream (waiting for it, not for any caller's stream): the
+ * state holds host and device buckets alike and loads into either library.
+ * gc_state_load puts every bucket in host memory (device buckets are freed
+ * and move back on their next gc_compress_device). gc_compressor_destroy
+ * frees the handle's device memory. */
 
 #ifdef __cplusplus
 }

@@ -21,65 +21,7 @@
 
 #include "gradcomp.h"
 
-static int checks, failures;
-
-static void failf(int line, const char *fmt, ...) {
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stderr, "capi_test.c:%d: ", line);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	__atomic_add_fetch(&failures, 1, __ATOMIC_RELAXED);
-}
-
-#define CHECK(cond, ...)                                            \
-	do {                                                        \
-		__atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);   \
-		if (!(cond)) failf(__LINE__, __VA_ARGS__);          \
-	} while (0)
-
-/* OK(call): the call returns GC_OK. */
-#define OK(call)                                                                            \
-	do {                                                                                \
-		gc_status st_ = (call);                                                     \
-		CHECK(st_ == GC_OK, "%s = %d, want GC_OK (%s)", #call, st_, gc_last_error()); \
-	} while (0)
-
-/* FAILS(call, want, text): the call returns want and the thread's last error
- * contains text and, where call is a gc_ function, starts with its name. */
-#define FAILS(call, want, text) expect_fail(__LINE__, #call, (call), (want), (text))
-
-static void expect_fail(int line, const char *call, gc_status got, gc_status want, const char *text) {
-	__atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);
-	const char *msg = gc_last_error();
-	char fn[64];
-	size_t i = 0;
-	while (call[i] && call[i] != '(' && i < sizeof fn - 1) {
-		fn[i] = call[i];
-		i++;
-	}
-	fn[i] = '\0';
-	if (got != want) {
-		failf(line, "%s = %d, want %d (message: %s)", call, got, want, msg);
-	} else if (msg == NULL || (strncmp(call, "gc_", 3) == 0 && strncmp(msg, fn, strlen(fn)) != 0) ||
-	           strstr(msg, text) == NULL) {
-		failf(line, "%s: message %s does not start with %s and say \"%s\"", call, msg ? msg : "(null)", fn, text);
-	}
-}
-
-/* A deterministic gradient: Student-t-ish values from a xorshift generator. */
-static void fill(float *g, size_t n, uint64_t seed) {
-	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		double u = ((x >> 11) + 0.5) / 9007199254740992.0;
-		double v = (double)(x & 0xFFFF) / 65536.0 - 0.5;
-		g[i] = (float)((u - 0.5) * 2.0 + v * v * v * 8.0);
-	}
-}
+#include "capi_check.h"
 
 static gc_compressor create(const char *spec) {
 	gc_compressor h = 0;
@@ -535,6 +477,32 @@ static void test_decide(void) {
  * own, checks the payloads against a single-threaded reference, and checks
  * that its last error is its own while the others fail too. */
 enum { THREADS = 8, ITERS = 100, TN = 2000 };
+/* libgradcomp.so has every device call of ABI 1.2: each checks its
+ * arguments, then says GC_ERR_NOCUDA, naming the library to load. */
+static void test_device_stubs(void) {
+	gc_compressor h = create("int8");
+	const gc_devptr p = 0x7f0000000000u; /* never dereferenced */
+	size_t written = 1;
+	char name[256];
+	int major, minor;
+	uint64_t mem;
+	CHECK(gc_features() == 0, "gc_features() = %#x in libgradcomp.so, want 0", gc_features());
+	FAILS(gc_device_info(0, name, sizeof name, &major, &minor, &mem), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
+	FAILS(gc_device_info(0, name, sizeof name, NULL, &minor, &mem), GC_ERR_INVALID, "null major");
+	FAILS(gc_compress_device(h, 0, 0, 0, p, 1000, p, 4096, 0, &written), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
+	CHECK(written == 0, "written = %zu after a failed gc_compress_device", written);
+	FAILS(gc_compress_device(h, 0, 0, 0, 0, 1000, p, 4096, 0, &written), GC_ERR_INVALID, "null grad");
+	FAILS(gc_compress_device(h, 0, 0, 0, p, 1000, p, 100, 0, &written), GC_ERR_SIZE, "gc_max_encoded_len");
+	FAILS(gc_compress_device(h, 0, 0, 0, p, 1000, p, 4096, 0, NULL), GC_ERR_INVALID, "null written");
+	FAILS(gc_compress_device(0, 0, 0, 0, p, 1000, p, 4096, 0, &written), GC_ERR_HANDLE, "not a live compressor");
+	FAILS(gc_decompress_device(h, p, 1100, p, 1000, 0), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
+	FAILS(gc_decompress_add_device(h, 0, 1100, p, 1000, 0), GC_ERR_INVALID, "null payload");
+	FAILS(gc_decompress_slots_device(h, p, 1102, 4, p, 1000, 0, 0), GC_ERR_INVALID, "multiple of 4");
+	FAILS(gc_decompress_slots_device(h, p, 1104, 4, p, 1000, 2, 0), GC_ERR_INVALID, "add = 2");
+	FAILS(gc_decompress_slots_device(h, p, 1104, 4, p, 1000, 1, 0), GC_ERR_NOCUDA, "libgradcomp_cuda.so");
+	OK(gc_compressor_destroy(h));
+}
+
 static gc_compressor shared;
 static pthread_barrier_t start; /* so that the threads run at once */
 static uint8_t ref[THREADS][5][4096];
@@ -660,6 +628,7 @@ int main(void) {
 	test_state();
 	test_bad_inputs();
 	test_decide();
+	test_device_stubs();
 	test_threads();
 	test_leak();
 	OK(gc_live_handles(&live));

@@ -9,13 +9,27 @@ and loaded on first use, from ``$GRADCOMP_LIB`` or next to this package
 Errors: a call the library refuses raises :class:`InvalidArgumentError` (a
 ValueError) for a bad spec, argument or size, :class:`NonFiniteError` for a
 NaN or Inf in a gradient, and :class:`LibraryError` (a RuntimeError) for the
-rest, each with the library's message (gc_last_error).
+rest, each with the library's message (gc_last_error); :class:`DeviceError`
+(a LibraryError) when a device call finds no CUDA library, no GPU, or a
+failing CUDA driver.
 """
 
-from ._compressor import Compressor, Decision, abi_version, live_handles, payload_len, payload_len_raw, version
+from ._compressor import (
+    Compressor,
+    Decision,
+    DeviceInfo,
+    abi_version,
+    device_info,
+    has_cuda,
+    live_handles,
+    payload_len,
+    payload_len_raw,
+    version,
+)
 from ._lib import (
     ABI_MAJOR,
     ABI_MINOR,
+    DeviceError,
     Error,
     InvalidArgumentError,
     LibraryError,
@@ -30,6 +44,8 @@ __all__ = [
     "ABI_MINOR",
     "Compressor",
     "Decision",
+    "DeviceError",
+    "DeviceInfo",
     "Error",
     "InvalidArgumentError",
     "LibraryError",
@@ -38,6 +54,8 @@ __all__ = [
     "Settle",
     "Status",
     "abi_version",
+    "device_info",
+    "has_cuda",
     "live_handles",
     "payload_len",
     "payload_len_raw",

@@ -6,6 +6,10 @@ import threading
 
 from . import _lib
 
+#: A CUDA device as gc_device_info describes it: name, compute capability
+#: (major, minor) and total memory in bytes.
+DeviceInfo = collections.namedtuple("DeviceInfo", "name major minor memory")
+
 #: The cost model's answer for one bucket (gc_decide): ``compress`` is True
 #: when the compressed exchange is predicted faster than a dense all-reduce;
 #: the two predictions are in seconds.
@@ -58,6 +62,32 @@ def live_handles():
     out = ctypes.c_size_t()
     _lib.call("gc_live_handles", ctypes.byref(out))
     return out.value
+
+
+def has_cuda():
+    """Whether the loaded library runs the device calls (it is
+    libgradcomp_cuda.so: gc_features has GC_FEATURE_CUDA). Touches no
+    device."""
+    return _lib.has("gc_features") and bool(_lib.function("gc_features")() & _lib.FEATURE_CUDA)
+
+
+def device_info(device=0):
+    """The :class:`DeviceInfo` of CUDA device ``device`` (gc_device_info:
+    it opens the device's primary context). DeviceError (a LibraryError)
+    when the library has no CUDA support or the driver sees no such
+    device."""
+    name = ctypes.create_string_buffer(256)
+    major, minor, memory = ctypes.c_int(), ctypes.c_int(), ctypes.c_uint64()
+    _lib.call("gc_device_info", int(device), name, len(name), ctypes.byref(major), ctypes.byref(minor),
+              ctypes.byref(memory))
+    return DeviceInfo(name.value.decode("utf-8", "replace"), major.value, minor.value, memory.value)
+
+
+def _flags(feedback, defer):
+    """gc_compress's flags for the keyword arguments of the compress methods."""
+    if defer and not feedback:
+        raise ValueError("gradcomp: defer needs feedback (GC_DEFER only applies with GC_FEEDBACK)")
+    return (_lib.FEEDBACK if feedback else 0) | (_lib.DEFER if defer else 0)
 
 
 def payload_len_raw(address, length):
@@ -153,12 +183,41 @@ class Compressor:
         bucket's residual; ``defer`` (with feedback) stages the update until
         :meth:`settle`. A NaN or Inf raises NonFiniteError and changes
         nothing."""
-        if defer and not feedback:
-            raise ValueError("gradcomp: defer needs feedback (GC_DEFER only applies with GC_FEEDBACK)")
-        flags = (_lib.FEEDBACK if feedback else 0) | (_lib.DEFER if defer else 0)
         written = ctypes.c_size_t()
-        _lib.call("gc_compress", self.handle, bucket, step, flags, grad, n, dst, cap, ctypes.byref(written))
+        _lib.call("gc_compress", self.handle, bucket, step, _flags(feedback, defer), grad, n, dst, cap,
+                  ctypes.byref(written))
         return written.value
+
+    def compress_device(self, grad, n, dst, cap, stream, *, bucket=0, step=0, feedback=False, defer=False):
+        """gc_compress_device: grad is the CUDA device address of n float32
+        (``tensor.data_ptr()``), dst of cap bytes (at least
+        max_encoded_len(n)), stream a CUstream (``torch.cuda.current_stream()
+        .cuda_stream``). Returns the payload's length; the payload is
+        byte-identical to compress_raw's. Keywords as compress_raw, the
+        bucket's residual kept in device memory. It waits for the stream
+        (the NaN status and the checksum are read on the host). Needs the
+        CUDA library (DeviceError otherwise)."""
+        written = ctypes.c_size_t()
+        _lib.call("gc_compress_device", self.handle, bucket, step, _flags(feedback, defer), grad, n, dst, cap,
+                  stream, ctypes.byref(written))
+        return written.value
+
+    def decompress_device(self, payload, length, dst, n, stream, *, add=False):
+        """gc_decompress_device (gc_decompress_add_device with ``add``): the
+        payload at device address ``payload`` (its exact length) into the n
+        float32 at ``dst``. Waits for the stream to validate the payload on
+        the host, then enqueues the decode on it and returns."""
+        name = "gc_decompress_add_device" if add else "gc_decompress_device"
+        _lib.call(name, self.handle, payload, length, dst, n, stream)
+
+    def decompress_slots_device(self, slots, slot_len, count, dst, n, stream, *, add=False):
+        """gc_decompress_slots_device: the sum of the ``count`` payloads at
+        the start of each ``slot_len``-byte slot (a multiple of 4) from
+        device address ``slots`` (an all-gather's output), in slot order,
+        set into (or, with ``add``, added to) the n float32 at ``dst``.
+        Waits for the stream to validate them, enqueues the decode and
+        returns."""
+        _lib.call("gc_decompress_slots_device", self.handle, slots, slot_len, count, dst, n, 1 if add else 0, stream)
 
     def compress(self, grad, dst, **kw):
         """Compresses the float32 buffer ``grad`` into the writable byte buffer

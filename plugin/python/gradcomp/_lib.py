@@ -1,9 +1,12 @@
 """ctypes binding of libgradcomp.so's C ABI (plugin/include/gradcomp.h).
 
 The library is found, loaded and checked on first use, never at import:
-``GRADCOMP_LIB`` (a path to the library) if set, else ``libgradcomp.so`` next
-to this file (where ``make plugin`` copies it). Every function of the header
-is declared here with its exact argument and result types; :func:`call` runs
+``GRADCOMP_LIB`` (a path to the library) if set; else, when torch has been
+imported and sees a GPU, ``libgradcomp_cuda.so`` next to this file (where
+``make plugin`` copies it), falling back to ``libgradcomp.so`` there if it
+is missing or does not load. One process holds one of the two (each carries
+a Go runtime), so the choice is made once. Every function of the header is
+declared here with its exact argument and result types; :func:`call` runs
 one and turns a status other than ``GC_OK`` into an exception carrying
 ``gc_last_error()``'s message.
 """
@@ -11,19 +14,23 @@ one and turns a status other than ``GC_OK`` into an exception carrying
 import ctypes
 import enum
 import os
+import sys
 import threading
 
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 1
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
 #: The CPU library's file name.
 CPU_LIB_NAME = "libgradcomp.so"
-#: The CUDA library's file name (not built yet).
+#: The CUDA library's file name (device calls; needs libcuda.so.1).
 CUDA_LIB_NAME = "libgradcomp_cuda.so"
+
+#: gc_features bit: the loaded library runs the device calls.
+FEATURE_CUDA = 1
 
 # Flags of gc_compress.
 FEEDBACK = 1
@@ -43,6 +50,9 @@ class Status(enum.IntEnum):
     MISMATCH = 7
     STATE = 8
     INTERNAL = 9
+    NOCUDA = 10
+    NODEVICE = 11
+    CUDA = 12
 
 
 class Settle(enum.IntEnum):
@@ -75,6 +85,15 @@ class LibraryError(Error, RuntimeError):
 class NonFiniteError(LibraryError):
     """GC_ERR_NONFINITE: the gradient held a NaN or an Inf; nothing was
     written and error-feedback memory is untouched."""
+
+
+class DeviceError(LibraryError):
+    """A device call failed for want of CUDA (GC_ERR_NOCUDA: the CPU library
+    is loaded; GC_ERR_NODEVICE: the driver sees no such GPU) or in the CUDA
+    driver (GC_ERR_CUDA)."""
+
+
+_DEVICE_STATUSES = (Status.NOCUDA, Status.NODEVICE, Status.CUDA)
 
 
 class LibraryNotFoundError(OSError):
@@ -115,22 +134,60 @@ _PROTOTYPES = {
     ),
 }
 
+_devptr = ctypes.c_size_t  # gc_devptr and gc_stream: uintptr_t
+_stream = ctypes.c_size_t
+
 # Functions added after ABI 1.0: name -> (minor version, restype, argtypes).
 _OPTIONAL = {
     "gc_live_handles": (1, ctypes.c_int, [_size_p]),
+    "gc_features": (2, ctypes.c_uint32, []),
+    "gc_device_info": (
+        2, ctypes.c_int,
+        [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+         ctypes.POINTER(ctypes.c_uint64)],
+    ),
+    "gc_compress_device": (
+        2, ctypes.c_int,
+        [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32,
+         _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream, _size_p],
+    ),
+    "gc_decompress_device": (
+        2, ctypes.c_int, [ctypes.c_uint64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream],
+    ),
+    "gc_decompress_add_device": (
+        2, ctypes.c_int, [ctypes.c_uint64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream],
+    ),
+    "gc_decompress_slots_device": (
+        2, ctypes.c_int,
+        [ctypes.c_uint64, _devptr, ctypes.c_size_t, ctypes.c_size_t, _devptr, ctypes.c_size_t, ctypes.c_int, _stream],
+    ),
 }
 
 _lock = threading.Lock()
 _lib = None
+_path = None
+
+
+def torch_sees_gpu():
+    """Whether torch is imported (this package never imports it) and sees a
+    CUDA device."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_available())
+    except Exception:  # a torch without CUDA support, or a broken install
+        return False
 
 
 def candidates():
-    """The paths tried, in order: $GRADCOMP_LIB if set (only it), else the
-    library next to this package."""
+    """The paths tried, in order: $GRADCOMP_LIB if set (only it); else the
+    CUDA library next to this package when torch sees a GPU, then the CPU
+    library next to it."""
     env = os.environ.get(ENV_LIB)
     if env:
         return [env]
-    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), CPU_LIB_NAME)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = [CUDA_LIB_NAME, CPU_LIB_NAME] if torch_sees_gpu() else [CPU_LIB_NAME]
+    return [os.path.join(here, name) for name in names]
 
 
 def lib():
@@ -146,7 +203,14 @@ def lib():
         return _lib
 
 
+def path():
+    """The file of the loaded library (loading it if need be)."""
+    lib()
+    return _path
+
+
 def _load():
+    global _path
     tried = []
     for path in candidates():
         if not os.path.exists(path):
@@ -175,6 +239,7 @@ def _load():
             if version & 0xFFFF >= minor and fn is not None:
                 fn.restype = restype
                 fn.argtypes = argtypes
+        _path = path
         return handle
     raise LibraryNotFoundError(
         "gradcomp: cannot load %s: tried %s; build it with `make plugin` or set %s"
@@ -213,7 +278,8 @@ def last_error():
 def call(name, *args):
     """Calls the library's function ``name`` with ``args``; a status other
     than GC_OK raises InvalidArgumentError (ValueError) for GC_ERR_SPEC,
-    GC_ERR_INVALID and GC_ERR_SIZE, NonFiniteError for GC_ERR_NONFINITE and
+    GC_ERR_INVALID and GC_ERR_SIZE, NonFiniteError for GC_ERR_NONFINITE,
+    DeviceError for GC_ERR_NOCUDA, GC_ERR_NODEVICE and GC_ERR_CUDA, and
     LibraryError (RuntimeError) for the rest, with gc_last_error's message.
     """
     fn = function(name)
@@ -229,4 +295,6 @@ def call(name, *args):
         raise InvalidArgumentError(name, status, message)
     if status == Status.NONFINITE:
         raise NonFiniteError(name, status, message)
+    if status in _DEVICE_STATUSES:
+        raise DeviceError(name, status, message)
     raise LibraryError(name, status, message)
