@@ -963,12 +963,9 @@ func (e *DeviceEngine) Save(w io.Writer) error {
 			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), m.p); err != nil {
 				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
 			}
-			// e ← 0 + res: the twin's memory takes the residual exactly.
-			_, p, err := m.f.Begin(nil, res, compress.Key{Bucket: uint64(i)})
-			if err != nil {
+			if err := m.f.SetResidual(uint64(i), res); err != nil {
 				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
 			}
-			p.Retain()
 		}
 	}
 	return t.Save(w)
