@@ -161,6 +161,9 @@ class State:
         self.guesses = {}
         #: Bucket index -> True (compress) or False (dense), once decided.
         self.decisions = {}
+        #: Bucket index -> (dense, compressed) seconds the ranks agreed on
+        #: when the probe steps decided (the max over ranks of the medians).
+        self.probed = {}
         #: Counters: buckets "compressed", "dense", "nonfinite" (went dense
         #: because of a NaN/Inf), "layout_dense" (dense because the layout
         #: differed), and "bytes_sent" (slot bytes per rank).
@@ -191,6 +194,7 @@ class State:
             "bandwidth": self.bandwidth,
             "guesses": dict(self.guesses),
             "decisions": dict(self.decisions),
+            "probed": {k: list(v) for k, v in self.probed.items()},
             "dense_times": {k: list(v) for k, v in self._dense_times.items()},
             "compressed_times": {k: list(v) for k, v in self._compressed_times.items()},
             "error_feedback": self.compressor.save_state(),
@@ -214,6 +218,7 @@ class State:
         self.bandwidth = sd.get("bandwidth")
         self.guesses = {int(k): bool(v) for k, v in sd.get("guesses", {}).items()}
         self.decisions = {int(k): bool(v) for k, v in sd["decisions"].items()}
+        self.probed = {int(k): tuple(v) for k, v in sd.get("probed", {}).items()}
         self._dense_times = collections.defaultdict(list, {int(k): list(v) for k, v in sd["dense_times"].items()})
         self._compressed_times = collections.defaultdict(
             list, {int(k): list(v) for k, v in sd["compressed_times"].items()}
@@ -323,6 +328,7 @@ class State:
         comp = self._compressed_times[index][-self.probe_steps :]
         t = torch.tensor([self._dense_median(index), statistics.median(comp)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        self.probed[index] = (float(t[0]), float(t[1]))
         self.decisions[index] = bool(t[1] < t[0])
         return self.decisions[index]
 
