@@ -1,12 +1,21 @@
 """One rank of scripts/torchbench: DDP step time of an MLP (~1.09M params)
-under torch's default all-reduce, torch's fp16_compress_hook and gradcomp's
-hook, over gloo. Rank 0 prints one JSON object per hook.
+under several communication hooks over gloo, their steps interleaved (one
+step of each hook in turn, a different one first each round) so that a change in the machine's load falls on
+all of them alike. Rank 0 prints one JSON object per hook.
 
-usage: torchbench.py RANK WORLD MASTER_ADDR PORT LINK SPEC [STEPS [BATCH]]
+usage: torchbench.py RANK WORLD MASTER_ADDR PORT LINK HOOKS [STEPS [BATCH]]
+
+HOOKS is a comma-separated list of: default (torch's all-reduce), fp16
+(torch's fp16_compress_hook), local (no exchange at all: each rank keeps
+its own gradient; the floor any hook's step time could reach), or a
+gradcomp spec (gradcomp.torch.hook with
+error feedback and the cost model), optionally suffixed "/sync" for
+overlap=False.
 """
 
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -18,7 +27,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp.torch as gct
 
-WARMUP = 15  # steps before timing: gradcomp's 10 warm-up steps and 3 probes, and 2 more
+GRADCOMP_WARMUP = 10  # gradcomp's dense warm-up steps
+PROBES = 3
+WARMUP = GRADCOMP_WARMUP + PROBES + 2  # untimed steps: gradcomp's warm-up and probes, and 2 more
+SYNC = "/sync"
 
 
 def model():
@@ -28,46 +40,69 @@ def model():
     )
 
 
-def bench(rank, hook_name, spec, steps, batch):
-    m = model()
-    ddp = DDP(m)
-    state = None
-    if hook_name == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif hook_name == "gradcomp":
-        state = gct.State(spec, model=m, warmup_steps=10, probe_steps=3, workers=1)
-        ddp.register_comm_hook(state, gct.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(batch, 1024, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    times = []
-    for i in range(WARMUP + steps):
+def local_hook(_, bucket):
+    """A hook that exchanges nothing: the bucket as it is, at once."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+class Run:
+    """One hook's DDP model, optimizer and step times."""
+
+    def __init__(self, name):
+        self.name = name
+        self.module = model()
+        self.ddp = DDP(self.module)
+        self.state = None
+        if name == "fp16":
+            self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name == "local":
+            self.ddp.register_comm_hook(None, local_hook)
+        elif name != "default":
+            spec = name[: -len(SYNC)] if name.endswith(SYNC) else name
+            self.state = gct.State(
+                spec, model=self.module, warmup_steps=GRADCOMP_WARMUP, probe_steps=PROBES, workers=1,
+                overlap=not name.endswith(SYNC),
+            )
+            self.ddp.register_comm_hook(self.state, gct.hook)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
+        self.times = []
+
+    def step(self, x, y, timed):
         dist.barrier()
         start = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
+        self.opt.zero_grad()
+        torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
+        self.opt.step()
         t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
-        if i >= WARMUP:
-            times.append(float(t))
-    row = {
-        "hook": hook_name if hook_name != "gradcomp" else "gradcomp " + spec,
-        "params": sum(p.numel() for p in m.parameters()),
-        "steps": steps,
-        "batch": batch,
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-    }
-    if state is not None:
-        row["decisions"] = {str(k): v for k, v in state.decisions.items()}
-        row["stats"] = dict(state.stats)
-    return row
+        if timed:
+            self.times.append(float(t))
+
+    def row(self):
+        ts = sorted(self.times)
+        row = {
+            "hook": self.name if self.state is None else "gradcomp " + self.name,
+            "params": sum(p.numel() for p in self.module.parameters()),
+            "steps": len(ts),
+            "median_s": statistics.median(ts),
+            "q1_s": ts[len(ts) // 4],
+            "q3_s": ts[(3 * len(ts)) // 4],
+            "min_s": ts[0],
+            "max_s": ts[-1],
+        }
+        if self.state is not None:
+            row["bandwidth_Bps"] = self.state.bandwidth
+            row["guesses"] = {str(k): v for k, v in self.state.guesses.items()}
+            row["decisions"] = {str(k): v for k, v in self.state.decisions.items()}
+            row["probed_s"] = {str(k): v for k, v in self.state.probed.items()}
+            row["stats"] = dict(self.state.stats)
+        return row
 
 
 def main():
-    rank, world, addr, port, link, spec = sys.argv[1:7]
+    rank, world, addr, port, link, hooks = sys.argv[1:7]
     steps = int(sys.argv[7]) if len(sys.argv) > 7 else 20
     batch = int(sys.argv[8]) if len(sys.argv) > 8 else 32
     rank, world = int(rank), int(world)
@@ -76,12 +111,24 @@ def main():
         "gloo", init_method="tcp://%s:%s" % (addr, port), rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=120),
     )
-    for hook_name in ("default", "fp16", "gradcomp"):
-        row = bench(rank, hook_name, spec, steps, batch)
-        row.update(link=link, world=world)
+    runs = [Run(name) for name in hooks.split(",")]
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(batch, 1024, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    for i in range(WARMUP + steps):
+        k = i % len(runs)  # each hook goes first in turn
+        for run in runs[k:] + runs[:k]:
+            run.step(x, y, timed=i >= WARMUP)
+    for run in runs:
+        row = run.row()
+        row.update(link=link, world=world, batch=batch)
         if rank == 0:
             print(json.dumps(row), flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
+    # No destroy_process_group and no interpreter teardown: in torch 1.13,
+    # destroying a gloo group holds the GIL while it joins the group's
+    # threads, and a thread still releasing a finished collective's tensors
+    # needs the GIL: a rank hung there, spinning, in a run of this script.
+    os._exit(0)
 
 
 if __name__ == "__main__":

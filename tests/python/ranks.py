@@ -3,7 +3,8 @@
 ``run(fn, world, *args, timeout=...)`` starts ``world`` processes with
 torch.multiprocessing's spawn method; each calls ``fn(rank, world, *args)``
 inside an initialized gloo process group and returns a JSON-serializable
-value; ``run`` returns the values by rank. A rank that raises fails the run
+value; ``run`` returns the values by rank. Each rank ends with
+os._exit (see _entry). A rank that raises fails the run
 with its traceback; a run past ``timeout`` seconds is killed and fails: a
 test never hangs.
 """
@@ -35,19 +36,21 @@ def _entry(rank, fn, world, port, outdir, args):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    result = {}
     try:
         dist.init_process_group(
             "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
         )
-        try:
-            result = {"value": fn(rank, world, *args)}
-        finally:
-            dist.destroy_process_group()
+        result = {"value": fn(rank, world, *args)}
+        dist.barrier()  # every rank is done with the group
     except BaseException:
         result = {"error": traceback.format_exc()}
     with open(os.path.join(outdir, "rank%d.json" % rank), "w") as f:
         json.dump(result, f)
+    # No destroy_process_group and no interpreter teardown: in torch 1.13,
+    # destroying a gloo group holds the GIL while it joins the group's
+    # threads, and a thread still releasing a finished collective's tensors
+    # needs the GIL: the rank hangs (seen here) or aborts.
+    os._exit(0)
 
 
 def run(fn, world, *args, timeout=120):

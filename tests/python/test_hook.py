@@ -1,6 +1,6 @@
 """gradcomp.torch under real torch: the hook on one rank with crafted
-buckets, and on 4 gloo ranks (spawned processes): mismatched specs, a NaN
-bucket, checkpoint/resume, the measured cost model."""
+buckets, and on 2 or 4 gloo ranks (spawned processes): mismatched specs,
+NaN buckets, checkpoint/resume, the cost model, the overlapped exchange."""
 
 import datetime
 import os
@@ -22,28 +22,6 @@ WORLD = 4
 
 def setUpModule():
     require_library()
-
-
-class FakeBucket:
-    """What the hook reads of a dist.GradBucket: buffer, index, is_last,
-    parameters (one flat parameter of the buffer's size)."""
-
-    def __init__(self, buffer, index=0):
-        self._buffer = buffer
-        self._index = index
-        self._params = [torch.nn.Parameter(torch.zeros(buffer.numel()))] if hasattr(buffer, "numel") else []
-
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return True
-
-    def parameters(self):
-        return self._params
 
 
 class OneRank(unittest.TestCase):
@@ -71,7 +49,7 @@ class OneRank(unittest.TestCase):
         for _ in range(steps):
             buf = make_buffer()
             given = buf.clone()
-            out = gct.hook(state, FakeBucket(buf)).wait()
+            out = gct.hook(state, workers.FakeBucket(buf)).wait()
         return given, out
 
     def test_state_arguments(self):
@@ -108,16 +86,16 @@ class OneRank(unittest.TestCase):
     def test_refused_buckets(self):
         state = gct.State("int8", warmup_steps=2, workers=1)
         with self.assertRaises(TypeError):
-            gct.hook(state, FakeBucket(torch.zeros(10, dtype=torch.int32)))
+            gct.hook(state, workers.FakeBucket(torch.zeros(10, dtype=torch.int32)))
 
         class CudaTensor:
             device = torch.device("cuda", 0)
 
         with self.assertRaises(NotImplementedError) as cm:
-            gct.hook(state, FakeBucket(CudaTensor()))
+            gct.hook(state, workers.FakeBucket(CudaTensor()))
         self.assertIn("libgradcomp_cuda.so", str(cm.exception))
         with self.assertRaises(NotImplementedError):
-            gct.hook(state, FakeBucket(torch.zeros(10, device="meta")))
+            gct.hook(state, workers.FakeBucket(torch.zeros(10, device="meta")))
 
     def test_error_feedback_keeps_the_residual(self):
         # One rank: the averaged bucket is D(C(e + g)); with error feedback,
@@ -130,9 +108,46 @@ class OneRank(unittest.TestCase):
             state = gct.State("topk:0.02", warmup_steps=2, cost_model="off", error_feedback=ef, workers=1)
             total = torch.zeros(4096)
             for g in grads:
-                total += gct.hook(state, FakeBucket(g.clone())).wait()
+                total += gct.hook(state, workers.FakeBucket(g.clone())).wait()
             sent[ef] = float((total - sum(grads)).norm())
         self.assertLess(sent[True], 0.8 * sent[False], sent)
+
+    def test_nonfinite_bucket(self):
+        for mode in ("dense", "raise"):
+            for overlap in (True, False):
+                with self.subTest(on_nonfinite=mode, overlap=overlap):
+                    state = gct.State("topk:0.1", warmup_steps=2, cost_model="off", on_nonfinite=mode,
+                                      overlap=overlap, workers=1)
+                    self.run_steps(state, lambda: torch.randn(1000), 3)
+                    before = state.compressor.save_state()
+                    bad = torch.randn(1000)
+                    bad[7] = float("inf")
+                    fut = gct.hook(state, workers.FakeBucket(bad.clone()))
+                    if mode == "raise":
+                        with self.assertRaises(FloatingPointError) as cm:
+                            fut.wait()
+                        self.assertIn("bucket 0 at step 3", str(cm.exception))
+                    else:
+                        self.assertTrue(torch.equal(fut.wait(), bad))  # one rank: the dense average is the bucket
+                    self.assertEqual(state.stats["nonfinite"], 1)
+                    self.assertEqual(state.compressor.save_state(), before)
+                    given, out = self.run_steps(state, lambda: torch.randn(1000), 1)
+                    self.assertTrue(bool(torch.isfinite(out).all()))
+                    self.assertEqual(state.stats["compressed"], 2)
+
+    def test_cost_model_guesses_dense_on_one_rank(self):
+        # One rank sends nothing: the dense exchange is free, compression
+        # only costs, and the model's guess skips the probe steps.
+        state = gct.State("topk:0.01", warmup_steps=3, workers=1)
+        self.run_steps(state, lambda: torch.randn(100000), 6)
+        self.assertEqual(state.bandwidth, float("inf"))
+        self.assertEqual(state.guesses, {0: False})
+        self.assertEqual(state.decisions, {0: False})
+        self.assertEqual(state.stats["compressed"], 0)
+        self.assertEqual(state.stats["dense"], 6)
+        restored = gct.State("topk:0.01", warmup_steps=3, workers=1)
+        restored.load_state_dict(state.state_dict())
+        self.assertEqual((restored.guesses, restored.bandwidth), (state.guesses, state.bandwidth))
 
     def test_state_dict_checks(self):
         state = gct.State("int8", warmup_steps=2, workers=1)
@@ -162,11 +177,12 @@ class FourRanks(unittest.TestCase):
         results = ranks.run(workers.nonfinite_bucket, WORLD, "topk:0.01", 1, timeout=150)
         for rank, r in enumerate(results):
             with self.subTest(rank=rank):
-                self.assertEqual(r["stats_after_nan"]["nonfinite"], 1)
+                self.assertEqual(r["buckets"], 2)
+                self.assertEqual(r["stats_after_nan"]["nonfinite"], 2)
                 self.assertTrue(r["grads_nan"], "the dense exchange spreads the NaN, as the default hook does")
                 self.assertTrue(r["ef_unchanged"])
                 self.assertTrue(r["clean_finite"])
-                self.assertEqual(r["stats_after_clean"]["compressed"], r["stats_after_nan"]["compressed"] + 1)
+                self.assertEqual(r["stats_after_clean"]["compressed"], r["stats_after_nan"]["compressed"] + 2)
 
     def test_checkpoint_resume_is_bit_exact(self):
         variants = [("topk:0.01", True), ("int8", True), ("sign", True), ("topk:0.01", False)]
@@ -183,13 +199,46 @@ class FourRanks(unittest.TestCase):
                         self.assertEqual(r["stats"]["layout_dense"], 1)
                         self.assertTrue(r["finite"])
 
-    def test_measured_cost_model_agrees_across_ranks(self):
-        results = ranks.run(workers.measured_decisions, 2, "topk:0.01", 10, timeout=150)
-        self.assertIn("0", results[0]["decisions"])
-        self.assertEqual(results[0]["decisions"], results[1]["decisions"])
-        compressed = results[0]["stats"].get("compressed", 0)
-        # 3 warm-up steps, 2 probe steps compressed, then 5 steps on the chosen path.
-        self.assertEqual(compressed, 7 if results[0]["decisions"]["0"] else 2)
+    def test_cost_model_agrees_across_ranks(self):
+        # Each variant: the loopback as measured, and a warm-up whose dense
+        # exchanges are recorded as 5 s each (a slow link).
+        results = ranks.run(workers.measured_decisions_all, 2, "topk:0.01", 10, [None, 5.0], timeout=150)
+        self.assertEqual(results[0], results[1], "the ranks disagree")
+        measured, slow = results[0]
+        for name, r in [("measured", measured), ("slow", slow)]:
+            with self.subTest(name):
+                self.assertIn("0", r["guesses"])
+                self.assertIn("0", r["decisions"])
+                compressed = r["stats"].get("compressed", 0)
+                # 3 warm-up steps; a compress guess is probed for 2 steps,
+                # then 5 steps go the decided way; a dense guess never compresses.
+                if not r["guesses"]["0"]:
+                    self.assertFalse(r["decisions"]["0"])
+                    self.assertEqual(compressed, 0)
+                else:
+                    self.assertEqual(compressed, 7 if r["decisions"]["0"] else 2)
+        # 9,610 float32 in 5 s: 2·(2−1)/2·38,440 bytes / 5 s.
+        self.assertAlmostEqual(slow["bandwidth"], 38440 / 5.0)
+        self.assertEqual(slow["guesses"], {"0": True})
+        self.assertEqual(slow["decisions"], {"0": True})
+        self.assertGreater(measured["bandwidth"], 100 * slow["bandwidth"])
+
+
+class Overlap(unittest.TestCase):
+    def test_hook_returns_while_the_exchange_runs(self):
+        # Rank 1 reaches its hook 1 s late: rank 0's overlapped hook returns
+        # a future not yet completed; with overlap=False it returns a
+        # completed one. Both give the same bits on every rank.
+        results = ranks.run(workers.late_rank, 2, "topk:0.05", 1.0, timeout=150)
+        first = results[0]
+        self.assertTrue(first["True"]["returned_pending"])
+        self.assertFalse(first["False"]["returned_pending"])
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(r["True"]["result"], first["True"]["result"])
+                self.assertEqual(r["True"]["result"], r["False"]["result"])
+                self.assertEqual(r["True"]["stats"], r["False"]["stats"])
+                self.assertEqual(r["True"]["stats"]["compressed"], 2)
 
 
 if __name__ == "__main__":

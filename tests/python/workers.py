@@ -4,6 +4,8 @@ Each takes (rank, world, ...) inside an initialized gloo process group and
 returns a JSON-serializable value.
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -11,6 +13,28 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradcomp.torch as gct
 
 BATCH = 32
+
+
+class FakeBucket:
+    """What the hook reads of a dist.GradBucket: buffer, index, is_last,
+    parameters (one flat parameter of the buffer's size)."""
+
+    def __init__(self, buffer, index=0):
+        self._buffer = buffer
+        self._index = index
+        self._params = [torch.nn.Parameter(torch.zeros(buffer.numel()))] if hasattr(buffer, "numel") else []
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return True
+
+    def parameters(self):
+        return self._params
 
 
 def digits():
@@ -32,6 +56,17 @@ def mlp(seed, hidden=128):
     """The digits MLP (64 → hidden → 10), initialized from seed."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+def two_bucket_mlp(seed):
+    """A digits MLP (64 → 1024 → 1024 → 10, 1.1M parameters) that DDP splits
+    into two buckets: its first bucket is capped at 1 MiB, so the last two
+    layers (4.2 MB) fill it and the first layer goes into the second."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    )
 
 
 def make_ddp(model, spec, name_params=True, **state_kw):
@@ -96,11 +131,13 @@ def mismatched_specs(rank, world, specs):
 
 
 def nonfinite_bucket(rank, world, spec, bad_rank):
-    """Warm up, then one backward where bad_rank's gradient holds a NaN, then
-    a clean one. Returns what each step did: the stats, whether every
-    gradient came back NaN, and whether the error-feedback memory changed."""
+    """Warm up, then one backward where bad_rank's gradient holds a NaN (in
+    both buckets of two_bucket_mlp: their dense fallbacks are issued in
+    bucket order), then a clean one. Returns what each step did: the stats,
+    the bucket count, whether every gradient came back NaN, and whether the
+    error-feedback memory changed."""
     x, y, _, _ = digits()
-    ddp, state = make_ddp(mlp(0), spec, warmup_steps=2, cost_model="off")
+    ddp, state = make_ddp(two_bucket_mlp(0), spec, warmup_steps=2, cost_model="off")
     data = list(batches(rank, world, x, y, 0, 0))
     for xb, yb in data[:3]:  # two warm-up steps and one compressed
         ddp.zero_grad()
@@ -119,6 +156,7 @@ def nonfinite_bucket(rank, world, spec, bad_rank):
     torch.nn.functional.cross_entropy(ddp(data[4][0]), data[4][1]).backward()
     clean_finite = all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters())
     return {
+        "buckets": len(state.layout),
         "stats_after_nan": nan_stats,
         "stats_after_clean": dict(state.stats),
         "grads_nan": all_nan,
@@ -186,12 +224,49 @@ def checkpoint_resume_all(rank, world, variants, steps, cut):
     return [checkpoint_resume(rank, world, spec, steps, cut, name_params) for spec, name_params in variants]
 
 
-def measured_decisions(rank, world, spec, steps):
-    """Trains `steps` steps with cost_model="measure"; returns the decisions
-    and stats."""
+def measured_decisions(rank, world, spec, steps, dense_seconds=None):
+    """Trains `steps` steps with cost_model="measure" (3 warm-up steps, 2
+    probe steps); with dense_seconds, the warm-up's dense exchanges are
+    recorded as taking that long (a slow link, as the cost model sees it).
+    Returns the link bandwidth, guesses, decisions and stats."""
     x, y, _, _ = digits()
     ddp, state = make_ddp(mlp(0), spec, warmup_steps=3, probe_steps=2)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for xb, yb in list(batches(rank, world, x, y, 0, 0))[:steps]:
+    for step, (xb, yb) in enumerate(list(batches(rank, world, x, y, 0, 0))[:steps]):
+        if step == state.warmup_steps and dense_seconds is not None:
+            for times in state._dense_times.values():
+                times[:] = [dense_seconds] * len(times)
         train_step(ddp, opt, xb, yb)
-    return {"decisions": {str(k): v for k, v in state.decisions.items()}, "stats": dict(state.stats)}
+    keyed = lambda d: {str(k): v for k, v in d.items()}
+    return {
+        "bandwidth": state.bandwidth,
+        "guesses": keyed(state.guesses),
+        "decisions": keyed(state.decisions),
+        "stats": dict(state.stats),
+    }
+
+
+def measured_decisions_all(rank, world, spec, steps, dense_seconds_list):
+    """measured_decisions for each dense_seconds in dense_seconds_list."""
+    return [measured_decisions(rank, world, spec, steps, d) for d in dense_seconds_list]
+
+
+def late_rank(rank, world, spec, delay):
+    """The hook on crafted buckets (warm-up 2, cost model off), with
+    overlap=True and then overlap=False, where the last rank reaches its
+    hook `delay` seconds late in step 3 (after the handshake). Returns per
+    mode whether this rank's hook returned before its exchange completed,
+    and the step-3 result."""
+    out = {}
+    for overlap in (True, False):
+        state = gct.State(spec, warmup_steps=2, cost_model="off", overlap=overlap, workers=1)
+        g = torch.Generator().manual_seed(rank)
+        for step in range(4):
+            buf = torch.randn(4096, generator=g)
+            if step == 3 and rank == world - 1:
+                time.sleep(delay)
+            fut = gct.hook(state, FakeBucket(buf))
+            returned_pending = not fut.done()
+            result = fut.wait()
+        out[str(overlap)] = {"returned_pending": returned_pending, "result": result.tolist(), "stats": dict(state.stats)}
+    return out
