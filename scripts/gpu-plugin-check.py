@@ -10,7 +10,10 @@ the same data, for int8, int4, sign, topk:0.01 and topk:0.01:sampled, with
 error feedback through every settle mode (the saved states compared too);
 the slots decode of 3 payloads is compared with the CPU's decode-and-add;
 then bad inputs (a NaN, a host pointer, a length past the allocation, a
-corrupt payload) and a timing of the device calls at 64M elements.
+corrupt payload) and a timing of the device calls at 64M elements; last,
+gradcomp.torch's hook on CUDA buckets in a one-rank NCCL DDP (compressed
+exchange through the device calls and all_gather_into_tensor) against the
+default hook's gradients.
 
     gpu-plugin-check.py LIBDIR OUT.json
 
@@ -258,6 +261,10 @@ def main():
                 device_checks(pickle.load(f), checks)
     bad_input_checks(checks)
     report["timings"] = timings(checks)
+    try:
+        hook_checks(checks)
+    except Exception as e:  # reported as a failed check, the report still written
+        checks.check("hook on CUDA buckets ran", False, repr(e))
     report["checks"] = checks.results
     failed = checks.failed()
     report["failed"] = len(failed)
@@ -265,6 +272,54 @@ def main():
         json.dump(report, f, indent=1)
     print("gpu-plugin-check: %d checks, %d failed" % (len(checks.results), len(failed)))
     return 1 if failed else 0
+
+
+def hook_checks(checks):
+    """One-rank NCCL DDP on the GPU: the int8 hook's averaged gradients
+    (compressed after 2 warm-up steps, cost model off) against the default
+    hook's on the same model, inputs and steps; int8's error bound makes
+    them agree within 2 % of the gradient's norm."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    import gradcomp.torch as gct
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    try:
+        torch.manual_seed(1)
+        base = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+        models = []
+        for use_hook in (False, True):
+            m = torch.nn.parallel.DistributedDataParallel(
+                torch.nn.Sequential(*[torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]).cuda()
+            )
+            m.module.load_state_dict(base.state_dict())
+            if use_hook:
+                state = gct.State("int8", warmup_steps=2, cost_model="off")
+                m.register_comm_hook(state, gct.hook)
+            models.append(m)
+        worst = 0.0
+        for step in range(5):
+            x = torch.randn(64, 512, device="cuda")
+            grads = []
+            for m in models:
+                m.zero_grad()
+                m(x).square().mean().backward()
+                grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+            torch.cuda.synchronize()
+            if step >= 2:
+                worst = max(worst, float((grads[1] - grads[0]).norm() / grads[0].norm()))
+        checks.check("hook on CUDA buckets: %d compressed exchanges" % state.stats["compressed"],
+                     state.stats["compressed"] > 0, str(dict(state.stats)))
+        checks.check("hook on CUDA buckets: int8 gradients within 2%% of the default hook's (worst %.4f)" % worst,
+                     worst < 0.02, "%.4f" % worst)
+    finally:
+        dist.destroy_process_group()
 
 
 def _lib_path():

@@ -54,8 +54,11 @@ What one step of :func:`hook` does for a bucket:
 
 Buckets of float16, bfloat16 or float64 gradients, or non-contiguous ones,
 are staged through a float32 copy; other dtypes raise TypeError. CUDA
-buckets raise NotImplementedError: they need libgradcomp_cuda.so, which is
-not built yet (see :func:`_compressor_for`, where its path slots in).
+buckets are compressed and decoded in device memory on torch's current
+stream through libgradcomp_cuda.so (loaded instead of libgradcomp.so when
+torch sees a GPU) and all-gathered with ``all_gather_into_tensor`` (NCCL);
+without that library they raise NotImplementedError naming it. The CUDA
+path has not run on a GPU yet (scripts/gpu-check's plugin-py step runs it).
 
 The futures of one step must complete before the next step's hooks run, as
 DDP guarantees (it waits for every bucket's future at the end of backward).
@@ -73,12 +76,14 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._compressor import Compressor, abi_version, payload_len_raw
+from ._compressor import Compressor, abi_version, has_cuda, payload_len_raw
 
 __all__ = ["State", "hook"]
 
-#: Bytes before each payload in an all-gathered slot: byte 0 is the
-#: non-finite flag, the rest pads the payload to 8 bytes.
+#: Bytes of the non-finite flag word in an all-gathered slot: before the
+#: payload on the host (byte 0 the flag, the rest padding), after it on a
+#: CUDA device (the slot's last 8 bytes), so that device payloads start at
+#: the slots' starts as gc_decompress_slots_device reads them.
 SLOT_HEADER = 8
 #: Bytes of readable configuration carried by the handshake.
 HANDSHAKE_TEXT = 256
@@ -172,7 +177,7 @@ class State:
         self._dense_times = collections.defaultdict(list)
         self._compressed_times = collections.defaultdict(list)
         self._handshake_done = False
-        self._slots = {}  # bucket index -> (send slot, receive slots, elements)
+        self._slots = {}  # bucket index -> _HostSlots or _DeviceSlots
         self._step = _StepExchanges()
 
     def group(self):
@@ -293,13 +298,16 @@ class State:
             if not v:
                 self.decisions[i] = False
 
-    def _slot_buffers(self, index, n, world):
+    def _slot_buffers(self, index, staged, world):
+        """The bucket's all-gather buffers for staged (float32, on its
+        device), made on first use and when its length or device changes."""
         slots = self._slots.get(index)
-        if slots is None or slots[2] != n:
-            send = torch.zeros(_slot_len(self.compressor.max_encoded_len(n)), dtype=torch.uint8)
-            slots = (send, [torch.empty_like(send) for _ in range(world)], n)
+        n, device = staged.numel(), staged.device
+        if slots is None or slots.n != n or slots.device != device:
+            kind = _DeviceSlots if device.type == "cuda" else _HostSlots
+            slots = kind(n, _slot_len(self.compressor.max_encoded_len(n)), world, device)
             self._slots[index] = slots
-        return slots[0], slots[1]
+        return slots
 
     def _signature(self, bucket):
         """The bucket's parameters in bucket order: [[ordinal, elements], ...]."""
@@ -341,6 +349,75 @@ def _all_reduce_bytes(world, n):
 
 def _slot_len(max_encoded):
     return (SLOT_HEADER + max_encoded + 7) // 8 * 8
+
+
+class _HostSlots:
+    """A bucket's all-gather buffers in host memory: world slots of
+    slot_len bytes, each the flag word then the payload, gathered into a
+    list of tensors (gloo)."""
+
+    def __init__(self, n, slot_len, world, device):
+        self.n, self.device = n, device
+        self.send = torch.zeros(slot_len, dtype=torch.uint8)
+        self.recv = [torch.empty_like(self.send) for _ in range(world)]
+
+    def compress(self, compressor, staged, **kw):
+        compressor.compress_raw(
+            staged.data_ptr(), self.n, self.send.data_ptr() + SLOT_HEADER, self.send.numel() - SLOT_HEADER, **kw
+        )
+
+    def set_flag(self, value):
+        self.send[0] = value
+
+    def gather(self, group):
+        return dist.all_gather(self.recv, self.send, group=group, async_op=True)
+
+    def flags(self):
+        return [int(slot[0]) for slot in self.recv]
+
+    def decode(self, compressor, staged):
+        """staged = the sum of the gathered payloads, in rank order."""
+        staged.zero_()
+        for slot in self.recv:
+            payload = slot.data_ptr() + SLOT_HEADER
+            length = payload_len_raw(payload, slot.numel() - SLOT_HEADER)
+            compressor.decompress_raw(payload, length, staged.data_ptr(), self.n, add=True)
+
+
+class _DeviceSlots:
+    """A bucket's all-gather buffers on a CUDA device: world slots of
+    slot_len bytes in one tensor (``all_gather_into_tensor``), each the
+    payload then the flag word; compress and decode run on torch's current
+    stream."""
+
+    def __init__(self, n, slot_len, world, device):
+        self.n, self.device, self.world = n, device, world
+        self.send = torch.zeros(slot_len, dtype=torch.uint8, device=device)
+        self.recv = torch.empty(world * slot_len, dtype=torch.uint8, device=device)
+
+    def _stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def compress(self, compressor, staged, **kw):
+        compressor.compress_device(
+            staged.data_ptr(), self.n, self.send.data_ptr(), self.send.numel() - SLOT_HEADER, self._stream(), **kw
+        )
+
+    def set_flag(self, value):
+        self.send[-SLOT_HEADER] = value
+
+    def gather(self, group):
+        return dist.all_gather_into_tensor(self.recv, self.send, group=group, async_op=True)
+
+    def flags(self):
+        slot = self.send.numel()
+        return self.recv.view(self.world, slot)[:, slot - SLOT_HEADER].tolist()
+
+    def decode(self, compressor, staged):
+        """staged = the sum of the gathered payloads, in rank order."""
+        compressor.decompress_slots_device(
+            self.recv.data_ptr(), self.send.numel(), self.world, staged.data_ptr(), self.n, self._stream()
+        )
 
 
 # Outcomes of an exchange's all-gather.
@@ -406,15 +483,15 @@ class _Exchange:
     the callbacks that finish it and ``result``, the future the hook
     returned."""
 
-    def __init__(self, state, step, compressor, buf, staged, order, recv, slot_bytes, index, pending, start):
+    def __init__(self, state, step, compressor, buf, staged, order, slots, world, index, pending, start):
         self.state = state
         self.step = step
         self.compressor = compressor
         self.buf = buf
         self.staged = staged
         self.order = order
-        self.recv = recv
-        self.slot_bytes = slot_bytes
+        self.slots = slots
+        self.world = world
         self.index = index
         self.pending = pending  # a deferred compress awaits its settle
         self.start = start
@@ -437,7 +514,7 @@ class _Exchange:
             except BaseException:
                 self._settle(_lib.Settle.RETAIN)
                 raise
-            flagged = [r for r, slot in enumerate(self.recv) if int(slot[0]) != 0]
+            flagged = [r for r, flag in enumerate(self.slots.flags()) if flag != 0]
             if flagged:
                 self._settle(_lib.Settle.DISCARD)
                 self.state._count("nonfinite")
@@ -456,21 +533,17 @@ class _Exchange:
         self.step.release()
 
     def _decode(self):
-        staged, n = self.staged, self.staged.numel()
+        staged = self.staged
         try:
-            staged.zero_()
-            for slot in self.recv:
-                payload = slot.data_ptr() + SLOT_HEADER
-                length = payload_len_raw(payload, slot.numel() - SLOT_HEADER)
-                self.compressor.decompress_raw(payload, length, staged.data_ptr(), n, add=True)
+            self.slots.decode(self.compressor, staged)
         except BaseException:
             self._settle(_lib.Settle.RETAIN)
             raise
-        staged.div_(len(self.recv))
+        staged.div_(self.world)
         self._settle(_lib.Settle.COMMIT)
         state = self.state
         state._count("compressed")
-        state._count("bytes_sent", self.slot_bytes)
+        state._count("bytes_sent", self.slots.send.numel())
         self._finish()
         if state.decisions.get(self.index) is None and state.cost_model == "measure":
             state._compressed_times[self.index].append(time.perf_counter() - self.start)
@@ -480,7 +553,7 @@ class _Exchange:
         committed to error feedback); called in launch order (see
         _StepExchanges)."""
         try:
-            self.staged.div_(len(self.recv))
+            self.staged.div_(self.world)
             fut = dist.all_reduce(self.staged, group=self.state.group(), async_op=True).get_future()
         except BaseException as e:
             self.result.set_exception(e)
@@ -508,18 +581,20 @@ class _Exchange:
 
 
 def _compressor_for(state, tensor):
-    """The compressor for a bucket on tensor's device: the CPU library's for
-    CPU tensors. CUDA buckets need libgradcomp_cuda.so (device pointers on
-    torch's current stream), which is not built yet."""
+    """The compressor for a bucket on tensor's device: state's, whose
+    library serves host memory, and device memory too when it is
+    libgradcomp_cuda.so."""
     if tensor.device.type == "cpu":
         return state.compressor
     if tensor.device.type == "cuda":
-        raise NotImplementedError(
-            "gradcomp.torch: bucket on %s needs %s (device pointers and CUDA streams), which is not built yet; "
-            "only %s (host memory) exists: train on the CPU or use torch's default hook"
-            % (tensor.device, _lib.CUDA_LIB_NAME, _lib.CPU_LIB_NAME)
-        )
-    raise NotImplementedError("gradcomp.torch: buckets on %s are not supported (CPU only)" % tensor.device)
+        if not has_cuda():
+            raise NotImplementedError(
+                "gradcomp.torch: bucket on %s needs %s (device pointers and CUDA streams), but the loaded library "
+                "is %s (host memory): build it with `make plugin` on a machine with nvidia-cuda-toolkit, and let "
+                "the package find it (GRADCOMP_LIB or next to the package)" % (tensor.device, _lib.CUDA_LIB_NAME, _lib.CPU_LIB_NAME)
+            )
+        return state.compressor
+    raise NotImplementedError("gradcomp.torch: buckets on %s are not supported (CPU and CUDA only)" % tensor.device)
 
 
 def hook(state, bucket):
@@ -595,22 +670,18 @@ def _compressed(state, step, compressor, buf, index, group, order):
         staged = buf
     else:
         staged = buf.to(torch.float32).contiguous()
-    n = staged.numel()
-    send, recv = state._slot_buffers(index, n, world)
+    slots = state._slot_buffers(index, staged, world)
     ef = state.error_feedback
     pending = False
     try:
-        compressor.compress_raw(
-            staged.data_ptr(), n, send.data_ptr() + SLOT_HEADER, send.numel() - SLOT_HEADER,
-            bucket=index, step=state.iter, feedback=ef, defer=ef,
-        )
+        slots.compress(compressor, staged, bucket=index, step=state.iter, feedback=ef, defer=ef)
         pending = ef
-        send[0] = 0
+        slots.set_flag(0)
     except _lib.NonFiniteError:
-        send[0] = 1
-    ex = _Exchange(state, step, compressor, buf, staged, order, recv, send.numel(), index, pending, start)
+        slots.set_flag(1)
+    ex = _Exchange(state, step, compressor, buf, staged, order, slots, world, index, pending, start)
     try:
-        gather = dist.all_gather(recv, send, group=group, async_op=True).get_future()
+        gather = slots.gather(group).get_future()
     except BaseException:
         ex._settle(_lib.Settle.RETAIN)
         raise
