@@ -16,6 +16,8 @@ type exchange interface {
 	// ranks' grads (as the exchange defines it: exact for the dense
 	// all-reduce, of the decompressed payloads otherwise).
 	run(ctx context.Context, grad []float32) (sample, error)
+	// warmups is how many untimed runs come before the timed ones.
+	warmups() int
 	close() error
 }
 
@@ -64,6 +66,8 @@ func (d *denseAllReduce) run(ctx context.Context, grad []float32) (sample, error
 	return sample{strategy: "dense", buckets: 1, bytesSent: sent, exchange: reduced.Sub(start), decompress: time.Since(reduced)}, nil
 }
 
+func (d *denseAllReduce) warmups() int { return 1 }
+
 func (d *denseAllReduce) close() error { return nil }
 
 // scale divides every element of x by n.
@@ -81,6 +85,7 @@ func scale(x []float32, n int) {
 type engineExchange struct {
 	e     *overlap.Engine
 	sizes []int
+	auto  bool // the cost model decides, verified online in the first steps
 }
 
 func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*engineExchange, error) {
@@ -96,7 +101,7 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 	if err != nil {
 		return nil, err
 	}
-	return &engineExchange{e: e, sizes: sizes}, nil
+	return &engineExchange{e: e, sizes: sizes, auto: decision == overlap.DecideAuto}, nil
 }
 
 func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error) {
@@ -127,6 +132,15 @@ func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error
 		s.reason = st.Buckets[0].Reason
 	}
 	return s, nil
+}
+
+// warmups is one run, and with the cost model the verification window
+// too: the timed runs see the path the engine settled on.
+func (x *engineExchange) warmups() int {
+	if x.auto {
+		return 1 + overlap.VerifyWindow
+	}
+	return 1
 }
 
 func (x *engineExchange) close() error { return x.e.Close() }

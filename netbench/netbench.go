@@ -17,10 +17,11 @@
 // It is measured first on its own (one untimed warm-up run, then
 // Config.Reps timed runs, median). Each case then goes through the overlap
 // engine, in pairs of runs: a baseline run, then a run of the case, one
-// untimed warm-up pair and Config.Reps timed ones. A case's time is the
-// median of its runs, its speedup the median of the baseline runs paired
-// with it divided by that, so load that drifts on a shared machine affects
-// both sides alike. Its output is compared with the baseline's
+// untimed warm-up pair (with the cost model, also the engine's verification
+// window: overlap.VerifyWindow more) and Config.Reps timed ones. A case's
+// time is the median of its runs, its speedup the median of the baseline
+// runs paired with it divided by that, so load that drifts on a shared
+// machine affects both sides alike. Its output is compared with the baseline's
 // (Result.RelErr).
 package netbench
 
@@ -120,7 +121,7 @@ type Result struct {
 	// bucket (cost-model inputs) on the reporting rank, when it gives one.
 	Reason string `json:"reason,omitempty"`
 	// RelErr is ‖avg − dense‖₂ / ‖dense‖₂ on the rank with the largest
-	// value, where avg is the output of this case's first (warm-up) run,
+	// value, where avg is the output of this case's first warm-up run,
 	// before error-feedback memory holds anything, and dense the
 	// baseline's. (Later runs exchange the same gradient again, plus the
 	// residuals error feedback carries over.)
@@ -238,9 +239,10 @@ func (m *measurer) measureCase(ctx context.Context, cs Case, baseline exchange, 
 func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, dense []float32) (Result, error) {
 	r := Result{Codec: cs.Codec, Decision: cs.Decision, Ranks: m.c.Size(), Size: m.cfg.Size, Bytes: 4 * int64(m.cfg.Size)}
 	var last sample
-	var runs [5][]float64                    // per timed run, the largest over ranks of each of sample.numbers
-	var paired []float64                     // the baseline's times
-	for rep := -1; rep < m.cfg.Reps; rep++ { // rep -1 is the warm-up
+	var runs [5][]float64 // per timed run, the largest over ranks of each of sample.numbers
+	var paired []float64  // the baseline's times
+	first := -ex.warmups()
+	for rep := first; rep < m.cfg.Reps; rep++ { // reps below 0 are the warm-up
 		if baseline != nil {
 			worst, _, err := m.once(ctx, baseline)
 			if err != nil {
@@ -254,7 +256,7 @@ func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, 
 		if err != nil {
 			return r, err
 		}
-		if rep < 0 && dense != nil {
+		if rep == first && dense != nil {
 			e, err := m.maxOver(ctx, []float64{relL2(m.grad, dense)})
 			if err != nil {
 				return r, err

@@ -43,6 +43,12 @@ import (
 // the bucket's error-feedback memory untouched (its gradient is delivered
 // exactly), a compressed one goes through Begin and Commit as always, so
 // error feedback is exact whichever path a step takes.
+// VerifyWindow is how many steps a verification window lasts with
+// DecideAuto: an engine's first VerifyWindow steps alternate the decided
+// configuration with the alternative, so a benchmark of its steady state
+// starts timing after them.
+const VerifyWindow = windowSteps
+
 const (
 	windowSteps  = 4    // decided, alternative, decided, alternative
 	recheckFirst = 100  // steps from the end of the first window to the next
