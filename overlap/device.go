@@ -158,13 +158,12 @@ type DeviceEngine struct {
 	// busy is held while the host reads or releases the engine's device
 	// state (Wait's settle, Save, Load, Close), so Close never frees what
 	// another call is using.
-	busy   sync.Mutex
-	mu     sync.Mutex
-	cur    *devStep
-	next   uint64
-	broken error
-	closed bool
-	sizes  []int
+	busy  sync.Mutex
+	mu    sync.Mutex
+	cur   *devStep
+	next  uint64
+	life  // closed or broken, under mu
+	sizes []int
 }
 
 // devBucket is one bucket's fixed state on the device.
@@ -432,17 +431,6 @@ func (e *DeviceEngine) Compressed() []bool {
 		out[i] = b.compressed
 	}
 	return out
-}
-
-// usable returns why call cannot run. e.mu is held.
-func (e *DeviceEngine) usable(call string) error {
-	switch {
-	case e.closed:
-		return &UsageError{Call: call, Err: ErrClosed}
-	case e.broken != nil:
-		return &BrokenError{Cause: e.broken}
-	}
-	return nil
 }
 
 // Step starts a step; as Engine.Step (the step number keys stochastic

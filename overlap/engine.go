@@ -54,11 +54,10 @@ type Engine struct {
 
 	compute, wire, decode *stream // encode; collectives; decode and average
 
-	mu     sync.Mutex
-	cur    *step
-	next   uint64 // the number of the next step
-	broken error  // the failure that broke the engine
-	closed bool
+	mu   sync.Mutex
+	cur  *step
+	next uint64 // the number of the next step
+	life        // closed or broken, under mu
 }
 
 // bucket is one bucket's fixed state: its decision and buffers.
@@ -310,14 +309,21 @@ func (e *Engine) Compressed() []bool {
 	return out
 }
 
+// life is an engine's state beyond its steps, shared by Engine and
+// DeviceEngine: closed by Close, or broken by a failed step.
+type life struct {
+	broken error // the failure that broke the engine
+	closed bool
+}
+
 // usable returns why call cannot run: the engine is closed or broken.
-// e.mu is held.
-func (e *Engine) usable(call string) error {
+// The engine's mutex is held.
+func (l *life) usable(call string) error {
 	switch {
-	case e.closed:
+	case l.closed:
 		return &UsageError{Call: call, Err: ErrClosed}
-	case e.broken != nil:
-		return &BrokenError{Cause: e.broken}
+	case l.broken != nil:
+		return &BrokenError{Cause: l.broken}
 	}
 	return nil
 }
