@@ -236,20 +236,8 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 // decisions. Its error goes through the handshake.
 func (e *DeviceEngine) configure(sizes []int) error {
 	cfg := e.cfg
-	switch {
-	case cfg.Timeout < 0:
-		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
-	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
-		return fmt.Errorf("unknown Decision %v", cfg.Decision)
-	case len(sizes) == 0:
-		return fmt.Errorf("no buckets")
-	case len(sizes) > math.MaxUint32 || e.size > math.MaxUint16:
-		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), e.size, uint64(math.MaxUint32), math.MaxUint16)
-	}
-	for i, n := range sizes {
-		if n < 1 || n > compress.MaxElements {
-			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
-		}
+	if err := checkConfig(cfg, sizes, e.size); err != nil {
+		return err
 	}
 	codec, err := kernels.NewCodec(cfg.Spec)
 	if err != nil {

@@ -183,22 +183,8 @@ func New(ctx context.Context, c comm.Comm, sizes []int, cfg Config) (*Engine, er
 // and the buckets. Its error goes through the handshake.
 func (e *Engine) configure(sizes []int) error {
 	cfg := e.cfg
-	switch {
-	case cfg.Timeout < 0:
-		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
-	case cfg.Workers < 0:
-		return fmt.Errorf("Workers %d is negative", cfg.Workers)
-	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
-		return fmt.Errorf("unknown Decision %v", cfg.Decision)
-	case len(sizes) == 0:
-		return fmt.Errorf("no buckets")
-	case len(sizes) > math.MaxUint32 || e.size > math.MaxUint16:
-		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), e.size, uint64(math.MaxUint32), math.MaxUint16)
-	}
-	for i, n := range sizes {
-		if n < 1 || n > compress.MaxElements {
-			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
-		}
+	if err := checkConfig(cfg, sizes, e.size); err != nil {
+		return err
 	}
 	comp, err := compress.Parse(cfg.Spec, compress.WithWorkers(cfg.Workers))
 	if err != nil {
@@ -769,3 +755,26 @@ func (e *Engine) allToAll(st *step, r *run, stage string, dst, src []byte) error
 func allReduceVolume(n, bytes int) int64 { return int64(2 * (n - 1) * bytes / n) }
 func allGatherVolume(n, bytes int) int64 { return int64((n - 1) * bytes) }
 func allToAllVolume(n, bytes int) int64  { return int64((n - 1) * bytes / n) }
+
+// checkConfig checks what Engine and DeviceEngine alike require of cfg and
+// of the bucket sizes on ranks ranks.
+func checkConfig(cfg Config, sizes []int, ranks int) error {
+	switch {
+	case cfg.Timeout < 0:
+		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
+	case cfg.Workers < 0:
+		return fmt.Errorf("Workers %d is negative", cfg.Workers)
+	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
+		return fmt.Errorf("unknown Decision %v", cfg.Decision)
+	case len(sizes) == 0:
+		return fmt.Errorf("no buckets")
+	case len(sizes) > math.MaxUint32 || ranks > math.MaxUint16:
+		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), ranks, uint64(math.MaxUint32), math.MaxUint16)
+	}
+	for i, n := range sizes {
+		if n < 1 || n > compress.MaxElements {
+			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
+		}
+	}
+	return nil
+}
