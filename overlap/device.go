@@ -880,7 +880,15 @@ func (e *DeviceEngine) Close() error {
 // spec, strategy, error-feedback flag, buckets and step number: the
 // keeper of the state format of Engine.Save and Engine.Load, which the
 // device engine shares, so a checkpoint moves between the CPU and the GPU.
-func (e *DeviceEngine) hostTwin() (*Engine, error) {
+// It is for call (Save, Load), with e.busy held, and fails as idle does
+// when the engine is closed or a step is in flight.
+func (e *DeviceEngine) hostTwin(call string) (*Engine, error) {
+	e.mu.Lock()
+	err := e.idle(call)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	cfg := e.cfg
 	cfg.Strategy, cfg.Workers = e.strategy, 1
 	t := &Engine{cfg: cfg, rank: e.rank, size: e.size, next: e.next}
@@ -911,13 +919,7 @@ func (e *DeviceEngine) idle(call string) error {
 func (e *DeviceEngine) Save(w io.Writer) error {
 	e.busy.Lock()
 	defer e.busy.Unlock()
-	e.mu.Lock()
-	err := e.idle("Save")
-	e.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	t, err := e.hostTwin()
+	t, err := e.hostTwin("Save")
 	if err != nil {
 		return err
 	}
@@ -957,13 +959,7 @@ func (e *DeviceEngine) Save(w io.Writer) error {
 func (e *DeviceEngine) Load(r io.Reader) error {
 	e.busy.Lock()
 	defer e.busy.Unlock()
-	e.mu.Lock()
-	err := e.idle("Load")
-	e.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	t, err := e.hostTwin()
+	t, err := e.hostTwin("Load")
 	if err != nil {
 		return err
 	}
