@@ -9,11 +9,13 @@ import "fmt"
 
 // backendOf returns the implementation behind a Compressor made by Parse.
 func backendOf(c Compressor) (*compressor, error) {
-	impl, ok := c.(*compressor)
-	if !ok {
-		return nil, fmt.Errorf("compress: %T is not a compressor made by compress.Parse", c)
+	switch impl := c.(type) {
+	case *compressor:
+		return impl, nil
+	case sparseCompressor:
+		return impl.compressor, nil
 	}
-	return impl, nil
+	return nil, fmt.Errorf("compress: %T is not a compressor made by compress.Parse", c)
 }
 
 // EncodePayload appends to dst the payload c.Compress would append for n

@@ -36,6 +36,7 @@ type residual struct {
 	e   []float32 // the residual
 	sum []float32 // scratch: s = e + g
 	dec []float32 // scratch: s − D(c), the residual a Commit installs
+	sel []uint32  // scratch of a SparseCompressor: the indices c keeps
 }
 
 // NewErrorFeedback returns error-feedback memory, empty, in front of c.
@@ -91,19 +92,45 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	}
 	r.mu.Lock()
 	if len(r.sum) != len(grad) {
-		r.sum, r.dec = make([]float32, len(grad)), make([]float32, len(grad))
+		r.sum = make([]float32, len(grad))
 	}
 	for i, g := range grad {
 		r.sum[i] = r.e[i] + g
 	}
-	// The residual Commit will install, computed now so that Commit is a
-	// swap: a caller settling many buckets at once pays nothing more.
-	out, err := CompressResidual(f.c, dst, r.sum, key, r.dec)
+	var out []byte
+	sc, sparse := f.c.(SparseCompressor)
+	if sparse {
+		// The residual is s with +0 at the kept indices: Commit writes
+		// those k zeros into s and installs it, no copy of s is made.
+		out, r.sel, err = sc.CompressSelect(dst, r.sum, key, r.sel[:0])
+	} else {
+		// The residual Commit will install, computed now so that Commit
+		// is a swap: a caller settling many buckets at once pays nothing
+		// more.
+		if len(r.dec) != len(grad) {
+			r.dec = make([]float32, len(grad))
+		}
+		out, err = CompressResidual(f.c, dst, r.sum, key, r.dec)
+	}
 	if err != nil {
 		r.mu.Unlock()
 		return dst, nil, err
 	}
-	return out, &Pending{r: r}, nil
+	return out, &Pending{r: r, sparse: sparse}, nil
+}
+
+// SparseCompressor is a Compressor whose decoded payload is its input at
+// the indices it keeps and +0 everywhere else (top-k, random-k), so that
+// what error feedback keeps of an input s is s itself with +0 at those
+// indices (s − s is +0 for finite s, s − (+0) is s, −0 included).
+// ErrorFeedback uses it to keep the residual in place rather than write a
+// copy of s. Parse returns one for topk and randomk specs.
+type SparseCompressor interface {
+	Compressor
+	// CompressSelect is Compress that also appends to sel the indices the
+	// payload keeps and returns it. On error dst and sel are returned
+	// unchanged.
+	CompressSelect(dst []byte, src []float32, key Key, sel []uint32) ([]byte, []uint32, error)
 }
 
 // ResidualCompressor is a Compressor that computes, with a payload, what
@@ -146,19 +173,30 @@ func CompressResidual(c Compressor, dst []byte, src []float32, key Key, res []fl
 // Pending is a Begin not yet settled. Exactly one of its methods takes
 // effect; later calls do nothing.
 type Pending struct {
-	once sync.Once
-	r    *residual
+	once   sync.Once
+	r      *residual
+	sparse bool // Begin kept the residual in place (SparseCompressor)
 }
 
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
 // as Begin computed it.
 func (p *Pending) Commit() {
-	p.settle(func(r *residual) { r.e, r.dec = r.dec, r.e })
+	p.settle(func(r *residual) {
+		if !p.sparse {
+			r.e, r.dec = r.dec, r.e
+			return
+		}
+		for _, i := range r.sel {
+			r.sum[i] = 0
+		}
+		r.e, r.sum = r.sum, r.e
+	})
 }
 
 // Retain records that the payload was lost: e ← s = e + g, so the whole
 // gradient stays in memory for a later step and nothing of it is lost.
-func (p *Pending) Retain() { p.settle(func(r *residual) { copy(r.e, r.sum) }) }
+// (Begin writes all of s again, so the old e becomes its scratch.)
+func (p *Pending) Retain() { p.settle(func(r *residual) { r.e, r.sum = r.sum, r.e }) }
 
 // Discard records that the gradient was delivered another way (uncompressed):
 // the residual keeps the value it had before Begin.

@@ -97,6 +97,11 @@ func (r randomkCodec) encodeResidual(body []byte, src []float32, key Key, res []
 	return nil
 }
 
+func (r randomkCodec) selected(sel []uint32, body []byte, n int, key Key) []uint32 {
+	sel, _ = RandomKIndices(sel, n, len(body)/4, r.seedV, key) // n and k were checked by encode
+	return sel
+}
+
 func (r randomkCodec) check(body []byte, _ *header) error {
 	for i := 0; i+4 <= len(body); i += 4 {
 		if binary.LittleEndian.Uint32(body[i:])&nonFiniteKey == nonFiniteKey {

@@ -52,7 +52,11 @@ func Parse(spec string, opts ...Option) (Compressor, error) {
 	if err != nil {
 		return nil, &SpecError{Spec: spec, Reason: err.Error()}
 	}
-	return &compressor{spec: a.canonical(), impl: c, lossless: lossless, opts: o}, nil
+	cc := &compressor{spec: a.canonical(), impl: c, lossless: lossless, opts: o}
+	if _, ok := c.(sparseCodec); ok {
+		return sparseCompressor{cc}, nil
+	}
+	return cc, nil
 }
 
 // CodecNames lists the codec names Parse accepts, sorted.

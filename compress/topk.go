@@ -86,6 +86,14 @@ func (t topkCodec) encodeResidual(body []byte, src []float32, key Key, res []flo
 	return nil
 }
 
+func (t topkCodec) selected(sel []uint32, body []byte, _ int, _ Key) []uint32 {
+	idx := body[:len(body)/2]
+	for i := 0; i < len(idx); i += 4 {
+		sel = append(sel, binary.LittleEndian.Uint32(idx[i:]))
+	}
+	return sel
+}
+
 // copyBlocks copies src to dst (of equal length) over run.
 func copyBlocks(dst, src []float32, run runner) {
 	run(len(src), decodeBlock, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })

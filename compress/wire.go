@@ -135,6 +135,32 @@ type residualCodec interface {
 	encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error
 }
 
+// sparseCodec is a codec whose decoded body is its input at the indices
+// the body selects and +0 everywhere else (top-k, random-k).
+type sparseCodec interface {
+	// selected appends to sel the indices the raw body of n elements
+	// under key selects.
+	selected(sel []uint32, body []byte, n int, key Key) []uint32
+}
+
+// sparseCompressor is what Parse returns for a sparseCodec: a compressor
+// that is also a SparseCompressor.
+type sparseCompressor struct{ *compressor }
+
+// CompressSelect implements SparseCompressor.
+func (c sparseCompressor) CompressSelect(dst []byte, src []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
+	n := len(src)
+	run := c.runner(n)
+	out, err := c.encodeWith(dst, n, key, func(body []byte) error {
+		if err := c.impl.encode(body, src, key, run); err != nil {
+			return err
+		}
+		sel = c.impl.(sparseCodec).selected(sel, body, n, key)
+		return nil
+	})
+	return out, sel, err
+}
+
 // subtractFrom sets res[i] = src[i] − res[i].
 func subtractFrom(res, src []float32, run runner) {
 	run(len(res), decodeBlock, func(lo, hi int) {

@@ -226,7 +226,7 @@ func (e *Engine) newExchanger() exchanger {
 	}
 	c1 := coder{p: stage1}
 	if e.cfg.ErrorFeedback {
-		e.ef1 = compress.NewErrorFeedback(stage1)
+		e.ef1 = compress.NewErrorFeedback(stage1.forMemory())
 		c1.ef = e.ef1
 	}
 	switch e.strategy {
@@ -236,7 +236,7 @@ func (e *Engine) newExchanger() exchanger {
 		stage2 := &parts{inner: e.comp, count: 1, stage: 2, rank: e.rank, ranks: e.size}
 		c2 := coder{p: stage2}
 		if e.cfg.ErrorFeedback {
-			e.ef2 = compress.NewErrorFeedback(stage2)
+			e.ef2 = compress.NewErrorFeedback(stage2.forMemory())
 			c2.ef = e.ef2
 		}
 		return &sraX{e: e, c1: c1, c2: c2}

@@ -129,7 +129,7 @@ func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", 
 // Compress appends count slots to dst, each with status ok. A part's
 // *NonFiniteError comes back with Index counted in the whole bucket.
 func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
-	return p.compress(dst, src, key, nil)
+	return p.compress(dst, src, key, nil, nil)
 }
 
 // CompressResidual is Compress that also sets res to src minus the
@@ -139,11 +139,36 @@ func (p *parts) CompressResidual(dst []byte, src []float32, key compress.Key, re
 	if len(res) != len(src) {
 		return dst, &compress.SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
 	}
-	return p.compress(dst, src, key, res)
+	return p.compress(dst, src, key, res, nil)
 }
 
-// compress is Compress, and with res != nil CompressResidual.
-func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []float32) ([]byte, error) {
+// sparseParts is parts over a compress.SparseCompressor, and one itself,
+// so that error-feedback memory over parts keeps residuals in place.
+type sparseParts struct{ *parts }
+
+// CompressSelect implements compress.SparseCompressor: the indices are the
+// bucket's (each part's offset added).
+func (p sparseParts) CompressSelect(dst []byte, src []float32, key compress.Key, sel []uint32) ([]byte, []uint32, error) {
+	n := len(sel)
+	out, err := p.compress(dst, src, key, nil, &sel)
+	if err != nil {
+		return dst, sel[:n], err
+	}
+	return out, sel, nil
+}
+
+// forMemory returns p as error-feedback memory is to see it: a
+// compress.SparseCompressor when its inner compressor is one.
+func (p *parts) forMemory() compress.Compressor {
+	if _, ok := p.inner.(compress.SparseCompressor); ok {
+		return sparseParts{p}
+	}
+	return p
+}
+
+// compress is Compress; with res != nil CompressResidual; with sel != nil
+// (inner a compress.SparseCompressor) CompressSelect, appending to *sel.
+func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []float32, sel *[]uint32) ([]byte, error) {
 	n, stride := len(src), p.slotLen(len(src))
 	start := len(dst)
 	out := dst
@@ -158,10 +183,18 @@ func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []floa
 		status{}.put(slot)
 		var payload []byte
 		var err error
-		if res == nil {
-			payload, err = p.inner.Compress(slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j))
-		} else {
-			payload, err = compress.CompressResidual(p.inner, slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j), res[lo:hi])
+		into, part, pkey := slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j)
+		switch {
+		case sel != nil:
+			from := len(*sel)
+			payload, *sel, err = p.inner.(compress.SparseCompressor).CompressSelect(into, part, pkey, *sel)
+			for i := from; i < len(*sel); i++ {
+				(*sel)[i] += uint32(lo)
+			}
+		case res != nil:
+			payload, err = compress.CompressResidual(p.inner, into, part, pkey, res[lo:hi])
+		default:
+			payload, err = p.inner.Compress(into, part, pkey)
 		}
 		if err != nil {
 			var nf *compress.NonFiniteError
