@@ -192,13 +192,10 @@ type devBucket struct {
 
 // devStep is one step in flight.
 type devStep struct {
-	num     uint64
-	start   time.Time
-	grads   []kernels.DevicePtr
-	ready   []bool
-	cursor  int   // buckets below it are launched on the wire and decode streams
-	err     error // the first failure (a launch), fatal
-	waiting bool
+	progress
+	start time.Time
+	grads []kernels.DevicePtr
+	err   error // the first failure (a launch), fatal
 }
 
 // NewDevice builds a device engine for buckets of the given element counts
@@ -433,7 +430,7 @@ func (e *DeviceEngine) Step() error {
 	if e.cur != nil {
 		return &UsageError{Call: "Step", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d has not been waited for", e.cur.num)}
 	}
-	e.cur = &devStep{num: e.next, start: time.Now(), grads: make([]kernels.DevicePtr, len(e.buckets)), ready: make([]bool, len(e.buckets))}
+	e.cur = &devStep{progress: progress{num: e.next, ready: make([]bool, len(e.buckets))}, start: time.Now(), grads: make([]kernels.DevicePtr, len(e.buckets))}
 	e.next++
 	return nil
 }
@@ -456,16 +453,13 @@ func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) er
 		return err
 	}
 	st := e.cur
-	switch {
-	case st == nil:
+	if st == nil {
 		return &UsageError{Call: call, Err: ErrNoStep, Detail: "call Step first"}
-	case i < 0 || i >= len(e.buckets):
-		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(e.buckets)-1)}
-	case st.waiting:
-		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
-	case st.ready[i]:
-		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
-	case grad == 0 || grad%4 != 0:
+	}
+	if err := st.refuse(call, i); err != nil {
+		return err
+	}
+	if grad == 0 || grad%4 != 0 {
 		return &UsageError{Call: call, Err: ErrBadPointer, Detail: fmt.Sprintf("gradient at %#x", grad)}
 	}
 	st.ready[i] = true

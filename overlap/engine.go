@@ -111,16 +111,12 @@ type run struct {
 
 // step is one step in flight.
 type step struct {
-	num    uint64
+	progress
 	ctx    context.Context
 	cancel context.CancelFunc
 	start  time.Time
 	runs   []*run
-	ready  []bool
-	cursor int    // buckets below it are launched on the wire and decode streams
 	done   *event // fires after the last bucket's decode; nil until launched
-	// waiting is set by the first Wait or Close; Ready is refused after.
-	waiting bool
 
 	errMu  sync.Mutex
 	err    error         // the first fatal failure
@@ -328,8 +324,8 @@ func (e *Engine) Step() error {
 		return &UsageError{Call: "Step", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d has not been waited for", e.cur.num)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	st := &step{num: e.next, ctx: ctx, cancel: cancel, start: time.Now(), failed: make(chan struct{}),
-		runs: make([]*run, len(e.buckets)), ready: make([]bool, len(e.buckets))}
+	st := &step{progress: progress{num: e.next, ready: make([]bool, len(e.buckets))}, ctx: ctx, cancel: cancel,
+		start: time.Now(), failed: make(chan struct{}), runs: make([]*run, len(e.buckets))}
 	trial := e.verify != nil && e.verify.trial()
 	trialPath := trial && e.trialPath()
 	for i, b := range e.buckets {
@@ -365,16 +361,13 @@ func (e *Engine) Ready(i int, grad []float32) error {
 		return err
 	}
 	st := e.cur
-	switch {
-	case st == nil:
+	if st == nil {
 		return &UsageError{Call: call, Err: ErrNoStep, Detail: "call Step first"}
-	case i < 0 || i >= len(e.buckets):
-		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(e.buckets)-1)}
-	case st.waiting:
-		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
-	case st.ready[i]:
-		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
-	case len(grad) != e.buckets[i].n:
+	}
+	if err := st.refuse(call, i); err != nil {
+		return err
+	}
+	if len(grad) != e.buckets[i].n {
 		return &UsageError{Call: call, Err: ErrLength, Detail: fmt.Sprintf("gradient of %d elements, bucket %d has %d", len(grad), i, e.buckets[i].n)}
 	}
 	st.ready[i] = true
@@ -775,6 +768,30 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		if n < 1 || n > compress.MaxElements {
 			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
 		}
+	}
+	return nil
+}
+
+// progress is what the steps of Engine and DeviceEngine share: the step's
+// number, which buckets are ready, how far launching went, and whether
+// Wait began.
+type progress struct {
+	num     uint64
+	ready   []bool
+	cursor  int  // buckets below it are launched on the wire and decode streams
+	waiting bool // set by the first Wait or Close; Ready is refused after
+}
+
+// refuse returns the *UsageError of a Ready(i) the step cannot take: an
+// unknown bucket, Wait begun, or a bucket already ready; nil otherwise.
+func (p *progress) refuse(call string, i int) error {
+	switch {
+	case i < 0 || i >= len(p.ready):
+		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(p.ready)-1)}
+	case p.waiting:
+		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", p.num)}
+	case p.ready[i]:
+		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", p.num)}
 	}
 	return nil
 }
