@@ -236,6 +236,9 @@ func (e *DeviceEngine) configure(sizes []int) error {
 	if err := checkConfig(cfg, sizes, e.size); err != nil {
 		return err
 	}
+	if cfg.Warmup > 0 {
+		return fmt.Errorf("Warmup %d: the device engine has no warm-up yet", cfg.Warmup)
+	}
 	codec, err := kernels.NewCodec(cfg.Spec)
 	if err != nil {
 		return err

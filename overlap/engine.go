@@ -13,9 +13,9 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// Config configures an Engine. Spec, Strategy, ErrorFeedback, Decision and
-// FailOnNonFinite must be equal on every rank (the handshake checks them);
-// Timeout and Workers are local.
+// Config configures an Engine. Spec, Strategy, ErrorFeedback, Decision,
+// FailOnNonFinite and Warmup must be equal on every rank (the handshake
+// checks them); Timeout and Workers are local.
 type Config struct {
 	Spec            string        // compressor spec (compress.Parse), e.g. "topk:0.01"; no lossless stage
 	Strategy        Strategy      // default StrategyAuto
@@ -23,6 +23,7 @@ type Config struct {
 	Decision        Decision      // default DecideAuto: the cost model chooses per bucket
 	Timeout         time.Duration // per collective; default 60s. A dead peer ends the step with an error within it
 	FailOnNonFinite bool          // false: a bucket with NaN/Inf on any rank is exchanged dense that step; true: the step fails on every rank
+	Warmup          int           // steps numbered below it exchange every bucket dense (error feedback untouched); verification starts after them
 	Workers         int           // goroutines per compressor call (compress.WithWorkers); default GOMAXPROCS
 }
 
@@ -117,6 +118,7 @@ type step struct {
 	start  time.Time
 	runs   []*run
 	done   *event // fires after the last bucket's decode; nil until launched
+	warmup bool   // a warm-up step (Config.Warmup): every bucket dense
 
 	errMu  sync.Mutex
 	err    error         // the first fatal failure
@@ -326,10 +328,11 @@ func (e *Engine) Step() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	st := &step{progress: progress{num: e.next, ready: make([]bool, len(e.buckets))}, ctx: ctx, cancel: cancel,
 		start: time.Now(), failed: make(chan struct{}), runs: make([]*run, len(e.buckets))}
-	trial := e.verify != nil && e.verify.trial()
+	st.warmup = st.num < uint64(e.cfg.Warmup)
+	trial := !st.warmup && e.verify != nil && e.verify.trial()
 	trialPath := trial && e.trialPath()
 	for i, b := range e.buckets {
-		path := b.compressed
+		path := b.compressed && !st.warmup
 		if trial {
 			path = trialPath
 		}
@@ -339,8 +342,11 @@ func (e *Engine) Step() error {
 		st.runs[i] = &run{b: b, compressed: path, key: compress.Key{Bucket: uint64(i), Step: st.num},
 			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: e.strategy, Reason: b.reason, Trial: trial,
 				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
-		if trial {
+		switch {
+		case trial:
 			st.runs[i].stats.Reason += "; verification trial: " + pathName(path)
+		case st.warmup && b.compressed:
+			st.runs[i].stats.Reason += fmt.Sprintf("; warm-up: dense before step %d", e.cfg.Warmup)
 		}
 	}
 	e.next++
@@ -499,7 +505,7 @@ func (e *Engine) finish(st *step, ctx context.Context) {
 			}
 		}
 		e.settle(st, fatal != nil || nf != nil)
-		if fatal == nil && e.verify != nil {
+		if fatal == nil && e.verify != nil && !st.warmup {
 			if err := e.verifyStep(ctx, st); err != nil {
 				fatal = err
 			}
@@ -757,6 +763,8 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
 	case cfg.Workers < 0:
 		return fmt.Errorf("Workers %d is negative", cfg.Workers)
+	case cfg.Warmup < 0:
+		return fmt.Errorf("Warmup %d is negative", cfg.Warmup)
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case len(sizes) == 0:

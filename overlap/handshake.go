@@ -39,6 +39,7 @@ func handshakeRecord(e *Engine, sizes []int, invalid error) []field {
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},
 		{"decision", e.cfg.Decision.String()},
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
+		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {

@@ -31,6 +31,8 @@ func TestHandshakeMismatch(t *testing.T) {
 			"overlap: ranks disagree on decision: rank 2 has dense, rank 0 has compressed"},
 		{"fail on non-finite", func(c Config) Config { c.FailOnNonFinite = true; return c }, sizes,
 			"overlap: ranks disagree on fail on non-finite: rank 2 has on, rank 0 has off"},
+		{"warm-up", func(c Config) Config { c.Warmup = 3; return c }, sizes,
+			"overlap: ranks disagree on warm-up steps: rank 2 has 3, rank 0 has 0"},
 		{"bucket size", func(c Config) Config { return c }, []int{10, 21},
 			"overlap: ranks disagree on bucket 1 elements: rank 2 has 21, rank 0 has 20"},
 		{"bucket count", func(c Config) Config { return c }, []int{10, 20, 5},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -171,5 +172,59 @@ func TestStream(t *testing.T) {
 	b.close()
 	if got := fmt.Sprint(log); got != "[a1 a2 b1 a3]" {
 		t.Errorf("order %s", got)
+	}
+}
+
+// TestWarmup: steps numbered below Config.Warmup exchange every bucket
+// dense (the plain average, error-feedback memory untouched); the steps
+// after them compress as decided.
+func TestWarmup(t *testing.T) {
+	const ranks, warm = 3, 2
+	sizes := []int{300, 77}
+	engines := newEngines(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed, Warmup: warm})
+	for s := range warm + 1 {
+		grads := make([][][]float32, ranks)
+		want := make([][]float32, len(sizes))
+		for r := range ranks {
+			grads[r] = make([][]float32, len(sizes))
+			for i, n := range sizes {
+				grads[r][i] = gradient(r, s, i, n)
+				if want[i] == nil {
+					want[i] = make([]float32, n)
+				}
+				for j, v := range grads[r][i] {
+					want[i][j] += v
+				}
+			}
+		}
+		stats, errs := runStep(engines, grads, inOrder(len(sizes)))
+		mustNoErrors(t, "step", errs)
+		for r := range ranks {
+			for i := range sizes {
+				bs := stats[r].Buckets[i]
+				if bs.Compressed != (s >= warm) {
+					t.Fatalf("step %d rank %d bucket %d: Compressed %v, want %v (%s)", s, r, i, bs.Compressed, s >= warm, bs.Reason)
+				}
+				if s < warm {
+					if !strings.Contains(bs.Reason, "warm-up") {
+						t.Errorf("step %d bucket %d: Reason %q does not say warm-up", s, i, bs.Reason)
+					}
+					avg := make([]float32, len(want[i]))
+					for j, v := range want[i] {
+						avg[j] = v / ranks
+					}
+					if j := sameFloats(grads[r][i], avg); j >= 0 {
+						t.Fatalf("step %d rank %d bucket %d: element %d is %v, want the dense average %v", s, r, i, j, grads[r][i][j], avg[j])
+					}
+				}
+			}
+			if s < warm {
+				if n := len(engines[r].ef1.Buckets()); n != 0 {
+					t.Fatalf("step %d rank %d: error-feedback memory holds %d buckets after warm-up steps, want none", s, r, n)
+				}
+			} else if n := len(engines[r].ef1.Buckets()); n != len(sizes) {
+				t.Fatalf("after the first compressed step rank %d's memory holds %d buckets, want %d", r, n, len(sizes))
+			}
+		}
 	}
 }
