@@ -227,3 +227,76 @@ func (e *Engine) checkMemory(f *compress.ErrorFeedback, stage int, want func(*bu
 	}
 	return nil
 }
+
+// StateInfo is what a saved engine state says about the engine that wrote
+// it (see the format above).
+type StateInfo struct {
+	WorldSize, Rank int
+	NextStep        uint64
+	Spec            string // canonical
+	Strategy        Strategy
+	ErrorFeedback   bool
+	Buckets         []int // element count per bucket
+}
+
+// InspectState reads the header of a state Save wrote, after checking its
+// magic, version and checksum over all of b; it does not decode the
+// error-feedback memories (Load validates those). A state that fails a
+// check is a *StateError.
+func InspectState(b []byte) (StateInfo, error) {
+	var info StateInfo
+	if len(b) < len(stateMagic)+1+4 {
+		return info, &StateError{Reason: fmt.Sprintf("%d bytes, too short for an engine state", len(b))}
+	}
+	if string(b[:4]) != stateMagic {
+		return info, &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", b[:4], stateMagic)}
+	}
+	if b[4] != stateVersion {
+		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads version %d", b[4], stateVersion)}
+	}
+	body := b[:len(b)-4]
+	if got, want := binary.LittleEndian.Uint32(b[len(b)-4:]), crc32.Checksum(body, castagnoli); got != want {
+		return info, &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
+	}
+	p := body[5:]
+	short := &StateError{Reason: "truncated header"}
+	take := func(n int) []byte {
+		if len(p) < n {
+			return nil
+		}
+		v := p[:n]
+		p = p[n:]
+		return v
+	}
+	hdr := take(20)
+	if hdr == nil {
+		return info, short
+	}
+	info.WorldSize = int(binary.LittleEndian.Uint32(hdr))
+	info.Rank = int(binary.LittleEndian.Uint32(hdr[4:]))
+	info.NextStep = binary.LittleEndian.Uint64(hdr[8:])
+	specLen := binary.LittleEndian.Uint32(hdr[16:])
+	if specLen > maxSpecLen {
+		return info, &StateError{Reason: fmt.Sprintf("spec length %d exceeds %d", specLen, maxSpecLen)}
+	}
+	spec := take(int(specLen))
+	flags := take(2)
+	count := take(4)
+	if count == nil {
+		return info, short
+	}
+	info.Spec, info.Strategy, info.ErrorFeedback = string(spec), Strategy(flags[0]), flags[1] == 1
+	n := binary.LittleEndian.Uint32(count)
+	if uint64(n)*8 > uint64(len(p)) {
+		return info, &StateError{Reason: fmt.Sprintf("%d buckets, but only %d bytes follow", n, len(p))}
+	}
+	info.Buckets = make([]int, n)
+	for i := range info.Buckets {
+		v := binary.LittleEndian.Uint64(take(8))
+		if v > compress.MaxElements {
+			return info, &StateError{Reason: fmt.Sprintf("bucket %d has %d elements, more than %d", i, v, compress.MaxElements)}
+		}
+		info.Buckets[i] = int(v)
+	}
+	return info, nil
+}

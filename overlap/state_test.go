@@ -3,6 +3,7 @@ package overlap
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -128,5 +129,36 @@ func TestLoadOtherWorldSize(t *testing.T) {
 	}
 	if four[0].next != 1 {
 		t.Errorf("next step %d, want 1", four[0].next)
+	}
+}
+
+// TestInspectState: InspectState reads back what Save wrote about the
+// engine, and refuses a state with a flipped byte or cut short.
+func TestInspectState(t *testing.T) {
+	sizes := []int{100, 7}
+	engines := newEngines(t, 2, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed})
+	grads := [][][]float32{{gradient(0, 0, 0, 100), gradient(0, 0, 1, 7)}, {gradient(1, 0, 0, 100), gradient(1, 0, 1, 7)}}
+	_, errs := runStep(engines, grads, inOrder(2))
+	mustNoErrors(t, "step", errs)
+	var buf bytes.Buffer
+	if err := engines[1].Save(&buf); err != nil {
+		t.Fatal(err)
+	}
+	info, err := InspectState(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := StateInfo{WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true, Buckets: sizes}
+	if !reflect.DeepEqual(info, want) {
+		t.Fatalf("InspectState = %+v, want %+v", info, want)
+	}
+	for _, bad := range [][]byte{buf.Bytes()[:buf.Len()-1], append([]byte(nil), buf.Bytes()...), buf.Bytes()[:3]} {
+		if len(bad) == buf.Len() {
+			bad[10] ^= 1
+		}
+		var se *StateError
+		if _, err := InspectState(bad); !errors.As(err, &se) {
+			t.Errorf("InspectState of a damaged state (%d bytes): %v, want *StateError", len(bad), err)
+		}
 	}
 }
