@@ -33,8 +33,8 @@ extern "C" {
 
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
-#define GRADCOMP_ABI_MAJOR 1
-#define GRADCOMP_ABI_MINOR 2
+#define GRADCOMP_ABI_MAJOR 2
+#define GRADCOMP_ABI_MINOR 0
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -50,7 +50,12 @@ typedef enum gc_status {
 	GC_ERR_INTERNAL = 9,   /* a bug in gradcomp: please report the message */
 	GC_ERR_NOCUDA = 10,    /* since 1.2: a device call to libgradcomp.so: load libgradcomp_cuda.so */
 	GC_ERR_NODEVICE = 11,  /* since 1.2: the CUDA driver cannot initialize or sees no such device */
-	GC_ERR_CUDA = 12       /* since 1.2: a CUDA driver call failed (the message names it) */
+	GC_ERR_CUDA = 12,      /* since 1.2: a CUDA driver call failed (the message names it) */
+	GC_ERR_TIMEOUT = 13,   /* since 2.0: gc_hosted_take found nothing posted in time (not a failure) */
+	GC_ERR_CLOSED = 14,    /* since 2.0: the hosted transport or engine is closed */
+	GC_ERR_COMM = 15,      /* since 2.0: a collective failed or did not finish in time (host error, dead peer): the engine is broken */
+	GC_ERR_CONFIG = 16,    /* since 2.0: the ranks' engine configurations differ, or one rank's is invalid (the message names both sides) */
+	GC_ERR_BROKEN = 17     /* since 2.0: an earlier step failed; destroy the engine and its transport */
 } gc_status;
 
 typedef uint64_t gc_compressor;
@@ -222,6 +227,196 @@ gc_status gc_decompress_add_device(gc_compressor h, gc_devptr payload, size_t le
  * without waiting for it. count is 1 to 65536. */
 gc_status gc_decompress_slots_device(gc_compressor h, gc_devptr slots, size_t slot_len, size_t count,
                                      gc_devptr dst, size_t n, int add, gc_stream stream);
+
+/* ---- Engines (ABI 2.0) ----
+ *
+ * A gc_engine is gradcomp's engine (overlap.Engine, or overlap.DeviceEngine
+ * in libgradcomp_cuda.so): per step, gc_engine_step, then gc_engine_ready
+ * for each bucket as backward produces it (any order), then
+ * gc_engine_wait, after which every bucket holds the rank average. The
+ * engine compresses each bucket with error feedback, exchanges it with its
+ * strategy (dense all-reduce, shared-index, sparse-gather, SRA), decides
+ * per bucket with its cost model and verifies the decision online, exactly
+ * as for Go callers: every front end drives this one engine.
+ *
+ * Its collectives travel over a hosted transport (gc_hosted): the engine
+ * POSTS each collective, in the same order on every rank, and the host
+ * program carries it out with its own communicator (torch.distributed,
+ * MPI, NCCL, ...) and completes it. The host takes posts from a thread of
+ * its own (gc_hosted_take blocks, with a timeout, holding nothing the
+ * caller needs); gc_engine_create and gc_engine_wait block until the posts
+ * they depend on are completed. A post nobody takes, a completion with an
+ * error, a wrong length or an unknown id ends the step with GC_ERR_COMM
+ * on that rank within the engine's timeout; nothing waits forever.
+ */
+typedef uint64_t gc_hosted;
+typedef uint64_t gc_engine;
+
+/* Collectives a hosted transport posts (gc_op.kind). With N ranks, n =
+ * gc_op.count and r this rank:
+ *   GC_OP_ALLREDUCE      buf: n float32, in place; every rank gets the
+ *                        element-wise sum over ranks (send == recv).
+ *   GC_OP_ALLGATHER      send: n bytes; recv: N·n bytes, rank q's send at
+ *                        [q·n, (q+1)·n).
+ *   GC_OP_REDUCESCATTER  send: N·n float32; recv: n float32, chunk r of
+ *                        the sum.
+ *   GC_OP_ALLTOALL       send and recv: n bytes (a multiple of N); chunk j
+ *                        of send goes to rank j, chunk q of recv comes
+ *                        from rank q.
+ *   GC_OP_BROADCAST      buf: n bytes in place (send == recv); root's
+ *                        bytes on every rank.
+ *   GC_OP_BARRIER        no buffers.
+ * Buffers are host memory, or, when device is 1, device memory: then the
+ * collective is to be enqueued on stream (a CUstream; NCCL on
+ * torch.cuda.ExternalStream) and completed once enqueued. Buffers stay
+ * valid until the op is completed or the transport destroyed; the host
+ * must not touch them after completing. */
+typedef enum gc_op_kind {
+	GC_OP_ALLREDUCE = 1,
+	GC_OP_ALLGATHER = 2,
+	GC_OP_REDUCESCATTER = 3,
+	GC_OP_ALLTOALL = 4,
+	GC_OP_BROADCAST = 5,
+	GC_OP_BARRIER = 6
+} gc_op_kind;
+
+typedef struct gc_op {
+	uint64_t id;         /* the post's number on this transport, from 1 */
+	int32_t kind;        /* gc_op_kind */
+	int32_t root;        /* GC_OP_BROADCAST's root rank */
+	int32_t device;      /* 1: send, recv are device pointers on stream */
+	int32_t reserved;    /* 0 */
+	uint64_t count;      /* n above: elements (float32 ops) or bytes */
+	uintptr_t send;      /* address of the input (== recv for in-place ops) */
+	uintptr_t recv;      /* address of the output */
+	uint64_t send_bytes; /* the input's length in bytes */
+	uint64_t recv_bytes; /* the output's length in bytes */
+	uintptr_t stream;    /* device ops: the CUstream to enqueue on */
+} gc_op;
+
+/* Creates rank `rank`'s end of a hosted transport of `size` ranks (1 to
+ * 65535). */
+gc_status gc_hosted_create(int rank, int size, gc_hosted *out);
+
+/* Destroys h: posts not yet taken fail (their engine's step ends with
+ * GC_ERR_COMM), takes waiting or later return GC_ERR_CLOSED, and ops taken
+ * but not completed are abandoned (their buffers become invalid). Destroy
+ * the engines using h first, or after. A second destroy is GC_ERR_HANDLE. */
+gc_status gc_hosted_destroy(gc_hosted h);
+
+/* Waits up to timeout_seconds (0: no wait) for the next post and fills
+ * *op: GC_OK, or GC_ERR_TIMEOUT when nothing was posted in time (call
+ * again), or GC_ERR_CLOSED once h is destroyed. Posts come out in the
+ * order the engine made them, which is the same on every rank: carry them
+ * out in that order. */
+gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
+
+/* Completes the taken op id: status GC_OK with recv_bytes the bytes the
+ * host wrote to its output (op.recv_bytes; 0 for a barrier), or any other
+ * status with message (may be NULL) saying what failed in the host's
+ * communicator; the engine's step then fails with GC_ERR_COMM and that
+ * message. An id not taken, already completed, or a wrong recv_bytes is
+ * GC_ERR_STATE here and fails the transport (the engine's step ends with
+ * GC_ERR_COMM). */
+gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *message, uint64_t recv_bytes);
+
+/* An engine's configuration. Set size to sizeof(gc_engine_config) (later
+ * versions append fields). spec, strategy, decision, error_feedback,
+ * fail_on_nonfinite and warmup must be equal on every rank (the handshake
+ * checks them and the bucket layout); timeout and workers are local. */
+typedef struct gc_engine_config {
+	uint32_t size;             /* sizeof(gc_engine_config) */
+	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
+	const char *spec;          /* compressor spec, e.g. "topk:0.01"; no lossless stage */
+	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather" */
+	const char *decision;      /* "auto" (or NULL): the cost model, verified online; "compressed", "dense": pinned */
+	int32_t fail_on_nonfinite; /* 0: a bucket with NaN/Inf on any rank goes dense that step; 1: the step fails (GC_ERR_NONFINITE) */
+	int32_t warmup;            /* steps numbered below it exchange every bucket dense */
+	double timeout_seconds;    /* per collective; 0: 60 s */
+	int32_t workers;           /* compressor threads; 0: all CPUs */
+	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
+} gc_engine_config;
+
+/* Creates an engine for nbuckets buckets of sizes[i] float32 elements over
+ * transport t, and runs the handshake (and, with decision "auto", the cost
+ * model's link probe and compressor timing) through t: it BLOCKS until
+ * those posts are completed, so another thread must take them. A rank
+ * whose configuration differs from another's gets GC_ERR_CONFIG naming the
+ * field and both values, on every rank. One engine per transport. */
+gc_status gc_engine_create(gc_hosted t, const gc_engine_config *cfg, const uint64_t *sizes, size_t nbuckets, gc_engine *out);
+
+/* Destroys e: a step in flight is abandoned (its buckets' memory keeps
+ * e + g). The transport is not destroyed. */
+gc_status gc_engine_destroy(gc_engine e);
+
+/* Starts a step; GC_ERR_STATE while one is in flight. */
+gc_status gc_engine_step(gc_engine e);
+
+/* Hands bucket i's gradient (grad[0..n), host float32, n its size) to the
+ * engine and returns at once; the engine owns grad until gc_engine_wait
+ * returns, which leaves the rank average in it. An unknown or already
+ * ready bucket, a wrong n, or no step: GC_ERR_STATE or GC_ERR_SIZE,
+ * nothing taken. */
+gc_status gc_engine_ready(gc_engine e, size_t bucket, float *grad, size_t n);
+
+/* The same for a device engine (cfg.device ≥ 0): grad is device memory,
+ * complete once stream passes this call; never waits for the device. */
+gc_status gc_engine_ready_device(gc_engine e, size_t bucket, gc_devptr grad, size_t n, gc_stream stream);
+
+/* Device engine: makes stream wait for the step's end (before the
+ * optimizer) without blocking the host. */
+gc_status gc_engine_done(gc_engine e, gc_stream stream);
+
+/* Blocks until the step has ended (bounded by timeout_seconds, 0: none
+ * beyond the engine's per-collective timeout). GC_ERR_NONFINITE (with
+ * fail_on_nonfinite): a gradient held NaN/Inf; the message names the
+ * buckets and ranks; the engine stays usable. GC_ERR_COMM: a collective
+ * failed or timed out, the engine is broken; every error-feedback memory
+ * holds e + g. The statistics of the step are readable after either. */
+gc_status gc_engine_wait(gc_engine e, double timeout_seconds);
+
+/* Statistics of one bucket in the last waited step. strategy and reason
+ * are copied NUL-terminated into the caller's buffers (cut to fit). */
+typedef struct gc_bucket_stats {
+	uint64_t elements;
+	uint64_t bytes_sent;        /* this rank's bytes on the wire for the bucket */
+	int32_t compressed;         /* 1: crossed the wire compressed this step */
+	int32_t nonfinite;          /* 1: some rank's gradient held NaN/Inf */
+	int32_t trial;              /* 1: a verification trial step */
+	int32_t switched;           /* 1: verification changed the decision with this step */
+	int32_t decided_compressed; /* 1: the decision for the steps to come is compressed */
+	int32_t reserved;
+	double compress_seconds, exchange_seconds, decompress_seconds;
+	double predicted_dense_seconds, predicted_compressed_seconds;
+	double measured_dense_seconds, measured_compressed_seconds;
+	char strategy[32];
+	char reason[512];
+} gc_bucket_stats;
+
+/* The last waited step: its number, total bytes sent by this rank, wall
+ * time and exposed time (what wait blocked), and bucket i's statistics
+ * (out may be NULL). GC_ERR_STATE before any step was waited for. */
+gc_status gc_engine_stats(gc_engine e, size_t bucket, gc_bucket_stats *out,
+                          uint64_t *step, uint64_t *bytes_sent, double *total_seconds, double *exposed_seconds);
+
+/* The engine's state (error-feedback memories, next step number, spec,
+ * strategy, bucket layout, world size and rank; versioned, checksummed):
+ * size, save (GC_ERR_SIZE if cap is short, *written the size needed) and
+ * load (validated whole first: a state of another spec, strategy, error
+ * feedback or bucket layout is GC_ERR_CORRUPT naming what differs, and e
+ * is unchanged; it loads at another world size). GC_ERR_STATE during a
+ * step. */
+gc_status gc_engine_state_size(gc_engine e, size_t *len);
+gc_status gc_engine_state_save(gc_engine e, uint8_t *dst, size_t cap, size_t *written);
+gc_status gc_engine_state_load(gc_engine e, const uint8_t *src, size_t len);
+
+/* Reads what a saved engine state records, without an engine (checksum
+ * checked): the canonical spec and strategy (NUL-terminated, cut to
+ * spec_cap / strategy_cap), world size, rank, next step and bucket count;
+ * sizes (if not NULL, sizes_cap entries) gets the bucket sizes. */
+gc_status gc_engine_state_info(const uint8_t *src, size_t len, char *spec, size_t spec_cap,
+                               char *strategy, size_t strategy_cap, int *world, int *rank,
+                               uint64_t *next_step, size_t *nbuckets, uint64_t *sizes, size_t sizes_cap);
 
 /* In libgradcomp_cuda.so, gc_settle of a device bucket only swaps device
  * pointers, and gc_state_size/save copy device residuals to the host on
