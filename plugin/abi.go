@@ -14,8 +14,8 @@ package main
 
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
-	abiMajor   = 1
-	abiMinor   = 2
+	abiMajor   = 2
+	abiMinor   = 0
 	abiVersion = abiMajor<<16 | abiMinor
 )
 

@@ -18,7 +18,7 @@ import sys
 import threading
 
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
-ABI_MAJOR = 1
+ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
 ABI_MINOR = 2
 
