@@ -1,7 +1,10 @@
 """gradcomp: gradient compression with error feedback, over libgradcomp.so.
 
-A pure-Python (ctypes) binding of gradcomp's C ABI (plugin/include/gradcomp.h)
-and, in :mod:`gradcomp.torch`, a DDP communication hook. Importing this
+A pure-Python (ctypes) binding of gradcomp's C ABI (plugin/include/gradcomp.h):
+the codecs (:class:`Compressor`), the engine over a hosted transport
+(:class:`Engine`, whose collectives a thread carries out with
+torch.distributed; see gradcomp._engine) and, in :mod:`gradcomp.torch`, a
+DDP communication hook that drives the engine. Importing this
 package needs neither torch nor a GPU nor the library: the library is found
 and loaded on first use, from ``$GRADCOMP_LIB`` or next to this package
 (``make plugin`` copies it there).
@@ -11,7 +14,11 @@ ValueError) for a bad spec, argument or size, :class:`NonFiniteError` for a
 NaN or Inf in a gradient, and :class:`LibraryError` (a RuntimeError) for the
 rest, each with the library's message (gc_last_error); :class:`DeviceError`
 (a LibraryError) when a device call finds no CUDA library, no GPU, or a
-failing CUDA driver.
+failing CUDA driver. The engine adds :class:`ConfigError` (a ValueError:
+the ranks' configurations differ), :class:`CommError` (a collective failed
+or timed out: the engine is broken), :class:`ClosedError` and
+:class:`BrokenError`; its :class:`NonFiniteError` is a FloatingPointError
+too.
 """
 
 from ._compressor import (
@@ -26,15 +33,21 @@ from ._compressor import (
     payload_len_raw,
     version,
 )
+from ._engine import BucketStats, Engine, Hosted, StateInfo, StepStats, TorchHost
 from ._lib import (
     ABI_MAJOR,
     ABI_MINOR,
+    BrokenError,
+    ClosedError,
+    CommError,
+    ConfigError,
     DeviceError,
     Error,
     InvalidArgumentError,
     LibraryError,
     LibraryNotFoundError,
     NonFiniteError,
+    OpKind,
     Settle,
     Status,
 )
@@ -42,17 +55,28 @@ from ._lib import (
 __all__ = [
     "ABI_MAJOR",
     "ABI_MINOR",
+    "BrokenError",
+    "BucketStats",
+    "ClosedError",
+    "CommError",
     "Compressor",
+    "ConfigError",
     "Decision",
     "DeviceError",
     "DeviceInfo",
+    "Engine",
     "Error",
+    "Hosted",
     "InvalidArgumentError",
     "LibraryError",
     "LibraryNotFoundError",
     "NonFiniteError",
+    "OpKind",
     "Settle",
+    "StateInfo",
     "Status",
+    "StepStats",
+    "TorchHost",
     "abi_version",
     "device_info",
     "has_cuda",

@@ -261,8 +261,9 @@ class Compressor:
     def decide(self, n, world, bandwidth, latency=0.0, strategy="allgather"):
         """The cost model's :class:`Decision` for a bucket of n elements among
         ``world`` ranks over a link of ``bandwidth`` bytes/s and ``latency``
-        seconds, exchanged with ``strategy`` ("allgather" is what
-        gradcomp.torch.hook does)."""
+        seconds, exchanged with ``strategy`` ("allgather": an all-gather
+        of whole payloads; "auto": the codec's own strategy, as the engine
+        uses it)."""
         flag = ctypes.c_int()
         dense = ctypes.c_double()
         comp = ctypes.c_double()

@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 2
+ABI_MINOR = 0
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -53,6 +53,22 @@ class Status(enum.IntEnum):
     NOCUDA = 10
     NODEVICE = 11
     CUDA = 12
+    TIMEOUT = 13
+    CLOSED = 14
+    COMM = 15
+    CONFIG = 16
+    BROKEN = 17
+
+
+class OpKind(enum.IntEnum):
+    """gc_op_kind: the collectives a hosted transport posts (gc_op.kind)."""
+
+    ALLREDUCE = 1
+    ALLGATHER = 2
+    REDUCESCATTER = 3
+    ALLTOALL = 4
+    BROADCAST = 5
+    BARRIER = 6
 
 
 class Settle(enum.IntEnum):
@@ -82,9 +98,33 @@ class LibraryError(Error, RuntimeError):
     """Any other failure status (corrupt input, mismatch, state, handle, internal)."""
 
 
-class NonFiniteError(LibraryError):
-    """GC_ERR_NONFINITE: the gradient held a NaN or an Inf; nothing was
-    written and error-feedback memory is untouched."""
+class NonFiniteError(LibraryError, FloatingPointError):
+    """GC_ERR_NONFINITE: a gradient held a NaN or an Inf (a FloatingPointError
+    as well as a LibraryError). From gc_compress: nothing was written and
+    error-feedback memory is untouched. From gc_engine_wait (an engine made
+    with fail_on_nonfinite): the message names the buckets and the ranks;
+    the engine stays usable."""
+
+
+class ConfigError(Error, ValueError):
+    """GC_ERR_CONFIG: the ranks' engine configurations differ (the message
+    names the field and both values), or one rank's is invalid. Raised on
+    every rank by gc_engine_create."""
+
+
+class CommError(LibraryError):
+    """GC_ERR_COMM: a collective failed or did not finish in time (an error
+    in the host's communicator, a dead peer, a post nobody took): the engine
+    is broken, every error-feedback memory holds e + g."""
+
+
+class ClosedError(LibraryError):
+    """GC_ERR_CLOSED: the hosted transport or the engine is closed."""
+
+
+class BrokenError(LibraryError):
+    """GC_ERR_BROKEN: an earlier step of the engine failed; destroy the
+    engine and its transport."""
 
 
 class DeviceError(LibraryError):
@@ -101,6 +141,13 @@ class LibraryNotFoundError(OSError):
 
 
 _VALUE_STATUSES = (Status.SPEC, Status.INVALID, Status.SIZE)
+_CLASSES = {
+    Status.NONFINITE: NonFiniteError,
+    Status.CONFIG: ConfigError,
+    Status.COMM: CommError,
+    Status.CLOSED: ClosedError,
+    Status.BROKEN: BrokenError,
+}
 
 _size_p = ctypes.POINTER(ctypes.c_size_t)
 _float_p = ctypes.c_void_p  # raw addresses: callers pass integers
@@ -136,32 +183,119 @@ _PROTOTYPES = {
 
 _devptr = ctypes.c_size_t  # gc_devptr and gc_stream: uintptr_t
 _stream = ctypes.c_size_t
+_u64 = ctypes.c_uint64
+_u64_p = ctypes.POINTER(ctypes.c_uint64)
+_int_p = ctypes.POINTER(ctypes.c_int)
+_double_p = ctypes.POINTER(ctypes.c_double)
 
-# Functions added after ABI 1.0: name -> (minor version, restype, argtypes).
-_OPTIONAL = {
-    "gc_live_handles": (1, ctypes.c_int, [_size_p]),
-    "gc_features": (2, ctypes.c_uint32, []),
+
+class Op(ctypes.Structure):
+    """gc_op: one collective a hosted transport posted (see gradcomp.h)."""
+
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("kind", ctypes.c_int32),
+        ("root", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("count", ctypes.c_uint64),
+        ("send", ctypes.c_size_t),
+        ("recv", ctypes.c_size_t),
+        ("send_bytes", ctypes.c_uint64),
+        ("recv_bytes", ctypes.c_uint64),
+        ("stream", ctypes.c_size_t),
+    ]
+
+
+class EngineConfig(ctypes.Structure):
+    """gc_engine_config (size must be sizeof(gc_engine_config))."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("error_feedback", ctypes.c_int32),
+        ("spec", ctypes.c_char_p),
+        ("strategy", ctypes.c_char_p),
+        ("decision", ctypes.c_char_p),
+        ("fail_on_nonfinite", ctypes.c_int32),
+        ("warmup", ctypes.c_int32),
+        ("timeout_seconds", ctypes.c_double),
+        ("workers", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+    ]
+
+
+class BucketStatsC(ctypes.Structure):
+    """gc_bucket_stats: one bucket in the last waited step."""
+
+    _fields_ = [
+        ("elements", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("compressed", ctypes.c_int32),
+        ("nonfinite", ctypes.c_int32),
+        ("trial", ctypes.c_int32),
+        ("switched", ctypes.c_int32),
+        ("decided_compressed", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("compress_seconds", ctypes.c_double),
+        ("exchange_seconds", ctypes.c_double),
+        ("decompress_seconds", ctypes.c_double),
+        ("predicted_dense_seconds", ctypes.c_double),
+        ("predicted_compressed_seconds", ctypes.c_double),
+        ("measured_dense_seconds", ctypes.c_double),
+        ("measured_compressed_seconds", ctypes.c_double),
+        ("strategy", ctypes.c_char * 32),
+        ("reason", ctypes.c_char * 512),
+    ]
+
+
+_PROTOTYPES.update({
+    # ABI 1.1 and 1.2, part of every 2.x library.
+    "gc_live_handles": (ctypes.c_int, [_size_p]),
+    "gc_features": (ctypes.c_uint32, []),
     "gc_device_info": (
-        2, ctypes.c_int,
-        [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
-         ctypes.POINTER(ctypes.c_uint64)],
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _int_p, _int_p, _u64_p],
     ),
     "gc_compress_device": (
-        2, ctypes.c_int,
-        [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32,
-         _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream, _size_p],
+        ctypes.c_int,
+        [_u64, _u64, _u64, ctypes.c_uint32, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream, _size_p],
     ),
-    "gc_decompress_device": (
-        2, ctypes.c_int, [ctypes.c_uint64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream],
-    ),
-    "gc_decompress_add_device": (
-        2, ctypes.c_int, [ctypes.c_uint64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream],
-    ),
+    "gc_decompress_device": (ctypes.c_int, [_u64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream]),
+    "gc_decompress_add_device": (ctypes.c_int, [_u64, _devptr, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream]),
     "gc_decompress_slots_device": (
-        2, ctypes.c_int,
-        [ctypes.c_uint64, _devptr, ctypes.c_size_t, ctypes.c_size_t, _devptr, ctypes.c_size_t, ctypes.c_int, _stream],
+        ctypes.c_int,
+        [_u64, _devptr, ctypes.c_size_t, ctypes.c_size_t, _devptr, ctypes.c_size_t, ctypes.c_int, _stream],
     ),
-}
+    # ABI 2.0: the hosted transport and the engine.
+    "gc_hosted_create": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _u64_p]),
+    "gc_hosted_destroy": (ctypes.c_int, [_u64]),
+    "gc_hosted_take": (ctypes.c_int, [_u64, ctypes.c_double, ctypes.POINTER(Op)]),
+    "gc_hosted_complete": (ctypes.c_int, [_u64, _u64, ctypes.c_int, ctypes.c_char_p, _u64]),
+    "gc_engine_create": (
+        ctypes.c_int, [_u64, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, _u64_p],
+    ),
+    "gc_engine_destroy": (ctypes.c_int, [_u64]),
+    "gc_engine_step": (ctypes.c_int, [_u64]),
+    "gc_engine_ready": (ctypes.c_int, [_u64, ctypes.c_size_t, _float_p, ctypes.c_size_t]),
+    "gc_engine_ready_device": (ctypes.c_int, [_u64, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream]),
+    "gc_engine_done": (ctypes.c_int, [_u64, _stream]),
+    "gc_engine_wait": (ctypes.c_int, [_u64, ctypes.c_double]),
+    "gc_engine_stats": (
+        ctypes.c_int,
+        [_u64, ctypes.c_size_t, ctypes.POINTER(BucketStatsC), _u64_p, _u64_p, _double_p, _double_p],
+    ),
+    "gc_engine_state_size": (ctypes.c_int, [_u64, _size_p]),
+    "gc_engine_state_save": (ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t, _size_p]),
+    "gc_engine_state_load": (ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
+    "gc_engine_state_info": (
+        ctypes.c_int,
+        [_byte_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+         _int_p, _int_p, _u64_p, _size_p, _u64_p, ctypes.c_size_t],
+    ),
+})
+
+# Functions added after ABI 2.0: name -> (minor version, restype, argtypes).
+_OPTIONAL = {}
 
 _lock = threading.Lock()
 _lib = None
@@ -277,10 +411,13 @@ def last_error():
 
 def call(name, *args):
     """Calls the library's function ``name`` with ``args``; a status other
-    than GC_OK raises InvalidArgumentError (ValueError) for GC_ERR_SPEC,
-    GC_ERR_INVALID and GC_ERR_SIZE, NonFiniteError for GC_ERR_NONFINITE,
-    DeviceError for GC_ERR_NOCUDA, GC_ERR_NODEVICE and GC_ERR_CUDA, and
-    LibraryError (RuntimeError) for the rest, with gc_last_error's message.
+    than GC_OK raises, with gc_last_error's message: InvalidArgumentError
+    (ValueError) for GC_ERR_SPEC, GC_ERR_INVALID and GC_ERR_SIZE;
+    ConfigError (ValueError) for GC_ERR_CONFIG; NonFiniteError (a
+    FloatingPointError) for GC_ERR_NONFINITE; CommError, ClosedError and
+    BrokenError for GC_ERR_COMM, GC_ERR_CLOSED and GC_ERR_BROKEN;
+    DeviceError for GC_ERR_NOCUDA, GC_ERR_NODEVICE and GC_ERR_CUDA; and
+    LibraryError (RuntimeError) for the rest.
     """
     fn = function(name)
     status = fn(*args)
@@ -291,10 +428,17 @@ def call(name, *args):
     except ValueError:
         raise LibraryError(name, Status.INTERNAL, "unknown status %d; %s" % (status, last_error()))
     message = last_error()
+    raise error(name, status, message)
+
+
+def error(name, status, message):
+    """The exception call raises for ``status`` returned by function ``name``
+    with gc_last_error's ``message``."""
+    status = Status(status)
     if status in _VALUE_STATUSES:
-        raise InvalidArgumentError(name, status, message)
-    if status == Status.NONFINITE:
-        raise NonFiniteError(name, status, message)
+        return InvalidArgumentError(name, status, message)
+    if status in _CLASSES:
+        return _CLASSES[status](name, status, message)
     if status in _DEVICE_STATUSES:
-        raise DeviceError(name, status, message)
-    raise LibraryError(name, status, message)
+        return DeviceError(name, status, message)
+    return LibraryError(name, status, message)

@@ -1,698 +1,577 @@
-"""A DDP communication hook that compresses gradient buckets with gradcomp.
+"""A DDP communication hook that runs gradcomp's engine.
 
-Usage, in the style of torch's PowerSGD hook::
+Usage::
 
-    import gradcomp.torch
-    state = gradcomp.torch.State("topk:0.01", warmup_steps=10)
+    import logging, gradcomp.torch
+    logging.basicConfig(level=logging.INFO)      # to see the decisions
+    state = gradcomp.torch.State("topk:0.01", warmup_steps=10, model=model)
     ddp_model.register_comm_hook(state, gradcomp.torch.hook)
+    ...
+    print(state.summary())                       # per bucket: what was sent, how, why
 
-What one step of :func:`hook` does for a bucket:
+The hook is thin: compression with error feedback, the exchange strategy
+(dense all-reduce, shared-index for random-k, SRA for int8/int4/int2/sign/
+fp16/bf16, sparse-gather for top-k), the handshake, the cost model and its
+online verification, NaN handling and checkpoints are gradcomp's engine
+(the C ABI's gc_engine, the same overlap.Engine Go callers use). The
+engine posts its collectives, in the same order on every rank, and a
+thread of this package carries them out on the DDP process group with
+torch.distributed (gloo: all_reduce, all_gather, all_to_all_single,
+broadcast, barrier; see gradcomp._engine).
 
-* Warm-up (the first ``warmup_steps`` steps): torch's default exchange, an
-  asynchronous all-reduce of bucket/world, timed (from step 1 on: DDP
-  rebuilds its buckets after step 0).
-* The first step after warm-up starts with a handshake: every rank
-  all-gathers a SHA-256 of (ABI version, canonical spec, bucket sizes) and a
-  readable description of them; on a mismatch every rank raises ValueError
-  naming its own configuration and the first differing rank's. With
-  ``cost_model="measure"`` the handshake also makes the cost model's first
-  guess per bucket (see below).
-* Compressed exchange: the flat float32 bucket is compressed on the hook's
-  thread with error feedback keyed by the bucket index (deferred: the
-  residual is committed only once every rank's payload arrived), each
-  rank's payload goes into a fixed-size slot (an 8-byte header, then
-  gc_max_encoded_len bytes), and the slots are all-gathered asynchronously
-  over the process group. The hook returns at once, so backward goes on
-  computing while the exchange runs; when the all-gather completes, a
-  callback decodes each payload and adds it in rank order (so every rank
-  gets bit-identical sums), divides by the world size and completes the
-  returned future. ``overlap=False`` waits for all of that inside the hook
-  instead (the same results, bit for bit).
-* NaN or Inf in a rank's bucket: that rank's compress fails and sets the
-  slot's flag; when any rank's flag is set, every rank discards the
-  deferred compress (error-feedback memory untouched) and exchanges the
-  bucket dense that step, or completes its future with FloatingPointError
-  under ``on_nonfinite="raise"``. Collectives must be issued in the same
-  order on every rank, and the callbacks run in any order, so the dense
-  fallbacks of a step are issued once the step's last bucket has been
-  handed to the hook, in bucket order (see :class:`_StepExchanges`).
-* Cost model (``cost_model="measure"``): at the handshake, the ranks agree
-  on a link bandwidth from the warm-up's dense exchanges (per bucket, the
-  fastest rank's median time; bandwidth = all-reduce bytes sent per rank
-  over all buckets / the sum of those times) and ask the library's cost
-  model (gc_decide, overlap.Predict, strategy "allgather") per bucket: a
-  bucket every rank's model predicts at least 20% faster compressed is
-  compressed, the others go dense at once (the model's compute is timed on
-  an idle host, so a loaded one only makes compression slower). A
-  compressed bucket's first ``probe_steps`` compressed steps are then timed
-  (hook call to completed future, as the dense exchanges were) and
-  compared with its warm-up dense median; the ranks agree through an
-  all-reduce (max) of both and the bucket keeps the faster path. A bucket
-  that goes dense uses the default all-reduce from then on; the residual
-  it held from the probe steps is dropped. ``cost_model="off"`` always
-  compresses.
+Steps:
 
-Buckets of float16, bfloat16 or float64 gradients, or non-contiguous ones,
-are staged through a float32 copy; other dtypes raise TypeError. CUDA
-buckets are compressed and decoded in device memory on torch's current
-stream through libgradcomp_cuda.so (loaded instead of libgradcomp.so when
-torch sees a GPU) and all-gathered with ``all_gather_into_tensor`` (NCCL);
-without that library they raise NotImplementedError naming it. The CUDA
-path has not run on a GPU yet (scripts/gpu-check's plugin-py step runs it).
+* Steps 0 and 1 of a State are torch's default exchange (an all-reduce of
+  bucket/world): DDP builds its final buckets during its first step, and
+  the hook learns that layout in the second.
+* At the first bucket of step 2 the State creates the engine for that
+  layout. Its handshake compares spec, strategy, decision, error feedback,
+  on_nonfinite, warm-up and the bucket layout across ranks: a rank that
+  differs gets ValueError on every rank (at once, not after a timeout).
+  The engine's own warm-up is ``warmup_steps - 2`` steps (every bucket
+  dense), so the first ``warmup_steps`` steps of training are dense.
+* From then on, per step: gc_engine_step at the step's first bucket,
+  gc_engine_ready for each bucket (buckets that are not contiguous float32
+  go through a float32 copy), and a future that is completed once the
+  engine's gc_engine_wait returned; the wait runs on a thread once the
+  step's last bucket was handed over, so backward is never blocked
+  (``overlap=False`` waits in the last bucket's hook instead).
 
-The futures of one step must complete before the next step's hooks run, as
-DDP guarantees (it waits for every bucket's future at the end of backward).
+What a user sees:
+
+* One ``logging`` line (logger "gradcomp", level INFO) when the engine is
+  created, and one per bucket for its first decision and for every change
+  of it: bucket, elements, strategy, compressed or dense, the cost model's
+  predicted and verification's measured times, and the engine's reason. A
+  bucket with NaN/Inf logs a WARNING.
+* :meth:`State.summary` returns a table of the last step: per bucket,
+  elements, strategy, compressed or dense, bytes this rank sent, stage
+  times and reason. :attr:`State.stats` holds counters and the last step's
+  bytes sent by this rank; :attr:`State.last_step` the engine's StepStats.
+* Reproducible runs: the cost model decides from timings, so runs on a
+  loaded and an idle machine can compress different buckets. Pin it with
+  ``decision="compressed"`` (every bucket compressed after warm-up) or
+  ``decision="dense"`` (never); ``decision="auto"`` is the cost model.
+
+Errors reach the user from ``loss.backward()`` with their own type (the
+hook hands DDP the bucket and raises from an autograd callback that runs
+after DDP has finished the step; an exception inside a hook or set on its
+future reaches the user as RuntimeError in torch 1.13): ValueError when the
+ranks' configurations differ, FloatingPointError (gradcomp.NonFiniteError)
+naming the buckets and ranks when a gradient holds NaN/Inf and
+``on_nonfinite="raise"`` (the State stays usable: skip the optimizer step),
+gradcomp.CommError when a collective failed or timed out (the State is
+broken). Called outside backward (directly, on fake buckets), the hook
+raises its errors itself, and an error of the exchange is set on the
+futures.
+
+Checkpoints: :meth:`State.state_dict` holds the engine's state
+(error-feedback memories, step number, spec, strategy, bucket layout) and
+the hook's step count; :meth:`State.load_state_dict` refuses, with
+ValueError and changing nothing, a state of another spec or strategy, or
+for another model (total elements against ``model``'s parameters, or the
+bucket layout against the engine's). A State restored before its engine
+exists (a new process) applies the state when it creates the engine:
+like any new State it exchanges its first two steps dense (DDP rebuilds
+its buckets), then continues from the saved error feedback and step.
+
+CUDA buckets need libgradcomp_cuda.so (loaded when torch sees a GPU) and a
+NCCL group; that path has NOT run on a GPU yet.
 """
 
 import collections
-import hashlib
-import math
-import statistics
+import logging
 import threading
-import time
-import warnings
 
 import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._compressor import Compressor, abi_version, has_cuda, payload_len_raw
+from ._compressor import Compressor, has_cuda
+from ._engine import Engine
 
 __all__ = ["State", "hook"]
 
-#: Bytes of the non-finite flag word in an all-gathered slot: before the
-#: payload on the host (byte 0 the flag, the rest padding), after it on a
-#: CUDA device (the slot's last 8 bytes), so that device payloads start at
-#: the slots' starts as gc_decompress_slots_device reads them.
-SLOT_HEADER = 8
-#: Bytes of readable configuration carried by the handshake.
-HANDSHAKE_TEXT = 256
-#: The exchange the hook does, in gc_decide's names.
-STRATEGY = "allgather"
-_STATE_FORMAT = "gradcomp.torch.State/1"
+logger = logging.getLogger("gradcomp")
+
+#: Steps exchanged with torch's all-reduce before the engine exists.
+PLAIN_STEPS = 2
+_FORMAT = "gradcomp.torch.State/2"
 _STAGED_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
-_COST_MODELS = ("measure", "off")
 _ON_NONFINITE = ("dense", "raise")
+_DECISIONS = ("auto", "compressed", "dense")
+_STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
+
+
+def _ms(seconds):
+    return "%.3f ms" % (seconds * 1e3) if seconds else "-"
+
+
+class _Step:
+    """One step of the hook: its futures and its first error."""
+
+    def __init__(self, number, in_backward):
+        self.number = number
+        self.in_backward = in_backward
+        self.started = False  # gc_engine_step was called
+        self.pending = []  # (future, bucket buffer, staged float32 buffer)
+        self.readied = set()
+        self.error = None
+        self.stream = None  # CUDA: the stream of the buckets
+        self.plain_sent = 0  # a plain step's bytes (ring all-reduce accounting)
+        self.plain_buckets = 0
+
+    def fail(self, e):
+        if self.error is None:
+            self.error = e
 
 
 class State:
-    """The hook's state: the compressor, its error-feedback memory, the step
-    counter and the per-bucket decisions.
+    """The hook's state: the engine (from step 2), the step counter and the
+    bucket layout.
 
-    ``spec``: a compressor spec such as "topk:0.01", "int8" or "sign" (a
-    spec the library rejects raises ValueError with its message).
-    ``warmup_steps`` (≥ 2): steps exchanged dense before compression starts;
-    DDP rebuilds its buckets after the first step, and error feedback is
-    keyed by bucket index. ``process_group``: the group to exchange over
-    (None: the default group). ``error_feedback``: keep a residual per bucket.
-    ``cost_model``: "measure" (the cost model's guess, then keep the faster
-    path per bucket, measured) or "off" (always compress). ``probe_steps``:
-    compressed steps timed per bucket before deciding. ``on_nonfinite``:
-    "dense" or "raise". ``overlap``: return from the hook while the exchange
-    runs (True) or only once it completed (False). ``workers``: compressor
-    threads (≤ 0: all CPUs). ``model``: the module DDP wraps (or the DDP
-    model), optional: it names each bucket's parameters, so that a bucket
-    whose element order differs from the one its error feedback was built
-    with (DDP's first step after restoring a checkpoint, before DDP rebuilds
-    its buckets) is permuted into that order; without it such a bucket is
-    exchanged dense for that step, its error feedback untouched.
+    ``spec``: a compressor spec such as "topk:0.01", "int8", "sign",
+    "randomk:0.01" or "none" (ValueError with the library's message if it
+    is not accepted). ``strategy``: "auto" (the codec's own: sparse-gather
+    for top-k, shared-index for random-k, SRA for the quantizers), "dense",
+    "shared-index", "sparse-gather", "sra" or "allgather". ``decision``:
+    "auto" (the cost model, verified online), "compressed" or "dense"
+    (pinned: reproducible). ``warmup_steps`` (≥ 2): steps exchanged dense
+    before compression. ``error_feedback``: keep residuals. ``on_nonfinite``:
+    "dense" (a bucket with NaN/Inf on any rank goes dense that step) or
+    "raise" (FloatingPointError). ``timeout``: seconds per collective.
+    ``process_group``: the group to exchange over (None: the default
+    group). ``workers``: compressor threads (0: all CPUs). ``overlap``:
+    return from the hook while the exchange runs (True) or wait in the
+    step's last bucket (False). ``model``: the module DDP wraps, optional,
+    to refuse a checkpoint of another model in :meth:`load_state_dict`.
     """
 
-    def __init__(
-        self,
-        spec,
-        *,
-        warmup_steps=10,
-        process_group=None,
-        error_feedback=True,
-        cost_model="measure",
-        probe_steps=3,
-        on_nonfinite="dense",
-        overlap=True,
-        workers=0,
-        model=None,
-    ):
-        if not isinstance(warmup_steps, int) or warmup_steps < 2:
+    def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
+                 on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None):
+        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
-                "gradcomp.torch.State: warmup_steps=%r: want an int ≥ 2 "
-                "(DDP rebuilds its buckets after the first step)" % (warmup_steps,)
+                "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
+                "step; the hook learns them in the second)" % (warmup_steps, PLAIN_STEPS)
             )
-        if not isinstance(probe_steps, int) or probe_steps < 1:
-            raise ValueError("gradcomp.torch.State: probe_steps=%r: want an int ≥ 1" % (probe_steps,))
-        if cost_model not in _COST_MODELS:
-            raise ValueError("gradcomp.torch.State: cost_model=%r: want one of %s" % (cost_model, _COST_MODELS))
+        if decision not in _DECISIONS:
+            raise ValueError("gradcomp.torch.State: decision=%r: want one of %s" % (decision, _DECISIONS))
+        if strategy not in _STRATEGIES:
+            raise ValueError("gradcomp.torch.State: strategy=%r: want one of %s" % (strategy, _STRATEGIES))
         if on_nonfinite not in _ON_NONFINITE:
             raise ValueError("gradcomp.torch.State: on_nonfinite=%r: want one of %s" % (on_nonfinite, _ON_NONFINITE))
-        self.compressor = Compressor(spec, workers)
-        #: The canonical spec.
-        self.spec = self.compressor.spec
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError("gradcomp.torch.State: timeout=%r: want seconds > 0" % (timeout,))
+        if not isinstance(spec, str):
+            raise TypeError("gradcomp.torch.State: spec must be a str, got %s" % type(spec).__name__)
+        with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
+            #: The canonical spec.
+            self.spec = c.spec
+        self.strategy = strategy
+        self.decision = decision
         self.warmup_steps = warmup_steps
-        self.process_group = process_group
         self.error_feedback = bool(error_feedback)
-        self.cost_model = cost_model
-        self.probe_steps = probe_steps
         self.on_nonfinite = on_nonfinite
+        self.timeout = float(timeout)
+        self.process_group = process_group
+        self.workers = int(workers)
         self.overlap = bool(overlap)
-        #: Steps completed (incremented after the step's last bucket).
+        self._params = None
+        if model is not None:
+            self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        #: Steps this State has seen (its hook's step count; restored by
+        #: load_state_dict).
         self.iter = 0
-        #: Bucket index -> [[parameter ordinal (-1 without model), elements], ...]
-        #: in bucket order, as seen in the latest warm-up step.
-        self.layout = {}
-        self._ordinals = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
-        #: Link bandwidth in bytes/s the ranks agreed on at the handshake
-        #: (cost_model="measure"; inf on one rank), None before.
-        self.bandwidth = None
-        #: Bucket index -> the cost model's agreed guess (True: compress).
-        self.guesses = {}
-        #: Bucket index -> True (compress) or False (dense), once decided.
-        self.decisions = {}
-        #: Bucket index -> (dense, compressed) seconds the ranks agreed on
-        #: when the probe steps decided (the max over ranks of the medians).
-        self.probed = {}
-        #: Counters: buckets "compressed", "dense", "nonfinite" (went dense
-        #: because of a NaN/Inf), "layout_dense" (dense because the layout
-        #: differed), and "bytes_sent" (slot bytes per rank).
-        self.stats = collections.Counter()
-        self._stats_lock = threading.Lock()
-        self._dense_times = collections.defaultdict(list)
-        self._compressed_times = collections.defaultdict(list)
-        self._handshake_done = False
-        self._slots = {}  # bucket index -> _HostSlots or _DeviceSlots
-        self._step = _StepExchanges()
+        self._local = 0  # steps seen since this State was made: the plain steps are 0 and 1
+        self._layout = {}  # bucket index -> elements, as seen in plain step 1
+        self._sizes = None  # the engine's bucket sizes
+        self._engine = None
+        self._pending = None  # engine state bytes to load when the engine is created
+        self._broken = None  # the error that ended this State's engine
+        self._cur = None
+        self._decided = {}  # bucket -> (strategy, decided_compressed) last logged
+        self._lock = threading.Lock()
+        self._counts = collections.Counter()
+        #: The engine's StepStats of the last waited step (None before).
+        self.last_step = None
 
-    def group(self):
-        """The process group the hook exchanges over."""
-        return self.process_group if self.process_group is not None else dist.group.WORLD
+    # ---- what a user reads
+
+    @property
+    def engine(self):
+        """The gradcomp._engine.Engine (None before step 2)."""
+        return self._engine
+
+    @property
+    def stats(self):
+        """Counters: "steps" (hook steps), "plain_steps" (torch's all-reduce),
+        "engine_steps", bucket-steps "compressed", "dense" and "nonfinite",
+        "bytes_sent" (this rank's bytes on the wire in the last step: the
+        engine's count, or for a plain step a ring all-reduce's 2(N−1)/N·4S)
+        and "bytes_sent_total"."""
+        with self._lock:
+            out = dict(self._counts)
+        out["steps"] = self.iter
+        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "bytes_sent",
+                  "bytes_sent_total"):
+            out.setdefault(k, 0)
+        return out
+
+    def summary(self):
+        """A readable table of the last step, per bucket: elements,
+        strategy, compressed or dense (and the decision for the steps to
+        come), bytes this rank sent, compress/exchange/decompress times and
+        the engine's reason."""
+        if self._broken is not None:
+            return "gradcomp: %s: the engine failed: %s" % (self.spec, self._broken)
+        s = self.last_step
+        if s is None:
+            return ("gradcomp: %s: no engine step yet (%d steps seen; the engine starts at step %d, compression "
+                    "after warm-up, at step %d)" % (self.spec, self.iter, PLAIN_STEPS, self.warmup_steps))
+        head = "gradcomp: spec %s, %d ranks, step %d: %d bytes sent by this rank, %.3f ms (%.3f ms exposed)" % (
+            self.spec, self._engine.world if self._engine else 0, s.step, s.bytes_sent, s.total_seconds * 1e3,
+            s.exposed_seconds * 1e3)
+        rows = [("bucket", "elements", "strategy", "sent", "decided", "bytes", "compress", "exchange",
+                 "decompress", "reason")]
+        for b in s.buckets:
+            rows.append((str(b.bucket), str(b.elements), b.strategy, "compressed" if b.compressed else "dense",
+                         "compressed" if b.decided_compressed else "dense", str(b.bytes_sent),
+                         _ms(b.compress_seconds), _ms(b.exchange_seconds), _ms(b.decompress_seconds), b.reason))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = [head]
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        return "\n".join(lines)
+
+    def close(self):
+        """Destroys the engine and its transport (the State then fails)."""
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            self._broken = self._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
+                                                            "gradcomp.torch: the State was closed")
+            eng.close()
+
+    # ---- checkpoints
 
     def state_dict(self):
-        """The state to checkpoint: error-feedback memory (gc_state_save),
-        step counter, bucket layout, guesses, decisions and probe timings.
-        Resuming from it is bit-exact given the same inputs (and, where DDP's
-        first step after the restore orders a bucket differently, a
-        ``model``); a checkpoint taken before the handshake lets the resumed
-        run make the cost model's guesses anew, on this host's timings."""
+        """The state to checkpoint: the engine's state bytes
+        (gc_engine_state_save; a state loaded and not yet applied, or None
+        before the engine exists), the hook's step count and the bucket
+        layout."""
+        if self._engine is not None:
+            data = self._engine.save_state()
+        else:
+            data = self._pending
+        layout = self._sizes or ([self._layout[i] for i in range(len(self._layout))] if self._local > 1 else None)
         return {
-            "format": _STATE_FORMAT,
+            "format": _FORMAT,
             "spec": self.spec,
+            "strategy": self.strategy,
+            "error_feedback": self.error_feedback,
             "iter": self.iter,
-            "layout": {k: [list(p) for p in v] for k, v in self.layout.items()},
-            "bandwidth": self.bandwidth,
-            "guesses": dict(self.guesses),
-            "decisions": dict(self.decisions),
-            "probed": {k: list(v) for k, v in self.probed.items()},
-            "dense_times": {k: list(v) for k, v in self._dense_times.items()},
-            "compressed_times": {k: list(v) for k, v in self._compressed_times.items()},
-            "error_feedback": self.compressor.save_state(),
+            "layout": list(layout) if layout else None,
+            "engine": data,
         }
 
     def load_state_dict(self, sd):
-        """Restores a :meth:`state_dict`. ValueError when it is not one or was
-        saved with another spec; the error-feedback memory is validated whole
-        before anything changes. (A state saved before guesses existed has
-        none: its buckets get them at the next handshake.)"""
-        if not isinstance(sd, dict) or sd.get("format") != _STATE_FORMAT:
-            raise ValueError("gradcomp.torch.State.load_state_dict: not a %s state dict" % _STATE_FORMAT)
-        if sd["spec"] != self.spec:
-            raise ValueError(
-                "gradcomp.torch.State.load_state_dict: state saved with spec %r, this State has %r"
-                % (sd["spec"], self.spec)
-            )
-        self.compressor.load_state(sd["error_feedback"])
-        self.iter = int(sd["iter"])
-        self.layout = {int(k): [[int(o), int(n)] for o, n in v] for k, v in sd["layout"].items()}
-        self.bandwidth = sd.get("bandwidth")
-        self.guesses = {int(k): bool(v) for k, v in sd.get("guesses", {}).items()}
-        self.decisions = {int(k): bool(v) for k, v in sd["decisions"].items()}
-        self.probed = {int(k): tuple(v) for k, v in sd.get("probed", {}).items()}
-        self._dense_times = collections.defaultdict(list, {int(k): list(v) for k, v in sd["dense_times"].items()})
-        self._compressed_times = collections.defaultdict(
-            list, {int(k): list(v) for k, v in sd["compressed_times"].items()}
-        )
-        self._handshake_done = False
+        """Restores a :meth:`state_dict`. Everything is checked before
+        anything changes: ValueError for a dict that is not one, a state of
+        another spec, strategy or error-feedback setting, or of another
+        model (its total elements against ``model``'s parameters; its
+        bucket layout against the engine's, or the layout this State saw);
+        the engine then validates its state whole (gc_engine_state_load).
+        Before the engine exists the state is kept and applied when it is
+        created."""
+        where = "gradcomp.torch.State.load_state_dict"
+        if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
+            raise ValueError("%s: not a %s state dict" % (where, _FORMAT))
+        try:
+            spec, strategy, ef = sd["spec"], sd["strategy"], sd["error_feedback"]
+            it, layout, data = sd["iter"], sd["layout"], sd["engine"]
+        except KeyError as e:
+            raise ValueError("%s: the state dict lacks %s" % (where, e))
+        if spec != self.spec:
+            raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
+        if strategy != self.strategy:
+            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
+        if bool(ef) != self.error_feedback:
+            raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
+                             % (where, bool(ef), self.error_feedback))
+        if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+            raise ValueError("%s: iter %r is not a step count" % (where, it))
+        if layout is not None and not (isinstance(layout, list) and all(isinstance(n, int) and n > 0 for n in layout)):
+            raise ValueError("%s: layout %r is not a list of bucket sizes" % (where, layout))
+        if data is not None:
+            if not isinstance(data, (bytes, bytearray)):
+                raise ValueError("%s: engine state is %s, not bytes" % (where, type(data).__name__))
+            data = bytes(data)
+            info = Engine.state_info(data)  # ValueError when it is not one
+            if info.spec != self.spec:
+                raise ValueError("%s: the engine state is for spec %r, this State has %r" % (where, info.spec, self.spec))
+            if self.strategy != "auto" and info.strategy != self.strategy:
+                raise ValueError("%s: the engine state is for strategy %r, this State has %r"
+                                 % (where, info.strategy, self.strategy))
+            if layout is not None and list(info.sizes) != layout:
+                raise ValueError("%s: the engine state's buckets %s differ from the dict's layout %s"
+                                 % (where, info.sizes, layout))
+            layout = list(info.sizes)
+        if layout is not None:
+            total = sum(layout)
+            if self._params is not None and total != self._params:
+                raise ValueError("%s: the state is for a model of %d parameters (buckets %s); this State's model has %d"
+                                 % (where, total, layout, self._params))
+            mine = self._sizes or ([self._layout[i] for i in range(len(self._layout))] if self._local > 1 else None)
+            if mine is not None and list(mine) != layout:
+                raise ValueError("%s: the state is for buckets %s (%d elements); this model's buckets are %s (%d)"
+                                 % (where, layout, total, mine, sum(mine)))
+        if self._engine is not None:
+            if data is None:
+                raise ValueError("%s: the state holds no engine state (saved before step %d) but this State's engine "
+                                 "exists" % (where, PLAIN_STEPS))
+            self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
+        else:
+            self._pending = data
+        self.iter = it
 
-    def _count(self, key, n=1):
-        """Adds n to stats[key] (callbacks run on the process group's threads)."""
-        with self._stats_lock:
-            self.stats[key] += n
+    # ---- the hook
 
-    def _describe(self):
-        major, minor = abi_version()
-        sizes = [sum(n for _, n in self.layout[i]) for i in sorted(self.layout)]
-        return "abi=%d.%d spec=%s buckets=%s" % (major, minor, self.spec, sizes)
+    def _queue_end_of_backward(self, st):
+        """Queues, when called during backward, a callback that runs after
+        DDP has finished the step (DDP queues its own when the last bucket
+        is ready: a callback queued by ours comes after it) and raises the
+        step's error there, where autograd lets its type through. Returns
+        whether it was queued (False outside backward)."""
+        engine = torch.autograd.Variable._execution_engine
 
-    def _handshake(self, group):
-        """All ranks compare a hash of their configuration; a mismatch raises
-        ValueError on every rank (each sees every rank's hash). Then, with
-        cost_model="measure", the cost model's guesses."""
-        text = self._describe()
-        mine = torch.zeros(32 + HANDSHAKE_TEXT, dtype=torch.uint8)
-        mine[:32] = torch.tensor(list(hashlib.sha256(text.encode("utf-8")).digest()), dtype=torch.uint8)
-        raw = text.encode("utf-8")[:HANDSHAKE_TEXT]
-        mine[32 : 32 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-        world = dist.get_world_size(group)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(everyone, mine, group=group)
-        for rank, theirs in enumerate(everyone):
-            if not torch.equal(theirs[:32], mine[:32]):
-                other = bytes(theirs[32:].tolist()).rstrip(b"\0").decode("utf-8", "replace")
-                raise ValueError(
-                    "gradcomp.torch: configuration mismatch between ranks: rank %d has %s; rank %d has %s"
-                    % (dist.get_rank(group), text, rank, other)
-                )
-        if self.cost_model == "measure":
-            self._guess(group, world)
-        self._handshake_done = True
+        def after_ddp():
+            if st.error is not None:
+                raise st.error
 
-    def _dense_median(self, index):
-        """The median of bucket index's timed dense warm-up exchanges (inf
-        when none was timed)."""
-        times = self._dense_times.get(index)
-        return statistics.median(times) if times else math.inf
-
-    def _guess(self, group, world):
-        """The cost model's first guess for each bucket that has neither a
-        guess nor a decision (a restored state keeps its own): the ranks
-        agree on the link (per bucket the fastest rank's median warm-up
-        time: a rank that reached the collective early also timed its wait
-        for the others), each asks gc_decide, and a bucket is compressed
-        only when every rank's model says so; the others are decided dense.
-        No bucket timed in the warm-up: no guesses (every bucket probes)."""
-        todo = [i for i in sorted(self.layout) if i not in self.guesses and i not in self.decisions]
-        if not todo:
-            return
-        sizes = [sum(n for _, n in self.layout[i]) for i in todo]
-        times = torch.tensor([self._dense_median(i) for i in todo], dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MIN, group=group)
-        timed = [(n, float(t)) for n, t in zip(sizes, times) if math.isfinite(float(t)) and float(t) > 0]
-        if not timed:
-            return
-        sent = sum(_all_reduce_bytes(world, n) for n, _ in timed)
-        self.bandwidth = sent / sum(t for _, t in timed) if sent > 0 else math.inf
-        votes = torch.tensor(
-            [int(self.compressor.decide(n, world, self.bandwidth, strategy=STRATEGY).compress) for n in sizes],
-            dtype=torch.int32,
-        )
-        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=group)
-        for i, v in zip(todo, votes.tolist()):
-            self.guesses[i] = bool(v)
-            if not v:
-                self.decisions[i] = False
-
-    def _slot_buffers(self, index, staged, world):
-        """The bucket's all-gather buffers for staged (float32, on its
-        device), made on first use and when its length or device changes."""
-        slots = self._slots.get(index)
-        n, device = staged.numel(), staged.device
-        if slots is None or slots.n != n or slots.device != device:
-            kind = _DeviceSlots if device.type == "cuda" else _HostSlots
-            slots = kind(n, _slot_len(self.compressor.max_encoded_len(n)), world, device)
-            self._slots[index] = slots
-        return slots
-
-    def _signature(self, bucket):
-        """The bucket's parameters in bucket order: [[ordinal, elements], ...]."""
-        return [[self._ordinals.get(id(p), -1), p.numel()] for p in bucket.parameters()]
-
-    def _reorder(self, index, signature):
-        """None when the bucket is in its recorded order; else the
-        [(offset, elements), ...] slices of the bucket that, concatenated,
-        give the recorded order; False when no such permutation is known
-        (no model, or other parameters)."""
-        want = self.layout.get(index)
-        if signature == want:
-            return None
-        if want is None or any(o < 0 for o, _ in signature) or sorted(signature) != sorted(want):
+        try:
+            engine.queue_callback(lambda: engine.queue_callback(after_ddp))
+        except RuntimeError:  # "Final callbacks can only be installed during backward pass"
             return False
-        offsets, at = {}, 0
-        for o, n in signature:
-            offsets[o] = at
-            at += n
-        return [(offsets[o], n) for o, n in want]
+        return True
 
-    def _decide(self, index, group):
-        """Agrees, once per bucket after its probe steps, whether it stays
-        compressed: the max over ranks of each path's median time (dense:
-        the warm-up's exchanges; compressed: the probe steps')."""
-        comp = self._compressed_times[index][-self.probe_steps :]
-        t = torch.tensor([self._dense_median(index), statistics.median(comp)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        self.probed[index] = (float(t[0]), float(t[1]))
-        self.decisions[index] = bool(t[1] < t[0])
-        return self.decisions[index]
-
-
-def _all_reduce_bytes(world, n):
-    """Bytes one rank sends in a ring all-reduce of n float32 (what
-    overlap.Predict's link model charges a dense exchange)."""
-    return 2 * (world - 1) * 4 * n // world
-
-
-def _slot_len(max_encoded):
-    return (SLOT_HEADER + max_encoded + 7) // 8 * 8
-
-
-class _HostSlots:
-    """A bucket's all-gather buffers in host memory: world slots of
-    slot_len bytes, each the flag word then the payload, gathered into a
-    list of tensors (gloo)."""
-
-    def __init__(self, n, slot_len, world, device):
-        self.n, self.device = n, device
-        self.send = torch.zeros(slot_len, dtype=torch.uint8)
-        self.recv = [torch.empty_like(self.send) for _ in range(world)]
-
-    def compress(self, compressor, staged, **kw):
-        compressor.compress_raw(
-            staged.data_ptr(), self.n, self.send.data_ptr() + SLOT_HEADER, self.send.numel() - SLOT_HEADER, **kw
-        )
-
-    def set_flag(self, value):
-        self.send[0] = value
-
-    def gather(self, group):
-        return dist.all_gather(self.recv, self.send, group=group, async_op=True)
-
-    def flags(self):
-        return [int(slot[0]) for slot in self.recv]
-
-    def decode(self, compressor, staged):
-        """staged = the sum of the gathered payloads, in rank order."""
-        staged.zero_()
-        for slot in self.recv:
-            payload = slot.data_ptr() + SLOT_HEADER
-            length = payload_len_raw(payload, slot.numel() - SLOT_HEADER)
-            compressor.decompress_raw(payload, length, staged.data_ptr(), self.n, add=True)
-
-
-class _DeviceSlots:
-    """A bucket's all-gather buffers on a CUDA device: world slots of
-    slot_len bytes in one tensor (``all_gather_into_tensor``), each the
-    payload then the flag word; compress and decode run on torch's current
-    stream."""
-
-    def __init__(self, n, slot_len, world, device):
-        self.n, self.device, self.world = n, device, world
-        self.send = torch.zeros(slot_len, dtype=torch.uint8, device=device)
-        self.recv = torch.empty(world * slot_len, dtype=torch.uint8, device=device)
-
-    def _stream(self):
-        return torch.cuda.current_stream(self.device).cuda_stream
-
-    def compress(self, compressor, staged, **kw):
-        compressor.compress_device(
-            staged.data_ptr(), self.n, self.send.data_ptr(), self.send.numel() - SLOT_HEADER, self._stream(), **kw
-        )
-
-    def set_flag(self, value):
-        self.send[-SLOT_HEADER] = value
-
-    def gather(self, group):
-        return dist.all_gather_into_tensor(self.recv, self.send, group=group, async_op=True)
-
-    def flags(self):
-        slot = self.send.numel()
-        return self.recv.view(self.world, slot)[:, slot - SLOT_HEADER].tolist()
-
-    def decode(self, compressor, staged):
-        """staged = the sum of the gathered payloads, in rank order."""
-        compressor.decompress_slots_device(
-            self.recv.data_ptr(), self.send.numel(), self.world, staged.data_ptr(), self.n, self._stream()
-        )
-
-
-# Outcomes of an exchange's all-gather.
-_DONE = "done"  # decoded, failed, or refused (on_nonfinite="raise"): nothing more to issue
-_FALLBACK = "fallback"  # a rank's bucket held NaN/Inf: a dense all-reduce is to be issued
-
-
-class _StepExchanges:
-    """The compressed exchanges one step launched, in launch order, and
-    when their dense fallbacks may be issued.
-
-    Every rank must issue its collectives on the group in the same order.
-    The hook's thread issues the handshake, the decisions' all-reduces, the
-    all-gathers and the dense all-reduces, in bucket order; the all-gathers'
-    callbacks run on the group's threads in any order. So a fallback is
-    issued only once the step is closed (its last bucket handed to the
-    hook: the hook's thread issues nothing more until the step's futures
-    have completed) and every exchange launched before it knows its
-    outcome, which makes the fallbacks' order the launch order on every
-    rank. ``release(force=True)`` is for a hook that waits for its own
-    exchange (overlap=False): every earlier exchange has completed then.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        # Exchanges that may still have a fallback to issue, in launch
-        # order; one leaves once it has (no reference cycle outlives the
-        # step: the cyclic collector may run on a process group's thread).
-        self._exchanges = collections.deque()
-        self._closed = False
-
-    def add(self, ex):
-        """Records an exchange whose all-gather was just launched."""
-        with self._lock:
-            self._exchanges.append(ex)
-
-    def close(self):
-        """The step's last bucket was handed to the hook."""
-        with self._lock:
-            self._closed = True
-            self._release()
-
-    def release(self, force=False):
-        """Issues the fallbacks that may go now (called when an exchange's
-        outcome became known)."""
-        with self._lock:
-            self._release(force)
-
-    def _release(self, force=False):
-        if not (self._closed or force):
-            return
-        while self._exchanges:
-            ex = self._exchanges[0]
-            if ex.outcome is None:
-                return
-            if ex.outcome is _FALLBACK:
-                ex.issue_dense()
-            self._exchanges.popleft()
-
-
-class _Exchange:
-    """One bucket's compressed exchange after its all-gather was launched:
-    the callbacks that finish it and ``result``, the future the hook
-    returned."""
-
-    def __init__(self, state, step, compressor, buf, staged, order, slots, world, index, pending, start):
-        self.state = state
-        self.step = step
-        self.compressor = compressor
-        self.buf = buf
-        self.staged = staged
-        self.order = order
-        self.slots = slots
-        self.world = world
-        self.index = index
-        self.pending = pending  # a deferred compress awaits its settle
-        self.start = start
-        self.iter = state.iter
-        #: None until the all-gather completed, then _DONE or _FALLBACK.
-        self.outcome = None
-        self.result = torch.futures.Future()
-
-    def _settle(self, mode):
-        if self.pending:
-            self.pending = False
-            self.compressor.settle(self.index, mode)
-
-    def gathered(self, fut):
-        """The all-gather's callback: decode and complete, or mark the
-        bucket for a dense fallback (NaN/Inf on some rank), or fail."""
+    def _hook(self, bucket):
+        buf = bucket.buffer()
+        index = bucket.index()
+        last = bucket.is_last()
+        if self._cur is None:
+            self._cur = _Step(self.iter, False)
+            self._cur.in_backward = self._queue_end_of_backward(self._cur)
+        st = self._cur
         try:
-            try:
-                fut.value()
-            except BaseException:
-                self._settle(_lib.Settle.RETAIN)
+            return self._bucket(st, buf, index, last)
+        except BaseException as e:
+            st.fail(e)
+            if not st.in_backward:
                 raise
-            flagged = [r for r, flag in enumerate(self.slots.flags()) if flag != 0]
-            if flagged:
-                self._settle(_lib.Settle.DISCARD)
-                self.state._count("nonfinite")
-                if self.state.on_nonfinite == "raise":
-                    raise FloatingPointError(
-                        "gradcomp.torch: bucket %d at step %d holds NaN or Inf on rank(s) %s"
-                        % (self.index, self.iter, flagged)
-                    )
-                self.outcome = _FALLBACK
+            fut = torch.futures.Future()
+            fut.set_result(buf)  # DDP takes the bucket as it is; the callback raises after it
+            return fut
+        finally:
+            if last:
+                self._cur = None
+                self.iter += 1
+                self._local += 1
+                if st.plain_buckets:
+                    with self._lock:
+                        self._counts["plain_steps"] += 1
+                        self._counts["dense"] += st.plain_buckets
+                        self._counts["bytes_sent"] = st.plain_sent
+                        self._counts["bytes_sent_total"] += st.plain_sent
+
+    def _check(self, buf):
+        dev = buf.device.type
+        if dev == "cuda":
+            if not has_cuda():
+                raise NotImplementedError(
+                    "gradcomp.torch: bucket on %s needs %s (device pointers and CUDA streams), but the loaded "
+                    "library is %s (host memory): build it with `make plugin` on a machine with nvidia-cuda-toolkit"
+                    % (buf.device, _lib.CUDA_LIB_NAME, _lib.CPU_LIB_NAME))
+        elif dev != "cpu":
+            raise NotImplementedError("gradcomp.torch: buckets on %s are not supported (CPU and CUDA only)" % buf.device)
+        if not buf.is_floating_point():
+            raise TypeError("gradcomp.torch: bucket holds %s gradients; want a floating-point dtype" % buf.dtype)
+
+    def _bucket(self, st, buf, index, last):
+        if self._broken is not None:
+            raise self._broken
+        self._check(buf)
+        if self._engine is None and self._local < PLAIN_STEPS:
+            return self._plain(st, buf, index)
+        if self._engine is None:
+            self._create(buf)
+        eng = self._engine
+        try:
+            if not st.started:
+                eng.step()
+                st.started = True
+            if not (0 <= index < eng.nbuckets) or buf.numel() != eng.sizes[index] or index in st.readied:
+                raise ValueError(
+                    "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
+                    "DDP built (each once per step); DDP never changes them after its first step: was the model "
+                    "or its DDP wrapper replaced under this State?" % (st.number, index, buf.numel(), eng.sizes))
+            staged = self._stage(buf)
+            if buf.device.type == "cuda":  # UNTESTED: the device engine
+                st.stream = torch.cuda.current_stream(buf.device)
+                eng.ready_device(index, staged, st.stream.cuda_stream)
             else:
-                self._decode()
-                self.outcome = _DONE
+                eng.ready(index, staged)
+            st.readied.add(index)
+            fut = torch.futures.Future()
+            st.pending.append((fut, buf, staged))
+            if last:
+                if len(st.readied) != eng.nbuckets:
+                    missing = sorted(set(range(eng.nbuckets)) - st.readied)
+                    raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
+                if st.stream is not None:
+                    eng.done(st.stream.cuda_stream)
+                if self.overlap:
+                    threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True).start()
+                else:
+                    self._finish(st)
+            return fut
         except BaseException as e:
-            self.outcome = _DONE
-            self.result.set_exception(e)
-        self.step.release()
-
-    def _decode(self):
-        staged = self.staged
-        try:
-            self.slots.decode(self.compressor, staged)
-        except BaseException:
-            self._settle(_lib.Settle.RETAIN)
+            self._abort(st, e)
             raise
-        staged.div_(self.world)
-        self._settle(_lib.Settle.COMMIT)
-        state = self.state
-        state._count("compressed")
-        state._count("bytes_sent", self.slots.send.numel())
-        self._finish()
-        if state.decisions.get(self.index) is None and state.cost_model == "measure":
-            state._compressed_times[self.index].append(time.perf_counter() - self.start)
 
-    def issue_dense(self):
-        """Launches the dense fallback (the bucket's own values: nothing was
-        committed to error feedback); called in launch order (see
-        _StepExchanges)."""
+    @staticmethod
+    def _stage(buf):
+        if buf.dtype == torch.float32 and buf.is_contiguous():
+            return buf
+        if buf.dtype not in _STAGED_DTYPES and buf.dtype != torch.float32:
+            raise TypeError("gradcomp.torch: bucket holds %s gradients; want float32, float16, bfloat16 or float64"
+                            % buf.dtype)
+        return buf.to(torch.float32).contiguous()
+
+    def _plain(self, st, buf, index):
+        """torch's default exchange: an all-reduce of bucket/world."""
+        group = self.process_group
+        world = dist.get_world_size(group)
+        if self._local == 1:
+            self._layout[index] = buf.numel()
+        st.plain_sent += 2 * (world - 1) * 4 * buf.numel() // world
+        st.plain_buckets += 1
+        buf.div_(world)
+        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    def _create(self, buf):
+        """Creates the engine for the layout seen in step 1 (and applies a
+        loaded state): the handshake runs here, through the host thread."""
+        n = len(self._layout)
+        sizes = [self._layout.get(i) for i in range(n)]
         try:
-            self.staged.div_(self.world)
-            fut = dist.all_reduce(self.staged, group=self.state.group(), async_op=True).get_future()
+            if not n or None in sizes:
+                raise ValueError("gradcomp.torch: step 1 saw buckets %s, not 0..%d" % (sorted(self._layout), n - 1))
+            device = -1 if buf.device.type == "cpu" else buf.device.index
+            eng = Engine(self.spec, sizes, process_group=self.process_group, strategy=self.strategy,
+                         decision=self.decision, error_feedback=self.error_feedback,
+                         fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
+                         timeout=self.timeout, workers=self.workers, device=device)
         except BaseException as e:
-            self.result.set_exception(e)
-            return
-        fut.then(self._dense_done)
+            self._broken = e
+            raise
+        if self._pending is not None:
+            try:
+                eng.load_state(self._pending)
+            except BaseException as e:
+                eng.close()
+                self._broken = e
+                raise
+            self._pending = None
+        self._engine, self._sizes = eng, sizes
+        logger.info("gradcomp: engine for %s (strategy %s, decision %s) on %d ranks, %d buckets %s, warm-up until "
+                    "step %d", self.spec, self.strategy, self.decision, eng.world, len(sizes), sizes,
+                    self.warmup_steps)
 
-    def _dense_done(self, fut):
+    def _abort(self, st, e):
+        """The step cannot go on (a bucket refused, a wait that failed
+        before it began): the engine is destroyed (its step abandoned,
+        error feedback keeping e + g) and the step's futures completed."""
+        eng = self._engine
+        if eng is not None and st.started:
+            self._broken = e
+            self._engine = None
+            try:
+                eng.close()
+            except Exception as e2:
+                logger.debug("gradcomp: closing the engine after %s: %s", e, e2)
+            st.fail(e)
+            self._resolve(st, e)
+
+    def _finish(self, st):
+        """Waits for the engine's step, reads its statistics, copies staged
+        buckets back and completes the step's futures."""
+        eng = self._engine
+        err = None
         try:
-            fut.value()
-            self._finish()
+            eng.wait()
         except BaseException as e:
-            self.result.set_exception(e)
+            err = e
+        try:
+            stats = eng.stats()
+        except Exception:
+            stats = None
+        if stats is not None:
+            self._record(stats)
+        if err is not None:
+            st.fail(err)
+            if not isinstance(err, _lib.NonFiniteError):
+                self._broken = err  # GC_ERR_COMM: the engine is broken
+        else:
+            for fut, buf, staged in st.pending:
+                if staged is not buf:
+                    if st.stream is not None:
+                        with torch.cuda.stream(st.stream):
+                            buf.copy_(staged)
+                    else:
+                        buf.copy_(staged)
+        self._resolve(st, err)
 
-    def _finish(self):
-        """Copies the averaged bucket back into DDP's buffer where it was
-        staged, and completes the hook's future with it."""
-        if self.order:
-            at = 0
-            for o, n in self.order:
-                self.buf[o : o + n].copy_(self.staged[at : at + n])
-                at += n
-        elif self.staged is not self.buf:
-            self.buf.copy_(self.staged)
-        self.result.set_result(self.buf)
+    @staticmethod
+    def _resolve(st, err):
+        pending, st.pending = st.pending, []
+        for fut, buf, staged in pending:
+            if err is not None and not st.in_backward:
+                fut.set_exception(err)
+            else:
+                fut.set_result(buf)
 
-
-def _compressor_for(state, tensor):
-    """The compressor for a bucket on tensor's device: state's, whose
-    library serves host memory, and device memory too when it is
-    libgradcomp_cuda.so."""
-    if tensor.device.type == "cpu":
-        return state.compressor
-    if tensor.device.type == "cuda":
-        if not has_cuda():
-            raise NotImplementedError(
-                "gradcomp.torch: bucket on %s needs %s (device pointers and CUDA streams), but the loaded library "
-                "is %s (host memory): build it with `make plugin` on a machine with nvidia-cuda-toolkit, and let "
-                "the package find it (GRADCOMP_LIB or next to the package)" % (tensor.device, _lib.CUDA_LIB_NAME, _lib.CPU_LIB_NAME)
-            )
-        return state.compressor
-    raise NotImplementedError("gradcomp.torch: buckets on %s are not supported (CPU and CUDA only)" % tensor.device)
+    def _record(self, s):
+        """Counts the step and logs decisions that are new or changed."""
+        with self._lock:
+            self.last_step = s
+            c = self._counts
+            c["engine_steps"] += 1
+            c["bytes_sent"] = s.bytes_sent
+            c["bytes_sent_total"] += s.bytes_sent
+            for b in s.buckets:
+                c["compressed" if b.compressed else "dense"] += 1
+                c["nonfinite"] += int(b.nonfinite)
+        bad = [b.bucket for b in s.buckets if b.nonfinite]
+        if bad:
+            logger.warning("gradcomp: step %d: NaN/Inf in bucket(s) %s (%s)", s.step, bad,
+                           "raised" if self.on_nonfinite == "raise" else "sent dense")
+        for b in s.buckets:
+            key = (b.strategy, b.decided_compressed)
+            prev = self._decided.get(b.bucket)
+            if prev == key and not b.switched:
+                continue
+            self._decided[b.bucket] = key
+            logger.info(
+                "gradcomp: bucket %d (%d elements): %s, %s%s; predicted dense %s, compressed %s; measured dense %s, "
+                "compressed %s; %s", b.bucket, b.elements, b.strategy,
+                "compressed" if b.decided_compressed else "dense",
+                " (changed at engine step %d)" % s.step if prev is not None else "",
+                _ms(b.predicted_dense_seconds), _ms(b.predicted_compressed_seconds),
+                _ms(b.measured_dense_seconds), _ms(b.measured_compressed_seconds), b.reason)
 
 
 def hook(state, bucket):
-    """The DDP communication hook: register it with
-    ``ddp_model.register_comm_hook(state, gradcomp.torch.hook)``. Returns a
-    future holding the bucket averaged over the process group, completed
-    once the exchange is (see the module documentation for warm-up,
-    handshake, compression, overlap, NaN handling and the cost model)."""
-    buf = bucket.buffer()
-    compressor = _compressor_for(state, buf)
-    if not buf.is_floating_point():
-        raise TypeError("gradcomp.torch: bucket %d holds %s gradients; want a floating-point dtype" % (bucket.index(), buf.dtype))
-    index = bucket.index()
-    group = state.group()
-    step = state._step
-    try:
-        if state.iter < state.warmup_steps:
-            state.layout[index] = state._signature(bucket)
-            return _dense(state, buf, index, group, timed=state.iter >= 1)
-        if not state._handshake_done:
-            state._handshake(group)
-        decided = state.decisions.get(index)
-        if decided is None and state.cost_model == "measure" and len(state._compressed_times[index]) >= state.probe_steps:
-            decided = state._decide(index, group)
-        if decided is False:
-            return _dense(state, buf, index, group, timed=False)
-        order = state._reorder(index, state._signature(bucket))
-        if order is False:
-            # Every rank sees the same layout (DDP builds it identically), so
-            # every rank takes this path for this bucket.
-            warnings.warn(
-                "gradcomp.torch: bucket %d's parameters differ from the recorded layout (DDP's first step after "
-                "a restore?); exchanging it dense this step, error feedback untouched. Pass model= to State to "
-                "follow reordered buckets." % index
-            )
-            state._count("layout_dense")
-            return _dense(state, buf, index, group, timed=False)
-        return _compressed(state, step, compressor, buf, index, group, order)
-    finally:
-        if bucket.is_last():
-            state.iter += 1
-            state._step = _StepExchanges()
-            step.close()
-
-
-def _dense(state, buf, index, group, timed):
-    """torch's default exchange (all-reduce of bucket/world), timed from the
-    hook's call to the collective's completion when ``timed``."""
-    start = time.perf_counter()
-    buf.div_(dist.get_world_size(group))
-    state._count("dense")
-    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-
-    def done(f):
-        if timed:
-            state._dense_times[index].append(time.perf_counter() - start)
-        return f.value()[0]
-
-    return fut.then(done)
-
-
-def _compressed(state, step, compressor, buf, index, group, order):
-    """Compresses one bucket, in the recorded element order (``order``: the
-    bucket's slices in that order, or None when the bucket is in it), and
-    launches the all-gather of the slots; returns the future the
-    exchange's callbacks complete (completed already when not
-    ``state.overlap``)."""
-    start = time.perf_counter()
-    world = dist.get_world_size(group)
-    if order:
-        staged = torch.cat([buf[o : o + n] for o, n in order]).to(torch.float32)
-    elif buf.dtype == torch.float32 and buf.is_contiguous():
-        staged = buf
-    else:
-        staged = buf.to(torch.float32).contiguous()
-    slots = state._slot_buffers(index, staged, world)
-    ef = state.error_feedback
-    pending = False
-    try:
-        slots.compress(compressor, staged, bucket=index, step=state.iter, feedback=ef, defer=ef)
-        pending = ef
-        slots.set_flag(0)
-    except _lib.NonFiniteError:
-        slots.set_flag(1)
-    ex = _Exchange(state, step, compressor, buf, staged, order, slots, world, index, pending, start)
-    try:
-        gather = slots.gather(group).get_future()
-    except BaseException:
-        ex._settle(_lib.Settle.RETAIN)
-        raise
-    step.add(ex)
-    done = gather.then(ex.gathered)
-    if not state.overlap:
-        done.wait()
-        step.release(force=True)
-        ex.result.then(_ignore).wait()  # completed, with its value or its error
-    return ex.result
-
-
-def _ignore(fut):
-    """A callback that leaves fut's value or error to whoever waits for it."""
+    """The DDP communication hook: ``ddp_model.register_comm_hook(state,
+    gradcomp.torch.hook)``. Returns a future holding the bucket averaged
+    over the process group (see the module documentation)."""
+    return state._hook(bucket)

@@ -1,0 +1,512 @@
+"""gradcomp's engine over a hosted transport, and a host that carries out
+its collectives with torch.distributed.
+
+:class:`Hosted` is one rank's end of a hosted transport (gc_hosted): the
+engine POSTS each collective (an all-reduce of float32 in place, an
+all-gather, an all-to-all, a broadcast, a barrier or a reduce-scatter, with
+raw buffer addresses) in the same order on every rank, and the host takes
+the posts and carries them out with its own communicator, then completes
+them. :class:`TorchHost` is such a host: a daemon thread that takes each
+post (gc_hosted_take, blocking with the GIL released) and runs it on a
+torch.distributed process group (async_op=True, then waits for it), then
+completes it; any exception completes the op with an error, so nothing is
+left hanging. :class:`Engine` is gradcomp's engine (overlap.Engine through
+the C ABI 2.0: strategies, handshake, cost model, NaN handling,
+checkpoints) over a Hosted transport served by a TorchHost.
+
+One step::
+
+    eng = Engine("int8", [1000, 37], decision="compressed")
+    eng.step()
+    eng.ready(0, grad0)   # float32, contiguous, CPU; owned by the engine
+    eng.ready(1, grad1)
+    eng.wait()            # grad0 and grad1 now hold the rank average
+    eng.stats()           # StepStats: bytes sent, stage times, decisions
+
+Host buffers are viewed without a copy (``torch.frombuffer`` over the op's
+addresses). Device ops (gc_op.device == 1, from libgradcomp_cuda.so's
+device engine) run the same collectives on ``torch.cuda.ExternalStream
+(op.stream)`` over tensors made from the device pointers and are completed
+once enqueued; that path has NOT run on a GPU yet.
+"""
+
+import collections
+import ctypes
+import logging
+import threading
+
+from . import _lib
+from ._lib import Status
+
+__all__ = ["BucketStats", "Engine", "Hosted", "StateInfo", "StepStats", "TorchHost"]
+
+_log = logging.getLogger("gradcomp")
+
+#: One bucket in the last waited step (gc_bucket_stats); times in seconds.
+BucketStats = collections.namedtuple(
+    "BucketStats",
+    "bucket elements bytes_sent compressed nonfinite trial switched decided_compressed "
+    "compress_seconds exchange_seconds decompress_seconds predicted_dense_seconds "
+    "predicted_compressed_seconds measured_dense_seconds measured_compressed_seconds strategy reason",
+)
+
+#: The last waited step (gc_engine_stats): its number, this rank's bytes
+#: on the wire, wall and exposed seconds, and one BucketStats per bucket.
+StepStats = collections.namedtuple("StepStats", "step bytes_sent total_seconds exposed_seconds buckets")
+
+#: What a saved engine state records (gc_engine_state_info).
+StateInfo = collections.namedtuple("StateInfo", "spec strategy world rank next_step sizes")
+
+#: Seconds TorchHost's thread waits in one gc_hosted_take before it looks
+#: whether it was asked to stop.
+TAKE_SECONDS = 0.2
+
+_DECISIONS = ("auto", "compressed", "dense")
+
+
+class Hosted:
+    """Rank ``rank``'s end of a hosted transport of ``size`` ranks
+    (gc_hosted_create). :meth:`take` and :meth:`complete` are what a host
+    calls; :meth:`close` destroys it (takes then raise ClosedError)."""
+
+    def __init__(self, rank, size):
+        h = ctypes.c_uint64()
+        _lib.call("gc_hosted_create", int(rank), int(size), ctypes.byref(h))
+        self.handle = h.value
+        self.rank, self.size = int(rank), int(size)
+        self._lock = threading.Lock()
+
+    def take(self, timeout):
+        """The next post as an :class:`_lib.Op`, or None when nothing was
+        posted within ``timeout`` seconds. ClosedError once closed. Blocks
+        with the GIL released."""
+        op = _lib.Op()
+        fn = _lib.function("gc_hosted_take")
+        status = fn(self.handle, float(timeout), ctypes.byref(op))
+        if status == Status.OK:
+            return op
+        if status == Status.TIMEOUT:
+            return None
+        raise _lib.error("gc_hosted_take", status, _lib.last_error())
+
+    def complete(self, op_id, status=Status.OK, message=None, recv_bytes=0):
+        """Completes the taken op ``op_id``: GC_OK with the bytes written to
+        its output, or an error status with a message."""
+        msg = message.encode("utf-8", "replace")[:1000] if message else None
+        _lib.call("gc_hosted_complete", self.handle, int(op_id), int(status), msg, int(recv_bytes))
+
+    def close(self):
+        """Destroys the transport (gc_hosted_destroy). Idempotent."""
+        with self._lock:
+            h, self.handle = self.handle, 0
+        if h:
+            _lib.call("gc_hosted_destroy", h)
+
+
+def _global_rank(group, group_rank):
+    """The default group's rank of ``group``'s rank ``group_rank``
+    (torch.distributed's broadcast wants the global one)."""
+    import torch.distributed as dist
+
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return get(group, group_rank)
+
+
+def _host_tensor(addr, nbytes, dtype):
+    """A tensor of ``dtype`` over ``nbytes`` bytes of host memory at
+    ``addr``, without a copy (an empty one for 0 bytes)."""
+    import torch
+
+    if nbytes == 0:
+        return torch.empty(0, dtype=dtype)
+    if not addr:
+        raise ValueError("null address for %d bytes" % nbytes)
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=dtype)
+
+
+class _CudaBuffer:
+    """A device buffer exposed through ``__cuda_array_interface__`` (for
+    torch.as_tensor, which then shares the memory)."""
+
+    def __init__(self, addr, nbytes, typestr):
+        itemsize = int(typestr[-1])
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes // itemsize,),
+            "typestr": typestr,
+            "data": (int(addr), False),
+            "version": 2,
+            "strides": None,
+        }
+
+
+def _device_tensor(addr, nbytes, dtype):
+    """UNTESTED (no GPU here): a CUDA tensor over device memory at addr."""
+    import torch
+
+    if nbytes == 0:
+        return torch.empty(0, dtype=dtype, device="cuda")
+    typestr = {torch.float32: "<f4", torch.uint8: "|u1"}[dtype]
+    return torch.as_tensor(_CudaBuffer(addr, nbytes, typestr))
+
+
+def _kind_name(kind):
+    try:
+        return _lib.OpKind(kind).name
+    except ValueError:
+        return "kind %d" % kind
+
+
+def check_op(op, size):
+    """Checks op's lengths against the header's contract for its kind and
+    returns the kind (ValueError naming what is wrong)."""
+    try:
+        kind = _lib.OpKind(op.kind)
+    except ValueError:
+        raise ValueError("unknown collective kind %d" % op.kind)
+    n = op.count
+    want = {
+        _lib.OpKind.ALLREDUCE: (4 * n, 4 * n, True),
+        _lib.OpKind.ALLGATHER: (n, size * n, False),
+        _lib.OpKind.REDUCESCATTER: (4 * size * n, 4 * n, False),
+        _lib.OpKind.ALLTOALL: (n, n, False),
+        _lib.OpKind.BROADCAST: (n, n, True),
+        _lib.OpKind.BARRIER: (0, 0, False),
+    }[kind]
+    if (op.send_bytes, op.recv_bytes) != want[:2]:
+        raise ValueError(
+            "%s of count %d: send_bytes %d, recv_bytes %d; want %d and %d"
+            % (kind.name, n, op.send_bytes, op.recv_bytes, want[0], want[1])
+        )
+    if want[2] and op.send != op.recv:
+        raise ValueError("%s is in place but send != recv" % kind.name)
+    if kind == _lib.OpKind.ALLTOALL and n % size:
+        raise ValueError("ALLTOALL of %d bytes is not a multiple of %d ranks" % (n, size))
+    if kind == _lib.OpKind.BROADCAST and not 0 <= op.root < size:
+        raise ValueError("BROADCAST root %d outside 0..%d" % (op.root, size - 1))
+    return kind
+
+
+def run_op(op, group, rank, size):
+    """Carries out one posted collective on the torch.distributed ``group``
+    (None: the default group), in which this process is ``rank`` of
+    ``size``; returns the bytes written to the output (op.recv_bytes).
+    Host ops complete before it returns; device ops are enqueued on
+    op.stream (UNTESTED)."""
+    kind = check_op(op, size)
+    if op.count == 0 and kind != _lib.OpKind.BARRIER:
+        return 0  # the same empty op on every rank: nothing to carry
+    if op.device:
+        return _run_device_op(op, kind, group, rank, size)
+    import torch
+    import torch.distributed as dist
+
+    K = _lib.OpKind
+    n = op.count
+    if kind == K.ALLREDUCE:
+        buf = _host_tensor(op.recv, op.recv_bytes, torch.float32)
+        dist.all_reduce(buf, group=group, async_op=True).wait()
+    elif kind == K.ALLGATHER:
+        send = _host_tensor(op.send, op.send_bytes, torch.uint8)
+        recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
+        dist.all_gather(list(recv.view(size, n).unbind(0)), send, group=group, async_op=True).wait()
+    elif kind == K.REDUCESCATTER:
+        # torch 1.13's gloo has no reduce-scatter: all-reduce a copy, keep our chunk.
+        send = _host_tensor(op.send, op.send_bytes, torch.float32)
+        recv = _host_tensor(op.recv, op.recv_bytes, torch.float32)
+        total = send.clone()
+        dist.all_reduce(total, group=group, async_op=True).wait()
+        recv.copy_(total[rank * n : (rank + 1) * n])
+    elif kind == K.ALLTOALL:
+        send = _host_tensor(op.send, op.send_bytes, torch.uint8)
+        recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
+        dist.all_to_all_single(recv, send, group=group, async_op=True).wait()
+    elif kind == K.BROADCAST:
+        buf = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
+        dist.broadcast(buf, _global_rank(group, op.root), group=group, async_op=True).wait()
+    elif kind == K.BARRIER:
+        dist.barrier(group=group, async_op=True).wait()
+    return op.recv_bytes
+
+
+def _run_device_op(op, kind, group, rank, size):
+    """UNTESTED (no GPU here): one collective over device memory, enqueued
+    on op.stream through torch.cuda.ExternalStream (NCCL orders its stream
+    after the current one and work.wait() makes the current one wait for
+    it, without blocking the host)."""
+    import torch
+    import torch.distributed as dist
+
+    K = _lib.OpKind
+    n = op.count
+    stream = torch.cuda.ExternalStream(op.stream) if op.stream else torch.cuda.default_stream()
+    all_gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    with torch.cuda.stream(stream):
+        if kind == K.ALLREDUCE:
+            work = dist.all_reduce(_device_tensor(op.recv, op.recv_bytes, torch.float32), group=group, async_op=True)
+        elif kind == K.ALLGATHER:
+            work = all_gather(_device_tensor(op.recv, op.recv_bytes, torch.uint8),
+                              _device_tensor(op.send, op.send_bytes, torch.uint8), group=group, async_op=True)
+        elif kind == K.REDUCESCATTER:
+            work = reduce_scatter(_device_tensor(op.recv, op.recv_bytes, torch.float32),
+                                  _device_tensor(op.send, op.send_bytes, torch.float32), group=group, async_op=True)
+        elif kind == K.ALLTOALL:
+            work = dist.all_to_all_single(_device_tensor(op.recv, op.recv_bytes, torch.uint8),
+                                          _device_tensor(op.send, op.send_bytes, torch.uint8), group=group,
+                                          async_op=True)
+        elif kind == K.BROADCAST:
+            work = dist.broadcast(_device_tensor(op.recv, op.recv_bytes, torch.uint8), _global_rank(group, op.root),
+                                  group=group, async_op=True)
+        else:  # BARRIER: a one-element all-reduce on the stream
+            work = dist.all_reduce(torch.zeros(1, device="cuda"), group=group, async_op=True)
+        work.wait()  # NCCL: the stream waits for the collective; the host does not
+    return op.recv_bytes
+
+
+class TorchHost:
+    """Carries out a Hosted transport's posts on a torch.distributed process
+    group, on a daemon thread of its own: take, run (:func:`run_op`),
+    complete. An exception completes the op with GC_ERR_COMM and its
+    message (the engine's step then fails with GC_ERR_COMM on this rank);
+    the thread ends when the transport is closed or :meth:`stop` is
+    called. ``ops`` counts the ops carried out, by kind name."""
+
+    def __init__(self, hosted, group=None, name="gradcomp-host"):
+        self.hosted = hosted
+        self.group = group
+        self.ops = collections.Counter()
+        self.error = None  # the last exception an op raised (for diagnosis)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        h = self.hosted
+        while not self._stop.is_set():
+            try:
+                op = h.take(TAKE_SECONDS)
+            except _lib.ClosedError:
+                return
+            except Exception as e:  # a handle error: the transport is gone
+                self.error = e
+                return
+            if op is None:
+                continue
+            try:
+                written = run_op(op, self.group, h.rank, h.size)
+            except BaseException as e:
+                self.error = e
+                name = _kind_name(op.kind)
+                msg = "gradcomp: the host's %s (op %d) failed on rank %d: %s: %s" % (
+                    name, op.id, h.rank, type(e).__name__, e)
+                try:
+                    h.complete(op.id, Status.COMM, msg, 0)
+                except Exception as e2:
+                    _log.debug("gradcomp: completing failed op %d: %s", op.id, e2)
+                continue
+            try:
+                h.complete(op.id, Status.OK, None, written)
+                self.ops[_kind_name(op.kind)] += 1
+            except _lib.ClosedError:
+                return
+            except Exception as e:  # GC_ERR_STATE: the engine already gave up on it
+                self.error = e
+                _log.debug("gradcomp: completing op %d: %s", op.id, e)
+
+    def stop(self, timeout=None):
+        """Asks the thread to end after its current op and waits up to
+        ``timeout`` seconds for it; returns whether it ended."""
+        self._stop.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+class Engine:
+    """gradcomp's engine (gc_engine) for buckets of ``sizes`` float32
+    elements, exchanging over ``process_group`` (None: torch.distributed's
+    default group) through a Hosted transport and a TorchHost.
+
+    ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
+    "allgather". ``decision``: "auto" (the cost model, verified online),
+    "compressed" or "dense" (pinned). ``fail_on_nonfinite``: a NaN/Inf makes
+    :meth:`wait` raise NonFiniteError (a FloatingPointError) instead of
+    sending the bucket dense. ``warmup``: engine steps below it exchange
+    every bucket dense. ``timeout``: seconds per collective. ``device``: -1
+    host buckets, else the CUDA device of the buckets (libgradcomp_cuda.so).
+    Spec, strategy, decision, error feedback, fail_on_nonfinite, warmup and
+    the sizes must be equal on every rank: the handshake (run here, through
+    the host, blocking) raises ConfigError (a ValueError) on every rank
+    otherwise.
+    """
+
+    def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
+                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1):
+        import torch.distributed as dist
+
+        if decision not in _DECISIONS:
+            raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
+        self.sizes = [int(n) for n in sizes]
+        self.spec = spec
+        self.timeout = float(timeout)
+        self.group = process_group
+        rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        self.hosted = Hosted(rank, size)
+        self.host = TorchHost(self.hosted, process_group)
+        cfg = _lib.EngineConfig()
+        cfg.size = ctypes.sizeof(_lib.EngineConfig)
+        cfg.error_feedback = 1 if error_feedback else 0
+        cfg.spec = spec.encode("utf-8")
+        cfg.strategy = strategy.encode("utf-8")
+        cfg.decision = decision.encode("utf-8")
+        cfg.fail_on_nonfinite = 1 if fail_on_nonfinite else 0
+        cfg.warmup = int(warmup)
+        cfg.timeout_seconds = float(timeout)
+        cfg.workers = int(workers)
+        cfg.device = int(device)
+        arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
+        e = ctypes.c_uint64()
+        try:
+            _lib.call("gc_engine_create", self.hosted.handle, ctypes.byref(cfg), arr, len(self.sizes), ctypes.byref(e))
+        except BaseException:
+            self._close_transport()
+            raise
+        self.handle = e.value
+        self.rank, self.world = rank, size
+
+    @property
+    def nbuckets(self):
+        return len(self.sizes)
+
+    def _h(self):
+        if not self.handle:
+            raise _lib.ClosedError("gc_engine", Status.CLOSED, "gradcomp: the engine is closed")
+        return self.handle
+
+    def step(self):
+        """Starts a step (gc_engine_step)."""
+        _lib.call("gc_engine_step", self._h())
+
+    def ready(self, bucket, grad):
+        """Hands bucket ``bucket``'s gradient to the engine: a contiguous
+        float32 CPU tensor of the bucket's size (or an (address, n) pair).
+        The engine owns it until :meth:`wait` returns, which leaves the
+        rank average in it."""
+        if isinstance(grad, tuple):
+            addr, n = grad
+        else:
+            addr, n = grad.data_ptr(), grad.numel()
+        _lib.call("gc_engine_ready", self._h(), int(bucket), addr or None, int(n))
+
+    def ready_device(self, bucket, grad, stream):
+        """UNTESTED: the device engine's ready (a CUDA float32 tensor, a raw
+        CUstream)."""
+        _lib.call("gc_engine_ready_device", self._h(), int(bucket), grad.data_ptr(), grad.numel(), int(stream))
+
+    def done(self, stream):
+        """UNTESTED: makes the CUstream ``stream`` wait for the step's end."""
+        _lib.call("gc_engine_done", self._h(), int(stream))
+
+    def wait(self, timeout=0.0):
+        """Blocks (GIL released) until the step has ended. NonFiniteError
+        (fail_on_nonfinite), CommError (the engine is broken), ..."""
+        _lib.call("gc_engine_wait", self._h(), float(timeout))
+
+    def stats(self):
+        """The :class:`StepStats` of the last waited step."""
+        h = self._h()
+        step, sent = ctypes.c_uint64(), ctypes.c_uint64()
+        total, exposed = ctypes.c_double(), ctypes.c_double()
+        buckets = []
+        for i in range(len(self.sizes)):
+            b = _lib.BucketStatsC()
+            _lib.call("gc_engine_stats", h, i, ctypes.byref(b), ctypes.byref(step), ctypes.byref(sent),
+                      ctypes.byref(total), ctypes.byref(exposed))
+            buckets.append(BucketStats(
+                i, b.elements, b.bytes_sent, bool(b.compressed), bool(b.nonfinite), bool(b.trial), bool(b.switched),
+                bool(b.decided_compressed), b.compress_seconds, b.exchange_seconds, b.decompress_seconds,
+                b.predicted_dense_seconds, b.predicted_compressed_seconds, b.measured_dense_seconds,
+                b.measured_compressed_seconds, b.strategy.decode("utf-8", "replace"),
+                b.reason.decode("utf-8", "replace"),
+            ))
+        if not buckets:
+            _lib.call("gc_engine_stats", h, 0, None, ctypes.byref(step), ctypes.byref(sent), ctypes.byref(total),
+                      ctypes.byref(exposed))
+        return StepStats(step.value, sent.value, total.value, exposed.value, buckets)
+
+    def save_state(self):
+        """The engine's state as bytes (gc_engine_state_save)."""
+        h = self._h()
+        size = ctypes.c_size_t()
+        _lib.call("gc_engine_state_size", h, ctypes.byref(size))
+        while True:
+            buf = ctypes.create_string_buffer(max(size.value, 1))
+            written = ctypes.c_size_t()
+            try:
+                _lib.call("gc_engine_state_save", h, buf, size.value, ctypes.byref(written))
+            except _lib.InvalidArgumentError as e:
+                if e.status == Status.SIZE and written.value > size.value:
+                    size.value = written.value
+                    continue
+                raise
+            return buf.raw[: written.value]
+
+    def load_state(self, data):
+        """Replaces the engine's state with a saved one, validated whole
+        first: a state of another spec, strategy, error feedback or bucket
+        layout raises ValueError and changes nothing."""
+        data = bytes(data)
+        try:
+            _lib.call("gc_engine_state_load", self._h(), data, len(data))
+        except _lib.LibraryError as e:
+            if e.status == Status.CORRUPT:
+                raise ValueError(str(e)) from e
+            raise
+
+    @staticmethod
+    def state_info(data):
+        """The :class:`StateInfo` a saved state records (ValueError when it
+        is not a valid engine state)."""
+        data = bytes(data)
+        spec = ctypes.create_string_buffer(256)
+        strategy = ctypes.create_string_buffer(64)
+        world, rank = ctypes.c_int(), ctypes.c_int()
+        nxt, nb = ctypes.c_uint64(), ctypes.c_size_t()
+        args = (data, len(data), spec, len(spec), strategy, len(strategy), ctypes.byref(world), ctypes.byref(rank),
+                ctypes.byref(nxt), ctypes.byref(nb))
+        try:
+            _lib.call("gc_engine_state_info", *args, None, 0)
+            sizes = (ctypes.c_uint64 * max(nb.value, 1))()
+            _lib.call("gc_engine_state_info", *args, sizes, nb.value)
+        except _lib.LibraryError as e:
+            if e.status in (Status.CORRUPT, Status.MISMATCH):
+                raise ValueError("gradcomp: not a valid engine state: %s" % e) from e
+            raise
+        return StateInfo(spec.value.decode("utf-8", "replace"), strategy.value.decode("utf-8", "replace"),
+                         world.value, rank.value, nxt.value, [int(sizes[i]) for i in range(nb.value)])
+
+    def _close_transport(self):
+        # The host's current op (if any) is finished before the transport
+        # goes: its buffers stay valid until then, and torch cannot cancel it.
+        self.host.stop(timeout=self.timeout)
+        self.hosted.close()
+        self.host.stop(timeout=1.0)
+
+    def close(self):
+        """Destroys the engine (a step in flight is abandoned, error feedback
+        keeping e + g), then the transport and the host's thread.
+        Idempotent."""
+        h, self.handle = getattr(self, "handle", 0), 0
+        if not h:
+            return
+        try:
+            _lib.call("gc_engine_destroy", h)
+        finally:
+            self._close_transport()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
