@@ -55,6 +55,11 @@ const (
 	errNoCUDA    status = 10 // GC_ERR_NOCUDA (since ABI 1.2)
 	errNoDevice  status = 11 // GC_ERR_NODEVICE (since ABI 1.2)
 	errCUDA      status = 12 // GC_ERR_CUDA (since ABI 1.2)
+	errTimeout   status = 13 // GC_ERR_TIMEOUT (since ABI 2.0)
+	errClosed    status = 14 // GC_ERR_CLOSED (since ABI 2.0)
+	errComm      status = 15 // GC_ERR_COMM (since ABI 2.0)
+	errConfig    status = 16 // GC_ERR_CONFIG (since ABI 2.0)
+	errBroken    status = 17 // GC_ERR_BROKEN (since ABI 2.0)
 )
 
 // version is the library version gc_version returns.
