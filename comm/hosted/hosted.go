@@ -499,7 +499,7 @@ func (d deviceComm) Close() error { return d.t.Close() }
 // written to the op's output, for Complete. Device ops are refused.
 func Run(ctx context.Context, op Op, c comm.Comm) (int, error) {
 	if op.Device {
-		return 0, errors.New("hosted: Run: a device op needs the host's device communicator")
+		return 0, errors.New("hosted: Run: a device op needs the host's device communicator (RunDevice)")
 	}
 	var err error
 	switch op.Kind {
@@ -524,16 +524,54 @@ func Run(ctx context.Context, op Op, c comm.Comm) (int, error) {
 	return op.RecvBytes, nil
 }
 
-// Serve is a Go host's loop: it takes every post of t and carries it out
-// on c with Run until ctx ends or t is closed, and returns nil then (or
-// the error Complete refused).
-func Serve(ctx context.Context, t *Transport, c comm.Comm) error {
+// RunDevice enqueues a device op on dc (the host's device communicator,
+// e.g. comm/nccl) on the op's stream and returns the op's output length,
+// for Complete. Host ops are refused.
+func RunDevice(ctx context.Context, op Op, dc comm.DeviceComm) (int, error) {
+	if !op.Device {
+		return 0, errors.New("hosted: RunDevice: a host op needs the host's comm.Comm (Run)")
+	}
+	var err error
+	switch op.Kind {
+	case comm.OpAllReduce:
+		err = dc.AllReduce(ctx, op.RecvPtr, op.Count, op.Stream)
+	case comm.OpAllGather:
+		err = dc.AllGather(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpReduceScatter:
+		err = dc.ReduceScatter(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpAllToAll:
+		err = dc.AllToAll(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpBroadcast:
+		err = dc.Broadcast(ctx, op.RecvPtr, op.Count, op.Root, op.Stream)
+	default:
+		err = fmt.Errorf("hosted: RunDevice: no device %v", op.Kind)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return op.RecvBytes, nil
+}
+
+// Serve is a Go host's loop: it takes every post of t and carries it out,
+// host ops on c and device ops on dc (nil: device ops fail), until ctx
+// ends or t is closed, and returns nil then (or the error Complete
+// refused).
+func Serve(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) error {
 	for {
 		op, err := t.Take(ctx)
 		if err != nil {
 			return nil
 		}
-		n, runErr := Run(ctx, op, c)
+		var n int
+		var runErr error
+		switch {
+		case !op.Device:
+			n, runErr = Run(ctx, op, c)
+		case dc == nil:
+			runErr = errors.New("hosted: Serve: this host has no device communicator")
+		default:
+			n, runErr = RunDevice(ctx, op, dc)
+		}
 		if err := t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
 			return err
 		}

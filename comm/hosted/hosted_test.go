@@ -3,6 +3,7 @@ package hosted_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func servedGroup(t *testing.T, n int) []*hosted.Transport {
 			t.Fatal(err)
 		}
 		wg.Go(func() {
-			if err := hosted.Serve(ctx, ts[r], inner[r]); err != nil {
+			if err := hosted.Serve(ctx, ts[r], inner[r], nil); err != nil {
 				t.Errorf("rank %d: Serve: %v", r, err)
 			}
 		})
@@ -268,4 +269,51 @@ func TestFailures(t *testing.T) {
 			}
 		}
 	})
+}
+
+// recordingDC is a comm.DeviceComm that records the calls it gets.
+type recordingDC struct {
+	comm.DeviceComm // nil: the methods not overridden panic
+	calls           []string
+}
+
+func (d *recordingDC) AllGather(_ context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	d.calls = append(d.calls, fmt.Sprintf("AllGather(%#x, %#x, %d, %#x)", dst, src, n, s))
+	return nil
+}
+
+func (d *recordingDC) AllReduce(_ context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+	d.calls = append(d.calls, fmt.Sprintf("AllReduce(%#x, %d, %#x)", buf, n, s))
+	return nil
+}
+
+// TestServeDevice: Serve carries device ops out on the host's device
+// communicator, with the caller's pointers, length and stream; without one
+// a device op fails with a *hosted.HostError.
+func TestServeDevice(t *testing.T) {
+	tr, _ := hosted.New(0, 2)
+	dc := &recordingDC{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- hosted.Serve(ctx, tr, nil, dc) }()
+	if err := tr.Device().AllGather(context.Background(), 0x2000, 0x1000, 8, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Device().AllReduce(context.Background(), 0x3000, 5, 9); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+	want := []string{"AllGather(0x2000, 0x1000, 8, 0x7)", "AllReduce(0x3000, 5, 0x9)"}
+	if fmt.Sprint(dc.calls) != fmt.Sprint(want) {
+		t.Fatalf("device calls %v, want %v", dc.calls, want)
+	}
+
+	tr2, _ := hosted.New(0, 2)
+	go hosted.Serve(context.Background(), tr2, nil, nil)
+	defer tr2.Close()
+	var he *hosted.HostError
+	if err := tr2.Device().AllReduce(context.Background(), 0x3000, 5, 9); !errors.As(err, &he) {
+		t.Fatalf("a device op on a host without a device communicator: %v, want *hosted.HostError", err)
+	}
 }
