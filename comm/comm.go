@@ -6,6 +6,8 @@
 //
 //	comm/inproc   N ranks in one process (tests, single machine)
 //	comm/mpi      one rank per process over Open MPI (build with -tags mpi)
+//	comm/hosted   collectives posted to the host program, which carries
+//	              them out with its own communicator (the C ABI, PyTorch)
 //
 // # Collective calls
 //

@@ -1,5 +1,7 @@
 package main
 
+import "github.com/gradcomp/gradcomp/comm"
+
 // The constants of include/gradcomp.h, in Go. They are not read through
 // cgo: the go command does not track headers outside the package directory,
 // so a changed header would leave a stale build. abi_test.go reads the
@@ -55,6 +57,21 @@ const (
 	errNoCUDA    status = 10 // GC_ERR_NOCUDA (since ABI 1.2)
 	errNoDevice  status = 11 // GC_ERR_NODEVICE (since ABI 1.2)
 	errCUDA      status = 12 // GC_ERR_CUDA (since ABI 1.2)
+	errTimeout   status = 13 // GC_ERR_TIMEOUT (since ABI 2.0)
+	errClosed    status = 14 // GC_ERR_CLOSED (since ABI 2.0)
+	errComm      status = 15 // GC_ERR_COMM (since ABI 2.0)
+	errConfig    status = 16 // GC_ERR_CONFIG (since ABI 2.0)
+	errBroken    status = 17 // GC_ERR_BROKEN (since ABI 2.0)
+)
+
+// The gc_op_kind values: comm.Op's, which hosted.Op carries.
+const (
+	opAllReduce     = int64(comm.OpAllReduce)     // GC_OP_ALLREDUCE
+	opAllGather     = int64(comm.OpAllGather)     // GC_OP_ALLGATHER
+	opReduceScatter = int64(comm.OpReduceScatter) // GC_OP_REDUCESCATTER
+	opAllToAll      = int64(comm.OpAllToAll)      // GC_OP_ALLTOALL
+	opBroadcast     = int64(comm.OpBroadcast)     // GC_OP_BROADCAST
+	opBarrier       = int64(comm.OpBarrier)       // GC_OP_BARRIER
 )
 
 // version is the library version gc_version returns.

@@ -34,47 +34,66 @@ type settler interface {
 	Discard()
 }
 
-// handles is the registry of live handles. A handle is a runtime/cgo.Handle
-// whose Value is called only after the registry has confirmed it is live, so
-// an unknown or destroyed value is an error, never cgo's panic.
+// handles is the registry of live handles: compressors, hosted transports
+// and engines. A handle is a runtime/cgo.Handle whose Value is called only
+// after the registry has confirmed it is live, so an unknown or destroyed
+// value is an error, never cgo's panic.
 var handles = struct {
 	mu   sync.RWMutex
 	live map[cgo.Handle]struct{}
 }{live: map[cgo.Handle]struct{}{}}
 
-// newHandle registers c and returns its handle, never 0.
-func newHandle(c *compressor) uint64 {
-	h := cgo.NewHandle(c)
+// newHandle registers v and returns its handle, never 0.
+func newHandle(v any) uint64 {
+	h := cgo.NewHandle(v)
 	handles.mu.Lock()
 	handles.live[h] = struct{}{}
 	handles.mu.Unlock()
 	return uint64(h)
 }
 
-// lookup returns the compressor of a live handle.
-func lookup(h uint64) (*compressor, error) {
+// lookupAs returns the value of a live handle of type T, named kind in
+// errors.
+func lookupAs[T any](h uint64, kind string) (T, error) {
 	handles.mu.RLock()
 	defer handles.mu.RUnlock()
-	if _, ok := handles.live[cgo.Handle(h)]; !ok {
-		return nil, fmt.Errorf("handle %d is not a live compressor (never created, or destroyed)", h)
-	}
-	return cgo.Handle(h).Value().(*compressor), nil
+	return liveValue[T](h, kind)
 }
 
-// release unregisters h and frees its device memory, if it has any. Host
-// calls already running on it finish normally; device calls still running
-// on a bucket finish before its memory is freed, and later ones fail.
-func release(h uint64) (*compressor, error) {
+// liveValue is lookupAs under handles.mu.
+func liveValue[T any](h uint64, kind string) (T, error) {
+	var zero T
+	if _, ok := handles.live[cgo.Handle(h)]; !ok {
+		return zero, fmt.Errorf("handle %d is not a live %s (never created, or destroyed)", h, kind)
+	}
+	v, ok := cgo.Handle(h).Value().(T)
+	if !ok {
+		return zero, fmt.Errorf("handle %d is a %T, not a %s", h, cgo.Handle(h).Value(), kind)
+	}
+	return v, nil
+}
+
+// releaseAs unregisters the live handle h of type T and returns its value.
+// Calls already running on it finish normally.
+func releaseAs[T any](h uint64, kind string) (T, error) {
 	handles.mu.Lock()
 	defer handles.mu.Unlock()
-	if _, ok := handles.live[cgo.Handle(h)]; !ok {
-		return nil, fmt.Errorf("handle %d is not a live compressor (never created, or destroyed)", h)
+	v, err := liveValue[T](h, kind)
+	if err != nil {
+		return v, err
 	}
-	c := cgo.Handle(h).Value().(*compressor)
 	delete(handles.live, cgo.Handle(h))
 	cgo.Handle(h).Delete()
-	return c, nil
+	return v, nil
 }
+
+// lookup returns the compressor of a live handle.
+func lookup(h uint64) (*compressor, error) { return lookupAs[*compressor](h, "compressor") }
+
+// release unregisters the compressor handle h. Device calls still running
+// on a bucket finish before its memory is freed (by the caller, with
+// dev.close), and later ones fail.
+func release(h uint64) (*compressor, error) { return releaseAs[*compressor](h, "compressor") }
 
 // liveHandles returns how many handles are live.
 func liveHandles() int {

@@ -12,8 +12,11 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/kernels"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // errorBufLen is the size of lasterror.c's per-thread buffer, NUL included.
@@ -46,11 +49,13 @@ func errorf(st status, format string, args ...any) error {
 }
 
 // statusOf maps an error to its status code: a *statusError's own, else
-// that of compress's and kernels' typed errors. An error of no known type
-// is a bug in gradcomp: GC_ERR_INTERNAL.
+// that of overlap's, comm's, compress's and kernels' typed errors. An error
+// of no known type is a bug in gradcomp: GC_ERR_INTERNAL.
 func statusOf(err error) status {
+	if st, ok := engineStatus(err); ok {
+		return st
+	}
 	var (
-		own      *statusError
 		spec     *compress.SpecError
 		nonFin   *compress.NonFiniteError
 		size     *compress.SizeError
@@ -62,8 +67,6 @@ func statusOf(err error) status {
 		arg      *kernels.ArgError
 	)
 	switch {
-	case errors.As(err, &own):
-		return own.st
 	case errors.Is(err, kernels.ErrNoCUDA):
 		return errNoCUDA
 	case errors.Is(err, kernels.ErrNoDevice):
@@ -86,22 +89,74 @@ func statusOf(err error) status {
 	return errInternal
 }
 
+// engineStatus maps the errors of the engine and its transport; ok is
+// false for others. Order matters: a *overlap.BrokenError wraps the step
+// failure that broke the engine, and a step failure wraps the comm error.
+func engineStatus(err error) (st status, ok bool) {
+	var (
+		own      *statusError
+		broken   *overlap.BrokenError
+		nonFin   *overlap.NonFiniteError
+		usage    *overlap.UsageError
+		mismatch *overlap.ConfigMismatchError
+		config   *overlap.ConfigError
+		state    *overlap.StateError
+		stepErr  *overlap.StepError
+		host     *hosted.HostError
+		protocol *hosted.ProtocolError
+		inc      *comm.IncompleteError
+		poisoned *comm.PoisonedError
+	)
+	switch {
+	case errors.As(err, &own):
+		return own.st, true
+	case errors.As(err, &broken):
+		return errBroken, true
+	case errors.As(err, &nonFin):
+		return errNonFinite, true
+	case errors.As(err, &usage):
+		switch {
+		case errors.Is(err, overlap.ErrClosed):
+			return errClosed, true
+		case errors.Is(err, overlap.ErrLength):
+			return errSize, true
+		}
+		return errState, true
+	case errors.As(err, &mismatch), errors.As(err, &config):
+		return errConfig, true
+	case errors.As(err, &state):
+		return errCorrupt, true
+	case errors.As(err, &stepErr), errors.As(err, &host), errors.As(err, &protocol), errors.As(err, &inc), errors.As(err, &poisoned):
+		return errComm, true
+	case errors.Is(err, comm.ErrClosed):
+		return errClosed, true
+	}
+	return 0, false
+}
+
 // setLastError copies msg, cut to the buffer at a UTF-8 boundary, into the
 // calling thread's last-error buffer. The Go string is only read during the
 // call, so no C copy is allocated.
 func setLastError(msg string) {
 	if len(msg) >= errorBufLen {
-		cut := errorBufLen - 1
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut]
+		msg = cutUTF8(msg, errorBufLen-1)
 	}
 	if msg == "" {
 		C.gc_set_last_error(nil, 0)
 		return
 	}
 	C.gc_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// cutUTF8 returns s cut to at most n bytes at a UTF-8 boundary.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // guard turns a panic in the export fn into GC_ERR_INTERNAL with the panic

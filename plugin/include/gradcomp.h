@@ -402,8 +402,8 @@ gc_status gc_engine_stats(gc_engine e, size_t bucket, gc_bucket_stats *out,
 /* The engine's state (error-feedback memories, next step number, spec,
  * strategy, bucket layout, world size and rank; versioned, checksummed):
  * size, save (GC_ERR_SIZE if cap is short, *written the size needed) and
- * load (validated whole first: a state of another spec, strategy, error
- * feedback or bucket layout is GC_ERR_CORRUPT naming what differs, and e
+ * load (validated whole first: a state of another spec, error feedback or
+ * bucket layout is GC_ERR_CORRUPT naming what differs, and e
  * is unchanged; it loads at another world size). GC_ERR_STATE during a
  * step. */
 gc_status gc_engine_state_size(gc_engine e, size_t *len);

@@ -75,7 +75,7 @@ static int residual(const uint8_t *s, size_t len, uint64_t bucket, float *e, siz
 
 static void test_version(void) {
 	uint32_t v = gc_abi_version();
-	CHECK(v >> 16 == GRADCOMP_ABI_MAJOR && (v & 0xFFFF) >= GRADCOMP_ABI_MINOR,
+	CHECK(v >> 16 == GRADCOMP_ABI_MAJOR && (long)(v & 0xFFFF) >= (long)GRADCOMP_ABI_MINOR,
 	      "gc_abi_version = %#x, header is %#x", v, GRADCOMP_ABI_VERSION);
 	const char *ver = gc_version();
 	CHECK(ver != NULL && ver[0] != '\0', "gc_version is empty");

@@ -1,0 +1,579 @@
+// Package hosted is the transport whose collectives the host program
+// carries out: the engine (or any caller of comm.Comm / comm.DeviceComm)
+// posts each collective, and the program that hosts it — a PyTorch
+// process with its process group, a C++ framework with its own NCCL
+// communicator — takes the post, runs the collective with its own
+// communicator and completes it. It is how the C ABI serves any framework
+// without gradcomp owning the network.
+//
+//	t, _ := hosted.New(rank, size)
+//	go func() { // the host's side, on a thread of its own
+//		for {
+//			op, err := t.Take(ctx)
+//			if err != nil { return }               // ErrClosed
+//			n, err := runWithMyCommunicator(op)    // e.g. hosted.Run(ctx, op, c)
+//			t.Complete(op.ID, n, err)
+//		}
+//	}()
+//	e, _ := overlap.New(ctx, t.Host(), sizes, cfg)  // the engine posts through t
+//
+// # Order and matching
+//
+// Posts come out of Take in the order they were made. The engine makes its
+// collectives in the same order on every rank, so a host that carries them
+// out in Take's order on one communicator matches them across ranks. One
+// collective is in flight at a time (the rules of comm.Comm): the next is
+// posted only after the previous one completed.
+//
+// # Buffers
+//
+// An Op carries the caller's buffers: Go slices for host collectives,
+// device addresses and a stream for device ones. They belong to the host
+// from Take until Complete, and the transport keeps them reachable until
+// then even if the caller gave up (so a late host never writes freed
+// memory); the host must not touch them after Complete or Close. A device
+// op is complete once the host has enqueued the collective on Op.Stream
+// (comm.DeviceComm's calls return once enqueued).
+//
+// # Failures
+//
+// A post nobody takes within the caller's ctx, a host error (Complete with
+// a non-nil error), a completion of an unknown or finished id, or a
+// completion with a wrong length ends the collective in flight with an
+// error and poisons the transport: later calls return a
+// *comm.PoisonedError wrapping the first failure (the ranks are out of
+// step). Nothing waits forever: every wait is bounded by a ctx, and Close
+// wakes everyone.
+package hosted
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/comm"
+)
+
+// Op is one posted collective. With N ranks and n = Count:
+//
+//	AllReduce      Send == Recv: n float32 (4n bytes) summed over ranks in place
+//	AllGather      Send: n bytes; Recv: N·n bytes, rank q's Send at [q·n, (q+1)·n)
+//	ReduceScatter  Send: N·n float32; Recv: n float32, this rank's chunk of the sum
+//	AllToAll       Send, Recv: n bytes, a multiple of N; chunk j of Send to rank j
+//	Broadcast      Send == Recv: n bytes, Root's on every rank
+//	Barrier        no buffers
+//
+// Host ops carry Send and Recv as byte slices (float32 data as its bytes,
+// see Float32s); device ops (Device true) carry SendPtr, RecvPtr, their
+// byte lengths and the stream to enqueue on.
+type Op struct {
+	ID     uint64  // from 1, per transport
+	Kind   comm.Op // the collective
+	Root   int     // Broadcast's root
+	Count  int     // n above: elements of float32 collectives, else bytes
+	Device bool
+
+	Send, Recv []byte // host ops
+
+	SendPtr, RecvPtr     comm.DevicePtr // device ops
+	SendBytes, RecvBytes int            // both kinds: the buffers' lengths in bytes
+	Stream               comm.Stream    // device ops
+}
+
+// String describes op for errors and logs.
+func (op Op) String() string {
+	where := "host"
+	if op.Device {
+		where = fmt.Sprintf("device, stream %#x", uintptr(op.Stream))
+	}
+	return fmt.Sprintf("op %d: %v of %d (%s; %d bytes in, %d out)", op.ID, op.Kind, op.Count, where, op.SendBytes, op.RecvBytes)
+}
+
+// Float32s returns b viewed as float32s (no copy): the element view of an
+// AllReduce or ReduceScatter buffer. len(b) must be a multiple of 4.
+func Float32s(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+func bytesOf(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
+
+// ErrClosed is matched (errors.Is) by Take and Complete after Close, and
+// by the errors of collectives that Close ended.
+var ErrClosed = comm.ErrClosed
+
+// HostError is a collective the host reported as failed: its own
+// communicator's error, as Complete received it.
+type HostError struct {
+	Rank int
+	Op   Op
+	Err  error
+}
+
+func (e *HostError) Error() string {
+	return fmt.Sprintf("hosted: rank %d: the host failed %v: %v", e.Rank, e.Op, e.Err)
+}
+
+func (e *HostError) Unwrap() error { return e.Err }
+
+// ProtocolError is a completion the transport cannot accept: an id that
+// was never taken or is already complete, or a wrong length. Complete
+// returns it, and the collective in flight fails with it.
+type ProtocolError struct {
+	Rank   int
+	ID     uint64
+	Reason string
+}
+
+func (e *ProtocolError) Error() string {
+	return fmt.Sprintf("hosted: rank %d: completion of op %d refused: %s", e.Rank, e.ID, e.Reason)
+}
+
+// post is an Op in the transport, with its caller waiting on done.
+type post struct {
+	op   Op
+	done chan error // buffered: the completion's result
+}
+
+// Transport is one rank's end of a hosted group. Host returns its
+// comm.Comm face, Device its comm.DeviceComm face; both post to the same
+// queue, in order. Take and Complete are the host's side. All methods are
+// safe for concurrent use.
+type Transport struct {
+	rank, size int
+	timeout    time.Duration
+
+	mu       sync.Mutex
+	queue    []*post          // posted, not taken
+	taken    map[uint64]*post // taken, not completed
+	inFlight *post            // the collective a caller waits on
+	nextID   uint64
+	poison   error         // the first failure
+	closed   bool          // Close was called
+	changed  chan struct{} // closed and replaced on every post and on Close
+}
+
+// Option configures a Transport.
+type Option func(*Transport) error
+
+// WithTimeout bounds the device face's Wait when its ctx has no deadline
+// (default DefaultTimeout).
+func WithTimeout(d time.Duration) Option {
+	return func(t *Transport) error {
+		if d <= 0 {
+			return fmt.Errorf("hosted: WithTimeout(%v): want a positive duration", d)
+		}
+		t.timeout = d
+		return nil
+	}
+}
+
+// DefaultTimeout is WithTimeout's default.
+const DefaultTimeout = 60 * time.Second
+
+// New returns rank's end of a hosted group of size ranks.
+func New(rank, size int, opts ...Option) (*Transport, error) {
+	if size < 1 || size > 1<<16-1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("hosted: New(rank %d, size %d): want 1 ≤ size ≤ 65535 and 0 ≤ rank < size", rank, size)
+	}
+	t := &Transport{rank: rank, size: size, timeout: DefaultTimeout, taken: map[uint64]*post{}, changed: make(chan struct{})}
+	for _, o := range opts {
+		if err := o(t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Rank returns this rank's index.
+func (t *Transport) Rank() int { return t.rank }
+
+// Size returns the number of ranks.
+func (t *Transport) Size() int { return t.size }
+
+// notify wakes every Take waiting for a change. t.mu is held.
+func (t *Transport) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// Take returns the next post, waiting until there is one, ctx ends (its
+// error) or the transport is closed (an error matching ErrClosed). Posts
+// come out in the order they were made.
+func (t *Transport) Take(ctx context.Context) (Op, error) {
+	for {
+		t.mu.Lock()
+		switch {
+		case t.closed:
+			t.mu.Unlock()
+			return Op{}, fmt.Errorf("hosted: Take on rank %d: %w", t.rank, &comm.ClosedError{Rank: t.rank})
+		case len(t.queue) > 0:
+			p := t.queue[0]
+			t.queue = t.queue[1:]
+			t.taken[p.op.ID] = p
+			t.mu.Unlock()
+			return p.op, nil
+		}
+		wake := t.changed
+		t.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return Op{}, ctx.Err()
+		}
+	}
+}
+
+// Complete ends the taken op id: hostErr nil with recvBytes the bytes the
+// host wrote to the op's output (Op.RecvBytes; 0 for a barrier), or the
+// host's error, which the caller's collective returns as a *HostError. A
+// completion the transport cannot accept (an id not taken or already
+// complete, a wrong length) returns a *ProtocolError and fails the
+// collective in flight with it. Either failure poisons the transport.
+// After Close it returns an error matching ErrClosed.
+func (t *Transport) Complete(id uint64, recvBytes int, hostErr error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("hosted: Complete(%d) on rank %d: %w", id, t.rank, &comm.ClosedError{Rank: t.rank})
+	}
+	p, ok := t.taken[id]
+	var perr *ProtocolError
+	switch {
+	case !ok && id > 0 && id <= t.nextID:
+		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: "it is not taken (already complete, never taken, or abandoned)"}
+	case !ok:
+		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: fmt.Sprintf("no such op (posted so far: 1 to %d)", t.nextID)}
+	case hostErr == nil && recvBytes != p.op.RecvBytes:
+		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: fmt.Sprintf("the host wrote %d bytes, %v has %d", recvBytes, p.op.Kind, p.op.RecvBytes)}
+	}
+	if perr != nil {
+		t.failLocked(perr)
+		return perr
+	}
+	delete(t.taken, id)
+	if hostErr != nil {
+		herr := &HostError{Rank: t.rank, Op: p.op, Err: hostErr}
+		t.poisonLocked(herr)
+		deliver(p, herr)
+		return nil
+	}
+	deliver(p, nil)
+	return nil
+}
+
+// deliver hands p's caller its result, unless it already has one (a
+// failure of the transport came first).
+func deliver(p *post, err error) {
+	select {
+	case p.done <- err:
+	default:
+	}
+}
+
+// poisonLocked records the first failure. t.mu is held.
+func (t *Transport) poisonLocked(err error) {
+	if t.poison == nil {
+		t.poison = err
+	}
+}
+
+// failLocked poisons t with err and fails the collective in flight with
+// it. t.mu is held.
+func (t *Transport) failLocked(err error) {
+	t.poisonLocked(err)
+	if p := t.inFlight; p != nil {
+		deliver(p, err)
+	}
+}
+
+// Close ends the transport: posts not taken and collectives in flight fail
+// with an error matching ErrClosed, Take and Complete return one from then
+// on, and so does every later collective (a *comm.PoisonedError). Ops
+// taken but not completed are abandoned: their buffers are the caller's
+// again, and the host must not touch them. Closing twice returns nil.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	t.failLocked(&comm.ClosedError{Rank: t.rank})
+	t.queue = nil
+	clear(t.taken)
+	t.notify()
+	return nil
+}
+
+// collective posts op and waits for its completion, for ctx, or for a
+// failure of the transport. A caller that gives up poisons the transport.
+func (t *Transport) collective(ctx context.Context, op Op) error {
+	t.mu.Lock()
+	switch {
+	case t.poison != nil:
+		err := &comm.PoisonedError{Op: op.Kind, Rank: t.rank, Cause: t.poison}
+		t.mu.Unlock()
+		return err
+	case t.inFlight != nil:
+		err := &comm.BusyError{Op: op.Kind, Rank: t.rank, Pending: t.inFlight.op.Kind}
+		t.mu.Unlock()
+		return err
+	}
+	t.nextID++
+	op.ID = t.nextID
+	p := &post{op: op, done: make(chan error, 1)}
+	t.queue = append(t.queue, p)
+	t.inFlight = p
+	t.notify()
+	t.mu.Unlock()
+
+	var err error
+	select {
+	case err = <-p.done:
+	case <-ctx.Done():
+		err = &comm.IncompleteError{Op: op.Kind, Rank: t.rank, Err: ctx.Err()}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.inFlight = nil
+	if err == nil {
+		return nil
+	}
+	t.poisonLocked(err)
+	// Untaken, it leaves the queue; taken, it stays in t.taken (so its
+	// buffers stay reachable) until the host completes it or Close.
+	for i, q := range t.queue {
+		if q == p {
+			t.queue = append(t.queue[:i], t.queue[i+1:]...)
+			break
+		}
+	}
+	return err
+}
+
+// Host returns the transport's comm.Comm face.
+func (t *Transport) Host() comm.Comm { return hostComm{t} }
+
+// Device returns the transport's comm.DeviceComm face.
+func (t *Transport) Device() comm.DeviceComm { return deviceComm{t} }
+
+// argError is the *comm.ArgumentError of a call with invalid arguments.
+func (t *Transport) argError(op comm.Op, format string, args ...any) error {
+	return &comm.ArgumentError{Op: op, Rank: t.rank, Reason: fmt.Sprintf(format, args...)}
+}
+
+// hostComm posts host collectives.
+type hostComm struct{ t *Transport }
+
+func (h hostComm) Rank() int { return h.t.rank }
+func (h hostComm) Size() int { return h.t.size }
+
+func (h hostComm) AllReduce(ctx context.Context, buf []float32) error {
+	b := bytesOf(buf)
+	return h.t.collective(ctx, Op{Kind: comm.OpAllReduce, Count: len(buf), Send: b, Recv: b, SendBytes: len(b), RecvBytes: len(b)})
+}
+
+func (h hostComm) AllGather(ctx context.Context, dst, src []byte) error {
+	if len(dst) != h.t.size*len(src) {
+		return h.t.argError(comm.OpAllGather, "len(dst) = %d, want Size() × len(src) = %d × %d", len(dst), h.t.size, len(src))
+	}
+	return h.t.collective(ctx, Op{Kind: comm.OpAllGather, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)})
+}
+
+func (h hostComm) ReduceScatter(ctx context.Context, dst, src []float32) error {
+	if len(src) != h.t.size*len(dst) {
+		return h.t.argError(comm.OpReduceScatter, "len(src) = %d, want Size() × len(dst) = %d × %d", len(src), h.t.size, len(dst))
+	}
+	return h.t.collective(ctx, Op{Kind: comm.OpReduceScatter, Count: len(dst), Send: bytesOf(src), Recv: bytesOf(dst), SendBytes: 4 * len(src), RecvBytes: 4 * len(dst)})
+}
+
+func (h hostComm) AllToAll(ctx context.Context, dst, src []byte) error {
+	if len(dst) != len(src) || len(src)%h.t.size != 0 {
+		return h.t.argError(comm.OpAllToAll, "len(src) = %d, len(dst) = %d: want equal lengths, a multiple of Size() = %d", len(src), len(dst), h.t.size)
+	}
+	return h.t.collective(ctx, Op{Kind: comm.OpAllToAll, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)})
+}
+
+func (h hostComm) Broadcast(ctx context.Context, buf []byte, root int) error {
+	if root < 0 || root >= h.t.size {
+		return h.t.argError(comm.OpBroadcast, "root %d, want 0 to %d", root, h.t.size-1)
+	}
+	return h.t.collective(ctx, Op{Kind: comm.OpBroadcast, Root: root, Count: len(buf), Send: buf, Recv: buf, SendBytes: len(buf), RecvBytes: len(buf)})
+}
+
+func (h hostComm) Barrier(ctx context.Context) error {
+	return h.t.collective(ctx, Op{Kind: comm.OpBarrier})
+}
+
+// Close closes the transport (both faces).
+func (h hostComm) Close() error { return h.t.Close() }
+
+// deviceComm posts device collectives.
+type deviceComm struct{ t *Transport }
+
+func (d deviceComm) Rank() int { return d.t.rank }
+func (d deviceComm) Size() int { return d.t.size }
+
+func (d deviceComm) post(ctx context.Context, kind comm.Op, count int, send, recv comm.DevicePtr, sendBytes, recvBytes, root int, s comm.Stream) error {
+	switch {
+	case count < 0:
+		return d.t.argError(kind, "negative length %d", count)
+	case (sendBytes > 0 && send == 0) || (recvBytes > 0 && recv == 0):
+		return d.t.argError(kind, "null device pointer for a non-empty buffer")
+	}
+	return d.t.collective(ctx, Op{Kind: kind, Root: root, Count: count, Device: true, SendPtr: send, RecvPtr: recv,
+		SendBytes: sendBytes, RecvBytes: recvBytes, Stream: s})
+}
+
+func (d deviceComm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+	return d.post(ctx, comm.OpAllReduce, n, buf, buf, 4*n, 4*n, 0, s)
+}
+
+func (d deviceComm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	return d.post(ctx, comm.OpAllGather, n, src, dst, n, d.t.size*n, 0, s)
+}
+
+func (d deviceComm) ReduceScatter(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	return d.post(ctx, comm.OpReduceScatter, n, src, dst, 4*d.t.size*n, 4*n, 0, s)
+}
+
+func (d deviceComm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+	if n%d.t.size != 0 {
+		return d.t.argError(comm.OpAllToAll, "n = %d is not a multiple of Size() = %d", n, d.t.size)
+	}
+	return d.post(ctx, comm.OpAllToAll, n, src, dst, n, n, 0, s)
+}
+
+func (d deviceComm) Broadcast(ctx context.Context, buf comm.DevicePtr, n int, root int, s comm.Stream) error {
+	if root < 0 || root >= d.t.size {
+		return d.t.argError(comm.OpBroadcast, "root %d, want 0 to %d", root, d.t.size-1)
+	}
+	return d.post(ctx, comm.OpBroadcast, n, buf, buf, n, n, root, s)
+}
+
+// Wait polls done (backing off from 20 µs to 1 ms) until it reports true,
+// fails, or ctx — bounded by WithTimeout's duration when it has no
+// deadline — ends; a timeout poisons the transport.
+func (d deviceComm) Wait(ctx context.Context, done func() (bool, error)) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.t.timeout)
+		defer cancel()
+	}
+	for pause := 20 * time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+		ok, err := done()
+		switch {
+		case err != nil:
+			return fmt.Errorf("hosted: Wait on rank %d: %w", d.t.rank, err)
+		case ok:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			err := fmt.Errorf("hosted: Wait on rank %d: the device work did not finish: %w", d.t.rank, ctx.Err())
+			d.t.mu.Lock()
+			d.t.poisonLocked(err)
+			d.t.mu.Unlock()
+			return err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// Close closes the transport (both faces).
+func (d deviceComm) Close() error { return d.t.Close() }
+
+// Run carries out a host op on c, a comm.Comm of the same ranks (a Go
+// host's communicator: comm/inproc, comm/mpi), and returns the bytes
+// written to the op's output, for Complete. Device ops are refused.
+func Run(ctx context.Context, op Op, c comm.Comm) (int, error) {
+	if op.Device {
+		return 0, errors.New("hosted: Run: a device op needs the host's device communicator (RunDevice)")
+	}
+	var err error
+	switch op.Kind {
+	case comm.OpAllReduce:
+		err = c.AllReduce(ctx, Float32s(op.Recv))
+	case comm.OpAllGather:
+		err = c.AllGather(ctx, op.Recv, op.Send)
+	case comm.OpReduceScatter:
+		err = c.ReduceScatter(ctx, Float32s(op.Recv), Float32s(op.Send))
+	case comm.OpAllToAll:
+		err = c.AllToAll(ctx, op.Recv, op.Send)
+	case comm.OpBroadcast:
+		err = c.Broadcast(ctx, op.Recv, op.Root)
+	case comm.OpBarrier:
+		err = c.Barrier(ctx)
+	default:
+		err = fmt.Errorf("hosted: Run: unknown collective %v", op.Kind)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return op.RecvBytes, nil
+}
+
+// RunDevice enqueues a device op on dc (the host's device communicator,
+// e.g. comm/nccl) on the op's stream and returns the op's output length,
+// for Complete. Host ops are refused.
+func RunDevice(ctx context.Context, op Op, dc comm.DeviceComm) (int, error) {
+	if !op.Device {
+		return 0, errors.New("hosted: RunDevice: a host op needs the host's comm.Comm (Run)")
+	}
+	var err error
+	switch op.Kind {
+	case comm.OpAllReduce:
+		err = dc.AllReduce(ctx, op.RecvPtr, op.Count, op.Stream)
+	case comm.OpAllGather:
+		err = dc.AllGather(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpReduceScatter:
+		err = dc.ReduceScatter(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpAllToAll:
+		err = dc.AllToAll(ctx, op.RecvPtr, op.SendPtr, op.Count, op.Stream)
+	case comm.OpBroadcast:
+		err = dc.Broadcast(ctx, op.RecvPtr, op.Count, op.Root, op.Stream)
+	default:
+		err = fmt.Errorf("hosted: RunDevice: no device %v", op.Kind)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return op.RecvBytes, nil
+}
+
+// Serve is a Go host's loop: it takes every post of t and carries it out,
+// host ops on c and device ops on dc (nil: device ops fail), until ctx
+// ends or t is closed, and returns nil then (or the error Complete
+// refused).
+func Serve(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) error {
+	for {
+		op, err := t.Take(ctx)
+		if err != nil {
+			return nil
+		}
+		var n int
+		var runErr error
+		switch {
+		case !op.Device:
+			n, runErr = Run(ctx, op, c)
+		case dc == nil:
+			runErr = errors.New("hosted: Serve: this host has no device communicator")
+		default:
+			n, runErr = RunDevice(ctx, op, dc)
+		}
+		if err := t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
+			return err
+		}
+	}
+}

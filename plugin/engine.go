@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/kernels"
+	"github.com/gradcomp/gradcomp/overlap"
+)
+
+// The cores of the engine exports (exports_engine.go): the engine of
+// package overlap over a hosted transport. Nothing here re-implements the
+// engine: these functions only hold its handles and copy its results out.
+
+// transport is what a gc_hosted handle refers to: a hosted transport, the
+// pins that keep the Go buffers of taken ops in place while the host
+// holds their addresses, and whether an engine uses it.
+type transport struct {
+	t *hosted.Transport
+
+	mu     sync.Mutex
+	pins   map[uint64]*runtime.Pinner // per taken op, until it is completed
+	engine bool                       // an engine was created on it
+}
+
+// newTransport is gc_hosted_create's core.
+func newTransport(rank, size int) (*transport, error) {
+	t, err := hosted.New(rank, size)
+	if err != nil {
+		return nil, errorf(errInvalid, "%v", err)
+	}
+	return &transport{t: t, pins: map[uint64]*runtime.Pinner{}}, nil
+}
+
+// take is gc_hosted_take's core: the next post, with its Go buffers pinned
+// until complete or close. timeout 0 means no wait.
+func (tr *transport) take(timeout time.Duration) (hosted.Op, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Microsecond))
+	defer cancel()
+	op, err := tr.t.Take(ctx)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return op, errorf(errTimeout, "nothing posted within %v", timeout)
+	case err != nil:
+		return op, err
+	}
+	p := new(runtime.Pinner)
+	for _, b := range [][]byte{op.Send, op.Recv} {
+		if len(b) > 0 {
+			p.Pin(&b[0])
+		}
+	}
+	tr.mu.Lock()
+	tr.pins[op.ID] = p
+	tr.mu.Unlock()
+	return op, nil
+}
+
+// complete is gc_hosted_complete's core.
+func (tr *transport) complete(id uint64, recvBytes int, hostErr error) error {
+	err := tr.t.Complete(id, recvBytes, hostErr)
+	tr.mu.Lock()
+	if p, ok := tr.pins[id]; ok {
+		p.Unpin()
+		delete(tr.pins, id)
+	}
+	tr.mu.Unlock()
+	if err != nil {
+		return errorf(errState, "%v", err)
+	}
+	return nil
+}
+
+// close is gc_hosted_destroy's core: the transport closes, and every pin
+// is released (the ops it abandons are the engine's again).
+func (tr *transport) close() {
+	tr.t.Close()
+	tr.mu.Lock()
+	for id, p := range tr.pins {
+		p.Unpin()
+		delete(tr.pins, id)
+	}
+	tr.mu.Unlock()
+}
+
+// engineConfig is gc_engine_config in Go terms.
+type engineConfig struct {
+	overlap.Config
+	device int // -1: host buckets
+}
+
+// parseEngineConfig turns gc_engine_config's strings into overlap's types.
+func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int) (engineConfig, error) {
+	c := engineConfig{device: device}
+	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = spec, ef, failNonFinite, warmup, workers
+	var err error
+	if strategy != "" {
+		if c.Strategy, err = overlap.ParseStrategy(strategy); err != nil {
+			return c, errorf(errInvalid, "strategy: %v", err)
+		}
+	}
+	if decision != "" {
+		if c.Decision, err = overlap.ParseDecision(decision); err != nil {
+			return c, errorf(errInvalid, "decision: %v", err)
+		}
+	}
+	switch {
+	case !(timeout >= 0 && timeout <= 86400):
+		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", timeout)
+	case warmup < 0:
+		return c, errorf(errInvalid, "warmup %d is negative", warmup)
+	case workers < 0:
+		return c, errorf(errInvalid, "workers %d is negative", workers)
+	case device < -1:
+		return c, errorf(errInvalid, "device %d: want -1 (host buckets) or a CUDA device ordinal", device)
+	}
+	c.Timeout = time.Duration(timeout * float64(time.Second))
+	return c, nil
+}
+
+// engine is what a gc_engine handle refers to: the overlap engine (host
+// or device buckets) and the statistics of the last step waited for.
+type engine struct {
+	tr     *transport
+	sizes  []int
+	host   *overlap.Engine       // host buckets, or nil
+	device *overlap.DeviceEngine // device buckets, or nil
+
+	mu     sync.Mutex
+	last   overlap.StepStats
+	waited bool // last holds a step
+}
+
+// newEngine is gc_engine_create's core: it runs the handshake (and the
+// cost model's measurements) through tr, so another thread must serve it.
+func newEngine(tr *transport, c engineConfig, sizes []int) (*engine, error) {
+	tr.mu.Lock()
+	if tr.engine {
+		tr.mu.Unlock()
+		return nil, errorf(errState, "the transport already has an engine (one engine per gc_hosted)")
+	}
+	tr.engine = true
+	tr.mu.Unlock()
+	e := &engine{tr: tr, sizes: sizes}
+	var err error
+	if c.device < 0 {
+		e.host, err = overlap.New(context.Background(), tr.t.Host(), sizes, c.Config)
+	} else {
+		var d *deviceContext
+		if d, err = openDevice(c.device); err == nil {
+			e.device, err = overlap.NewDevice(context.Background(), overlap.CUDA(d.ctx), tr.t.Device(), tr.t.Host(), sizes, c.Config)
+		}
+	}
+	if err != nil {
+		tr.mu.Lock()
+		tr.engine = false
+		tr.mu.Unlock()
+		return nil, err
+	}
+	return e, nil
+}
+
+// stepper is what the host and device engines share.
+type stepper interface {
+	Step() error
+	Wait(ctx context.Context) (overlap.StepStats, error)
+	Save(w *bytes.Buffer) error
+	Load(b []byte) error
+	Close() error
+	Compressed() []bool
+}
+
+type hostStepper struct{ *overlap.Engine }
+
+func (h hostStepper) Save(w *bytes.Buffer) error { return h.Engine.Save(w) }
+func (h hostStepper) Load(b []byte) error        { return h.Engine.Load(bytes.NewReader(b)) }
+
+type deviceStepper struct{ *overlap.DeviceEngine }
+
+func (d deviceStepper) Save(w *bytes.Buffer) error { return d.DeviceEngine.Save(w) }
+func (d deviceStepper) Load(b []byte) error        { return d.DeviceEngine.Load(bytes.NewReader(b)) }
+
+func (e *engine) stepper() stepper {
+	if e.host != nil {
+		return hostStepper{e.host}
+	}
+	return deviceStepper{e.device}
+}
+
+// ready is gc_engine_ready's core (host buckets).
+func (e *engine) ready(i int, grad []float32) error {
+	if e.host == nil {
+		return errorf(errInvalid, "this engine has device buckets (gc_engine_config.device ≥ 0): use gc_engine_ready_device")
+	}
+	return e.host.Ready(i, grad)
+}
+
+// readyDevice is gc_engine_ready_device's core.
+func (e *engine) readyDevice(i int, grad kernels.DevicePtr, n int, s kernels.Stream) error {
+	if e.device == nil {
+		return errorf(errInvalid, "this engine has host buckets (gc_engine_config.device = -1): use gc_engine_ready")
+	}
+	if i >= 0 && i < len(e.sizes) && n != e.sizes[i] {
+		return errorf(errSize, "bucket %d has %d elements, n = %d", i, e.sizes[i], n)
+	}
+	return e.device.Ready(i, grad, s)
+}
+
+// done is gc_engine_done's core.
+func (e *engine) done(s kernels.Stream) error {
+	if e.device == nil {
+		return errorf(errInvalid, "gc_engine_done is for device engines; a host engine's buckets are done when gc_engine_wait returns")
+	}
+	return e.device.Done(s)
+}
+
+// wait is gc_engine_wait's core: the step's end, bounded by timeout (0:
+// only the engine's per-collective timeout), and its statistics kept for
+// gc_engine_stats.
+func (e *engine) wait(timeout time.Duration) error {
+	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	st, err := e.stepper().Wait(ctx)
+	var usage *overlap.UsageError
+	if errors.As(err, &usage) {
+		return err // no step ended: the last statistics stay
+	}
+	e.mu.Lock()
+	e.last, e.waited = st, true
+	e.mu.Unlock()
+	return err
+}
+
+// stats returns the last waited step's statistics and the decisions for
+// the steps to come.
+func (e *engine) stats() (overlap.StepStats, []bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.waited {
+		return overlap.StepStats{}, nil, errorf(errState, "no step has been waited for yet")
+	}
+	return e.last, e.stepper().Compressed(), nil
+}
+
+// saveState is gc_engine_state_save's core.
+func (e *engine) saveState() ([]byte, error) {
+	var b bytes.Buffer
+	if err := e.stepper().Save(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// loadState is gc_engine_state_load's core: src must be exactly one state
+// (InspectState checks its checksum over all of it) before Load validates
+// its contents against the engine; on any error the engine is unchanged.
+func (e *engine) loadState(src []byte) error {
+	if _, err := overlap.InspectState(src); err != nil {
+		return err
+	}
+	return e.stepper().Load(src)
+}
+
+// close is gc_engine_destroy's core.
+func (e *engine) close() error {
+	err := e.stepper().Close()
+	e.tr.mu.Lock()
+	e.tr.engine = false
+	e.tr.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("closing the engine: %w", err)
+	}
+	return nil
+}

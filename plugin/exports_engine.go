@@ -1,0 +1,497 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/kernels"
+	"github.com/gradcomp/gradcomp/overlap"
+)
+
+// The engine exports of gradcomp.h (ABI 2.0), documented there, over the
+// cores in engine.go. The structs the header declares are passed as
+// pointers and read or written through the Go mirrors below, whose
+// layouts equal the C structs' on every 64-bit target (checked by
+// TestMirrorLayouts and by the C test's static assertions).
+
+// cOp mirrors gc_op (72 bytes).
+type cOp struct {
+	ID                   uint64
+	Kind, Root, Device   int32
+	Reserved             int32
+	Count                uint64
+	Send, Recv           uintptr
+	SendBytes, RecvBytes uint64
+	Stream               uintptr
+}
+
+// cEngineConfig mirrors gc_engine_config (56 bytes).
+type cEngineConfig struct {
+	Size                     uint32
+	ErrorFeedback            int32
+	Spec, Strategy, Decision *C.char
+	FailOnNonFinite, Warmup  int32
+	Timeout                  float64
+	Workers, Device          int32
+}
+
+// cBucketStats mirrors gc_bucket_stats (640 bytes).
+type cBucketStats struct {
+	Elements, BytesSent                    uint64
+	Compressed, NonFinite, Trial, Switched int32
+	DecidedCompressed, Reserved            int32
+	Compress, Exchange, Decompress         float64
+	PredictedDense, PredictedCompressed    float64
+	MeasuredDense, MeasuredCompressed      float64
+	Strategy                               [32]byte
+	Reason                                 [512]byte
+}
+
+const (
+	hostedKind = "hosted transport"
+	engineKind = "engine"
+)
+
+func lookupTransport(h C.uint64_t) (*transport, error) {
+	tr, err := lookupAs[*transport](uint64(h), hostedKind)
+	if err != nil {
+		return nil, errorf(errHandle, "%v", err)
+	}
+	return tr, nil
+}
+
+func lookupEngine(h C.uint64_t) (*engine, error) {
+	e, err := lookupAs[*engine](uint64(h), engineKind)
+	if err != nil {
+		return nil, errorf(errHandle, "%v", err)
+	}
+	return e, nil
+}
+
+// seconds converts a C timeout, refusing NaN, negative and absurd values.
+func seconds(what string, s C.double) (time.Duration, error) {
+	v := float64(s)
+	if !(v >= 0 && v <= 86400*365) {
+		return 0, errorf(errInvalid, "%s %v: want 0 to a year of seconds", what, v)
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
+
+//export gc_hosted_create
+func gc_hosted_create(rank, size C.int, out *C.uint64_t) (st C.int) {
+	const fn = "gc_hosted_create"
+	defer guard(fn, &st)
+	if out == nil {
+		return C.int(fail(errInvalid, fn, "null out"))
+	}
+	tr, err := newTransport(int(rank), int(size))
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*out = C.uint64_t(newHandle(tr))
+	return C.int(statusOK)
+}
+
+//export gc_hosted_destroy
+func gc_hosted_destroy(h C.uint64_t) (st C.int) {
+	const fn = "gc_hosted_destroy"
+	defer guard(fn, &st)
+	tr, err := releaseAs[*transport](uint64(h), hostedKind)
+	if err != nil {
+		return C.int(fail(errHandle, fn, "%v", err))
+	}
+	tr.close()
+	return C.int(statusOK)
+}
+
+//export gc_hosted_take
+func gc_hosted_take(h C.uint64_t, timeout C.double, out unsafe.Pointer) (st C.int) {
+	const fn = "gc_hosted_take"
+	defer guard(fn, &st)
+	if out == nil {
+		return C.int(fail(errInvalid, fn, "null op"))
+	}
+	d, err := seconds("timeout_seconds", timeout)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	tr, err := lookupTransport(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	op, err := tr.take(d)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*(*cOp)(out) = toCOp(op)
+	return C.int(statusOK)
+}
+
+// toCOp lays op out as gc_op: host buffers by address (pinned by take),
+// device ones as they came.
+func toCOp(op hosted.Op) cOp {
+	c := cOp{ID: op.ID, Kind: int32(op.Kind), Root: int32(op.Root), Count: uint64(op.Count),
+		SendBytes: uint64(op.SendBytes), RecvBytes: uint64(op.RecvBytes)}
+	if op.Device {
+		c.Device, c.Send, c.Recv, c.Stream = 1, uintptr(op.SendPtr), uintptr(op.RecvPtr), uintptr(op.Stream)
+		return c
+	}
+	if len(op.Send) > 0 {
+		c.Send = uintptr(unsafe.Pointer(&op.Send[0]))
+	}
+	if len(op.Recv) > 0 {
+		c.Recv = uintptr(unsafe.Pointer(&op.Recv[0]))
+	}
+	return c
+}
+
+//export gc_hosted_complete
+func gc_hosted_complete(h C.uint64_t, id C.uint64_t, status C.int, message *C.char, recvBytes C.uint64_t) (st C.int) {
+	const fn = "gc_hosted_complete"
+	defer guard(fn, &st)
+	tr, err := lookupTransport(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	var hostErr error
+	if status != C.int(statusOK) {
+		msg := "(no message)"
+		if message != nil {
+			msg = C.GoString(message)
+		}
+		hostErr = errorf(errComm, "status %d: %s", int(status), msg)
+	}
+	if recvBytes > maxBuffer {
+		return C.int(fail(errInvalid, fn, "recv_bytes %d is not a plausible length", uint64(recvBytes)))
+	}
+	if err := tr.complete(uint64(id), int(recvBytes), hostErr); err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_create
+func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t, out *C.uint64_t) (st C.int) {
+	const fn = "gc_engine_create"
+	defer guard(fn, &st)
+	switch {
+	case cfg == nil || out == nil:
+		return C.int(fail(errInvalid, fn, "null %s", nullName(cfg == nil, "cfg", "out")))
+	case sizes == nil && nbuckets > 0:
+		return C.int(fail(errInvalid, fn, "null sizes with %d buckets", uint64(nbuckets)))
+	case uint64(nbuckets) > math.MaxUint32:
+		return C.int(fail(errInvalid, fn, "%d buckets: at most %d", uint64(nbuckets), uint64(math.MaxUint32)))
+	}
+	c := (*cEngineConfig)(cfg)
+	if c.Size < uint32(unsafe.Sizeof(cEngineConfig{})) {
+		return C.int(fail(errInvalid, fn, "cfg->size %d: this library needs sizeof(gc_engine_config) = %d (set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{})))
+	}
+	if c.Spec == nil {
+		return C.int(fail(errInvalid, fn, "null cfg->spec"))
+	}
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	conf, err := parseEngineConfig(C.GoString(c.Spec), str(c.Strategy), str(c.Decision), c.ErrorFeedback != 0,
+		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device))
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	sz := make([]int, int(nbuckets))
+	for i, n := range unsafe.Slice((*uint64)(unsafe.Pointer(sizes)), int(nbuckets)) {
+		if n > math.MaxInt32 {
+			return C.int(fail(errInvalid, fn, "sizes[%d] = %d is not a plausible bucket size", i, n))
+		}
+		sz[i] = int(n)
+	}
+	tr, err := lookupTransport(t)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	e, err := newEngine(tr, conf, sz)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*out = C.uint64_t(newHandle(e))
+	return C.int(statusOK)
+}
+
+//export gc_engine_destroy
+func gc_engine_destroy(h C.uint64_t) (st C.int) {
+	const fn = "gc_engine_destroy"
+	defer guard(fn, &st)
+	e, err := releaseAs[*engine](uint64(h), engineKind)
+	if err != nil {
+		return C.int(fail(errHandle, fn, "%v", err))
+	}
+	if err := e.close(); err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_step
+func gc_engine_step(h C.uint64_t) (st C.int) {
+	const fn = "gc_engine_step"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.stepper().Step()
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_ready
+func gc_engine_ready(h C.uint64_t, bucket C.size_t, grad *C.float, n C.size_t) (st C.int) {
+	const fn = "gc_engine_ready"
+	defer guard(fn, &st)
+	g, err := cFloats(unsafe.Pointer(grad), n, "grad")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.ready(int(min(uint64(bucket), math.MaxInt32)), g)
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_ready_device
+func gc_engine_ready_device(h C.uint64_t, bucket C.size_t, grad C.uintptr_t, n C.size_t, stream C.uintptr_t) (st C.int) {
+	const fn = "gc_engine_ready_device"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.readyDevice(int(min(uint64(bucket), math.MaxInt32)), kernels.DevicePtr(grad), int(min(uint64(n), math.MaxInt32)), kernels.Stream(stream))
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_done
+func gc_engine_done(h C.uint64_t, stream C.uintptr_t) (st C.int) {
+	const fn = "gc_engine_done"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.done(kernels.Stream(stream))
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_wait
+func gc_engine_wait(h C.uint64_t, timeout C.double) (st C.int) {
+	const fn = "gc_engine_wait"
+	defer guard(fn, &st)
+	d, err := seconds("timeout_seconds", timeout)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.wait(d)
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_stats
+func gc_engine_stats(h C.uint64_t, bucket C.size_t, out unsafe.Pointer, step, bytesSent *C.uint64_t, total, exposed *C.double) (st C.int) {
+	const fn = "gc_engine_stats"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	s, decided, err := e.stats()
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if out != nil {
+		if uint64(bucket) >= uint64(len(s.Buckets)) {
+			return C.int(fail(errInvalid, fn, "bucket %d: the engine has buckets 0 to %d", uint64(bucket), len(s.Buckets)-1))
+		}
+		*(*cBucketStats)(out) = toCBucketStats(s.Buckets[bucket], decided[bucket])
+	}
+	if step != nil {
+		*step = C.uint64_t(s.Step)
+	}
+	if bytesSent != nil {
+		*bytesSent = C.uint64_t(s.BytesSent)
+	}
+	if total != nil {
+		*total = C.double(s.Total.Seconds())
+	}
+	if exposed != nil {
+		*exposed = C.double(s.Exposed.Seconds())
+	}
+	return C.int(statusOK)
+}
+
+// toCBucketStats lays b out as gc_bucket_stats.
+func toCBucketStats(b overlap.BucketStats, decided bool) cBucketStats {
+	flag := func(v bool) int32 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	c := cBucketStats{Elements: uint64(b.Elements), BytesSent: uint64(max(b.BytesSent, 0)),
+		Compressed: flag(b.Compressed), NonFinite: flag(b.NonFinite), Trial: flag(b.Trial), Switched: flag(b.Switched),
+		DecidedCompressed: flag(decided),
+		Compress:          b.Compress.Seconds(), Exchange: b.Exchange.Seconds(), Decompress: b.Decompress.Seconds(),
+		PredictedDense: b.PredictedDense.Seconds(), PredictedCompressed: b.PredictedCompressed.Seconds(),
+		MeasuredDense: b.MeasuredDense.Seconds(), MeasuredCompressed: b.MeasuredCompressed.Seconds()}
+	putCString(c.Strategy[:], b.Strategy.String())
+	putCString(c.Reason[:], b.Reason)
+	return c
+}
+
+// putCString copies s into dst NUL-terminated, cut at a UTF-8 boundary to
+// fit.
+func putCString(dst []byte, s string) {
+	if len(s) >= len(dst) {
+		s = cutUTF8(s, len(dst)-1)
+	}
+	dst[copy(dst, s)] = 0
+}
+
+//export gc_engine_state_size
+func gc_engine_state_size(h C.uint64_t, length *C.size_t) (st C.int) {
+	const fn = "gc_engine_state_size"
+	defer guard(fn, &st)
+	if length == nil {
+		return C.int(fail(errInvalid, fn, "null len"))
+	}
+	e, err := lookupEngine(h)
+	var b []byte
+	if err == nil {
+		b, err = e.saveState()
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*length = C.size_t(len(b))
+	return C.int(statusOK)
+}
+
+//export gc_engine_state_save
+func gc_engine_state_save(h C.uint64_t, dst unsafe.Pointer, capacity C.size_t, written *C.size_t) (st C.int) {
+	const fn = "gc_engine_state_save"
+	defer guard(fn, &st)
+	if written == nil {
+		return C.int(fail(errInvalid, fn, "null written"))
+	}
+	*written = 0
+	out, err := cBytes(dst, capacity, "dst")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	e, err := lookupEngine(h)
+	var b []byte
+	if err == nil {
+		b, err = e.saveState()
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if len(out) < len(b) {
+		*written = C.size_t(len(b))
+		return C.int(fail(errSize, fn, "dst holds %d bytes, the state needs %d", len(out), len(b)))
+	}
+	*written = C.size_t(copy(out, b))
+	return C.int(statusOK)
+}
+
+//export gc_engine_state_load
+func gc_engine_state_load(h C.uint64_t, src unsafe.Pointer, length C.size_t) (st C.int) {
+	const fn = "gc_engine_state_load"
+	defer guard(fn, &st)
+	in, err := cBytes(src, length, "src")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.loadState(in)
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_state_info
+func gc_engine_state_info(src unsafe.Pointer, length C.size_t, spec *C.char, specCap C.size_t, strategy *C.char, strategyCap C.size_t,
+	world, rank *C.int, nextStep *C.uint64_t, nbuckets *C.size_t, sizes *C.uint64_t, sizesCap C.size_t) (st C.int) {
+	const fn = "gc_engine_state_info"
+	defer guard(fn, &st)
+	in, err := cBytes(src, length, "src")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	specBuf, err := cBytes(unsafe.Pointer(spec), specCap, "spec")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	strategyBuf, err := cBytes(unsafe.Pointer(strategy), strategyCap, "strategy")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if sizes == nil && sizesCap > 0 {
+		return C.int(fail(errInvalid, fn, "null sizes with sizes_cap %d", uint64(sizesCap)))
+	}
+	info, err := overlap.InspectState(in)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if len(specBuf) > 0 {
+		putCString(specBuf, info.Spec)
+	}
+	if len(strategyBuf) > 0 {
+		putCString(strategyBuf, info.Strategy.String())
+	}
+	if world != nil {
+		*world = C.int(info.WorldSize)
+	}
+	if rank != nil {
+		*rank = C.int(info.Rank)
+	}
+	if nextStep != nil {
+		*nextStep = C.uint64_t(info.NextStep)
+	}
+	if nbuckets != nil {
+		*nbuckets = C.size_t(len(info.Buckets))
+	}
+	if sizes != nil {
+		dst := unsafe.Slice((*uint64)(unsafe.Pointer(sizes)), int(min(uint64(sizesCap), uint64(len(info.Buckets)))))
+		for i := range dst {
+			dst[i] = uint64(info.Buckets[i])
+		}
+	}
+	return C.int(statusOK)
+}
