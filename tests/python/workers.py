@@ -4,25 +4,28 @@ Each takes (rank, world, ...) inside an initialized gloo process group and
 returns a JSON-serializable value.
 """
 
+import ctypes
+import io
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import gradcomp
 import gradcomp.torch as gct
+from gradcomp import _engine, _lib
 
 BATCH = 32
 
 
 class FakeBucket:
-    """What the hook reads of a dist.GradBucket: buffer, index, is_last,
-    parameters (one flat parameter of the buffer's size)."""
+    """What the hook reads of a dist.GradBucket: buffer, index, is_last."""
 
-    def __init__(self, buffer, index=0):
+    def __init__(self, buffer, index=0, last=True):
         self._buffer = buffer
         self._index = index
-        self._params = [torch.nn.Parameter(torch.zeros(buffer.numel()))] if hasattr(buffer, "numel") else []
+        self._last = last
 
     def buffer(self):
         return self._buffer
@@ -31,10 +34,7 @@ class FakeBucket:
         return self._index
 
     def is_last(self):
-        return True
-
-    def parameters(self):
-        return self._params
+        return self._last
 
 
 def digits():
@@ -69,14 +69,14 @@ def two_bucket_mlp(seed):
     )
 
 
-def make_ddp(model, spec, name_params=True, **state_kw):
-    """DDP over model; with spec, gradcomp's hook on a new State (returned;
-    given the model when name_params), else torch's default all-reduce
-    (state None)."""
-    ddp = DDP(model)
+def make_ddp(module, spec, **state_kw):
+    """DDP over module; with spec, gradcomp's hook on a new State (returned),
+    else torch's default all-reduce (state None)."""
+    ddp = DDP(module)
     if spec is None:
         return ddp, None
-    state = gct.State(spec, workers=1, model=model if name_params else None, **state_kw)
+    state_kw.setdefault("workers", 1)
+    state = gct.State(spec, **state_kw)
     ddp.register_comm_hook(state, gct.hook)
     return ddp, state
 
@@ -99,167 +99,253 @@ def train_step(ddp, opt, xb, yb):
     opt.step()
 
 
-def train_digits(rank, world, specs, epochs, seed, warmup_steps):
-    """Trains the digits MLP once per spec (None: the default hook) with the
-    same data and initialization; returns {spec: {accuracy, stats}}."""
+def train_digits(rank, world, configs, epochs, seed, warmup_steps):
+    """Trains the digits MLP once per (spec, strategy) (spec None: the
+    default hook) with the same data and initialization, decision pinned
+    to compressed; returns {"spec strategy": {accuracy, stats}}."""
     x, y, xt, yt = digits()
     out = {}
-    for spec in specs:
-        ddp, state = make_ddp(mlp(seed), spec, warmup_steps=warmup_steps, cost_model="off")
+    for spec, strategy in configs:
+        kw = dict(warmup_steps=warmup_steps, decision="compressed", strategy=strategy) if spec else {}
+        ddp, state = make_ddp(mlp(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         for epoch in range(epochs):
             for xb, yb in batches(rank, world, x, y, epoch, seed):
                 train_step(ddp, opt, xb, yb)
         with torch.no_grad():
             accuracy = (ddp.module(xt).argmax(1) == yt).float().mean().item()
-        out[str(spec)] = {"accuracy": accuracy, "stats": dict(state.stats) if state else {}}
+        out["%s %s" % (spec, strategy)] = {"accuracy": accuracy, "stats": state.stats if state else {}}
+        if state:
+            state.close()
     return out
 
 
-def mismatched_specs(rank, world, specs):
-    """Rank r's hook uses specs[r % len(specs)]; returns the message of the
-    error the first compressed step raised on this rank (None if none)."""
+def mismatched_configs(rank, world, variants):
+    """Per variant (a list of State keyword dicts, rank r taking
+    variant[r % len]): trains DDP until an error; returns per variant the
+    error's type and message, the step it came at and the seconds it took."""
     x, y, _, _ = digits()
-    ddp, state = make_ddp(mlp(0), specs[rank % len(specs)], warmup_steps=2)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for xb, yb in list(batches(rank, world, x, y, 0, 0))[:3]:
-        try:
-            train_step(ddp, opt, xb, yb)
-        except Exception as e:  # DDP re-raises the hook's error from backward
-            return "%s: %s" % (type(e).__name__, e)
-    return None
+    data = list(batches(rank, world, x, y, 0, 0))
+    out = []
+    for variant in variants:
+        kw = dict(variant[rank % len(variant)])
+        spec = kw.pop("spec", "int8")
+        ddp, state = make_ddp(mlp(0), spec, **kw)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        got = None
+        for step, (xb, yb) in enumerate(data[:4]):
+            t0 = time.monotonic()
+            try:
+                train_step(ddp, opt, xb, yb)
+            except Exception as e:
+                got = {"type": type(e).__name__, "is_value_error": isinstance(e, ValueError), "message": str(e),
+                       "step": step, "seconds": time.monotonic() - t0}
+                break
+        out.append(got)
+        state.close()
+    return out
 
 
 def nonfinite_bucket(rank, world, spec, bad_rank):
-    """Warm up, then one backward where bad_rank's gradient holds a NaN (in
-    both buckets of two_bucket_mlp: their dense fallbacks are issued in
-    bucket order), then a clean one. Returns what each step did: the stats,
-    the bucket count, whether every gradient came back NaN, and whether the
-    error-feedback memory changed."""
+    """Per on_nonfinite mode: two plain steps and one compressed (decision
+    pinned, warm-up 2), then one backward where bad_rank's gradient holds a
+    NaN in both buckets of two_bucket_mlp, then a clean one. Returns what
+    each step did."""
     x, y, _, _ = digits()
-    ddp, state = make_ddp(two_bucket_mlp(0), spec, warmup_steps=2, cost_model="off")
     data = list(batches(rank, world, x, y, 0, 0))
-    for xb, yb in data[:3]:  # two warm-up steps and one compressed
+    out = {}
+    for mode in ("dense", "raise"):
+        ddp, state = make_ddp(two_bucket_mlp(0), spec, warmup_steps=2, decision="compressed", on_nonfinite=mode)
+        for xb, yb in data[:3]:
+            ddp.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
+        before = state.stats
+        xb, yb = data[3]
+        if rank == bad_rank:
+            xb = xb.clone()
+            xb[0, 0] = float("nan")
         ddp.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
-    ef_before = state.compressor.save_state()
-    xb, yb = data[3]
-    if rank == bad_rank:
-        xb = xb.clone()
-        xb[0, 0] = float("nan")
-    ddp.zero_grad()
-    torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
-    nan_stats = dict(state.stats)
-    all_nan = all(bool(torch.isnan(p.grad).any()) for p in ddp.parameters())
-    ef_same = state.compressor.save_state() == ef_before
-    ddp.zero_grad()
-    torch.nn.functional.cross_entropy(ddp(data[4][0]), data[4][1]).backward()
-    clean_finite = all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters())
-    return {
-        "buckets": len(state.layout),
-        "stats_after_nan": nan_stats,
-        "stats_after_clean": dict(state.stats),
-        "grads_nan": all_nan,
-        "ef_unchanged": ef_same,
-        "clean_finite": clean_finite,
-    }
-
-
-def _params(model):
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def checkpoint_resume(rank, world, spec, steps, cut, name_params=True):
-    """Trains `steps` steps straight, and again with a checkpoint after `cut`
-    steps restored into a fresh model, optimizer, DDP and State (given the
-    model when name_params). Returns whether the final parameters match bit
-    for bit, whether they are finite, and the resumed state's stats."""
-    x, y, _, _ = digits()
-    data = [b for epoch in range(4) for b in batches(rank, world, x, y, epoch, 7)][:steps]
-    kw = dict(warmup_steps=3, cost_model="off")
-
-    def fresh():
-        model = mlp(7)
-        ddp, state = make_ddp(model, spec, name_params, **kw)
-        return model, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-
-    model, ddp, state, opt = fresh()
-    for xb, yb in data:
-        train_step(ddp, opt, xb, yb)
-    straight = _params(model)
-
-    model, ddp, state, opt = fresh()
-    for xb, yb in data[:cut]:
-        train_step(ddp, opt, xb, yb)
-    ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict() if state else None}
-    ckpt = {k: _roundtrip(v) for k, v in ckpt.items()}
-    model, ddp, state, opt = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    if state:
-        state.load_state_dict(ckpt["hook"])
-    for xb, yb in data[cut:]:
-        train_step(ddp, opt, xb, yb)
-    resumed = _params(model)
-    return {
-        "bit_exact": all(torch.equal(a, b) for a, b in zip(straight, resumed)),
-        "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(straight, resumed)),
-        "finite": all(bool(torch.isfinite(p).all()) for p in resumed),
-        "stats": dict(state.stats) if state else {},
-    }
+        err = None
+        try:
+            torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
+        except Exception as e:
+            err = {"type": type(e).__name__, "is_fpe": isinstance(e, FloatingPointError), "message": str(e)}
+        after_nan = state.stats
+        grads_nan = all(bool(torch.isnan(p.grad).any()) for p in ddp.parameters())
+        ddp.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(data[4][0]), data[4][1]).backward()
+        out[mode] = {
+            "buckets": len(state.engine.sizes),
+            "before": before,
+            "after_nan": after_nan,
+            "after_clean": state.stats,
+            "error": err,
+            "grads_nan": grads_nan,
+            "clean_finite": all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters()),
+            "nonfinite_last": [b.nonfinite for b in state.last_step.buckets],
+        }
+        state.close()
+    return out
 
 
 def _roundtrip(obj):
     """obj through torch.save/torch.load, as a checkpoint file would take it."""
-    import io
-
     buf = io.BytesIO()
     torch.save(obj, buf)
     buf.seek(0)
     return torch.load(buf)
 
 
-def checkpoint_resume_all(rank, world, variants, steps, cut):
-    """checkpoint_resume for each (spec, name_params) in variants."""
-    return [checkpoint_resume(rank, world, spec, steps, cut, name_params) for spec, name_params in variants]
+def golden_gradient(rank, step, bucket, n):
+    """tests/golden's gradients: multiples of 1/64 (exact sums in any order)."""
+    i = torch.arange(n, dtype=torch.int64)
+    h = (rank * 1000003 + step * 10007 + bucket * 101 + i * 7919) % 2003
+    return (h - 1001).to(torch.float32) / 64
 
 
-def measured_decisions(rank, world, spec, steps, dense_seconds=None):
-    """Trains `steps` steps with cost_model="measure" (3 warm-up steps, 2
-    probe steps); with dense_seconds, the warm-up's dense exchanges are
-    recorded as taking that long (a slow link, as the cost model sees it).
-    Returns the link bandwidth, guesses, decisions and stats."""
+def _engine_steps(eng, rank, steps, sizes):
+    out = []
+    for s in steps:
+        grads = [golden_gradient(rank, s, b, n) for b, n in enumerate(sizes)]
+        eng.step()
+        for b, g in enumerate(grads):
+            eng.ready(b, g)
+        eng.wait()
+        out.append([g.numpy().tobytes().hex() for g in grads])
+    return out
+
+
+def engine_resume(rank, world, specs, steps, cut):
+    """Per spec: an engine runs `steps` steps straight; another runs `cut`,
+    saves, and a third (new transport and engine) loads that state and
+    runs the rest. Returns whether the averages and the final states are
+    equal bit for bit."""
+    sizes = [1000, 37]
+    out = {}
+    for spec in specs:
+        kw = dict(decision="compressed", workers=1)
+        with gradcomp.Engine(spec, sizes, **kw) as a:
+            straight = _engine_steps(a, rank, range(steps), sizes)
+            want = a.save_state()
+        with gradcomp.Engine(spec, sizes, **kw) as b:
+            first = _engine_steps(b, rank, range(cut), sizes)
+            saved = b.save_state()
+        with gradcomp.Engine(spec, sizes, **kw) as c:
+            c.load_state(saved)
+            rest = _engine_steps(c, rank, range(cut, steps), sizes)
+            got = c.save_state()
+            info = gradcomp.Engine.state_info(got)
+        out[spec] = {"averages_equal": straight == first + rest, "state_equal": want == got,
+                     "next_step": info.next_step, "sizes": info.sizes}
+    return out
+
+
+def _state_bytes(state):
+    sd = state.state_dict()
+    return {k: (v.hex() if isinstance(v, bytes) else v) for k, v in sd.items()}
+
+
+def checkpoint_resume(rank, world, spec, steps, cut):
+    """DDP with the hook: `cut` steps, a checkpoint (through torch.save),
+    restored into a fresh model, optimizer, DDP and State, `steps` − `cut`
+    more. Then refusals: the checkpoint into a State of another spec and
+    into States for another model (with and without model=, before and
+    after their engine exists), each leaving that State as it was."""
     x, y, _, _ = digits()
-    ddp, state = make_ddp(mlp(0), spec, warmup_steps=3, probe_steps=2)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for step, (xb, yb) in enumerate(list(batches(rank, world, x, y, 0, 0))[:steps]):
-        if step == state.warmup_steps and dense_seconds is not None:
-            for times in state._dense_times.values():
-                times[:] = [dense_seconds] * len(times)
+    data = [b for epoch in range(2) for b in batches(rank, world, x, y, epoch, 7)][:steps]
+    kw = dict(warmup_steps=2, decision="compressed")
+
+    def fresh(hidden=128, spec=spec, with_model=True):
+        model = mlp(7, hidden)
+        ddp, state = make_ddp(model, spec, model=model if with_model else None, **kw)
+        return model, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+    model, ddp, state, opt = fresh()
+    for xb, yb in data[:cut]:
         train_step(ddp, opt, xb, yb)
-    keyed = lambda d: {str(k): v for k, v in d.items()}
-    return {
-        "bandwidth": state.bandwidth,
-        "guesses": keyed(state.guesses),
-        "decisions": keyed(state.decisions),
-        "stats": dict(state.stats),
+    saved = state.state_dict()
+    saved_info = gradcomp.Engine.state_info(saved["engine"])
+    ckpt = _roundtrip({"model": model.state_dict(), "opt": opt.state_dict(), "hook": saved})
+    state.close()
+    model, ddp, state, opt = fresh()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["hook"])
+    pending_same = state.state_dict() == saved
+    for xb, yb in data[cut:]:
+        train_step(ddp, opt, xb, yb)
+    resumed = state.state_dict()
+    info = gradcomp.Engine.state_info(resumed["engine"])
+    out = {
+        "pending_same": pending_same,
+        "saved_next_step": saved_info.next_step,
+        "resumed_next_step": info.next_step,
+        "resumed_iter": resumed["iter"],
+        "stats": state.stats,
+        "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+        "refusals": {},
     }
+    state.close()
+
+    def refuse(name, state, ddp=None, opt=None, train=0):
+        for xb, yb in data[:train]:
+            train_step(ddp, opt, xb, yb)
+        before = _state_bytes(state)
+        try:
+            state.load_state_dict(_roundtrip(saved))
+            result = {"refused": False}
+        except ValueError as e:
+            result = {"refused": True, "message": str(e)}
+        result["unchanged"] = _state_bytes(state) == before
+        if train:  # still usable
+            train_step(ddp, opt, *data[train])
+            result["usable"] = state.stats["engine_steps"] > 0
+        out["refusals"][name] = result
+        state.close()
+
+    refuse("other spec", gct.State("sign", workers=1, **kw))
+    _, ddp, st, opt = fresh(hidden=64)
+    refuse("other model (model=)", st)
+    _, ddp, st, opt = fresh(hidden=64, with_model=False)
+    refuse("other model (engine)", st, ddp, opt, train=3)
+    bad = dict(saved)
+    bad["engine"] = saved["engine"][:-1] + bytes([saved["engine"][-1] ^ 1])
+    st = gct.State(spec, workers=1, **kw)
+    try:
+        st.load_state_dict(bad)
+        out["refusals"]["corrupt"] = {"refused": False}
+    except ValueError as e:
+        out["refusals"]["corrupt"] = {"refused": True, "message": str(e), "unchanged": st.state_dict()["engine"] is None}
+    return out
 
 
-def measured_decisions_all(rank, world, spec, steps, dense_seconds_list):
-    """measured_decisions for each dense_seconds in dense_seconds_list."""
-    return [measured_decisions(rank, world, spec, steps, d) for d in dense_seconds_list]
+def bytes_sent(rank, world, configs, n):
+    """Per (spec, strategy): the hook (direct calls, decision pinned,
+    warm-up 2) on one bucket of n elements for 4 steps; returns this rank's
+    bytes sent in the last step, the strategy the engine reports and
+    whether the bucket went compressed."""
+    out = {}
+    g = torch.Generator().manual_seed(rank)
+    for spec, strategy in configs:
+        state = gct.State(spec, strategy=strategy, warmup_steps=2, decision="compressed", workers=1)
+        for _ in range(4):
+            gct.hook(state, FakeBucket(torch.randn(n, generator=g))).wait()
+        b = state.last_step.buckets[0]
+        out["%s %s" % (spec, strategy)] = {"bytes": state.stats["bytes_sent"], "strategy": b.strategy,
+                                           "compressed": b.compressed, "elements": b.elements}
+        state.close()
+    return out
 
 
 def late_rank(rank, world, spec, delay):
-    """The hook on crafted buckets (warm-up 2, cost model off), with
+    """The hook on crafted buckets (warm-up 2, decision pinned), with
     overlap=True and then overlap=False, where the last rank reaches its
-    hook `delay` seconds late in step 3 (after the handshake). Returns per
-    mode whether this rank's hook returned before its exchange completed,
-    and the step-3 result."""
+    hook `delay` seconds late in step 3. Returns per mode whether this
+    rank's hook returned before its exchange completed, and the step-3
+    result."""
     out = {}
     for overlap in (True, False):
-        state = gct.State(spec, warmup_steps=2, cost_model="off", overlap=overlap, workers=1)
+        state = gct.State(spec, warmup_steps=2, decision="compressed", overlap=overlap, workers=1)
         g = torch.Generator().manual_seed(rank)
         for step in range(4):
             buf = torch.randn(4096, generator=g)
@@ -268,5 +354,60 @@ def late_rank(rank, world, spec, delay):
             fut = gct.hook(state, FakeBucket(buf))
             returned_pending = not fut.done()
             result = fut.wait()
-        out[str(overlap)] = {"returned_pending": returned_pending, "result": result.tolist(), "stats": dict(state.stats)}
+        out[str(overlap)] = {"returned_pending": returned_pending, "result": result.tolist(),
+                             "compressed": state.stats["compressed"]}
+        state.close()
+    return out
+
+
+def _op(kind, count, send, recv, send_bytes, recv_bytes, root=0, op_id=1):
+    op = _lib.Op()
+    op.id, op.kind, op.root, op.count = op_id, int(kind), root, count
+    op.send, op.recv = send, recv
+    op.send_bytes, op.recv_bytes = send_bytes, recv_bytes
+    return op
+
+
+def hosted_ops(rank, world):
+    """Every collective kind through the host's op runner (no engine):
+    crafted gc_op structs over ctypes buffers. Returns what each produced."""
+    K = _lib.OpKind
+    out = {}
+    f32 = lambda vals: (ctypes.c_float * len(vals))(*vals)
+    u8 = lambda vals: (ctypes.c_uint8 * len(vals))(*vals)
+    addr = ctypes.addressof
+    run = lambda op: _engine.run_op(op, None, rank, world)
+
+    buf = f32([rank + 1.0, 2.0 * rank, 0.5])
+    out["allreduce_written"] = run(_op(K.ALLREDUCE, 3, addr(buf), addr(buf), 12, 12))
+    out["allreduce"] = list(buf)
+    send, recv = u8([rank, 10 + rank]), u8([0] * 2 * world)
+    out["allgather_written"] = run(_op(K.ALLGATHER, 2, addr(send), addr(recv), 2, 2 * world))
+    out["allgather"] = list(recv)
+    rs_send = f32([float(rank * 100 + j) for j in range(2 * world)])
+    rs_recv = f32([0.0, 0.0])
+    run(_op(K.REDUCESCATTER, 2, addr(rs_send), addr(rs_recv), 8 * world, 8))
+    out["reducescatter"] = list(rs_recv)
+    a_send = u8([rank * 16 + j for j in range(2 * world)])
+    a_recv = u8([0] * 2 * world)
+    run(_op(K.ALLTOALL, 2 * world, addr(a_send), addr(a_recv), 2 * world, 2 * world))
+    out["alltoall"] = list(a_recv)
+    b = u8([rank + 1] * 3)
+    run(_op(K.BROADCAST, 3, addr(b), addr(b), 3, 3, root=world - 1))
+    out["broadcast"] = list(b)
+    out["barrier_written"] = run(_op(K.BARRIER, 0, 0, 0, 0, 0))
+    out["empty_allreduce"] = run(_op(K.ALLREDUCE, 0, 0, 0, 0, 0))
+    errors = {}
+    for name, op in [
+        ("wrong length", _op(K.ALLGATHER, 2, addr(send), addr(recv), 2, 3)),
+        ("not in place", _op(K.ALLREDUCE, 1, addr(rs_send), addr(rs_recv), 4, 4)),
+        ("bad root", _op(K.BROADCAST, 3, addr(b), addr(b), 3, 3, root=world)),
+        ("bad kind", _op(99, 0, 0, 0, 0, 0)),
+    ]:
+        try:
+            run(op)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    out["errors"] = errors
     return out

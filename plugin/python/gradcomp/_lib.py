@@ -87,6 +87,8 @@ class Error(Exception):
     def __init__(self, function, status, message):
         self.function = function
         self.status = status
+        #: The library's message, without the status name.
+        self.message = message
         super().__init__("%s [GC_ERR_%s]" % (message or "%s failed without a message" % function, status.name))
 
 

@@ -187,6 +187,7 @@ class State:
         self._sizes = None  # the engine's bucket sizes
         self._engine = None
         self._pending = None  # engine state bytes to load when the engine is created
+        self._pending_layout = None  # and the layout it records
         self._broken = None  # the error that ended this State's engine
         self._cur = None
         self._decided = {}  # bucket -> (strategy, decided_compressed) last logged
@@ -262,7 +263,7 @@ class State:
             data = self._engine.save_state()
         else:
             data = self._pending
-        layout = self._sizes or ([self._layout[i] for i in range(len(self._layout))] if self._local > 1 else None)
+        layout = self._sizes or self._pending_layout or self._seen_layout()
         return {
             "format": _FORMAT,
             "spec": self.spec,
@@ -276,7 +277,7 @@ class State:
     def load_state_dict(self, sd):
         """Restores a :meth:`state_dict`. Everything is checked before
         anything changes: ValueError for a dict that is not one, a state of
-        another spec, strategy or error-feedback setting, or of another
+        another spec or error-feedback setting, or of another
         model (its total elements against ``model``'s parameters; its
         bucket layout against the engine's, or the layout this State saw);
         the engine then validates its state whole (gc_engine_state_load).
@@ -292,8 +293,6 @@ class State:
             raise ValueError("%s: the state dict lacks %s" % (where, e))
         if spec != self.spec:
             raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
-        if strategy != self.strategy:
-            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
         if bool(ef) != self.error_feedback:
             raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
                              % (where, bool(ef), self.error_feedback))
@@ -308,9 +307,6 @@ class State:
             info = Engine.state_info(data)  # ValueError when it is not one
             if info.spec != self.spec:
                 raise ValueError("%s: the engine state is for spec %r, this State has %r" % (where, info.spec, self.spec))
-            if self.strategy != "auto" and info.strategy != self.strategy:
-                raise ValueError("%s: the engine state is for strategy %r, this State has %r"
-                                 % (where, info.strategy, self.strategy))
             if layout is not None and list(info.sizes) != layout:
                 raise ValueError("%s: the engine state's buckets %s differ from the dict's layout %s"
                                  % (where, info.sizes, layout))
@@ -320,7 +316,7 @@ class State:
             if self._params is not None and total != self._params:
                 raise ValueError("%s: the state is for a model of %d parameters (buckets %s); this State's model has %d"
                                  % (where, total, layout, self._params))
-            mine = self._sizes or ([self._layout[i] for i in range(len(self._layout))] if self._local > 1 else None)
+            mine = self._sizes or self._seen_layout()
             if mine is not None and list(mine) != layout:
                 raise ValueError("%s: the state is for buckets %s (%d elements); this model's buckets are %s (%d)"
                                  % (where, layout, total, mine, sum(mine)))
@@ -330,8 +326,14 @@ class State:
                                  "exists" % (where, PLAIN_STEPS))
             self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
         else:
-            self._pending = data
+            self._pending, self._pending_layout = data, layout
         self.iter = it
+
+    def _seen_layout(self):
+        """The bucket sizes plain step 1 saw, once it ended (else None)."""
+        if self._local < PLAIN_STEPS or not self._layout:
+            return None
+        return [self._layout.get(i, 0) for i in range(max(self._layout) + 1)]
 
     # ---- the hook
 
@@ -471,6 +473,15 @@ class State:
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                          timeout=self.timeout, workers=self.workers, device=device)
+        except _lib.ConfigError as e:
+            e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
+                                 "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
+                                 "on_nonfinite=%r) and buckets %s" % (
+                                     e.message, dist.get_rank(self.process_group), self.spec, self.strategy,
+                                     self.decision, self.warmup_steps, PLAIN_STEPS, self.error_feedback,
+                                     self.on_nonfinite, sizes))
+            self._broken = e
+            raise e
         except BaseException as e:
             self._broken = e
             raise
@@ -481,9 +492,9 @@ class State:
                 eng.close()
                 self._broken = e
                 raise
-            self._pending = None
+            self._pending = self._pending_layout = None
         self._engine, self._sizes = eng, sizes
-        logger.info("gradcomp: engine for %s (strategy %s, decision %s) on %d ranks, %d buckets %s, warm-up until "
+        logger.info("engine for %s (strategy %s, decision %s) on %d ranks, %d buckets %s, warm-up until "
                     "step %d", self.spec, self.strategy, self.decision, eng.world, len(sizes), sizes,
                     self.warmup_steps)
 
@@ -517,6 +528,10 @@ class State:
             stats = None
         if stats is not None:
             self._record(stats)
+        if isinstance(err, _lib.NonFiniteError):
+            err = _lib.NonFiniteError(err.function, err.status, "gradcomp.torch: hook step %d: %s (on_nonfinite="
+                                      "'raise'; the State stays usable: skip this optimizer step)"
+                                      % (st.number, err.message))
         if err is not None:
             st.fail(err)
             if not isinstance(err, _lib.NonFiniteError):
@@ -553,7 +568,7 @@ class State:
                 c["nonfinite"] += int(b.nonfinite)
         bad = [b.bucket for b in s.buckets if b.nonfinite]
         if bad:
-            logger.warning("gradcomp: step %d: NaN/Inf in bucket(s) %s (%s)", s.step, bad,
+            logger.warning("step %d: NaN/Inf in bucket(s) %s (%s)", s.step, bad,
                            "raised" if self.on_nonfinite == "raise" else "sent dense")
         for b in s.buckets:
             key = (b.strategy, b.decided_compressed)
@@ -562,7 +577,7 @@ class State:
                 continue
             self._decided[b.bucket] = key
             logger.info(
-                "gradcomp: bucket %d (%d elements): %s, %s%s; predicted dense %s, compressed %s; measured dense %s, "
+                "bucket %d (%d elements): %s, %s%s; predicted dense %s, compressed %s; measured dense %s, "
                 "compressed %s; %s", b.bucket, b.elements, b.strategy,
                 "compressed" if b.decided_compressed else "dense",
                 " (changed at engine step %d)" % s.step if prev is not None else "",
