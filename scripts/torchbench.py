@@ -8,9 +8,11 @@ usage: torchbench.py RANK WORLD MASTER_ADDR PORT LINK HOOKS [STEPS [BATCH]]
 HOOKS is a comma-separated list of: default (torch's all-reduce), fp16
 (torch's fp16_compress_hook), local (no exchange at all: each rank keeps
 its own gradient; the floor any hook's step time could reach), or a
-gradcomp spec (gradcomp.torch.hook with
-error feedback and the cost model), optionally suffixed "/sync" for
-overlap=False.
+gradcomp spec (gradcomp.torch.hook: the engine, with error feedback
+and the cost model), optionally suffixed "/sync" for overlap=False and/or
+"@compressed" or "@dense" to pin the decision (e.g. "int4@compressed/sync").
+gradcomp's rows carry the hook's counters (bytes sent per rank in the last
+step) and its last step's per-bucket statistics.
 """
 
 import datetime
@@ -28,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradcomp.torch as gct
 
 GRADCOMP_WARMUP = 10  # gradcomp's dense warm-up steps
-PROBES = 3
-WARMUP = GRADCOMP_WARMUP + PROBES + 2  # untimed steps: gradcomp's warm-up and probes, and 2 more
+VERIFY = 4  # steps of the engine's first online verification (alternating the decided configuration and the other)
+WARMUP = GRADCOMP_WARMUP + VERIFY + 2  # untimed steps: gradcomp's warm-up and first verification, and 2 more
 SYNC = "/sync"
 
 
@@ -61,8 +63,9 @@ class Run:
             self.ddp.register_comm_hook(None, local_hook)
         elif name != "default":
             spec = name[: -len(SYNC)] if name.endswith(SYNC) else name
+            spec, _, decision = spec.partition("@")
             self.state = gct.State(
-                spec, model=self.module, warmup_steps=GRADCOMP_WARMUP, probe_steps=PROBES, workers=1,
+                spec, decision=decision or "auto", model=self.module, warmup_steps=GRADCOMP_WARMUP, workers=1,
                 overlap=not name.endswith(SYNC),
             )
             self.ddp.register_comm_hook(self.state, gct.hook)
@@ -93,11 +96,11 @@ class Run:
             "max_s": ts[-1],
         }
         if self.state is not None:
-            row["bandwidth_Bps"] = self.state.bandwidth
-            row["guesses"] = {str(k): v for k, v in self.state.guesses.items()}
-            row["decisions"] = {str(k): v for k, v in self.state.decisions.items()}
-            row["probed_s"] = {str(k): v for k, v in self.state.probed.items()}
-            row["stats"] = dict(self.state.stats)
+            row["stats"] = self.state.stats
+            last = self.state.last_step
+            if last is not None:
+                row["exposed_s"] = last.exposed_seconds
+                row["buckets"] = [b._asdict() for b in last.buckets]
         return row
 
 
