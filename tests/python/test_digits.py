@@ -1,6 +1,8 @@
 """Accuracy: DDP on 4 gloo ranks trains an MLP on sklearn's digits for 10
-epochs with torch's default all-reduce and with gradcomp's hook
-(topk:0.01, int8, sign; error feedback on): each hook's test accuracy must
+epochs with torch's default all-reduce and with gradcomp's hook, one
+configuration per strategy (sparse-gather topk:0.01, SRA int8 and sign,
+shared-index randomk:0.25, dense fp16; error feedback on, decision pinned
+to compressed so the run is reproducible): each hook's test accuracy must
 be within 1 point of the default's."""
 
 import sys
@@ -12,7 +14,9 @@ from libpath import require_library
 
 WORLD = 4
 EPOCHS = 10
-SPECS = ["topk:0.01", "int8", "sign"]
+CONFIGS = [("topk:0.01", "auto"), ("int8", "auto"), ("sign", "sra"), ("randomk:0.25", "auto"), ("fp16", "dense")]
+STRATEGIES = {"topk:0.01": "sparse-gather", "int8": "sra", "sign": "sra", "randomk:0.25": "shared-index",
+              "fp16": "dense"}
 TOLERANCE = 0.01  # one point of accuracy
 
 
@@ -22,19 +26,22 @@ def setUpModule():
 
 class Digits(unittest.TestCase):
     def test_hooks_match_the_default_accuracy(self):
-        results = ranks.run(workers.train_digits, WORLD, [None] + SPECS, EPOCHS, 1, 10, timeout=400)
+        results = ranks.run(workers.train_digits, WORLD, [(None, None)] + CONFIGS, EPOCHS, 1, 10, timeout=400)
         for rank, r in enumerate(results[1:], 1):
             self.assertEqual(r, results[0], "rank %d ended with another model than rank 0" % rank)
         r = results[0]
-        base = r["None"]["accuracy"]
+        base = r["None None"]["accuracy"]
         sys.stderr.write("\n[digits] %d ranks, %d epochs: default %.4f" % (WORLD, EPOCHS, base))
-        for spec in SPECS:
-            sys.stderr.write(", %s %.4f" % (spec, r[spec]["accuracy"]))
+        for spec, strategy in CONFIGS:
+            got = r["%s %s" % (spec, strategy)]
+            sys.stderr.write(", %s (%s) %.4f" % (spec, got["strategy"], got["accuracy"]))
         sys.stderr.write("\n")
-        for spec in SPECS:
+        for spec, strategy in CONFIGS:
             with self.subTest(spec=spec):
-                self.assertGreater(r[spec]["stats"]["compressed"], 0)
-                self.assertGreaterEqual(r[spec]["accuracy"], base - TOLERANCE)
+                got = r["%s %s" % (spec, strategy)]
+                self.assertEqual(got["strategy"], STRATEGIES[spec])
+                self.assertGreater(got["stats"]["compressed"], 0)
+                self.assertGreaterEqual(got["accuracy"], base - TOLERANCE)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,10 @@ def train_digits(rank, world, configs, epochs, seed, warmup_steps):
                 train_step(ddp, opt, xb, yb)
         with torch.no_grad():
             accuracy = (ddp.module(xt).argmax(1) == yt).float().mean().item()
-        out["%s %s" % (spec, strategy)] = {"accuracy": accuracy, "stats": state.stats if state else {}}
+        out["%s %s" % (spec, strategy)] = {
+            "accuracy": accuracy, "stats": state.stats if state else {},
+            "strategy": state.last_step.buckets[0].strategy if state else None,
+        }
         if state:
             state.close()
     return out
