@@ -32,7 +32,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world, port, outdir, args):
+def _entry(rank, fn, world, port, outdir, args, barrier=True):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -41,7 +41,8 @@ def _entry(rank, fn, world, port, outdir, args):
             "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
         )
         result = {"value": fn(rank, world, *args)}
-        dist.barrier()  # every rank is done with the group
+        if barrier:
+            dist.barrier()  # every rank is done with the group
     except BaseException:
         result = {"error": traceback.format_exc()}
     with open(os.path.join(outdir, "rank%d.json" % rank), "w") as f:
@@ -53,12 +54,15 @@ def _entry(rank, fn, world, port, outdir, args):
     os._exit(0)
 
 
-def run(fn, world, *args, timeout=120):
+def run(fn, world, *args, timeout=120, dies=()):
     """Runs fn(rank, world, *args) on ``world`` ranks; returns their values
-    by rank. Raises AssertionError naming the rank on an error or timeout."""
+    by rank. Raises AssertionError naming the rank on an error or timeout.
+    Ranks in ``dies`` are expected to end without a result (their value is
+    None; no rank waits in a final barrier then)."""
     with tempfile.TemporaryDirectory(prefix="gradcomp-ranks-") as outdir:
         ctx = mp.start_processes(
-            _entry, args=(fn, world, free_port(), outdir, args), nprocs=world, join=False, start_method="spawn"
+            _entry, args=(fn, world, free_port(), outdir, args, not dies), nprocs=world, join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         try:
@@ -73,6 +77,9 @@ def run(fn, world, *args, timeout=120):
         results = []
         for rank in range(world):
             path = os.path.join(outdir, "rank%d.json" % rank)
+            if rank in dies:
+                results.append(None)
+                continue
             if not os.path.exists(path):
                 raise AssertionError("rank %d left no result" % rank)
             with open(path) as f:

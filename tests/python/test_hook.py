@@ -313,6 +313,18 @@ class Ranks(unittest.TestCase):
     def test_bytes_sent_match_the_formulas_at_4_ranks(self):
         self._check_bytes(4)
 
+    def test_dead_peer_is_a_comm_error_on_the_others(self):
+        results = ranks.run(workers.peer_dies, 3, "int8", 2, 5.0, timeout=120, dies=(2,))
+        for rank, r in enumerate(results[:2]):
+            with self.subTest(rank=rank):
+                step, after = r
+                self.assertIsNotNone(step, "rank %d trained on past a dead peer" % rank)
+                self.assertTrue(step["is_comm"], step)
+                self.assertLess(step["seconds"], 5.0 + 10, step)  # within the collective timeout
+                self.assertIsNotNone(after)
+                self.assertTrue(after["is_comm"], after)  # the State stays broken, saying why
+                self.assertLess(after["seconds"], 1.0, after)
+
     def test_hook_returns_while_the_exchange_runs(self):
         # Rank 1 reaches its hook 1 s late: rank 0's overlapped hook returns
         # a future not yet completed; with overlap=False it returns a

@@ -414,3 +414,30 @@ def hosted_ops(rank, world):
             errors[name] = str(e)
     out["errors"] = errors
     return out
+
+
+def peer_dies(rank, world, spec, dead, timeout):
+    """DDP with the hook (decision pinned, warm-up 2, a `timeout`-second
+    collective timeout): rank `dead` ends its process before step 4's
+    backward; the others' step 4 must fail with a typed error within the
+    timeout, and so must their next step (the engine is broken)."""
+    import os
+
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))
+    ddp, state = make_ddp(mlp(0), spec, warmup_steps=2, decision="compressed", timeout=timeout)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in data[:4]:
+        train_step(ddp, opt, xb, yb)
+    if rank == dead:
+        os._exit(0)
+    out = []
+    for xb, yb in data[4:6]:
+        t0 = time.monotonic()
+        try:
+            train_step(ddp, opt, xb, yb)
+            out.append(None)
+        except Exception as e:
+            out.append({"type": type(e).__name__, "is_comm": isinstance(e, gradcomp.CommError), "message": str(e),
+                        "seconds": time.monotonic() - t0})
+    return out

@@ -61,7 +61,10 @@ ranks' configurations differ, FloatingPointError (gradcomp.NonFiniteError)
 naming the buckets and ranks when a gradient holds NaN/Inf and
 ``on_nonfinite="raise"`` (the State stays usable: skip the optimizer step),
 gradcomp.CommError when a collective failed or timed out (the State is
-broken). Called outside backward (directly, on fake buckets), the hook
+broken; a dead peer is seen at once, a stalled one after ``timeout``
+seconds, but the collective torch is running then cannot be cancelled and
+holds the host thread until the process group's own timeout: give the
+group a timeout near the State's). Called outside backward (directly, on fake buckets), the hook
 raises its errors itself, and an error of the exchange is set on the
 futures.
 
@@ -527,7 +530,7 @@ class State:
         except Exception:
             stats = None
         if stats is not None:
-            self._record(stats)
+            self._record(stats, st.number)
         if isinstance(err, _lib.NonFiniteError):
             err = _lib.NonFiniteError(err.function, err.status, "gradcomp.torch: hook step %d: %s (on_nonfinite="
                                       "'raise'; the State stays usable: skip this optimizer step)"
@@ -555,7 +558,7 @@ class State:
             else:
                 fut.set_result(buf)
 
-    def _record(self, s):
+    def _record(self, s, hook_step):
         """Counts the step and logs decisions that are new or changed."""
         with self._lock:
             self.last_step = s
@@ -568,7 +571,7 @@ class State:
                 c["nonfinite"] += int(b.nonfinite)
         bad = [b.bucket for b in s.buckets if b.nonfinite]
         if bad:
-            logger.warning("step %d: NaN/Inf in bucket(s) %s (%s)", s.step, bad,
+            logger.warning("hook step %d (engine step %d): NaN/Inf in bucket(s) %s (%s)", hook_step, s.step, bad,
                            "raised" if self.on_nonfinite == "raise" else "sent dense")
         for b in s.buckets:
             key = (b.strategy, b.decided_compressed)
