@@ -216,6 +216,8 @@ class Ranks(unittest.TestCase):
             [dict(warmup_steps=3), dict(warmup_steps=4)],
             [dict(decision="compressed"), dict(decision="dense")],
             [dict(on_nonfinite="raise"), dict(on_nonfinite="dense")],
+            [dict(strategy="sra"), dict(strategy="allgather")],
+            [dict(error_feedback=True), dict(error_feedback=False)],
         ]
         results = ranks.run(workers.mismatched_configs, WORLD, variants, timeout=150)
         for rank, per_variant in enumerate(results):
@@ -231,6 +233,8 @@ class Ranks(unittest.TestCase):
         self.assertIn("int8", messages[0])
         self.assertIn("warm-up", results[0][1]["message"])
         self.assertIn("decision", results[0][2]["message"])
+        self.assertIn("strategy", results[0][4]["message"])
+        self.assertIn("error feedback", results[0][5]["message"])
 
     def test_nan_bucket_goes_dense_or_raises(self):
         results = ranks.run(workers.nonfinite_bucket, WORLD, "topk:0.01", 1, timeout=150)
