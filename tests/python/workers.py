@@ -9,7 +9,6 @@ import io
 import time
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp
