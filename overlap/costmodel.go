@@ -93,9 +93,7 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		var ts []float64
 		for rep := range probeReps + 1 {
 			tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-			t := time.Now()
-			err := e.c.AllReduce(tctx, buf[:l])
-			d := time.Since(t).Seconds()
+			d, err := e.timing.probe(tctx, e.c, buf[:l])
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("overlap: cost model: link probe on rank %d: %w", e.rank, err)
@@ -109,7 +107,7 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		// than it is (the model errs toward dense, never toward slower).
 		v = append(v, slices.Min(ts))
 	}
-	times, err := timePath(e, ns)
+	times, err := e.timing.paths(e, ns)
 	if err != nil {
 		return nil, fmt.Errorf("overlap: cost model: timing %s on rank %d: %w", e.spec, e.rank, err)
 	}
@@ -384,17 +382,22 @@ func Predict(c compress.Compressor, s Strategy, n, world int, link Link) (Predic
 	case link.Latency < 0:
 		return Prediction{}, fmt.Errorf("overlap: Predict: link latency %v is negative", link.Latency)
 	}
+	return predictWith(c, s, n, world, link, calibrated)
+}
+
+// predictWith is Predict, after its checks, with the calibration cal gives.
+func predictWith(c compress.Compressor, s Strategy, n, world int, link Link, cal func(compress.Compressor, Strategy, int) (calibration, error)) (Prediction, error) {
 	strategy, err := resolve(s, c.Codec(), world)
 	if err != nil {
 		return Prediction{}, err
 	}
-	cal, err := calibrated(c, strategy, world)
+	calib, err := cal(c, strategy, world)
 	if err != nil {
 		return Prediction{}, err
 	}
-	m := cal.model
+	m := calib.model
 	m.alpha, m.perByte = link.Latency.Seconds(), 1/link.Bandwidth
-	p := m.predict(cal.x, world, n)
+	p := m.predict(calib.x, world, n)
 	p.Strategy = strategy
 	return p, nil
 }
@@ -445,34 +448,38 @@ func calibrated(c compress.Compressor, strategy Strategy, world int) (calibratio
 		calibrations.m[key] = ent
 	}
 	calibrations.Unlock()
-	ent.once.Do(func() {
-		e := &Engine{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}
-		if c.Codec() != compress.CodecNone {
-			e.comp = c
-			e.x = e.newExchanger()
-			e.x.useMemory(nil, nil)
-		}
-		var ns []int
-		for _, n := range []int{1 << 12, 1 << 15, 1 << 18} {
-			n = max(n-n%world, world)
-			if len(ns) == 0 || int64(world)*int64(c.MaxEncodedLen(n)) <= calibrationBytes {
-				ns = append(ns, n)
-			}
-		}
-		ns = slices.Compact(ns)
-		times, err := timePath(e, ns)
-		if err != nil {
-			ent.err = fmt.Errorf("overlap: Predict: timing %s (%v, %d ranks): %w", c.Spec(), strategy, world, err)
-			return
-		}
-		var v []float64
-		for _, t := range times {
-			v = append(v, t...)
-		}
-		ent.cal.model.fitCompute(ns, v)
-		ent.cal.x = e.x
-	})
+	ent.once.Do(func() { ent.cal, ent.err = calibrate(c, strategy, world, clockTiming{}) })
 	return ent.cal, ent.err
+}
+
+// calibrate times (spec, strategy, world) with t, as calibrated describes.
+func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (calibration, error) {
+	e := &Engine{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}
+	if c.Codec() != compress.CodecNone {
+		e.comp = c
+		e.x = e.newExchanger()
+		e.x.useMemory(nil, nil)
+	}
+	var ns []int
+	for _, n := range []int{1 << 12, 1 << 15, 1 << 18} {
+		n = max(n-n%world, world)
+		if len(ns) == 0 || int64(world)*int64(c.MaxEncodedLen(n)) <= calibrationBytes {
+			ns = append(ns, n)
+		}
+	}
+	ns = slices.Compact(ns)
+	times, err := t.paths(e, ns)
+	if err != nil {
+		return calibration{}, fmt.Errorf("overlap: Predict: timing %s (%v, %d ranks): %w", c.Spec(), strategy, world, err)
+	}
+	var v []float64
+	for _, t := range times {
+		v = append(v, t...)
+	}
+	var cal calibration
+	cal.model.fitCompute(ns, v)
+	cal.x = e.x
+	return cal, nil
 }
 
 // linkCost is the time of the bucket's collectives on the link.

@@ -46,32 +46,58 @@ func newEnginesOn(t *testing.T, comms []comm.Comm, sizes []int, cfg Config) []*E
 	return engines
 }
 
-// TestCostModelSlowLink: on an emulated 20 MB/s link the model measures
-// about that bandwidth and sends top-k compressed; every rank agrees.
-func TestCostModelSlowLink(t *testing.T) {
-	if testing.Short() {
-		t.Skip("probes an emulated slow link (about a second)")
-	}
-	const bw = 20e6
+// TestCostModelFit: from injected probe and compute times (a 20 MB/s
+// link), New fits exactly that link and those lines, predicts each bucket
+// by the package doc's formulas, sends top-k compressed on every rank, and
+// the stats carry the predictions; on a free link with the same compute
+// it goes dense.
+func TestCostModelFit(t *testing.T) {
+	const ranks = 2
 	sizes := []int{1 << 18, 1 << 16}
-	engines := newEnginesOn(t, slowGroup(group(t, 2), 200*time.Microsecond, bw), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true})
+	tm := &fixedTiming{alpha: 200e-6, perByte: 1 / 20e6, enc: line{1e-5, 2e-9}, dec: line{2e-5, 1e-9}, avg: line{1e-6, 1e-10}}
+	cfg := Config{Spec: "topk:0.01", ErrorFeedback: true}
+	engines := newTimedEngines(t, group(t, ranks), sizes, cfg, tm)
+	close := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*max(1, math.Abs(want)) }
 	m := engines[0].model
-	if got := 1 / m.perByte; got < bw/2 || got > bw*2 {
-		t.Errorf("measured %.3g B/s, want about %.3g", got, bw)
+	if !close(m.alpha, tm.alpha) || !close(m.perByte*1e9, tm.perByte*1e9) || !close(m.enc.a, tm.enc.a) || !close(m.enc.b*1e9, tm.enc.b*1e9) ||
+		!close(m.dec.b*1e9, tm.dec.b*1e9) || !close(m.avg.b*1e9, tm.avg.b*1e9) || m.mid.a != 0 || m.mid.b != 0 {
+		t.Errorf("fitted %+v from %+v", *m, *tm)
 	}
+	c := mustParse(t, cfg.Spec)
 	for r, e := range engines {
 		if !slices.Equal(e.Compressed(), []bool{true, true}) {
 			t.Errorf("rank %d: decisions %v, want compressed", r, e.Compressed())
 		}
 		for _, b := range e.buckets {
-			if b.predComp >= b.predDense || !strings.HasPrefix(b.reason, "cost model: ") {
-				t.Errorf("rank %d, bucket %d: %v vs %v: %s", r, b.idx, b.predComp, b.predDense, b.reason)
+			n := float64(b.n)
+			A := tm.alpha + float64(allReduceVolume(ranks, 4*b.n))*tm.perByte
+			X := tm.alpha + float64(allGatherVolume(ranks, slotHeaderLen+c.MaxEncodedLen(b.n)))*tm.perByte
+			E, D, M := tm.enc.a+tm.enc.b*n, tm.dec.a+tm.dec.b*n, tm.avg.a+tm.avg.b*n
+			dense, comp := A+max(0, M-A), X+max(0, E-X)+max(0, D-X)
+			if d := b.predDense - seconds(dense); d < -time.Microsecond/10 || d > time.Microsecond/10 {
+				t.Errorf("rank %d, bucket %d: predicted dense %v, want %v", r, b.idx, b.predDense, seconds(dense))
+			}
+			if d := b.predComp - seconds(comp); d < -time.Microsecond/10 || d > time.Microsecond/10 {
+				t.Errorf("rank %d, bucket %d: predicted compressed %v, want %v", r, b.idx, b.predComp, seconds(comp))
+			}
+			if !strings.HasPrefix(b.reason, "cost model: ") {
+				t.Errorf("rank %d, bucket %d: reason %s", r, b.idx, b.reason)
 			}
 		}
 	}
-	stats, errs := runStep(engines, stepGrads(2, 0, sizes), inOrder(2))
+	stats, errs := runStep(engines, stepGrads(ranks, 0, sizes), inOrder(2))
 	mustNoErrors(t, "step", errs)
-	t.Log(stats[0].Buckets[0].Reason)
+	if bs := stats[0].Buckets[0]; bs.PredictedDense != engines[0].buckets[0].predDense || !bs.Compressed {
+		t.Errorf("stats %+v", bs)
+	}
+
+	free := *tm
+	free.alpha, free.perByte = 0, 0
+	for r, e := range newTimedEngines(t, group(t, ranks), sizes, cfg, &free) {
+		if !slices.Equal(e.Compressed(), []bool{false, false}) {
+			t.Errorf("free link, rank %d: decisions %v, want dense", r, e.Compressed())
+		}
+	}
 }
 
 // TestCostModelAgrees: on the in-process link every rank holds the same
@@ -98,19 +124,40 @@ func TestCostModelAgrees(t *testing.T) {
 	}
 }
 
+// fixedCalibration calibrates Predict from given compute lines instead of
+// the clock.
+func fixedCalibration(tm *fixedTiming) func(compress.Compressor, Strategy, int) (calibration, error) {
+	return func(c compress.Compressor, s Strategy, world int) (calibration, error) {
+		return calibrate(c, s, world, tm)
+	}
+}
+
+// predictCompute is the compute Predict's tests inject: encode and decode
+// of 1 ns per element, the dense average 0.1 ns per element.
+var predictCompute = &fixedTiming{enc: line{0, 1e-9}, dec: line{0, 1e-9}, avg: line{0, 1e-10}}
+
+// nearly reports whether two durations from seconds() differ by at most
+// its rounding.
+func nearly(a, b time.Duration) bool { return a-b <= time.Microsecond/10 && b-a <= time.Microsecond/10 }
+
 // TestPredictKnownLink: the link terms are the formulas of the package
-// doc, exactly; all-gather's exchange has no compute between collectives.
+// doc, exactly; all-gather's exchange has no compute between collectives;
+// the compute is the calibration's.
 func TestPredictKnownLink(t *testing.T) {
 	const n, world, bw, lat = 1 << 16, 4, 1e6, time.Millisecond
 	c := mustParse(t, "topk:0.01")
-	p, err := Predict(c, StrategyQuantAllGather, n, world, Link{Bandwidth: bw, Latency: lat})
+	link := Link{Bandwidth: bw, Latency: lat}
+	p, err := predictWith(c, StrategyQuantAllGather, n, world, link, fixedCalibration(predictCompute))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantAR := seconds(lat.Seconds() + float64(2*(world-1)*4*n/world)/bw)
 	wantX := seconds(lat.Seconds() + float64((world-1)*(slotHeaderLen+c.MaxEncodedLen(n)))/bw)
-	if p.AllReduce != wantAR || p.Exchange != wantX || p.Strategy != StrategyQuantAllGather {
+	if !nearly(p.AllReduce, wantAR) || !nearly(p.Exchange, wantX) || p.Strategy != StrategyQuantAllGather {
 		t.Errorf("all-reduce %v, exchange %v, strategy %v; want %v, %v, allgather", p.AllReduce, p.Exchange, p.Strategy, wantAR, wantX)
+	}
+	if !nearly(p.Encode, seconds(1e-9*n)) || !nearly(p.Decode, seconds(1e-9*n)) || !nearly(p.Average, seconds(1e-10*n)) {
+		t.Errorf("compute %+v, want the calibration's", p)
 	}
 	if want := p.AllReduce + max(0, p.Average-p.AllReduce); p.Dense != want {
 		t.Errorf("dense %v, want %v", p.Dense, want)
@@ -118,38 +165,59 @@ func TestPredictKnownLink(t *testing.T) {
 	if !p.Compress || p.Compressed >= p.Dense {
 		t.Errorf("top-k 1%% on 1 MB/s: %+v, want compressed", p)
 	}
-	again, err := Predict(c, StrategyQuantAllGather, n, world, Link{Bandwidth: bw, Latency: lat})
+}
+
+// TestPredictCached: Predict calibrates once per (spec, strategy, world)
+// and answers the same afterwards.
+func TestPredictCached(t *testing.T) {
+	c := mustParse(t, "topk:0.01")
+	link := Link{Bandwidth: 1e6, Latency: time.Millisecond}
+	p, err := Predict(c, StrategyQuantAllGather, 1<<16, 4, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Predict(c, StrategyQuantAllGather, 1<<16, 4, link)
 	if err != nil || again != p {
 		t.Errorf("second call (cached calibration): %+v, %v; first %+v", again, err, p)
+	}
+	if p.Encode <= 0 || p.Decode <= 0 {
+		t.Errorf("%+v: want encode and decode times", p)
 	}
 }
 
 // TestPredictEveryCodec: all-gather carries every codec; on a link whose
-// transfers cost nothing, no codec is predicted to pay; codec none is
-// dense.
+// transfers cost nothing, with encode and decode costing more than the
+// average, no codec is predicted to pay; codec none is dense.
 func TestPredictEveryCodec(t *testing.T) {
 	free := Link{Bandwidth: math.Inf(1)}
 	specs := []string{"fp16", "bf16", "topk:0.01", "randomk:0.01", "int8", "int4", "int2", "sign"}
-	if testing.Short() {
-		specs = specs[2:4]
-	}
-	var wg sync.WaitGroup
+	const n = 1 << 18
 	for _, spec := range specs {
-		wg.Go(func() { // concurrently: Predict is safe for concurrent use
-			p, err := Predict(mustParse(t, spec), StrategyQuantAllGather, 1<<18, 4, free)
-			switch {
-			case err != nil:
+		p, err := predictWith(mustParse(t, spec), StrategyQuantAllGather, n, 4, free, fixedCalibration(predictCompute))
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", spec, err)
+		case p.Compress || p.Strategy != StrategyQuantAllGather || !nearly(p.Encode, seconds(1e-9*n)) || !nearly(p.Decode, seconds(1e-9*n)):
+			t.Errorf("%s on a free link: %+v, want dense, with the calibration's encode and decode times", spec, p)
+		}
+	}
+	p, err := predictWith(mustParse(t, "none"), StrategyAuto, 1<<10, 2, free, fixedCalibration(predictCompute))
+	if err != nil || p.Compress || p.Compressed != p.Dense || p.Strategy != StrategyDense || p.Encode != 0 {
+		t.Errorf("codec none: %+v, %v", p, err)
+	}
+}
+
+// TestPredictConcurrent: Predict is safe for concurrent use.
+func TestPredictConcurrent(t *testing.T) {
+	var wg sync.WaitGroup
+	for _, spec := range []string{"topk:0.01", "randomk:0.01"} {
+		wg.Go(func() {
+			if _, err := Predict(mustParse(t, spec), StrategyQuantAllGather, 1<<12, 2, Link{Bandwidth: 1e9}); err != nil {
 				t.Errorf("%s: %v", spec, err)
-			case p.Compress || p.Strategy != StrategyQuantAllGather || p.Encode <= 0 || p.Decode <= 0:
-				t.Errorf("%s on a free link: %+v, want dense, with encode and decode times", spec, p)
 			}
 		})
 	}
 	wg.Wait()
-	p, err := Predict(mustParse(t, "none"), StrategyAuto, 1<<10, 2, free)
-	if err != nil || p.Compress || p.Compressed != p.Dense || p.Strategy != StrategyDense || p.Encode != 0 {
-		t.Errorf("codec none: %+v, %v", p, err)
-	}
 }
 
 func TestPredictErrors(t *testing.T) {

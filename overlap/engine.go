@@ -52,6 +52,7 @@ type Engine struct {
 	model      *costModel // nil unless Decision is DecideAuto with a compressed path
 	verify     *verifier  // non-nil with model: checks its decisions against measured times
 	ef1, ef2   *compress.ErrorFeedback
+	timing     timing // the clock, or a test's times
 
 	compute, wire, decode *stream // encode; collectives; decode and average
 
@@ -156,6 +157,11 @@ func (st *step) failure() error {
 // decide each bucket, identically on every rank. New's collectives are
 // bounded by ctx and Config.Timeout each.
 func New(ctx context.Context, c comm.Comm, sizes []int, cfg Config) (*Engine, error) {
+	return newEngine(ctx, c, sizes, cfg, clockTiming{})
+}
+
+// newEngine is New with the cost model's and verification's times from t.
+func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timing) (*Engine, error) {
 	if c == nil {
 		return nil, fmt.Errorf("overlap: New: nil comm.Comm")
 	}
@@ -165,7 +171,7 @@ func New(ctx context.Context, c comm.Comm, sizes []int, cfg Config) (*Engine, er
 	if cfg.Workers == 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	e := &Engine{c: c, cfg: cfg, rank: c.Rank(), size: c.Size()}
+	e := &Engine{c: c, cfg: cfg, rank: c.Rank(), size: c.Size(), timing: t}
 	local := e.configure(sizes)
 	if err := handshake(ctx, e, sizes, local); err != nil {
 		return nil, err

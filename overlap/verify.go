@@ -106,38 +106,56 @@ func keepMin(best *float64, t float64) {
 	}
 }
 
-// record keeps st's step time for its configuration, unless a bucket fell
+// spans returns st's buckets as verification measures them (see span).
+func (st *step) spans() []span {
+	out := make([]span, len(st.runs))
+	var first time.Time
+	for _, r := range st.runs {
+		if !r.readyAt.IsZero() && (first.IsZero() || r.readyAt.Before(first)) {
+			first = r.readyAt
+		}
+	}
+	for i, r := range st.runs {
+		s := &out[i]
+		s.clean = r.fallback == "" && !r.doneAt.IsZero() && (r.outcome == pathCompressed || r.outcome == pathDense)
+		if r.outcome == pathCompressed {
+			s.path = compressedPath
+		}
+		if s.clean {
+			s.ready, s.done = r.readyAt.Sub(first).Seconds(), r.doneAt.Sub(first).Seconds()
+		}
+	}
+	return out
+}
+
+// record keeps a step's time for its configuration, unless a bucket fell
 // back to dense or was skipped, and, per bucket, the time it added to the
 // step: from the later of its Ready and the previous bucket's end of
 // decode to its own end of decode (buckets end in order, on one decode
 // stream).
-func (v *verifier) record(st *step) {
+func (v *verifier) record(spans []span) {
 	if v.pos < 0 {
 		return
 	}
-	var first, prev time.Time
-	clean := true
-	for i, r := range st.runs {
-		if r.fallback != "" || r.doneAt.IsZero() || (r.outcome != pathCompressed && r.outcome != pathDense) {
+	first, prev := 0.0, 0.0
+	started, clean := false, true
+	for i, s := range spans {
+		if !s.clean {
 			clean = false
 			continue
 		}
-		from := r.readyAt
-		if first.IsZero() || from.Before(first) {
+		from := s.ready
+		if !started || from < first {
 			first = from
 		}
-		if prev.After(from) {
+		if started && prev > from {
 			from = prev
 		}
-		prev = r.doneAt
-		path := densePath
-		if r.outcome == pathCompressed {
-			path = compressedPath
-		}
-		keepMin(&v.best[i][path], r.doneAt.Sub(from).Seconds())
+		started, prev = true, s.done
+		keepMin(&v.best[i][s.path], s.done-from)
 	}
-	if clean {
-		keepMin(&v.config[v.pos%2], prev.Sub(first).Seconds())
+	if clean && started {
+		keepMin(&v.config[v.pos%2], prev-first)
 	}
 }
 
@@ -161,7 +179,7 @@ func (v *verifier) advance() bool {
 // *StepError.
 func (e *Engine) verifyStep(ctx context.Context, st *step) error {
 	v := e.verify
-	v.record(st)
+	v.record(e.timing.spans(st.spans()))
 	if !v.advance() {
 		return nil
 	}

@@ -64,26 +64,17 @@ func TestVerifySchedule(t *testing.T) {
 // window every rank runs the buckets on the path measured faster, the
 // window's last step reports the switch, and the trials are in the stats.
 func TestVerifyConverges(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs emulated slow links (about a second)")
-	}
 	sizes := []int{1 << 14, 1 << 13}
 	for _, tc := range []struct {
-		name  string
-		comms func(t *testing.T) []comm.Comm
-		want  bool // compressed
+		name string
+		tm   *fixedTiming // the measured step times
+		want bool         // compressed
 	}{
-		{"slow link: compressed", func(t *testing.T) []comm.Comm { return slowGroup(group(t, 2), 0, 5e6) }, true},
-		{"slow all-gather: dense", func(t *testing.T) []comm.Comm {
-			comms := group(t, 2)
-			for r, c := range comms {
-				comms[r] = &gatherDelay{Comm: c, d: 20 * time.Millisecond}
-			}
-			return comms
-		}, false},
+		{"compressed measured faster", &fixedTiming{dense: 2e-3, compressed: 1e-3}, true},
+		{"dense measured faster", &fixedTiming{dense: 1e-3, compressed: 2e-3}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			engines := newEnginesOn(t, tc.comms(t), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true})
+			engines := newTimedEngines(t, group(t, 2), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true}, tc.tm)
 			for _, e := range engines { // predict the wrong path
 				for _, b := range e.buckets {
 					b.compressed = !tc.want
@@ -121,14 +112,14 @@ func TestVerifyConverges(t *testing.T) {
 	}
 }
 
-// TestVerifyMixed: the alternative to a mix is all dense; a mix measured
-// faster is kept.
+// TestVerifyMixed: the alternative to a mix is all dense; a mix not
+// measured hysteresis slower is kept.
 func TestVerifyMixed(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs an emulated slow link (about a second)")
-	}
 	sizes := []int{1 << 14, 1 << 13}
-	engines := newEnginesOn(t, slowGroup(group(t, 2), 0, 5e6), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true})
+	// Compressed buckets add 1 ms, dense 1.02 ms: all dense is measured
+	// slower than the mix.
+	tm := &fixedTiming{dense: 1.02e-3, compressed: 1e-3}
+	engines := newTimedEngines(t, group(t, 2), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true}, tm)
 	for _, e := range engines {
 		e.buckets[0].compressed, e.buckets[1].compressed = true, false
 	}
