@@ -173,8 +173,8 @@ func (m *costModel) fitCompute(ns []int, v []float64) {
 // scheduling quantum from moving the model.
 func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
-	s := &Engine{c: &loopback{rank: e.rank, size: e.size}, cfg: e.cfg, rank: e.rank, size: e.size,
-		spec: e.spec, comp: e.comp, strategy: e.strategy}
+	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy},
+		c: &loopback{rank: e.rank, size: e.size}}
 	if s.comp != nil {
 		s.x = s.newExchanger()
 	}
@@ -189,7 +189,7 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 		if s.x != nil {
 			s.x.setup(b)
 		}
-		r := &run{b: b, grad: make([]float32, n)}
+		r := &run{b: b, hostRun: hostRun{grad: make([]float32, n)}}
 		var runs [4][]float64 // per stage, one time per timed run
 		for reps, start := 0, time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
 			if reps == 1 {
@@ -454,7 +454,7 @@ func calibrated(c compress.Compressor, strategy Strategy, world int) (calibratio
 
 // calibrate times (spec, strategy, world) with t, as calibrated describes.
 func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (calibration, error) {
-	e := &Engine{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}
+	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}}
 	if c.Codec() != compress.CodecNone {
 		e.comp = c
 		e.x = e.newExchanger()

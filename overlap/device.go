@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -65,10 +63,12 @@ func (d cudaDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
 // pointer.
 var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 
-// DeviceEngine is the engine on CUDA streams: the same step protocol as
-// Engine (Step, Ready per bucket, Wait), with gradients in device memory
-// and every stage enqueued on the engine's own streams, so neither the
-// caller's stream nor the host waits for gradcomp's work unless asked.
+// DeviceEngine is the engine on the CUDA backend: the engine core of
+// Engine (the step protocol Step, Ready per bucket, Wait; the handshake;
+// pinned decisions and warm-up; the statistics; the state format), with
+// gradients in device memory and every stage enqueued on the engine's own
+// streams, so neither the caller's stream nor the host waits for
+// gradcomp's work unless asked.
 //
 // # Pipeline
 //
@@ -111,7 +111,8 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // definitions), with the same payload keys. Shared-index's smaller
 // all-reduce is not on the device, nor SRA for random-k (ConfigError),
 // nor the cost model: DecideAuto means compressed here, DecideDense pins
-// the dense all-reduce. Stage times: Compress is stage-1 encoding,
+// the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
+// Engine. Stage times: Compress is stage-1 encoding,
 // Exchange runs from the first collective's start to the last one's end
 // (SRA: the owner's work between them included), Decompress the final
 // decode and average.
@@ -136,15 +137,10 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // e: unlike Engine, the step's gradients are lost, since the device no
 // longer holds them separately.
 type DeviceEngine struct {
-	dev      Device
-	dc       comm.DeviceComm
-	cfg      Config
-	spec     string
-	codec    *kernels.Codec // nil for codec none
-	strategy Strategy
-	rank     int
-	size     int
-	buckets  []*devBucket
+	*core
+	dev   Device
+	dc    comm.DeviceComm
+	codec *kernels.Codec // nil for codec none
 
 	enc, wire, dec kernels.Stream
 	statuses       kernels.DevicePtr // kernels.StatusLen per bucket: the averages' Out blocks
@@ -154,23 +150,14 @@ type DeviceEngine struct {
 	drained        [2]kernels.Event  // encode and wire stream ends, for a step that did not launch every bucket
 	mem            []kernels.DevicePtr
 	events         []kernels.Event
-
-	// busy is held while the host reads or releases the engine's device
-	// state (Wait's settle, Save, Load, Close), so Close never frees what
-	// another call is using.
-	busy  sync.Mutex
-	mu    sync.Mutex
-	cur   *devStep
-	next  uint64
-	life  // closed or broken, under mu
-	sizes []int
+	bufs           []*devBuffers // per bucket
+	released       bool          // teardown ran: the device state is gone
 }
 
-// devBucket is one bucket's fixed state on the device.
-type devBucket struct {
-	idx, n     int
-	compressed bool
-	reason     string
+// devBuffers are one bucket's device buffers and events. The events exist
+// for every bucket; the buffers once the bucket first takes the
+// compressed path (prepare).
+type devBuffers struct {
 	// Slots: a 16-byte Encode status, then the body, padded to 16 bytes.
 	// Gather strategies: send is this rank's slot, recv every rank's. SRA:
 	// send holds this rank's N part slots (slot bytes each), recv every
@@ -190,22 +177,20 @@ type devBucket struct {
 	xMid, midEnd                               kernels.Event // SRA: the all-to-all's end; the owner's work's end
 }
 
-// devStep is one step in flight.
-type devStep struct {
-	progress
-	start time.Time
-	grads []kernels.DevicePtr
-	err   error // the first failure (a launch), fatal
+// deviceRun is the device backend's part of a run.
+type deviceRun struct {
+	dgrad kernels.DevicePtr // the caller's gradient
 }
 
 // NewDevice builds a device engine for buckets of the given element counts
 // over dc (the device transport, e.g. comm/nccl) on dev, after a handshake
 // over host, a comm.Comm of the same ranks (the one that bootstrapped dc;
-// it is used only here): the fields Engine's handshake compares, so a
-// difference is a *ConfigMismatchError on every rank. cfg is Engine's;
-// Workers is ignored and Strategy must be one the device has (see the
-// type's doc). It allocates every buffer the steps need (slots, error
-// feedback memory, zeroed; workspaces), three streams and the events.
+// it is used only here): Engine's handshake, so a difference is a
+// *ConfigMismatchError on every rank. cfg is Engine's; Workers is ignored
+// and Strategy must be one the device has (see the type's doc). It makes
+// three streams and the events, and allocates the buffers (slots, error
+// feedback memory, zeroed; workspaces) of every bucket whose decision is
+// compressed.
 func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config) (*DeviceEngine, error) {
 	switch {
 	case dev == nil || dc == nil || host == nil:
@@ -213,80 +198,75 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
 	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
+	cfg.Workers = 1 // the host's compressor serves the state format only
+	core, local := newCore(host, cfg, sizes, clockTiming{}, deviceStrategy)
+	e := &DeviceEngine{core: core, dev: dev, dc: dc, part: parts{count: host.Size()}}
+	core.be = e
+	if local == nil && e.comp != nil {
+		e.codec, local = kernels.NewCodec(e.spec)
 	}
-	e := &DeviceEngine{dev: dev, dc: dc, cfg: cfg, rank: dc.Rank(), size: dc.Size(), sizes: append([]int(nil), sizes...)}
-	local := e.configure(sizes)
-	hs := &Engine{c: host, cfg: cfg, rank: e.rank, size: e.size, spec: e.spec, strategy: e.strategy}
-	if err := handshake(ctx, hs, sizes, local); err != nil {
+	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
 	}
 	if err := e.allocate(); err != nil {
 		e.release()
 		return nil, fmt.Errorf("overlap: NewDevice on rank %d: %w", e.rank, err)
 	}
+	err := e.decide(ctx, func(context.Context) (*costModel, error) {
+		for _, b := range e.buckets {
+			b.compressed, b.reason = true, "auto: the device engine has no cost model yet: compressed"
+		}
+		return nil, nil
+	})
+	if err != nil {
+		e.release()
+		return nil, err
+	}
 	return e, nil
 }
 
-// configure checks cfg and sizes and sets the codec, strategy and
-// decisions. Its error goes through the handshake.
-func (e *DeviceEngine) configure(sizes []int) error {
-	cfg := e.cfg
-	if err := checkConfig(cfg, sizes, e.size); err != nil {
-		return err
-	}
-	if cfg.Warmup > 0 {
-		return fmt.Errorf("Warmup %d: the device engine has no warm-up yet", cfg.Warmup)
-	}
-	codec, err := kernels.NewCodec(cfg.Spec)
-	if err != nil {
-		return err
-	}
-	e.spec = codec.Spec()
-	if strings.Contains(e.spec, ":lossless=") {
-		return fmt.Errorf("spec %s: the device has no lossless stage", e.spec)
-	}
-	c := codec.Reference().Codec()
-	if e.strategy, err = resolve(cfg.Strategy, c, e.size); err != nil {
-		return err
-	}
+// deviceStrategy resolves s as Engine does and maps it to the device's:
+// StrategyAuto takes sparse-gather for top-k, allgather for random-k and
+// on ≤ 2 ranks, SRA otherwise; shared-index and dense (but for codec
+// none) are refused.
+func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
+	r, err := resolve(s, c, size)
 	switch {
+	case err != nil:
+		return 0, err
 	case c == compress.CodecNone:
-	case cfg.Strategy == StrategyAuto && c == compress.CodecTopK:
-		e.strategy = StrategySparseGather
-	case cfg.Strategy == StrategyAuto && (c == compress.CodecRandomK || e.size <= 2):
-		e.strategy = StrategyQuantAllGather
-	case cfg.Strategy == StrategyAuto:
-		e.strategy = StrategyQuantSRA
-	case e.strategy == StrategyQuantSRA && c == compress.CodecRandomK:
-		return fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use allgather)")
-	case e.strategy != StrategySparseGather && e.strategy != StrategyQuantAllGather && e.strategy != StrategyQuantSRA:
-		return fmt.Errorf("strategy %v is not available on the device (sparse-gather, allgather and sra are)", e.strategy)
+		return r, nil
+	case s == StrategyAuto && c == compress.CodecTopK:
+		return StrategySparseGather, nil
+	case s == StrategyAuto && (c == compress.CodecRandomK || size <= 2):
+		return StrategyQuantAllGather, nil
+	case s == StrategyAuto:
+		return StrategyQuantSRA, nil
+	case r == StrategyQuantSRA && c == compress.CodecRandomK:
+		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use allgather)")
+	case r != StrategySparseGather && r != StrategyQuantAllGather && r != StrategyQuantSRA:
+		return 0, fmt.Errorf("strategy %v is not available on the device (sparse-gather, allgather and sra are)", r)
 	}
-	e.part = parts{count: e.size}
-	e.buckets = make([]*devBucket, len(sizes))
-	for i, n := range sizes {
-		b := &devBucket{idx: i, n: n}
-		switch {
-		case c == compress.CodecNone:
-			b.reason = "codec none: dense all-reduce"
-		case cfg.Decision == DecideDense:
-			b.reason = "pinned: dense"
-		case cfg.Decision == DecideCompressed:
-			b.compressed, b.reason = true, "pinned: compressed"
-		default:
-			b.compressed, b.reason = true, "auto: the device engine has no cost model yet: compressed"
-		}
-		e.buckets[i] = b
-	}
-	if c != compress.CodecNone {
-		e.codec = codec
-	}
-	return nil
+	return r, nil
 }
 
-// allocate makes the streams, events and device buffers.
+func (e *DeviceEngine) event(timing bool) (kernels.Event, error) {
+	ev, err := e.dev.NewEvent(timing)
+	if err == nil {
+		e.events = append(e.events, ev)
+	}
+	return ev, err
+}
+
+func (e *DeviceEngine) alloc(bytes int) (kernels.DevicePtr, error) {
+	p, err := e.dev.Alloc(bytes)
+	if err == nil {
+		e.mem = append(e.mem, p)
+	}
+	return p, err
+}
+
+// allocate makes the streams, the events and the status blocks.
 func (e *DeviceEngine) allocate() error {
 	var err error
 	for _, s := range []*kernels.Stream{&e.enc, &e.wire, &e.dec} {
@@ -294,94 +274,95 @@ func (e *DeviceEngine) allocate() error {
 			return err
 		}
 	}
-	event := func(timing bool) (kernels.Event, error) {
-		ev, err := e.dev.NewEvent(timing)
-		if err == nil {
-			e.events = append(e.events, ev)
-		}
-		return ev, err
-	}
-	alloc := func(bytes int) (kernels.DevicePtr, error) {
-		p, err := e.dev.Alloc(bytes)
-		if err == nil {
-			e.mem = append(e.mem, p)
-		}
-		return p, err
-	}
 	for _, p := range []*kernels.Event{&e.done, &e.drained[0], &e.drained[1]} {
-		if *p, err = event(false); err != nil {
+		if *p, err = e.event(false); err != nil {
 			return err
 		}
 	}
-	if e.statuses, err = alloc(kernels.StatusLen * len(e.buckets)); err != nil {
+	if e.statuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 		return err
 	}
 	if e.strategy == StrategyQuantSRA {
-		if e.midStatuses, err = alloc(kernels.StatusLen * len(e.buckets)); err != nil {
+		if e.midStatuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 			return err
 		}
 	}
-	for _, b := range e.buckets {
-		if b.ready, err = event(false); err != nil {
+	e.bufs = make([]*devBuffers, len(e.buckets))
+	for i := range e.buckets {
+		b := &devBuffers{}
+		e.bufs[i] = b
+		if b.ready, err = e.event(false); err != nil {
 			return err
 		}
 		for k, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
-			if *p, err = event(k < 6); err != nil { // the stage bounds are timed
+			if *p, err = e.event(k < 6); err != nil { // the stage bounds are timed
 				return err
-			}
-		}
-		if e.codec == nil || !b.compressed {
-			continue
-		}
-		slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }
-		// What one encode covers: the bucket, or (SRA) its largest part.
-		unit, sends := b.n, 1
-		if e.strategy == StrategyQuantSRA {
-			unit, sends = (b.n+e.size-1)/e.size, e.size
-		}
-		lo, hi := e.part.bounds(b.n, e.rank)
-		mine := hi - lo
-		type buffer struct {
-			p     *kernels.DevicePtr
-			bytes int
-			need  bool
-		}
-		b.slot = slot(unit)
-		sra, ef := e.strategy == StrategyQuantSRA, e.cfg.ErrorFeedback
-		for _, x := range []buffer{
-			{&b.send, sends * b.slot, true},
-			{&b.recv, e.size * b.slot, true},
-			{&b.work, e.codec.WorkspaceLen(unit), e.codec.WorkspaceLen(unit) > 0},
-			{&b.resid, 4 * b.n, ef},
-			{&b.out, 4 * b.n, ef},
-			{&b.mid, 4 * max(mine, 1), sra},
-			{&b.send2, slot(unit), sra},
-			{&b.recv2, e.size * slot(unit), sra},
-			{&b.work2, e.codec.WorkspaceLen(unit), sra && e.codec.WorkspaceLen(unit) > 0},
-			{&b.resid2, 4 * max(mine, 1), sra && ef},
-			{&b.out2, 4 * max(mine, 1), sra && ef},
-		} {
-			if !x.need {
-				continue
-			}
-			if *x.p, err = alloc(x.bytes); err != nil {
-				return err
-			}
-		}
-		if sra {
-			b.slot2 = slot(unit)
-		}
-		for _, m := range []struct {
-			p kernels.DevicePtr
-			n int
-		}{{b.resid, b.n}, {b.resid2, mine}} {
-			if m.p != 0 && m.n > 0 {
-				if err := e.dev.CopyIn(e.enc, m.p, make([]byte, 4*m.n)); err != nil {
-					return err
-				}
 			}
 		}
 	}
+	return nil
+}
+
+// prepare allocates bucket bk's slots, workspaces and (zeroed) memories
+// the first time it takes the compressed path.
+func (e *DeviceEngine) prepare(bk *bucket) error {
+	b := e.bufs[bk.idx]
+	if b.send != 0 {
+		return nil
+	}
+	slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }
+	// What one encode covers: the bucket, or (SRA) its largest part.
+	unit, sends := bk.n, 1
+	if e.strategy == StrategyQuantSRA {
+		unit, sends = (bk.n+e.size-1)/e.size, e.size
+	}
+	lo, hi := e.part.bounds(bk.n, e.rank)
+	mine := hi - lo
+	sra, ef := e.strategy == StrategyQuantSRA, e.cfg.ErrorFeedback
+	ws := e.codec.WorkspaceLen(unit)
+	var nb devBuffers
+	nb.slot = slot(unit)
+	if sra {
+		nb.slot2 = slot(unit)
+	}
+	for _, x := range []struct {
+		p     *kernels.DevicePtr
+		bytes int
+		need  bool
+	}{
+		{&nb.send, sends * nb.slot, true},
+		{&nb.recv, e.size * nb.slot, true},
+		{&nb.work, ws, ws > 0},
+		{&nb.resid, 4 * bk.n, ef},
+		{&nb.out, 4 * bk.n, ef},
+		{&nb.mid, 4 * max(mine, 1), sra},
+		{&nb.send2, nb.slot2, sra},
+		{&nb.recv2, e.size * nb.slot2, sra},
+		{&nb.work2, ws, sra && ws > 0},
+		{&nb.resid2, 4 * max(mine, 1), sra && ef},
+		{&nb.out2, 4 * max(mine, 1), sra && ef},
+	} {
+		if !x.need {
+			continue
+		}
+		var err error
+		if *x.p, err = e.alloc(x.bytes); err != nil {
+			return err
+		}
+	}
+	for _, m := range []struct {
+		p kernels.DevicePtr
+		n int
+	}{{nb.resid, bk.n}, {nb.resid2, mine}} {
+		if m.p != 0 && m.n > 0 {
+			if err := e.dev.CopyIn(e.enc, m.p, make([]byte, 4*m.n)); err != nil {
+				return err
+			}
+		}
+	}
+	nb.ready, nb.encBeg, nb.encEnd, nb.xBeg, nb.xEnd = b.ready, b.encBeg, b.encEnd, b.xBeg, b.xEnd
+	nb.decBeg, nb.decEnd, nb.xMid, nb.midEnd = b.decBeg, b.decEnd, b.xMid, b.midEnd
+	*b = nb
 	return nil
 }
 
@@ -405,37 +386,9 @@ func (e *DeviceEngine) release() error {
 	for _, p := range e.mem {
 		keep(e.dev.Free(p))
 	}
-	e.events, e.mem = nil, nil
+	e.events, e.mem, e.bufs = nil, nil, nil
+	e.released = true
 	return first
-}
-
-// Strategy returns the strategy in use (StrategyAuto resolved).
-func (e *DeviceEngine) Strategy() Strategy { return e.strategy }
-
-// Compressed reports, per bucket, whether it takes the compressed path.
-func (e *DeviceEngine) Compressed() []bool {
-	out := make([]bool, len(e.buckets))
-	for i, b := range e.buckets {
-		out[i] = b.compressed
-	}
-	return out
-}
-
-// Step starts a step; as Engine.Step (the step number keys stochastic
-// rounding and random-k, so every rank calls Step equally often). A step
-// in flight is a *UsageError (ErrStepInFlight).
-func (e *DeviceEngine) Step() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := e.usable("Step"); err != nil {
-		return err
-	}
-	if e.cur != nil {
-		return &UsageError{Call: "Step", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d has not been waited for", e.cur.num)}
-	}
-	e.cur = &devStep{progress: progress{num: e.next, ready: make([]bool, len(e.buckets))}, start: time.Now(), grads: make([]kernels.DevicePtr, len(e.buckets))}
-	e.next++
-	return nil
 }
 
 // Ready hands bucket i's gradient (grad: its float32s in device memory,
@@ -450,44 +403,18 @@ func (e *DeviceEngine) Step() error {
 // failed (Wait returns it too).
 func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) error {
 	call := fmt.Sprintf("Ready(%d)", i)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := e.usable(call); err != nil {
-		return err
-	}
-	st := e.cur
-	if st == nil {
-		return &UsageError{Call: call, Err: ErrNoStep, Detail: "call Step first"}
-	}
-	if err := st.refuse(call, i); err != nil {
-		return err
-	}
-	if grad == 0 || grad%4 != 0 {
-		return &UsageError{Call: call, Err: ErrBadPointer, Detail: fmt.Sprintf("gradient at %#x", grad)}
-	}
-	st.ready[i] = true
-	st.grads[i] = grad
-	if st.err != nil {
-		return st.err
-	}
-	if err := e.encode(st, i, s); err != nil {
-		st.err = &StepError{Step: st.num, Bucket: i, Stage: "encode launch", Err: err}
-		return st.err
-	}
-	for st.cursor < len(e.buckets) && st.ready[st.cursor] {
-		if err := e.launch(st, st.cursor); err != nil {
-			st.err = &StepError{Step: st.num, Bucket: st.cursor, Stage: "exchange launch", Err: err}
-			return st.err
+	return e.ready(call, i, func(*bucket) error {
+		if grad == 0 || grad%4 != 0 {
+			return &UsageError{Call: call, Err: ErrBadPointer, Detail: fmt.Sprintf("gradient at %#x", grad)}
 		}
-		st.cursor++
-	}
-	if st.cursor == len(e.buckets) {
-		if err := e.dev.Record(e.done, e.dec); err != nil {
-			st.err = &StepError{Step: st.num, Bucket: -1, Stage: "done event", Err: err}
-			return st.err
+		return nil
+	}, func(st *step, r *run) error {
+		r.dgrad = grad
+		if err := st.failure(); err != nil {
+			return err
 		}
-	}
-	return nil
+		return e.encode(st, r, s)
+	})
 }
 
 // key returns the compress.Key of this rank's stage-1 payload of part j
@@ -496,7 +423,7 @@ func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) er
 // then agree (shared-index's key).
 func (e *DeviceEngine) key(step uint64, i, j int) compress.Key {
 	tag := uint64(1 + e.rank*e.size + j)
-	if e.codec.Reference().Codec() == compress.CodecRandomK {
+	if e.comp.Codec() == compress.CodecRandomK {
 		tag = 0
 	}
 	return compress.Key{Bucket: tag<<32 | uint64(i), Step: step}
@@ -508,10 +435,11 @@ func (e *DeviceEngine) key2(step uint64, i int) compress.Key {
 	return compress.Key{Bucket: uint64(1+e.size*e.size+e.rank)<<32 | uint64(i), Step: step}
 }
 
-// encode enqueues bucket i's compression: the encode stream waits for the
+// encode enqueues run r's compression: the encode stream waits for the
 // caller's stream s.
-func (e *DeviceEngine) encode(st *devStep, i int, s kernels.Stream) error {
-	b := e.buckets[i]
+func (e *DeviceEngine) encode(st *step, r *run, s kernels.Stream) error {
+	i, n := r.b.idx, r.b.n
+	b := e.bufs[i]
 	if err := e.dev.Record(b.ready, s); err != nil {
 		return err
 	}
@@ -521,19 +449,19 @@ func (e *DeviceEngine) encode(st *devStep, i int, s kernels.Stream) error {
 	if err := e.dev.Record(b.encBeg, e.enc); err != nil {
 		return err
 	}
-	if b.compressed {
+	if r.compressed {
 		count := 1
 		if e.strategy == StrategyQuantSRA {
 			count = e.size
 		}
 		for j := range count {
-			lo, hi := 0, b.n
+			lo, hi := 0, n
 			if count > 1 {
-				lo, hi = e.part.bounds(b.n, j)
+				lo, hi = e.part.bounds(n, j)
 			}
 			slot := b.send + kernels.DevicePtr(j*b.slot)
 			off := kernels.DevicePtr(4 * lo)
-			a := kernels.EncodeArgs{Body: slot + kernels.StatusLen, Grad: st.grads[i] + off, Work: b.work,
+			a := kernels.EncodeArgs{Body: slot + kernels.StatusLen, Grad: r.dgrad + off, Work: b.work,
 				Status: slot, N: hi - lo, Key: e.key(st.num, i, j)}
 			if e.cfg.ErrorFeedback {
 				a.Resid, a.ResidOut = b.resid+off, b.out+off
@@ -546,25 +474,26 @@ func (e *DeviceEngine) encode(st *devStep, i int, s kernels.Stream) error {
 	return e.dev.Record(b.encEnd, e.enc)
 }
 
-// launch enqueues bucket i's exchange on the wire stream and its decode
-// and average on the decode stream (SRA: the owner's sum, average and
+// launch enqueues run r's exchange on the wire stream and its decode and
+// average on the decode stream (SRA: the owner's sum, average and
 // re-encode on the decode stream between its two collectives).
-func (e *DeviceEngine) launch(st *devStep, i int) error {
-	b, grad := e.buckets[i], st.grads[i]
+func (e *DeviceEngine) launch(st *step, r *run) error {
+	i, n, grad := r.b.idx, r.b.n, r.dgrad
+	b := e.bufs[i]
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	avg := kernels.AverageArgs{Dst: grad, N: b.n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
+	avg := kernels.AverageArgs{Dst: grad, N: n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
 	var ops []func() error
 	switch {
-	case !b.compressed:
+	case !r.compressed:
 		ops = []func() error{
-			func() error { return e.dc.AllReduce(ctx, comm.DevicePtr(grad), b.n, comm.Stream(e.wire)) },
+			func() error { return e.dc.AllReduce(ctx, comm.DevicePtr(grad), n, comm.Stream(e.wire)) },
 			func() error { return e.dev.Record(b.xEnd, e.wire) },
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
 	case e.strategy == StrategyQuantSRA:
-		lo, hi := e.part.bounds(b.n, e.rank)
+		lo, hi := e.part.bounds(n, e.rank)
 		bodies := func(base kernels.DevicePtr, slot int) []kernels.DevicePtr {
 			out := make([]kernels.DevicePtr, e.size)
 			for r := range out {
@@ -603,7 +532,7 @@ func (e *DeviceEngine) launch(st *devStep, i int) error {
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
 		for j, body := range bodies(b.recv2, b.slot2) {
-			lo, hi := e.part.bounds(b.n, j)
+			lo, hi := e.part.bounds(n, j)
 			ops = append(ops, func() error {
 				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad + kernels.DevicePtr(4*lo), N: hi - lo, Bodies: []kernels.DevicePtr{body}})
 			})
@@ -622,7 +551,7 @@ func (e *DeviceEngine) launch(st *devStep, i int) error {
 				for r := range bodies {
 					bodies[r] = b.recv + kernels.DevicePtr(r*b.slot+kernels.StatusLen)
 				}
-				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: b.n, Bodies: bodies, Key: e.key(st.num, i, 0)})
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: bodies, Key: e.key(st.num, i, 0)})
 			},
 		}
 		avg.Slots, avg.Stride, avg.Count = b.recv, b.slot, e.size
@@ -642,6 +571,9 @@ func (e *DeviceEngine) launch(st *devStep, i int) error {
 	return nil
 }
 
+// launched records the step's done event after the last decode.
+func (e *DeviceEngine) launched(*step) error { return e.dev.Record(e.done, e.dec) }
+
 // Done makes stream s (the caller's, before its optimizer step) wait for
 // the end of the step's last bucket, without blocking the host. It needs
 // every bucket ready (else a *UsageError, ErrNotReady). Wait must still be
@@ -653,12 +585,13 @@ func (e *DeviceEngine) Done(s kernels.Stream) error {
 		return err
 	}
 	st := e.cur
-	switch {
-	case st == nil:
+	if st == nil {
 		return &UsageError{Call: "Done", Err: ErrNoStep, Detail: "call Step first"}
-	case st.err != nil:
-		return st.err
-	case st.cursor < len(e.buckets):
+	}
+	if err := st.failure(); err != nil {
+		return err
+	}
+	if st.cursor < len(st.runs) {
 		return &UsageError{Call: "Done", Err: ErrNotReady, Detail: fmt.Sprintf("step %d: bucket %d is not ready", st.num, st.cursor)}
 	}
 	return e.dev.WaitEvent(s, e.done)
@@ -671,126 +604,186 @@ func (e *DeviceEngine) Done(s kernels.Stream) error {
 // (ErrNoStep); a bucket never made ready fails the step (ErrNotReady).
 // Errors: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
 // any other breaks it (see the type's doc).
-func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) {
-	e.mu.Lock()
-	if err := e.usable("Wait"); err != nil {
-		e.mu.Unlock()
-		return StepStats{}, err
+func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) { return e.core.Wait(ctx) }
+
+// wait waits for the done event, bounded by ctx and the DeviceComm's
+// timeout; a step that failed or did not launch every bucket is sealed
+// first, so that the event covers everything enqueued.
+func (e *DeviceEngine) wait(ctx context.Context, st *step) error {
+	if st.failure() != nil || st.cursor < len(st.runs) {
+		if err := e.seal(); err != nil {
+			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err})
+		}
 	}
-	st := e.cur
-	switch {
-	case st == nil:
-		e.mu.Unlock()
-		return StepStats{}, &UsageError{Call: "Wait", Err: ErrNoStep, Detail: "call Step first"}
-	case st.waiting:
-		e.mu.Unlock()
-		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
+	if err := e.dc.Wait(ctx, func() (bool, error) { return e.dev.EventQuery(e.done) }); err != nil {
+		st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err})
 	}
-	st.waiting = true
-	e.busy.Lock()
-	e.mu.Unlock()
-	res, err := e.finish(ctx, st)
-	e.busy.Unlock()
-	e.mu.Lock()
-	e.cur = nil
-	var nf *NonFiniteError
-	if err != nil && !errors.As(err, &nf) && e.broken == nil {
-		e.broken = err
-	}
-	e.mu.Unlock()
-	return res, err
+	return st.failure()
 }
 
-// finish waits for st's work, settles and builds the statistics.
-func (e *DeviceEngine) finish(ctx context.Context, st *devStep) (StepStats, error) {
-	fatal := st.err
-	if fatal == nil && st.cursor < len(e.buckets) {
-		var missing []int
-		for i, ok := range st.ready {
-			if !ok {
-				missing = append(missing, i)
-			}
-		}
-		fatal = &UsageError{Call: "Wait", Err: ErrNotReady, Detail: fmt.Sprintf("step %d: Ready was not called for buckets %v", st.num, missing)}
-	}
-	t0 := time.Now()
-	if fatal != nil || st.cursor < len(e.buckets) {
-		if err := e.seal(); err != nil && fatal == nil {
-			fatal = &StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err}
-		}
-	}
-	if err := e.dc.Wait(ctx, func() (bool, error) { return e.dev.EventQuery(e.done) }); err != nil && fatal == nil {
-		fatal = &StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err}
-	}
-	res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(e.buckets)), Exposed: time.Since(t0)}
-	for i, b := range e.buckets {
-		res.Buckets[i] = BucketStats{Bucket: i, Elements: b.n, Strategy: e.strategy, Reason: b.reason}
-	}
-	if fatal != nil {
-		res.Total = time.Since(st.start)
-		return res, fatal
-	}
-	statuses := make([]byte, kernels.StatusLen*len(e.buckets))
+// conclude reads the averages' statuses into the runs' outcomes, and the
+// stage times from the events.
+func (e *DeviceEngine) conclude(st *step) error {
+	statuses := make([]byte, kernels.StatusLen*len(st.runs))
 	if err := e.dev.CopyOut(e.dec, statuses, e.statuses); err != nil {
-		return res, &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
+		return &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
 	}
-	var nf *NonFiniteError
-	var commit []*devBucket
-	for i, b := range e.buckets {
-		s := &res.Buckets[i]
-		fallback, err := e.outcome(b, statuses[kernels.StatusLen*i:kernels.StatusLen*(i+1)], s)
+	for i, r := range st.runs {
+		b, s := e.bufs[i], &r.stats
+		fallback, err := e.nonFinite(r, statuses[kernels.StatusLen*i:kernels.StatusLen*(i+1)])
 		if err != nil {
-			return res, &StepError{Step: st.num, Bucket: i, Stage: "reading statuses", Err: err}
+			return &StepError{Step: st.num, Bucket: i, Stage: "reading statuses", Err: err}
+		}
+		r.outcome = pathDense
+		if r.compressed {
+			r.outcome = pathCompressed
 		}
 		if fallback != "" {
-			s.Reason += "; " + fallback
+			r.nonFinite, r.fallback = true, fallback
 			if e.cfg.FailOnNonFinite {
-				if nf == nil {
-					nf = &NonFiniteError{Step: st.num}
-				}
-				nf.Buckets = append(nf.Buckets, i)
-				nf.Details = append(nf.Details, fallback)
+				r.outcome = pathSkipped
 			}
-		}
-		if s.Compressed && e.cfg.ErrorFeedback && !s.NonFinite {
-			commit = append(commit, b)
 		}
 		for _, t := range []struct {
 			d          *time.Duration
 			start, end kernels.Event
 		}{{&s.Compress, b.encBeg, b.encEnd}, {&s.Exchange, b.xBeg, b.xEnd}, {&s.Decompress, b.decBeg, b.decEnd}} {
 			if *t.d, err = e.dev.Elapsed(t.start, t.end); err != nil {
-				return res, &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
+				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
 			}
 		}
 		switch {
-		case b.compressed && e.strategy == StrategyQuantSRA:
+		case r.compressed && e.strategy == StrategyQuantSRA:
 			s.BytesSent = allToAllVolume(e.size, e.size*b.slot) + allGatherVolume(e.size, b.slot2)
-		case b.compressed:
+		case r.compressed:
 			s.BytesSent = allGatherVolume(e.size, b.slot)
 		default:
-			s.BytesSent = allReduceVolume(e.size, 4*b.n)
+			s.BytesSent = allReduceVolume(e.size, 4*r.b.n)
 		}
-		res.BytesSent += s.BytesSent
-		res.ExchangeTotal += s.Exchange
 	}
-	res.Total = time.Since(st.start)
-	if nf != nil {
-		return res, nf // the step is skipped whole: no memory changes
-	}
-	for _, b := range commit { // install the residuals Encode wrote
-		b.resid, b.out = b.out, b.resid
-		b.resid2, b.out2 = b.out2, b.resid2
-	}
-	return res, nil
+	return nil
 }
 
-// outcome fills s from bucket b's average status (kernels.Average's Out)
-// and returns what went wrong this step, or "".
-func (e *DeviceEngine) outcome(b *devBucket, status []byte, s *BucketStats) (string, error) {
-	s.Compressed = b.compressed
+// settle installs, after a step that succeeded, the residuals Encode
+// wrote for its compressed, finite buckets (a swap); a step that failed or
+// was skipped leaves every memory holding e.
+func (e *DeviceEngine) settle(st *step, failed bool) {
+	if failed || !e.cfg.ErrorFeedback {
+		return
+	}
+	for _, r := range st.runs {
+		if r.outcome == pathCompressed && !r.nonFinite {
+			b := e.bufs[r.b.idx]
+			b.resid, b.out = b.out, b.resid
+			b.resid2, b.out2 = b.out2, b.resid2
+		}
+	}
+}
+
+// memory copies the error-feedback memories from the device (which waits
+// for the engine's streams).
+func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, err error) {
+	if e.released {
+		return nil, nil, &UsageError{Call: call, Err: ErrClosed}
+	}
+	if e.mem1 != nil {
+		ef1 = compress.NewErrorFeedback(e.mem1)
+	}
+	if e.mem2 != nil {
+		ef2 = compress.NewErrorFeedback(e.mem2)
+	}
+	for i, bk := range e.buckets {
+		b := e.bufs[i]
+		if b.send == 0 {
+			continue // never compressed: no memory
+		}
+		for _, m := range e.memories(bk, ef1, ef2) {
+			res := make([]float32, m.n)
+			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), m.p); err != nil {
+				return nil, nil, fmt.Errorf("overlap: %s on rank %d: reading bucket %d's %s memory from the device: %w", call, e.rank, i, m.tag, err)
+			}
+			if err := m.f.SetResidual(uint64(i), res); err != nil {
+				return nil, nil, fmt.Errorf("overlap: %s on rank %d: bucket %d's %s memory: %w", call, e.rank, i, m.tag, err)
+			}
+		}
+	}
+	return ef1, ef2, nil
+}
+
+// devMemory is one of a bucket's memories on the device.
+type devMemory struct {
+	f   *compress.ErrorFeedback
+	p   kernels.DevicePtr
+	n   int
+	tag string
+}
+
+// memories returns bucket bk's memories on the device, paired with ef1
+// and ef2; ones that do not exist or are empty are left out.
+func (e *DeviceEngine) memories(bk *bucket, ef1, ef2 *compress.ErrorFeedback) []devMemory {
+	b := e.bufs[bk.idx]
+	lo, hi := e.part.bounds(bk.n, e.rank)
+	var out []devMemory
+	for _, m := range []devMemory{{ef1, b.resid, bk.n, "stage-1"}, {ef2, b.resid2, hi - lo, "stage-2"}} {
+		if m.f != nil && m.p != 0 && m.n > 0 {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// install copies memories Load validated to the device (zeros where they
+// hold none for a bucket), ordered before the next step's compression. A
+// bucket never compressed gets its buffers now if the state holds memory
+// for it, so that nothing loaded is lost.
+func (e *DeviceEngine) install(ef1, ef2 *compress.ErrorFeedback) error {
+	for i, bk := range e.buckets {
+		holds := func(f *compress.ErrorFeedback) bool { return f != nil && f.Residual(uint64(i)) != nil }
+		if e.bufs[i].send == 0 {
+			if !holds(ef1) && !holds(ef2) {
+				continue
+			}
+			if err := e.prepare(bk); err != nil {
+				return fmt.Errorf("overlap: Load on rank %d: preparing bucket %d: %w", e.rank, i, err)
+			}
+		}
+		for _, m := range e.memories(bk, ef1, ef2) {
+			res := m.f.Residual(uint64(i))
+			if res == nil {
+				res = make([]float32, m.n)
+			}
+			if err := e.dev.CopyIn(e.enc, m.p, unsafeBytes(res)); err != nil {
+				return fmt.Errorf("overlap: Load on rank %d: writing bucket %d's %s memory to the device: %w", e.rank, i, m.tag, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Close ends the engine: a step in flight is abandoned (its device work
+// is waited for, bounded by the DeviceComm's timeout), then the events and
+// streams are destroyed and the device memory freed. It closes neither
+// the DeviceComm nor the Device. Later calls return a *UsageError
+// (ErrClosed); closing twice returns nil.
+func (e *DeviceEngine) Close() error { return e.close() }
+
+func (e *DeviceEngine) teardown() error {
+	if err := e.release(); err != nil {
+		return fmt.Errorf("overlap: DeviceEngine.Close on rank %d: %w", e.rank, err)
+	}
+	return nil
+}
+
+// unsafeBytes returns the memory of x as bytes.
+func unsafeBytes(x []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
+
+// nonFinite reads run r's average status (kernels.Average's Out) and
+// returns what went wrong this step, or "".
+func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
+	b := e.bufs[r.b.idx]
 	if r := binary.LittleEndian.Uint64(status[8:]); r != math.MaxUint64 {
-		s.NonFinite = true
 		var bad []string
 		base, stride, what := b.recv, b.slot, "rank %d has %v"
 		if e.strategy == StrategyQuantSRA {
@@ -813,7 +806,6 @@ func (e *DeviceEngine) outcome(b *devBucket, status []byte, s *BucketStats) (str
 	}
 	copy(clean, status[:8])
 	if err := kernels.StatusError(clean); err != nil {
-		s.NonFinite = true
 		var nfe *compress.NonFiniteError
 		if errors.As(err, &nfe) {
 			return fmt.Sprintf("the average holds %v at element %d (a rank's gradient held NaN or Inf, or the sum overflowed)", nfe.Value, nfe.Index), nil
@@ -836,159 +828,4 @@ func (e *DeviceEngine) seal() error {
 		}
 	}
 	return e.dev.Record(e.done, e.dec)
-}
-
-// Close ends the engine: a step in flight is abandoned (its device work
-// is waited for, bounded by the DeviceComm's timeout), then the events and
-// streams are destroyed and the device memory freed. It closes neither
-// the DeviceComm nor the Device. Later calls return a *UsageError
-// (ErrClosed); closing twice returns nil.
-func (e *DeviceEngine) Close() error {
-	e.busy.Lock()
-	defer e.busy.Unlock()
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil
-	}
-	e.closed = true
-	st := e.cur
-	e.cur = nil
-	e.mu.Unlock()
-	var first error
-	if st != nil {
-		if err := e.seal(); err != nil {
-			first = err
-		}
-		if err := e.dc.Wait(context.Background(), func() (bool, error) { return e.dev.EventQuery(e.done) }); err != nil && first == nil {
-			first = err
-		}
-	}
-	if err := e.release(); err != nil && first == nil {
-		first = err
-	}
-	if first != nil {
-		return fmt.Errorf("overlap: DeviceEngine.Close on rank %d: %w", e.rank, first)
-	}
-	return nil
-}
-
-// hostTwin returns a CPU Engine (no Comm, no streams) with this engine's
-// spec, strategy, error-feedback flag, buckets and step number: the
-// keeper of the state format of Engine.Save and Engine.Load, which the
-// device engine shares, so a checkpoint moves between the CPU and the GPU.
-// It is for call (Save, Load), with e.busy held, and fails as idle does
-// when the engine is closed or a step is in flight.
-func (e *DeviceEngine) hostTwin(call string) (*Engine, error) {
-	e.mu.Lock()
-	err := e.idle(call)
-	e.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	cfg := e.cfg
-	cfg.Strategy, cfg.Workers = e.strategy, 1
-	t := &Engine{cfg: cfg, rank: e.rank, size: e.size, next: e.next}
-	if err := t.configure(e.sizes); err != nil {
-		return nil, fmt.Errorf("overlap: the device engine's host twin: %w", err)
-	}
-	return t, nil
-}
-
-// idle returns why call cannot touch the device state now: the engine is
-// closed or a step is in flight. e.mu is held.
-func (e *DeviceEngine) idle(call string) error {
-	switch {
-	case e.closed:
-		return &UsageError{Call: call, Err: ErrClosed}
-	case e.cur != nil:
-		return &UsageError{Call: call, Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
-	}
-	return nil
-}
-
-// Save writes the engine's error-feedback memory (copied from the device,
-// which waits for the engine's streams) and next step number to w, in
-// Engine.Save's format: Engine.Load and DeviceEngine.Load read either's.
-// It fails with a *UsageError while a step is in flight or after Close;
-// it works after a failed step (the memory then holds e, see the type's
-// doc).
-func (e *DeviceEngine) Save(w io.Writer) error {
-	e.busy.Lock()
-	defer e.busy.Unlock()
-	t, err := e.hostTwin("Save")
-	if err != nil {
-		return err
-	}
-	for i, b := range e.buckets {
-		if !b.compressed {
-			continue
-		}
-		lo, hi := e.part.bounds(b.n, e.rank)
-		for _, m := range []struct {
-			f   *compress.ErrorFeedback
-			p   kernels.DevicePtr
-			n   int
-			tag string
-		}{{t.ef1, b.resid, b.n, "stage 1"}, {t.ef2, b.resid2, hi - lo, "stage 2"}} {
-			if m.f == nil || m.p == 0 {
-				continue
-			}
-			res := make([]float32, m.n)
-			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), m.p); err != nil {
-				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
-			}
-			if err := m.f.SetResidual(uint64(i), res); err != nil {
-				return fmt.Errorf("overlap: saving device engine state: bucket %d %s: %w", i, m.tag, err)
-			}
-		}
-	}
-	return t.Save(w)
-}
-
-// Load replaces the engine's error-feedback memory and step number with a
-// state Engine.Save or DeviceEngine.Save wrote, under Engine.Load's rules
-// (same spec, error-feedback flag and bucket layout, else a *StateError;
-// validated whole first, so on error nothing changes; any world size). A
-// bucket the state holds no memory for starts from zero. The copies to the
-// device are ordered before the next step's compression. It fails with a
-// *UsageError while a step is in flight or after Close.
-func (e *DeviceEngine) Load(r io.Reader) error {
-	e.busy.Lock()
-	defer e.busy.Unlock()
-	t, err := e.hostTwin("Load")
-	if err != nil {
-		return err
-	}
-	if err := t.Load(r); err != nil {
-		return err
-	}
-	for i, b := range e.buckets {
-		lo, hi := e.part.bounds(b.n, e.rank)
-		for _, m := range []struct {
-			f *compress.ErrorFeedback
-			p kernels.DevicePtr
-			n int
-		}{{t.ef1, b.resid, b.n}, {t.ef2, b.resid2, hi - lo}} {
-			if m.f == nil || m.p == 0 || m.n == 0 {
-				continue
-			}
-			res := m.f.Residual(uint64(i))
-			if res == nil {
-				res = make([]float32, m.n)
-			}
-			if err := e.dev.CopyIn(e.enc, m.p, unsafeBytes(res)); err != nil {
-				return fmt.Errorf("overlap: loading device engine state: bucket %d: %w", i, err)
-			}
-		}
-	}
-	e.mu.Lock()
-	e.next = t.next
-	e.mu.Unlock()
-	return nil
-}
-
-// unsafeBytes returns the memory of x as bytes.
-func unsafeBytes(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
 }

@@ -454,7 +454,7 @@ func TestDeviceEngineDeadPeer(t *testing.T) {
 func TestDeviceEngineLaunchFailure(t *testing.T) {
 	g := mustDevRig(t, 1, []int{64}, Config{Spec: "int4", ErrorFeedback: true})
 	e, d := g.engines[0], g.devs[0]
-	b := e.buckets[0]
+	b := e.bufs[0]
 	resid, out := b.resid, b.out
 	d.failEncode = errors.New("CUDA_ERROR_LAUNCH_FAILED")
 	if err := e.Step(); err != nil {

@@ -9,6 +9,18 @@
 //		for each bucket i, as backward produces it: e.Ready(i, grad[i])
 //		stats, err := e.Wait(ctx)   // grad[i] now holds the average
 //
+// # One engine, two backends
+//
+// Engine (buffers in host memory, stages on goroutine streams, any
+// comm.Comm) and DeviceEngine (buffers in device memory, stages on CUDA
+// streams, a comm.DeviceComm such as NCCL) are one engine core (core.go)
+// and a backend each. The core owns everything the ranks must agree on
+// and everything a user relies on: the step protocol (Step, Ready, Done,
+// Wait, Close), the launch order, the handshake, the decisions (pinned,
+// the cost model's, verification's), warm-up, the statistics and the
+// state format (Save, Load). A backend says where a bucket's buffers live
+// and how a stage runs: prepare, encode, launch, wait, conclude, settle.
+//
 // # Pipeline
 //
 // Each bucket goes through compress → exchange → decode and average, on

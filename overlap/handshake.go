@@ -16,7 +16,7 @@ type field struct{ name, value string }
 
 // handshakeRecord lists what every rank must agree on, in the order a
 // mismatch is reported; invalid is this rank's configuration error.
-func handshakeRecord(e *Engine, sizes []int, invalid error) []field {
+func handshakeRecord(e *core, sizes []int, invalid error) []field {
 	reason := ""
 	if invalid != nil {
 		reason = invalid.Error()
@@ -88,8 +88,8 @@ func decodeRecord(b []byte) ([]field, error) {
 // then of the records padded to the longest) and compares them. It runs
 // even when this rank's configuration is invalid, so that the other ranks
 // fail at once instead of waiting for it.
-func handshake(ctx context.Context, e *Engine, sizes []int, invalid error) error {
-	c, n := e.c, e.size
+func handshake(ctx context.Context, e *core, sizes []int, invalid error) error {
+	c, n := e.host, e.size
 	rec := encodeRecord(handshakeRecord(e, sizes, invalid))
 	timeout := e.cfg.Timeout
 	if timeout <= 0 {

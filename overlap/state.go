@@ -29,13 +29,20 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Save writes the engine's state, both error-feedback memories and the
 // next step number, to w. It fails with a *UsageError while a step is in
-// flight; it works after Close and after a failed step (whose gradients
-// the memory holds).
-func (e *Engine) Save(w io.Writer) error {
+// flight. It works after a failed step (the memory then holds what the
+// backend keeps: Engine e + g, DeviceEngine e); an Engine saves after
+// Close too, a DeviceEngine (whose memory Close frees) does not. The
+// format is the same for every backend: a state moves between the CPU and
+// a GPU.
+func (e *core) Save(w io.Writer) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cur != nil {
 		return &UsageError{Call: "Save", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
+	}
+	ef1, ef2, err := e.be.memory("Save")
+	if err != nil {
+		return err
 	}
 	crc := crc32.New(castagnoli)
 	bw := bufio.NewWriter(io.MultiWriter(w, crc))
@@ -55,7 +62,7 @@ func (e *Engine) Save(w io.Writer) error {
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
 	}
-	for _, f := range []*compress.ErrorFeedback{e.ef1, e.ef2} {
+	for _, f := range []*compress.ErrorFeedback{ef1, ef2} {
 		bw.WriteByte(boolByte(f != nil))
 		if f == nil {
 			continue
@@ -94,12 +101,17 @@ func boolByte(v bool) byte {
 // rank of a group of the same size with the same strategy: otherwise it
 // starts empty (its content, the re-quantization error of the averaged
 // gradient, is a fraction of one step's update). Load fails with a
-// *UsageError while a step is in flight.
-func (e *Engine) Load(r io.Reader) error {
+// *UsageError while a step is in flight or (DeviceEngine) after Close.
+func (e *core) Load(r io.Reader) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cur != nil {
 		return &UsageError{Call: "Load", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
+	}
+	if e.closed {
+		if _, _, err := e.be.memory("Load"); err != nil {
+			return err
+		}
 	}
 	crc := crc32.New(castagnoli)
 	tr := io.TeeReader(r, crc)
@@ -155,7 +167,7 @@ func (e *Engine) Load(r io.Reader) error {
 		}
 	}
 	var mem [2]*compress.ErrorFeedback
-	for stage, f := range []*compress.ErrorFeedback{e.ef1, e.ef2} {
+	for stage, f := range []compress.Compressor{e.mem1, e.mem2} {
 		var present [1]byte
 		if !read(present[:]) {
 			return rerr
@@ -166,10 +178,10 @@ func (e *Engine) Load(r io.Reader) error {
 		if f == nil && stage == 0 {
 			return &StateError{Reason: "the state has error-feedback memory, this engine has none"}
 		}
-		fresh := compress.NewErrorFeedback(e.comp)
-		if f != nil {
-			fresh = compress.NewErrorFeedback(f.Compressor())
+		if f == nil {
+			f = e.comp // read to skip: SRA's memory in another strategy's engine
 		}
+		fresh := compress.NewErrorFeedback(f)
 		if err := fresh.Load(tr); err != nil {
 			return &StateError{Reason: fmt.Sprintf("stage-%d error-feedback memory", stage+1), Err: err}
 		}
@@ -185,7 +197,7 @@ func (e *Engine) Load(r io.Reader) error {
 	if err := e.checkMemory(mem[0], 1, func(bk *bucket) int { return bk.n }); err != nil {
 		return err
 	}
-	keep2 := mem[1] != nil && e.ef2 != nil && size == e.size && rank == e.rank && Strategy(flags[0]) == e.strategy
+	keep2 := mem[1] != nil && e.mem2 != nil && size == e.size && rank == e.rank && Strategy(flags[0]) == e.strategy
 	if keep2 {
 		// This rank's part of each bucket (the bucket's buffers exist only
 		// once it has taken the compressed path).
@@ -194,18 +206,17 @@ func (e *Engine) Load(r io.Reader) error {
 			return err
 		}
 	}
-	if mem[0] != nil {
-		e.ef1 = mem[0]
+	if mem[0] == nil && e.mem1 != nil {
+		mem[0] = compress.NewErrorFeedback(e.mem1)
 	}
-	if e.ef2 != nil {
-		if keep2 {
-			e.ef2 = mem[1]
-		} else {
-			e.ef2 = compress.NewErrorFeedback(e.ef2.Compressor())
+	if !keep2 {
+		mem[1] = nil
+		if e.mem2 != nil {
+			mem[1] = compress.NewErrorFeedback(e.mem2)
 		}
 	}
-	if e.x != nil {
-		e.x.useMemory(e.ef1, e.ef2)
+	if err := e.be.install(mem[0], mem[1]); err != nil {
+		return err
 	}
 	e.next = next
 	return nil
@@ -213,7 +224,7 @@ func (e *Engine) Load(r io.Reader) error {
 
 // checkMemory checks that every residual of f belongs to a bucket and has
 // the length want gives.
-func (e *Engine) checkMemory(f *compress.ErrorFeedback, stage int, want func(*bucket) int) error {
+func (e *core) checkMemory(f *compress.ErrorFeedback, stage int, want func(*bucket) int) error {
 	if f == nil {
 		return nil
 	}

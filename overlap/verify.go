@@ -90,7 +90,7 @@ func (v *verifier) trial() bool { return v.pos >= 0 && v.pos%2 == 1 }
 
 // trialPath returns the path every bucket takes in a trial: dense if any
 // bucket is decided compressed, else compressed. e.mu is held.
-func (e *Engine) trialPath() bool {
+func (e *core) trialPath() bool {
 	for _, b := range e.buckets {
 		if b.compressed {
 			return false
@@ -177,7 +177,7 @@ func (v *verifier) advance() bool {
 // agrees with the other ranks on the measurements (one all-gather, bounded
 // by ctx and Config.Timeout) and applies them. A failed agreement is a
 // *StepError.
-func (e *Engine) verifyStep(ctx context.Context, st *step) error {
+func (e *core) verifyStep(ctx context.Context, st *step) error {
 	v := e.verify
 	v.record(e.timing.spans(st.spans()))
 	if !v.advance() {
@@ -194,7 +194,7 @@ func (e *Engine) verifyStep(ctx context.Context, st *step) error {
 	all := make([]byte, e.size*len(mine))
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	if err := e.c.AllGather(tctx, all, mine); err != nil {
+	if err := e.host.AllGather(tctx, all, mine); err != nil {
 		return &StepError{Step: st.num, Bucket: -1, Stage: "verification AllGather", Err: err}
 	}
 	// The slowest rank's time; 0 where any rank has none.

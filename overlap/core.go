@@ -1,0 +1,548 @@
+package overlap
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
+)
+
+// Config configures an Engine or a DeviceEngine. Spec, Strategy,
+// ErrorFeedback, Decision, FailOnNonFinite and Warmup must be equal on
+// every rank (the handshake checks them); Timeout and Workers are local.
+type Config struct {
+	Spec            string        // compressor spec (compress.Parse), e.g. "topk:0.01"; no lossless stage
+	Strategy        Strategy      // default StrategyAuto
+	ErrorFeedback   bool          // error-feedback memory on the compressed path (and SRA's second memory)
+	Decision        Decision      // default DecideAuto: the cost model chooses per bucket
+	Timeout         time.Duration // per collective; default 60s. A dead peer ends the step with an error within it
+	FailOnNonFinite bool          // false: a bucket with NaN/Inf on any rank is exchanged dense that step; true: the step fails on every rank
+	Warmup          int           // steps numbered below it exchange every bucket dense (error feedback untouched); verification starts after them
+	Workers         int           // goroutines per compressor call (compress.WithWorkers); default GOMAXPROCS
+}
+
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 60 * time.Second
+
+// core is the engine, whatever runs its stages: the step protocol (Step,
+// Ready, Done, Wait, Close), the buckets' decisions (pinned, the cost
+// model's, verification's), warm-up, the handshake, the statistics, and
+// the checkpoint format (state.go). Engine and DeviceEngine are a core and
+// a backend: where the buffers live and how a stage runs (goroutine
+// streams on the host, CUDA streams and NCCL on a device).
+type core struct {
+	be         backend
+	host       comm.Comm // the handshake's, the cost model's and verification's collectives
+	cfg        Config
+	rank, size int
+	spec       string              // the canonical spec
+	comp       compress.Compressor // nil for codec none
+	strategy   Strategy
+	// The compressors whose error-feedback memories the state holds: stage
+	// 1 and SRA's stage 2 (nil: no such memory).
+	mem1, mem2 compress.Compressor
+	buckets    []*bucket
+	model      *costModel // nil unless Decision is DecideAuto and the backend has a cost model
+	verify     *verifier  // non-nil with model: checks its decisions against measured times
+	timing     timing     // the clock, or a test's times
+
+	mu     sync.Mutex
+	cur    *step
+	next   uint64 // the number of the next step
+	closed bool
+	broken error // the failure that broke the engine
+}
+
+// backend runs a core's stages. The core calls prepare, encode (through
+// ready's caller), launch and launched with its mutex held, in the step's
+// order; wait, conclude and settle once per step from finish; memory and
+// install with no step in flight; teardown once, from Close.
+type backend interface {
+	// prepare readies bucket b for the compressed path (its buffers), the
+	// first time b takes it.
+	prepare(b *bucket) error
+	// launch enqueues run r's exchange and decode, after its encode; the
+	// core calls it in bucket order, the same on every rank.
+	launch(st *step, r *run) error
+	// launched is called once every bucket of st is launched.
+	launched(st *step) error
+	// wait blocks until st's work has ended, st failed or ctx ended, and
+	// returns st's fatal failure; nothing of st runs after it returns.
+	wait(ctx context.Context, st *step) error
+	// conclude completes the runs' outcomes and statistics after a step
+	// without a fatal failure; its error is fatal.
+	conclude(st *step) error
+	// settle ends the step's error-feedback updates: a step that succeeded
+	// installs what its compressed buckets held back; one that failed
+	// keeps the memory as the backend's doc says.
+	settle(st *step, failed bool)
+	// memory returns the error-feedback memories the state holds (copies
+	// of device memory), or why they cannot be read.
+	memory(call string) (ef1, ef2 *compress.ErrorFeedback, err error)
+	// install replaces the memories with ones Load validated.
+	install(ef1, ef2 *compress.ErrorFeedback) error
+	// teardown releases the backend's resources.
+	teardown() error
+}
+
+// bucket is one bucket's decision and, on the host backend, its buffers.
+type bucket struct {
+	idx, n     int
+	compressed bool   // the compressed path, unless a step falls back (DecideAuto: changed by verification between steps)
+	reason     string // why (the decision and its inputs)
+	predicted  string // the cost model's prediction and inputs (DecideAuto)
+	predDense  time.Duration
+	predComp   time.Duration
+	measDense  time.Duration // verification's latest measurements (DecideAuto), 0 until then
+	measComp   time.Duration
+	hostBuffers
+}
+
+// Outcomes of a bucket in a step.
+const (
+	pathNone = iota // not exchanged (the step failed first)
+	pathCompressed
+	pathDense
+	pathSkipped // not exchanged: non-finite with FailOnNonFinite
+)
+
+// run is one bucket in one step.
+type run struct {
+	b          *bucket
+	compressed bool // the path this step takes (b's decision, dense in warm-up, the other in a verification trial)
+	key        compress.Key
+
+	outcome   int
+	fallback  string // why this step went dense or was skipped
+	nonFinite bool
+	stats     BucketStats
+
+	readyAt, doneAt time.Time // Ready's call, the end of decode (verification's measure)
+	hostRun                   // the host backend's part
+	deviceRun                 // the device backend's part
+}
+
+// step is one step in flight.
+type step struct {
+	num     uint64
+	ready   []bool
+	cursor  int  // buckets below it are launched
+	waiting bool // set by the first Wait or Close; Ready is refused after
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	start  time.Time
+	runs   []*run
+	warmup bool   // a warm-up step (Config.Warmup): every bucket dense
+	done   *event // host backend: fires after the last bucket's decode; nil until launched
+
+	errMu  sync.Mutex
+	err    error         // the first fatal failure
+	failed chan struct{} // closed with err
+
+	finish   sync.Once
+	result   StepStats
+	finalErr error
+}
+
+func (st *step) fail(err error) {
+	st.errMu.Lock()
+	defer st.errMu.Unlock()
+	if st.err == nil {
+		st.err = err
+		close(st.failed)
+		st.cancel()
+	}
+}
+
+func (st *step) failure() error {
+	st.errMu.Lock()
+	defer st.errMu.Unlock()
+	return st.err
+}
+
+// newCore checks cfg and sizes and sets up what every backend shares: the
+// compressor, the strategy (strategyFor resolves StrategyAuto and refuses
+// what the backend lacks), the memories and the buckets. The error is
+// this rank's invalid configuration, which the handshake reports to every
+// rank; the core is usable for the handshake either way.
+func newCore(host comm.Comm, cfg Config, sizes []int, t timing, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) (*core, error) {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	c := &core{host: host, cfg: cfg, rank: host.Rank(), size: host.Size(), timing: t}
+	return c, c.configure(sizes, strategyFor)
+}
+
+func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) error {
+	cfg := c.cfg
+	if err := checkConfig(cfg, sizes, c.size); err != nil {
+		return err
+	}
+	comp, err := compress.Parse(cfg.Spec, compress.WithWorkers(cfg.Workers))
+	if err != nil {
+		return err
+	}
+	for _, opt := range strings.Split(comp.Spec(), ":")[1:] {
+		if strings.HasPrefix(opt, "lossless=") {
+			return fmt.Errorf("spec %s: a lossless stage makes payload lengths vary, and every strategy exchanges fixed-size slots", comp.Spec())
+		}
+	}
+	c.spec = comp.Spec()
+	if c.strategy, err = strategyFor(cfg.Strategy, comp.Codec(), c.size); err != nil {
+		return err
+	}
+	c.buckets = make([]*bucket, len(sizes))
+	for i, n := range sizes {
+		c.buckets[i] = &bucket{idx: i, n: n}
+	}
+	if comp.Codec() == compress.CodecNone {
+		for _, b := range c.buckets {
+			b.reason = "codec none: dense all-reduce"
+		}
+		return nil
+	}
+	c.comp = comp
+	if cfg.ErrorFeedback {
+		s1, s2 := stageParts(comp, c.strategy, c.rank, c.size)
+		c.mem1 = s1.forMemory()
+		if s2 != nil {
+			c.mem2 = s2.forMemory()
+		}
+	}
+	return nil
+}
+
+// decide sets every bucket's path, pinned or, with DecideAuto, from
+// auto (nil: the backend has no cost model, and auto set the paths), and
+// prepares the compressed buckets.
+func (c *core) decide(ctx context.Context, auto func(context.Context) (*costModel, error)) error {
+	if c.comp == nil {
+		return nil
+	}
+	switch c.cfg.Decision {
+	case DecideCompressed:
+		for _, b := range c.buckets {
+			b.compressed, b.reason = true, "pinned: compressed"
+		}
+	case DecideDense:
+		for _, b := range c.buckets {
+			b.reason = "pinned: dense"
+		}
+	default:
+		m, err := auto(ctx)
+		if err != nil {
+			return err
+		}
+		if m != nil {
+			c.model = m
+			c.verify = newVerifier(len(c.buckets))
+		}
+	}
+	for _, b := range c.buckets {
+		if b.compressed {
+			if err := c.be.prepare(b); err != nil {
+				return fmt.Errorf("overlap: preparing bucket %d on rank %d: %w", b.idx, c.rank, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Strategy returns the strategy in use (StrategyAuto resolved).
+func (c *core) Strategy() Strategy { return c.strategy }
+
+// Compressed reports, per bucket, whether the pinned Decision, or with
+// DecideAuto the cost model and then its verification, chose the
+// compressed path for the steps to come (a step may still fall back to
+// dense, warm-up steps are dense, and a verification trial takes the
+// other path: see BucketStats).
+func (c *core) Compressed() []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]bool, len(c.buckets))
+	for i, b := range c.buckets {
+		out[i] = b.compressed
+	}
+	return out
+}
+
+// usable returns why call cannot run: the engine is closed or broken.
+// c.mu is held.
+func (c *core) usable(call string) error {
+	switch {
+	case c.closed:
+		return &UsageError{Call: call, Err: ErrClosed}
+	case c.broken != nil:
+		return &BrokenError{Cause: c.broken}
+	}
+	return nil
+}
+
+// Step starts a step. Step numbers count from 0 (or from the number Load
+// restored) and, with the bucket index, key random-k indices and stochastic
+// rounding, so every rank must call Step the same number of times. A step
+// in flight (no Wait yet) is a *UsageError (ErrStepInFlight).
+func (c *core) Step() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable("Step"); err != nil {
+		return err
+	}
+	if c.cur != nil {
+		return &UsageError{Call: "Step", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d has not been waited for", c.cur.num)}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &step{num: c.next, ready: make([]bool, len(c.buckets)), ctx: ctx, cancel: cancel,
+		start: time.Now(), failed: make(chan struct{}), runs: make([]*run, len(c.buckets))}
+	st.warmup = st.num < uint64(c.cfg.Warmup)
+	trial := !st.warmup && c.verify != nil && c.verify.trial()
+	trialPath := trial && c.trialPath()
+	for i, b := range c.buckets {
+		path := b.compressed && !st.warmup
+		if trial {
+			path = trialPath
+		}
+		if path {
+			if err := c.be.prepare(b); err != nil {
+				cancel()
+				return &StepError{Step: st.num, Bucket: i, Stage: "prepare", Err: err}
+			}
+		}
+		st.runs[i] = &run{b: b, compressed: path, key: compress.Key{Bucket: uint64(i), Step: st.num},
+			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: c.strategy, Reason: b.reason, Trial: trial,
+				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
+		switch {
+		case trial:
+			st.runs[i].stats.Reason += "; verification trial: " + pathName(path)
+		case st.warmup && b.compressed:
+			st.runs[i].stats.Reason += fmt.Sprintf("; warm-up: dense before step %d", c.cfg.Warmup)
+		}
+	}
+	c.next++
+	c.cur = st
+	return nil
+}
+
+// ready is Ready's protocol for bucket i: check refuses a gradient the
+// bucket cannot take (a *UsageError, nothing taken); encode takes it and
+// enqueues its compression; then every bucket whose predecessors are
+// launched is launched, in bucket order, so that all ranks make the same
+// collectives in the same order. A launch that fails ends the step: the
+// *StepError is returned here and by Wait.
+func (c *core) ready(call string, i int, check func(b *bucket) error, encode func(st *step, r *run) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(call); err != nil {
+		return err
+	}
+	st := c.cur
+	if st == nil {
+		return &UsageError{Call: call, Err: ErrNoStep, Detail: "call Step first"}
+	}
+	switch {
+	case i < 0 || i >= len(st.ready):
+		return &UsageError{Call: call, Err: ErrUnknownBucket, Detail: fmt.Sprintf("the engine has buckets 0 to %d", len(st.ready)-1)}
+	case st.waiting:
+		return &UsageError{Call: call, Err: ErrWaiting, Detail: fmt.Sprintf("step %d", st.num)}
+	case st.ready[i]:
+		return &UsageError{Call: call, Err: ErrAlreadyReady, Detail: fmt.Sprintf("in step %d", st.num)}
+	}
+	if err := check(c.buckets[i]); err != nil {
+		return err
+	}
+	st.ready[i] = true
+	r := st.runs[i]
+	r.readyAt = time.Now()
+	if err := encode(st, r); err != nil {
+		if f := st.failure(); f == err {
+			return f // the step had failed already
+		}
+		err = &StepError{Step: st.num, Bucket: i, Stage: "encode launch", Err: err}
+		st.fail(err)
+		return err
+	}
+	for st.cursor < len(st.runs) && st.ready[st.cursor] {
+		if err := c.be.launch(st, st.runs[st.cursor]); err != nil {
+			err = &StepError{Step: st.num, Bucket: st.cursor, Stage: "exchange launch", Err: err}
+			st.fail(err)
+			return err
+		}
+		st.cursor++
+		if st.cursor == len(st.runs) {
+			if err := c.be.launched(st); err != nil {
+				err = &StepError{Step: st.num, Bucket: -1, Stage: "done event", Err: err}
+				st.fail(err)
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Wait blocks until every bucket of the step is exchanged and averaged, or
+// the step fails, or ctx ends, and returns the step's statistics (partial
+// on error). Without a step it returns a *UsageError (ErrNoStep). If a
+// bucket was never made ready, it fails at once with ErrNotReady.
+//
+// Failures: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
+// any other error (a *StepError: a collective failed or timed out, a
+// payload did not decode, ctx ended; or ErrNotReady) breaks it, since the
+// ranks may be out of step. What a failed step leaves in error-feedback
+// memory is the backend's (Engine: e + g; DeviceEngine: e).
+func (c *core) Wait(ctx context.Context) (StepStats, error) {
+	c.mu.Lock()
+	if err := c.usable("Wait"); err != nil {
+		c.mu.Unlock()
+		return StepStats{}, err
+	}
+	st := c.cur
+	if st == nil {
+		c.mu.Unlock()
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrNoStep, Detail: "call Step first"}
+	}
+	if st.waiting {
+		c.mu.Unlock()
+		return StepStats{}, &UsageError{Call: "Wait", Err: ErrWaiting, Detail: fmt.Sprintf("another Wait is waiting for step %d", st.num)}
+	}
+	st.waiting = true
+	var missing []int
+	for i, ok := range st.ready {
+		if !ok {
+			missing = append(missing, i)
+		}
+	}
+	c.mu.Unlock()
+	if len(missing) > 0 {
+		st.fail(&UsageError{Call: "Wait", Err: ErrNotReady, Detail: fmt.Sprintf("step %d: Ready was not called for buckets %v", st.num, missing)})
+	}
+	c.finish(ctx, st)
+	return st.result, st.finalErr
+}
+
+// close is Close: a step in flight is abandoned (its Wait, if any,
+// returns an error), then the backend is torn down. Closing twice returns
+// nil.
+func (c *core) close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	st := c.cur
+	if st != nil {
+		st.waiting = true
+	}
+	c.mu.Unlock()
+	if st != nil {
+		st.fail(&UsageError{Call: "Close", Err: ErrClosed, Detail: fmt.Sprintf("step %d abandoned", st.num)})
+		c.finish(context.Background(), st)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.be.teardown()
+}
+
+// finish waits for st to end, settles error-feedback memory, runs
+// verification and builds the statistics; it runs once per step, and a
+// second caller waits for the first.
+func (c *core) finish(ctx context.Context, st *step) {
+	st.finish.Do(func() {
+		t0 := time.Now()
+		fatal := c.be.wait(ctx, st)
+		exposed := time.Since(t0)
+		st.cancel()
+		if fatal == nil {
+			if err := c.be.conclude(st); err != nil {
+				st.fail(err)
+				fatal = err
+			}
+		}
+		var nf *NonFiniteError
+		for _, r := range st.runs {
+			if r.outcome == pathSkipped {
+				if nf == nil {
+					nf = &NonFiniteError{Step: st.num}
+				}
+				nf.Buckets = append(nf.Buckets, r.b.idx)
+				nf.Details = append(nf.Details, r.fallback)
+			}
+		}
+		c.be.settle(st, fatal != nil || nf != nil)
+		if fatal == nil && c.verify != nil && !st.warmup {
+			if err := c.verifyStep(ctx, st); err != nil {
+				fatal = err
+			}
+		}
+
+		res := StepStats{Step: st.num, Buckets: make([]BucketStats, len(st.runs)), Exposed: exposed}
+		for i, r := range st.runs {
+			s := r.stats
+			s.Compressed = r.outcome == pathCompressed
+			s.NonFinite = r.nonFinite
+			if r.fallback != "" {
+				s.Reason += "; " + r.fallback
+			}
+			res.Buckets[i] = s
+			res.BytesSent += s.BytesSent
+			res.ExchangeTotal += s.Exchange
+		}
+		res.Total = time.Since(st.start)
+		st.result = res
+		switch {
+		case fatal != nil:
+			st.finalErr = fatal
+		case nf != nil:
+			st.finalErr = nf
+		}
+		c.mu.Lock()
+		c.cur = nil
+		if fatal != nil && c.broken == nil {
+			c.broken = fatal
+		}
+		c.mu.Unlock()
+	})
+}
+
+// The bytes one rank sends in each collective, by the usual ring and
+// pairwise algorithms (NCCL's accounting): an all-reduce of S bytes
+// 2(N−1)/N·S, an all-gather of s bytes per rank (N−1)·s, an all-to-all of
+// S bytes per rank (N−1)/N·S.
+func allReduceVolume(n, bytes int) int64 { return int64(2 * (n - 1) * bytes / n) }
+func allGatherVolume(n, bytes int) int64 { return int64((n - 1) * bytes) }
+func allToAllVolume(n, bytes int) int64  { return int64((n - 1) * bytes / n) }
+
+// checkConfig checks what every backend requires of cfg and of the bucket
+// sizes on ranks ranks.
+func checkConfig(cfg Config, sizes []int, ranks int) error {
+	switch {
+	case cfg.Timeout < 0:
+		return fmt.Errorf("Timeout %v is negative", cfg.Timeout)
+	case cfg.Workers < 0:
+		return fmt.Errorf("Workers %d is negative", cfg.Workers)
+	case cfg.Warmup < 0:
+		return fmt.Errorf("Warmup %d is negative", cfg.Warmup)
+	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
+		return fmt.Errorf("unknown Decision %v", cfg.Decision)
+	case len(sizes) == 0:
+		return fmt.Errorf("no buckets")
+	case len(sizes) > math.MaxUint32 || ranks > math.MaxUint16:
+		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), ranks, uint64(math.MaxUint32), math.MaxUint16)
+	}
+	for i, n := range sizes {
+		if n < 1 || n > compress.MaxElements {
+			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
+		}
+	}
+	return nil
+}
