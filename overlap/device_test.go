@@ -123,78 +123,6 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 	return out, stats, errs
 }
 
-// devReference computes the package doc's result of the device strategies
-// for one step: per rank x = e + g (with error feedback), the payload under
-// the engine's key, e ← x − D(C(x)); the sum of the decoded payloads in
-// rank order, divided by N. Codec none: the float32 sum in rank order.
-// skip lists buckets whose step is discarded (memory unchanged).
-type devReference struct {
-	spec  string
-	ef    bool
-	mem   [][][]float32 // rank, bucket
-	ranks int
-}
-
-func (ref *devReference) step(t *testing.T, num uint64, grads [][][]float32, skip map[int]bool) [][]float32 {
-	t.Helper()
-	c, err := compress.Parse(ref.spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ref.mem == nil {
-		ref.mem = make([][][]float32, ref.ranks)
-	}
-	var out [][]float32
-	for i := range grads[0] {
-		n := len(grads[0][i])
-		sum := make([]float32, n)
-		for r := range ref.ranks {
-			if len(ref.mem[r]) <= i {
-				ref.mem[r] = append(ref.mem[r], make([]float32, n))
-			}
-			x := append([]float32(nil), grads[r][i]...)
-			if c.Codec() == compress.CodecNone {
-				for j := range sum {
-					sum[j] += x[j]
-				}
-				continue
-			}
-			if ref.ef {
-				for j := range x {
-					x[j] = ref.mem[r][i][j] + x[j]
-				}
-			}
-			tag := uint64(1 + r*ref.ranks)
-			if c.Codec() == compress.CodecRandomK {
-				tag = 0
-			}
-			p, err := c.Compress(nil, x, compress.Key{Bucket: tag<<32 | uint64(i), Step: num})
-			if err != nil {
-				t.Fatal(err)
-			}
-			d := make([]float32, n)
-			if err := c.Decompress(d, p); err != nil {
-				t.Fatal(err)
-			}
-			if r == 0 {
-				copy(sum, d)
-			} else {
-				for j := range sum {
-					sum[j] += d[j]
-				}
-			}
-			if ref.ef && !skip[i] {
-				for j := range x {
-					ref.mem[r][i][j] = x[j] - d[j]
-				}
-			}
-		}
-		average(sum, ref.ranks)
-		out = append(out, sum)
-	}
-	return out
-}
-
 func sameBits(a, b []float32) int {
 	for i := range a {
 		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
@@ -290,7 +218,7 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 	const ranks = 2
 	g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true})
 	grads := stepGrads(ranks, 0, sizes)
-	want := (&devReference{spec: "int8", ef: true, ranks: ranks}).step(t, 0, grads, nil)
+	want := newRef(t, "int8", g.engines[0].Strategy(), ranks, true).want(0, grads, nil)
 	gate := make(chan struct{})
 	seen := make([][][]float32, ranks)
 	errs := make([]error, ranks)

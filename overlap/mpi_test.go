@@ -136,3 +136,43 @@ func TestMPIEngine(t *testing.T) {
 		}
 	})
 }
+
+// TestConformanceMPI runs the engine conformance suite (conformance_test.go)
+// on the host backend over 4 MPI processes, one engine per process on a
+// duplicate of the world communicator.
+func TestConformanceMPI(t *testing.T) {
+	if world == nil {
+		mpilaunch.Run(t, mpiRanks, nil, "-test.v=true", "-test.run=^TestConformanceMPI$").Report(t)
+		return
+	}
+	build := func(ctx context.Context, sizes []int, cfg Config) (member, error) {
+		c, err := world.Dup(ctx)
+		if err != nil {
+			return nil, err
+		}
+		m, err := newHostMember(ctx, c, sizes, cfg)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		return mpiMember{m, c}, nil
+	}
+	for _, c := range conformanceCases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			p := peer{t: t, rank: world.Rank(), size: mpiRanks, build: build}
+			if err := c.run(ctx, p); err != nil {
+				t.Errorf("rank %d: %v", p.rank, err)
+			}
+		})
+	}
+}
+
+// mpiMember is a conformance member that frees its communicator on Close.
+type mpiMember struct {
+	member
+	c *mpi.Comm
+}
+
+func (m mpiMember) Close() error { return errors.Join(m.member.Close(), m.c.Close()) }
