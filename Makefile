@@ -42,20 +42,26 @@ else
 	@echo "make plugin: cuda.h not found: libgradcomp_cuda.so not built (scripts/setup installs nvidia-cuda-toolkit)"
 endif
 
-# The C program that drives every function of the ABI, linked against
-# build/libgradcomp.so (found through its rpath).
 # The Python package (plugin/python) under Debian's torch and sklearn:
 # the ctypes binding, the DDP hook on 4 gloo ranks, digits accuracy.
 PYTHON ?= /usr/bin/python3
 pytest: plugin
 	cd tests/python && PYTHONPATH=$(CURDIR)/plugin/python $(PYTHON) -m unittest discover -v -s . -t .
 
-# With libgradcomp_cuda.so, tests/capi/capi_cuda_test.c drives its device
-# calls (its device tests say SKIPPED, with the driver's reason, without a GPU).
+# The C programs that drive every function of the ABI, linked against
+# build/libgradcomp.so (found through its rpath): capi_test (codecs,
+# state, threads, leaks) and capi_engine_test (the engine on 4 rank
+# threads whose collectives it carries out itself, bit for bit against
+# tests/golden, and the transport's bad inputs). With libgradcomp_cuda.so,
+# tests/capi/capi_cuda_test.c drives its device calls (its device tests
+# say SKIPPED, with the driver's reason, without a GPU).
 capi: plugin
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_test tests/capi/capi_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
 	./build/capi_test
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
+	  -o build/capi_engine_test tests/capi/capi_engine_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
+	./build/capi_engine_test
 ifeq ($(HAVE_CUDA_H),yes)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_cuda_test tests/capi/capi_cuda_test.c -Lbuild -lgradcomp_cuda -lcuda -lm -Wl,-rpath,'$$ORIGIN'

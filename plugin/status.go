@@ -91,7 +91,8 @@ func statusOf(err error) status {
 
 // engineStatus maps the errors of the engine and its transport; ok is
 // false for others. Order matters: a *overlap.BrokenError wraps the step
-// failure that broke the engine, and a step failure wraps the comm error.
+// failure that broke the engine, and a step failure wraps the comm error,
+// which may wrap the *statusError of a host's failed completion.
 func engineStatus(err error) (st status, ok bool) {
 	var (
 		own      *statusError
@@ -108,10 +109,10 @@ func engineStatus(err error) (st status, ok bool) {
 		poisoned *comm.PoisonedError
 	)
 	switch {
+	case errors.As(err, &broken): // before own: the cause may carry a host's status
+		return errBroken, true
 	case errors.As(err, &own):
 		return own.st, true
-	case errors.As(err, &broken):
-		return errBroken, true
 	case errors.As(err, &nonFin):
 		return errNonFinite, true
 	case errors.As(err, &usage):

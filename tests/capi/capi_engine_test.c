@@ -1,0 +1,640 @@
+/*
+ * capi_engine_test.c — the engine through the C ABI (gc_engine_*, gc_hosted_*)
+ * as a host program that brings its own communicator would drive it.
+ *
+ * The "communicator" is this file's: each rank has a host thread that takes
+ * its transport's posts and carries them out with the other ranks' host
+ * threads through shared memory (a rendezvous per collective, with a
+ * timeout, as gloo or NCCL would time out), and a rank thread that runs the
+ * engine's steps. With 4 ranks it runs every case of tests/golden and checks
+ * every average and every rank's final engine state against the Go engine's
+ * files bit for bit. Then the bad inputs: a post nobody takes, a host
+ * error, a completion with a wrong length, an unknown or finished id, a
+ * dead peer, take after destroy, engine misuse, and states that must be
+ * refused with the engine unchanged.
+ *
+ * Run from the repository root (make capi): it reads tests/golden/testdata.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gradcomp.h"
+#include "capi_check.h"
+
+/* The ABI's structs have the same layout on every LP64 platform: the
+ * Python binding (ctypes) and other hosts mirror them field by field. */
+_Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
+_Static_assert(sizeof(gc_engine_config) == 56, "gc_engine_config is 56 bytes");
+_Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
+
+#define GOLDEN "tests/golden/testdata"
+#define RANKS 4
+#define STEPS 3
+#define NBUCKETS 2
+static const uint64_t sizes[NBUCKETS] = {1000, 37};
+
+static double now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* tests/golden's gradient: a multiple of 1/64, exact in any summation order. */
+static float gradient(int r, int s, int b, int i) {
+	int64_t h = ((int64_t)r * 1000003 + (int64_t)s * 10007 + (int64_t)b * 101 + (int64_t)i * 7919) % 2003;
+	return (float)(h - 1001) / 64.0f;
+}
+
+static uint8_t *read_file(const char *path, size_t *len) {
+	FILE *f = fopen(path, "rb");
+	if (f == NULL) return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+	*len = fread(buf, 1, (size_t)n, f);
+	fclose(f);
+	return buf;
+}
+
+/* ---- The host's communicator: a group of host threads in one process ---- */
+
+/* group is a barrier with a timeout: a rank that does not arrive in time
+ * breaks it for good, and every later collective fails at once. */
+struct group {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int n, count;
+	unsigned gen;
+	int broken;
+	double timeout;
+	gc_op ops[RANKS];
+};
+
+static void group_init(struct group *g, int n, double timeout) {
+	memset(g, 0, sizeof *g);
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	g->n = n;
+	g->timeout = timeout;
+}
+
+static void group_free(struct group *g) {
+	pthread_mutex_destroy(&g->mu);
+	pthread_cond_destroy(&g->cv);
+}
+
+/* arrive waits for every rank; 0, or -1 once the group is broken. */
+static int arrive(struct group *g) {
+	pthread_mutex_lock(&g->mu);
+	unsigned gen = g->gen;
+	if (!g->broken && ++g->count == g->n) {
+		g->count = 0;
+		g->gen++;
+		pthread_cond_broadcast(&g->cv);
+	}
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	double t = dl.tv_sec + dl.tv_nsec / 1e9 + g->timeout;
+	dl.tv_sec = (time_t)t;
+	dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
+	while (gen == g->gen && !g->broken) {
+		if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT) {
+			g->broken = 1;
+			pthread_cond_broadcast(&g->cv);
+		}
+	}
+	int ok = gen != g->gen;
+	pthread_mutex_unlock(&g->mu);
+	return ok ? 0 : -1;
+}
+
+/* Faults a host thread can inject into the first op it takes once armed. */
+enum fault { FAULT_NONE, FAULT_ERROR, FAULT_WRONG_LENGTH, FAULT_UNKNOWN_ID, FAULT_TWICE };
+
+struct host {
+	gc_hosted t;
+	struct group *g;
+	int rank;
+	int armed;         /* atomic: apply fault to the next op */
+	int paused;        /* atomic: take nothing (a host that hangs) */
+	enum fault fault;
+	gc_status fault_status; /* what gc_hosted_complete returned for the fault */
+	int ops;           /* ops carried out */
+	int faulted_at;    /* ops when the fault was applied */
+	pthread_t thread;
+};
+
+/* carry_out computes rank h->rank's output of op from every rank's op,
+ * into tmp (recv_bytes long). The ranks' ops must agree. */
+static const char *carry_out(struct host *h, const gc_op *op, uint8_t *tmp) {
+	struct group *g = h->g;
+	int n = g->n, r = h->rank;
+	for (int q = 0; q < n; q++) {
+		const gc_op *o = &g->ops[q];
+		if (o->kind != op->kind || o->count != op->count || o->root != op->root) return "ranks posted different collectives";
+	}
+	size_t c = (size_t)op->count;
+	switch (op->kind) {
+	case GC_OP_ALLREDUCE:
+	case GC_OP_REDUCESCATTER: {
+		size_t off = op->kind == GC_OP_REDUCESCATTER ? (size_t)r * c : 0;
+		float *out = (float *)tmp;
+		for (size_t i = 0; i < c; i++) {
+			float s = 0;
+			for (int q = 0; q < n; q++) s += ((const float *)g->ops[q].send)[off + i];
+			out[i] = s;
+		}
+		return NULL;
+	}
+	case GC_OP_ALLGATHER:
+		for (int q = 0; q < n; q++) memcpy(tmp + (size_t)q * c, (const void *)g->ops[q].send, c);
+		return NULL;
+	case GC_OP_ALLTOALL: {
+		size_t k = c / (size_t)n;
+		for (int q = 0; q < n; q++) memcpy(tmp + (size_t)q * k, (const uint8_t *)g->ops[q].send + (size_t)r * k, k);
+		return NULL;
+	}
+	case GC_OP_BROADCAST:
+		memcpy(tmp, (const void *)g->ops[op->root].send, c);
+		return NULL;
+	case GC_OP_BARRIER:
+		return NULL;
+	}
+	return "unknown op kind";
+}
+
+/* host_main takes and carries out h->t's posts until the transport is
+ * destroyed. */
+static void *host_main(void *arg) {
+	struct host *h = arg;
+	for (;;) {
+		gc_op op;
+		if (__atomic_load_n(&h->paused, __ATOMIC_ACQUIRE)) {
+			struct timespec ts = {0, 10 * 1000 * 1000};
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		gc_status st = gc_hosted_take(h->t, 0.05, &op);
+		if (st == GC_ERR_TIMEOUT) continue;
+		if (st != GC_OK) break; /* GC_ERR_CLOSED: destroyed */
+		CHECK(op.device == 0 && op.reserved == 0, "rank %d op %llu: device %d, reserved %d", h->rank,
+		      (unsigned long long)op.id, op.device, op.reserved);
+		if (__atomic_exchange_n(&h->armed, 0, __ATOMIC_ACQ_REL)) {
+			h->faulted_at = h->ops;
+			switch (h->fault) {
+			case FAULT_ERROR:
+				h->fault_status = gc_hosted_complete(h->t, op.id, GC_ERR_COMM, "injected host failure", 0);
+				continue;
+			case FAULT_WRONG_LENGTH:
+				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes + 4);
+				continue;
+			case FAULT_UNKNOWN_ID:
+				h->fault_status = gc_hosted_complete(h->t, op.id + 1000, GC_OK, NULL, op.recv_bytes);
+				continue;
+			case FAULT_TWICE: /* carried out below, then completed again */
+			case FAULT_NONE:
+				break;
+			}
+		}
+		uint8_t *tmp = malloc(op.recv_bytes + 1);
+		const char *err = NULL;
+		h->g->ops[h->rank] = op;
+		if (arrive(h->g) != 0) {
+			err = "a peer did not post the collective in time";
+		} else {
+			err = carry_out(h, &op, tmp);
+			if (arrive(h->g) != 0 && err == NULL) err = "a peer did not finish the collective in time";
+		}
+		if (err == NULL) {
+			if (op.kind != GC_OP_BARRIER) memcpy((void *)op.recv, tmp, op.recv_bytes);
+			OK(gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.kind == GC_OP_BARRIER ? 0 : op.recv_bytes));
+			if (h->fault == FAULT_TWICE && h->ops == h->faulted_at)
+				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes);
+		} else {
+			/* Unchecked: the engine may have given up on the op
+			 * (GC_ERR_STATE), or the transport be destroyed. */
+			gc_hosted_complete(h->t, op.id, GC_ERR_COMM, err, 0);
+		}
+		free(tmp);
+		h->ops++;
+	}
+	return NULL;
+}
+
+static void hosts_start(struct host *hs, struct group *g, int n) {
+	for (int r = 0; r < n; r++) {
+		memset(&hs[r], 0, sizeof hs[r]);
+		hs[r].g = g;
+		hs[r].rank = r;
+		OK(gc_hosted_create(r, n, &hs[r].t));
+		pthread_create(&hs[r].thread, NULL, host_main, &hs[r]);
+	}
+}
+
+static void hosts_stop(struct host *hs, int n) {
+	for (int r = 0; r < n; r++) {
+		OK(gc_hosted_destroy(hs[r].t));
+		__atomic_store_n(&hs[r].paused, 0, __ATOMIC_RELEASE); /* a paused host takes, and sees the end */
+	}
+	for (int r = 0; r < n; r++) pthread_join(hs[r].thread, NULL);
+}
+
+static gc_engine_config config(const char *spec, const char *strategy) {
+	gc_engine_config c;
+	memset(&c, 0, sizeof c);
+	c.size = sizeof c;
+	c.error_feedback = 1;
+	c.spec = spec;
+	c.strategy = strategy;
+	c.decision = "compressed";
+	c.timeout_seconds = 10;
+	c.workers = 1;
+	c.device = -1;
+	return c;
+}
+
+/* ---- The golden cases on 4 ranks ---- */
+
+struct rank {
+	struct host *host;
+	const char *spec, *strategy;
+	int r;
+	float avg[STEPS][1037];
+	uint8_t *state;
+	size_t state_len;
+	uint64_t bytes_sent;
+	char used[32];
+};
+
+static void *rank_main(void *arg) {
+	struct rank *k = arg;
+	gc_engine_config cfg = config(k->spec, k->strategy);
+	gc_engine e = 0;
+	gc_status st = gc_engine_create(k->host->t, &cfg, sizes, NBUCKETS, &e);
+	CHECK(st == GC_OK, "rank %d: gc_engine_create(%s, %s) = %d (%s)", k->r, k->spec, k->strategy, st, gc_last_error());
+	if (st != GC_OK) return NULL;
+	float g[NBUCKETS][1000];
+	for (int s = 0; s < STEPS; s++) {
+		for (int b = 0; b < NBUCKETS; b++)
+			for (uint64_t i = 0; i < sizes[b]; i++) g[b][i] = gradient(k->r, s, b, (int)i);
+		OK(gc_engine_step(e));
+		for (int b = NBUCKETS - 1; b >= 0; b--) OK(gc_engine_ready(e, (size_t)b, g[b], sizes[b]));
+		st = gc_engine_wait(e, 30);
+		CHECK(st == GC_OK, "rank %d step %d: gc_engine_wait = %d (%s)", k->r, s, st, gc_last_error());
+		memcpy(k->avg[s], g[0], sizeof(float) * sizes[0]);
+		memcpy(k->avg[s] + sizes[0], g[1], sizeof(float) * sizes[1]);
+	}
+	gc_bucket_stats bs;
+	uint64_t step = 0;
+	double total = 0, exposed = 0;
+	OK(gc_engine_stats(e, 0, &bs, &step, &k->bytes_sent, &total, &exposed));
+	CHECK(step == STEPS - 1, "rank %d: stats of step %llu, want %d", k->r, (unsigned long long)step, STEPS - 1);
+	CHECK(bs.elements == sizes[0] && bs.bytes_sent > 0 && bs.bytes_sent <= k->bytes_sent,
+	      "rank %d: bucket 0 stats: %llu elements, %llu of %llu bytes", k->r, (unsigned long long)bs.elements,
+	      (unsigned long long)bs.bytes_sent, (unsigned long long)k->bytes_sent);
+	snprintf(k->used, sizeof k->used, "%s", bs.strategy);
+	OK(gc_engine_state_size(e, &k->state_len));
+	k->state = malloc(k->state_len);
+	size_t written = 0;
+	OK(gc_engine_state_save(e, k->state, k->state_len, &written));
+	CHECK(written == k->state_len, "rank %d: state %zu bytes written, size said %zu", k->r, written, k->state_len);
+	OK(gc_engine_destroy(e));
+	return NULL;
+}
+
+static void test_golden(void) {
+	size_t len = 0;
+	char *list = (char *)read_file(GOLDEN "/cases.txt", &len);
+	CHECK(list != NULL, "cannot read %s (run from the repository root)", GOLDEN "/cases.txt");
+	if (list == NULL) return;
+	list = realloc(list, len + 1);
+	list[len] = '\0';
+	int cases = 0;
+	for (char *save = NULL, *line = strtok_r(list, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char name[64], spec[64], strategy[32];
+		if (sscanf(line, "%63s %63s %31s", name, spec, strategy) != 3) continue;
+		cases++;
+		struct group g;
+		group_init(&g, RANKS, 10);
+		struct host hs[RANKS];
+		hosts_start(hs, &g, RANKS);
+		static struct rank ks[RANKS];
+		pthread_t th[RANKS];
+		for (int r = 0; r < RANKS; r++) {
+			memset(&ks[r], 0, sizeof ks[r]);
+			ks[r] = (struct rank){.host = &hs[r], .spec = spec, .strategy = strategy, .r = r};
+			pthread_create(&th[r], NULL, rank_main, &ks[r]);
+		}
+		for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+		hosts_stop(hs, RANKS);
+		group_free(&g);
+
+		char path[256];
+		snprintf(path, sizeof path, GOLDEN "/%s.avg", name);
+		size_t alen = 0;
+		float *want = (float *)read_file(path, &alen);
+		size_t per = (size_t)(sizes[0] + sizes[1]);
+		CHECK(want != NULL && alen == sizeof(float) * per * RANKS * STEPS, "%s: %zu bytes, want %zu", path, alen,
+		      sizeof(float) * per * RANKS * STEPS);
+		int differ = 0;
+		for (int s = 0; want && alen == sizeof(float) * per * RANKS * STEPS && s < STEPS; s++)
+			for (int r = 0; r < RANKS; r++)
+				if (memcmp(ks[r].avg[s], want + ((size_t)s * RANKS + (size_t)r) * per, sizeof(float) * per) != 0) {
+					CHECK(0, "%s: step %d rank %d: averages differ from the Go engine's", name, s, r);
+					differ++;
+				}
+		free(want);
+		for (int r = 0; r < RANKS; r++) {
+			snprintf(path, sizeof path, GOLDEN "/%s.state%d", name, r);
+			size_t slen = 0;
+			uint8_t *ws = read_file(path, &slen);
+			CHECK(ws != NULL && ks[r].state != NULL && slen == ks[r].state_len &&
+			          memcmp(ws, ks[r].state, slen) == 0,
+			      "%s: rank %d: engine state (%zu bytes) differs from %s (%zu bytes)", name, r, ks[r].state_len,
+			      path, slen);
+			if (strcmp(strategy, "auto") != 0)
+				CHECK(strcmp(ks[r].used, strategy) == 0, "%s: rank %d ran strategy %s, want %s", name, r,
+				      ks[r].used, strategy);
+			free(ws);
+			free(ks[r].state);
+		}
+		printf("golden %-22s %-12s %-14s 4 ranks x %d steps: %s; %llu bytes sent by rank 0 in the last step\n",
+		       name, spec, ks[0].used, STEPS, differ ? "DIFFER" : "bit-identical to the Go engine",
+		       (unsigned long long)ks[0].bytes_sent);
+	}
+	CHECK(cases >= 7, "%d golden cases, want at least 7", cases);
+	free(list);
+}
+
+/* ---- Bad inputs ---- */
+
+/* member is one rank of a 2-rank engine whose calls run on threads of
+ * their own (a rank's calls block until its peers make theirs). */
+struct member {
+	struct host *h;
+	gc_engine_config cfg;
+	gc_engine e;
+	gc_status st;
+	char msg[512];
+	float g[NBUCKETS][1000];
+};
+
+static void record(struct member *m, gc_status st) {
+	m->st = st;
+	snprintf(m->msg, sizeof m->msg, "%s", st == GC_OK ? "" : gc_last_error());
+}
+
+static void *create_main(void *arg) {
+	struct member *m = arg;
+	record(m, gc_engine_create(m->h->t, &m->cfg, sizes, NBUCKETS, &m->e));
+	return NULL;
+}
+
+/* step_main runs one step: step, ready in order, wait. */
+static void *step_main(void *arg) {
+	struct member *m = arg;
+	gc_status st = gc_engine_step(m->e);
+	for (int b = 0; b < NBUCKETS && st == GC_OK; b++) st = gc_engine_ready(m->e, (size_t)b, m->g[b], sizes[b]);
+	if (st == GC_OK) st = gc_engine_wait(m->e, 30);
+	record(m, st);
+	return NULL;
+}
+
+/* on runs fn for the members whose bit is set in mask, at once. */
+static void on(struct member *ms, int n, unsigned mask, void *(*fn)(void *)) {
+	pthread_t th[RANKS];
+	for (int r = 0; r < n; r++)
+		if (mask >> r & 1) pthread_create(&th[r], NULL, fn, &ms[r]);
+	for (int r = 0; r < n; r++)
+		if (mask >> r & 1) pthread_join(th[r], NULL);
+}
+
+/* pair makes a 2-rank engine of spec (group timeout group_s). */
+static int pair(struct member ms[2], struct host hs[2], struct group *g, const char *spec, double timeout,
+                double group_s) {
+	group_init(g, 2, group_s);
+	hosts_start(hs, g, 2);
+	for (int r = 0; r < 2; r++) {
+		memset(&ms[r], 0, sizeof ms[r]);
+		ms[r].h = &hs[r];
+		ms[r].cfg = config(spec, "auto");
+		ms[r].cfg.timeout_seconds = timeout;
+		for (int b = 0; b < NBUCKETS; b++) fill(ms[r].g[b], sizes[b], (uint64_t)(10 * r + b + 1));
+	}
+	on(ms, 2, 3, create_main);
+	for (int r = 0; r < 2; r++)
+		CHECK(ms[r].st == GC_OK, "rank %d: gc_engine_create(%s) = %d (%s)", r, spec, ms[r].st, ms[r].msg);
+	return ms[0].st == GC_OK && ms[1].st == GC_OK;
+}
+
+static void unpair(struct member ms[2], struct host hs[2], struct group *g) {
+	for (int r = 0; r < 2; r++)
+		if (ms[r].e) OK(gc_engine_destroy(ms[r].e));
+	hosts_stop(hs, 2);
+	group_free(g);
+}
+
+/* A post nobody takes: create fails with GC_ERR_COMM within the timeout. */
+static void test_untaken(void) {
+	gc_hosted t;
+	OK(gc_hosted_create(0, 2, &t));
+	gc_engine_config cfg = config("int8", "auto");
+	cfg.timeout_seconds = 0.5;
+	gc_engine e = 0;
+	double t0 = now();
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
+	double took = now() - t0;
+	CHECK(took < 5, "gc_engine_create with nobody taking returned after %.2f s, timeout 0.5 s", took);
+	CHECK(e == 0, "a failed create set the engine handle");
+	OK(gc_hosted_destroy(t));
+	printf("untaken post: gc_engine_create failed with GC_ERR_COMM after %.2f s (timeout 0.5 s): %s\n", took,
+	       gc_last_error());
+}
+
+/* A fault of rank 0's host in the step's first collective: rank 0's step
+ * fails with GC_ERR_COMM saying want0; rank 1's, whose host then waits in
+ * vain for rank 0's, fails too; both engines are broken. */
+static void test_fault(enum fault f, const char *name, gc_status want_complete, const char *want0) {
+	struct group g;
+	struct host hs[2];
+	struct member ms[2];
+	if (pair(ms, hs, &g, "int8", 10, 3)) {
+		hs[0].fault = f;
+		__atomic_store_n(&hs[0].armed, 1, __ATOMIC_RELEASE);
+		double t0 = now();
+		on(ms, 2, 3, step_main);
+		double took = now() - t0;
+		for (int r = 0; r < 2; r++)
+			CHECK(ms[r].st == GC_ERR_COMM, "%s: rank %d: wait = %d (%s), want GC_ERR_COMM", name, r, ms[r].st,
+			      ms[r].msg);
+		CHECK(strstr(ms[0].msg, want0) != NULL, "%s: rank 0's error %s does not say %s", name, ms[0].msg, want0);
+		CHECK(took < 15, "%s: the failed step took %.2f s", name, took);
+		CHECK(hs[0].fault_status == want_complete, "%s: gc_hosted_complete = %d, want %d", name,
+		      hs[0].fault_status, want_complete);
+		FAILS(gc_engine_step(ms[0].e), GC_ERR_BROKEN, "");
+		printf("%-24s both ranks GC_ERR_COMM after %.2f s; rank 0: %s\n", name, took, ms[0].msg);
+	}
+	unpair(ms, hs, &g);
+}
+
+/* A rank whose host stops taking (a dead peer, to the others): its step
+ * fails within the engine's timeout, its peer's when its host's
+ * collective times out. */
+static void test_dead_peer(void) {
+	struct group g;
+	struct host hs[2];
+	struct member ms[2];
+	if (pair(ms, hs, &g, "topk:0.05", 2, 4)) {
+		__atomic_store_n(&hs[0].paused, 1, __ATOMIC_RELEASE); /* rank 0's host stops taking */
+		double t0 = now();
+		on(ms, 2, 3, step_main);
+		double took = now() - t0;
+		for (int r = 0; r < 2; r++)
+			CHECK(ms[r].st == GC_ERR_COMM, "dead peer: rank %d: wait = %d (%s), want GC_ERR_COMM", r, ms[r].st,
+			      ms[r].msg);
+		CHECK(took < 15, "dead peer: the failed step took %.2f s", took);
+		printf("dead peer                both ranks GC_ERR_COMM after %.2f s; rank 1: %s\n", took, ms[1].msg);
+	}
+	unpair(ms, hs, &g);
+}
+
+static void *take_main(void *arg) {
+	struct member *m = arg;
+	gc_op op;
+	m->st = gc_hosted_take(m->h->t, 10, &op);
+	return NULL;
+}
+
+/* A take blocked in gc_hosted_take when the transport is destroyed returns
+ * GC_ERR_CLOSED; a take on the destroyed handle is an error at once. */
+static void test_take_after_destroy(void) {
+	struct host h;
+	struct member m;
+	memset(&m, 0, sizeof m);
+	m.h = &h;
+	OK(gc_hosted_create(0, 2, &h.t));
+	pthread_t th;
+	pthread_create(&th, NULL, take_main, &m);
+	struct timespec ts = {0, 100 * 1000 * 1000};
+	nanosleep(&ts, NULL);
+	double t0 = now();
+	OK(gc_hosted_destroy(h.t));
+	pthread_join(th, NULL);
+	CHECK(m.st == GC_ERR_CLOSED, "a take blocked across destroy returned %d, want GC_ERR_CLOSED", m.st);
+	CHECK(now() - t0 < 2, "the blocked take returned %.2f s after destroy", now() - t0);
+	gc_op op;
+	FAILS(gc_hosted_take(h.t, 0, &op), GC_ERR_HANDLE, "");
+	FAILS(gc_hosted_destroy(h.t), GC_ERR_HANDLE, "");
+	FAILS(gc_hosted_complete(h.t, 1, GC_OK, NULL, 0), GC_ERR_HANDLE, "");
+}
+
+static uint8_t *save(gc_engine e, size_t *len) {
+	OK(gc_engine_state_size(e, len));
+	uint8_t *buf = malloc(*len);
+	size_t w = 0;
+	OK(gc_engine_state_save(e, buf, *len, &w));
+	return buf;
+}
+
+/* Misuse of one engine takes nothing and leaves it usable; states of
+ * another spec or a corrupt one are refused with the engine unchanged; a
+ * state of another world size loads. */
+static void test_misuse_and_states(void) {
+	struct group g;
+	struct host hs[2];
+	struct member ms[2];
+	if (pair(ms, hs, &g, "int8", 5, 5)) {
+		gc_engine e = ms[0].e;
+		float *g0 = ms[0].g[0];
+		FAILS(gc_engine_ready(e, 0, g0, sizes[0]), GC_ERR_STATE, "");
+		FAILS(gc_engine_wait(e, 1), GC_ERR_STATE, "");
+		FAILS(gc_engine_stats(e, 0, NULL, NULL, NULL, NULL, NULL), GC_ERR_STATE, "");
+		OK(gc_engine_step(e));
+		FAILS(gc_engine_step(e), GC_ERR_STATE, "");
+		FAILS(gc_engine_ready(e, 0, g0, sizes[0] - 1), GC_ERR_SIZE, "");
+		FAILS(gc_engine_ready(e, NBUCKETS, g0, sizes[0]), GC_ERR_STATE, "");
+		FAILS(gc_engine_ready(e, 0, NULL, sizes[0]), GC_ERR_INVALID, "");
+		OK(gc_engine_ready(e, 0, g0, sizes[0]));
+		FAILS(gc_engine_ready(e, 0, g0, sizes[0]), GC_ERR_STATE, "");
+		size_t len = 0;
+		FAILS(gc_engine_state_size(e, &len), GC_ERR_STATE, "");
+		OK(gc_engine_ready(e, 1, ms[0].g[1], sizes[1]));
+		/* rank 1 steps normally; rank 0 waits: the misuse took nothing */
+		gc_status st0;
+		{
+			pthread_t th;
+			pthread_create(&th, NULL, step_main, &ms[1]);
+			st0 = gc_engine_wait(e, 30);
+			pthread_join(th, NULL);
+		}
+		CHECK(st0 == GC_OK && ms[1].st == GC_OK, "the step after misuse: rank 0 %d, rank 1 %d (%s)", st0, ms[1].st,
+		      ms[1].msg);
+
+		size_t before_len = 0, after_len = 0, glen = 0;
+		uint8_t *before = save(e, &before_len);
+		uint8_t *other = read_file(GOLDEN "/int4-allgather.state0", &glen);
+		CHECK(other != NULL, "cannot read the int4 golden state");
+		if (other) {
+			FAILS(gc_engine_state_load(e, other, glen), GC_ERR_CORRUPT, "int4");
+			char spec[64], strategy[32];
+			int world = 0, rank = -1;
+			uint64_t next = 0, bs[4] = {0};
+			size_t nb = 0;
+			OK(gc_engine_state_info(other, glen, spec, sizeof spec, strategy, sizeof strategy, &world, &rank,
+			                        &next, &nb, bs, 4));
+			CHECK(strcmp(spec, "int4") == 0 && strcmp(strategy, "allgather") == 0 && world == 4 && rank == 0 &&
+			          next == STEPS && nb == NBUCKETS && bs[0] == sizes[0] && bs[1] == sizes[1],
+			      "state info: %s %s world %d rank %d next %llu, %zu buckets %llu %llu", spec, strategy, world,
+			      rank, (unsigned long long)next, nb, (unsigned long long)bs[0], (unsigned long long)bs[1]);
+			other[glen / 2] ^= 1;
+			FAILS(gc_engine_state_info(other, glen, spec, sizeof spec, strategy, sizeof strategy, &world, &rank,
+			                           &next, &nb, bs, 4),
+			      GC_ERR_CORRUPT, "");
+			free(other);
+		}
+		FAILS(gc_engine_state_load(e, before, before_len - 1), GC_ERR_CORRUPT, "");
+		before[before_len - 1] ^= 0x80;
+		FAILS(gc_engine_state_load(e, before, before_len), GC_ERR_CORRUPT, "");
+		before[before_len - 1] ^= 0x80;
+		uint8_t *after = save(e, &after_len);
+		CHECK(after_len == before_len && memcmp(before, after, before_len) == 0,
+		      "refused loads changed the engine's state");
+		free(after);
+		/* The SRA golden state of 4 ranks loads into this 2-rank engine. */
+		uint8_t *four = read_file(GOLDEN "/int8-sra.state0", &glen);
+		if (four) {
+			OK(gc_engine_state_load(e, four, glen));
+			free(four);
+		}
+		free(before);
+	}
+	unpair(ms, hs, &g);
+}
+
+int main(void) {
+	size_t live = 1;
+	OK(gc_live_handles(&live));
+	CHECK(live == 0, "%zu live handles at start", live);
+	test_golden();
+	test_untaken();
+	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
+	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
+	test_fault(FAULT_UNKNOWN_ID, "unknown id", GC_ERR_STATE, "");
+	test_fault(FAULT_TWICE, "completed twice", GC_ERR_STATE, "");
+	test_dead_peer();
+	test_take_after_destroy();
+	test_misuse_and_states();
+	OK(gc_live_handles(&live));
+	CHECK(live == 0, "%zu handles still live at the end", live);
+	printf("capi_engine_test: %d checks, %d failed (libgradcomp %s, ABI %#x)\n", checks, failures, gc_version(),
+	       gc_abi_version());
+	return failures != 0;
+}
