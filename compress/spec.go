@@ -2,7 +2,6 @@ package compress
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"sort"
 	"strconv"
@@ -11,9 +10,13 @@ import (
 
 // Parse builds the compressor a spec string describes. A spec is a codec name
 // followed by ':'-separated arguments: positional ones first (a ratio, the
-// word "sampled"), then NAME=VALUE options. Parsing is strict: an unknown
-// name, a missing or extra argument, an unknown or repeated option or a value
-// out of range is a *SpecError.
+// word "sampled"), then NAME=VALUE options. Parsing is strict: a spec is
+// printable ASCII without spaces, a ratio is a plain decimal (digits and
+// at most one point: no sign, exponent, hexadecimal, inf or nan) of a
+// normal number in (0, 1], an integer is decimal digits without a sign or
+// leading zeros (a seed may also be 0x followed by hexadecimal digits);
+// anything else, an unknown name, a missing or extra argument, an unknown
+// or repeated option or a value out of range is a *SpecError.
 //
 //	none | fp16 | bf16
 //	topk:RATIO[:sampled]         RATIO in (0,1]; k = max(1, round(RATIO·n))
@@ -91,7 +94,12 @@ type specArgs struct {
 }
 
 func splitSpec(spec string) (*specArgs, error) {
-	parts := strings.Split(strings.TrimSpace(spec), ":")
+	for i := range len(spec) {
+		if c := spec[i]; c <= ' ' || c > '~' {
+			return nil, &SpecError{Spec: spec, Reason: fmt.Sprintf("byte %d is 0x%02x: a spec is printable ASCII without spaces", i, c)}
+		}
+	}
+	parts := strings.Split(spec, ":")
 	a := &specArgs{name: parts[0], options: map[string]string{}, consumed: map[string]bool{}}
 	if a.name == "" {
 		return nil, &SpecError{Spec: spec, Reason: "empty codec name"}
@@ -101,6 +109,9 @@ func splitSpec(spec string) (*specArgs, error) {
 			return nil, &SpecError{Spec: spec, Reason: fmt.Sprintf("empty argument %d", i+1)}
 		}
 		name, value, isOpt := strings.Cut(p, "=")
+		if isOpt && (name == "" || value == "") {
+			return nil, &SpecError{Spec: spec, Reason: fmt.Sprintf("argument %d (%q) is not NAME=VALUE", i+1, p)}
+		}
 		if !isOpt {
 			if len(a.options) > 0 {
 				return nil, &SpecError{Spec: spec, Reason: fmt.Sprintf("positional argument %q after an option", p)}
@@ -123,12 +134,42 @@ func (a *specArgs) ratio() (float64, error) {
 	}
 	s := a.positional[a.usedPos]
 	r, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(r) || r <= 0 || r > 1 {
-		return 0, fmt.Errorf("ratio %q is not a number in (0,1]", s)
+	if !isDecimal(s) || err != nil || r < smallestNormal || r > 1 {
+		return 0, fmt.Errorf("ratio %q is not a plain decimal in (0,1]", s)
 	}
 	a.usedPos++
-	a.canonPos = append(a.canonPos, strconv.FormatFloat(r, 'g', -1, 64))
+	a.canonPos = append(a.canonPos, strconv.FormatFloat(r, 'f', -1, 64))
 	return r, nil
+}
+
+// smallestNormal is the least normal float64, 2⁻¹⁰²²: a ratio below it
+// (a subnormal, or a decimal that rounds to zero) is refused.
+const smallestNormal = 0x1p-1022
+
+// isDecimal reports whether s is digits with at most one decimal point
+// and at least one digit.
+func isDecimal(s string) bool {
+	digits, point := 0, false
+	for i := range len(s) {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.' && !point:
+			point = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
+}
+
+// isInteger reports whether s is decimal digits without a leading zero
+// (other than "0" itself).
+func isInteger(s string) bool {
+	if s == "" || s[0] == '0' && len(s) > 1 {
+		return false
+	}
+	return strings.Trim(s, "0123456789") == ""
 }
 
 // flag consumes the next positional argument if it equals word.
@@ -148,7 +189,7 @@ func (a *specArgs) intOption(name string, def, lo, hi int64) (int64, error) {
 		return def, nil
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < lo || v > hi {
+	if !isInteger(s) || err != nil || v < lo || v > hi {
 		return 0, fmt.Errorf("option %s=%q is not an integer in [%d, %d]", name, s, lo, hi)
 	}
 	a.canon(name, strconv.FormatInt(v, 10), v == def)
@@ -161,9 +202,14 @@ func (a *specArgs) uintOption(name string) (uint64, error) {
 	if !ok {
 		return 0, nil
 	}
-	v, err := strconv.ParseUint(s, 0, 64)
+	v, err := strconv.ParseUint(s, 10, 64)
+	if hex, ok := strings.CutPrefix(s, "0x"); ok && hex != "" && strings.Trim(hex, "0123456789abcdefABCDEF") == "" {
+		v, err = strconv.ParseUint(hex, 16, 64)
+	} else if !isInteger(s) {
+		err = strconv.ErrSyntax
+	}
 	if err != nil {
-		return 0, fmt.Errorf("option %s=%q is not an unsigned 64-bit integer", name, s)
+		return 0, fmt.Errorf("option %s=%q is not an unsigned 64-bit integer (decimal, or 0x and hexadecimal)", name, s)
 	}
 	a.canon(name, strconv.FormatUint(v, 10), v == 0)
 	return v, nil

@@ -3,6 +3,7 @@ package compress_test
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -24,12 +25,12 @@ func TestParseCanonical(t *testing.T) {
 		codec      compress.Codec
 	}{
 		{"none", "none", compress.CodecNone},
-		{" fp16 ", "fp16", compress.CodecFP16},
 		{"bf16:lossless=none", "bf16", compress.CodecBF16},
 		{"none:lossless=zstd", "none:lossless=zstd", compress.CodecNone},
 		{"fp16:lossless=huff0", "fp16:lossless=huff0", compress.CodecFP16},
 		{"topk:0.01", "topk:0.01", compress.CodecTopK},
-		{"topk:1e-2", "topk:0.01", compress.CodecTopK},
+		{"topk:.5", "topk:0.5", compress.CodecTopK},
+		{"topk:1.", "topk:1", compress.CodecTopK},
 		{"topk:0.0100", "topk:0.01", compress.CodecTopK},
 		{"topk:1", "topk:1", compress.CodecTopK},
 		{"topk:0.5:sampled", "topk:0.5:sampled", compress.CodecTopK},
@@ -37,6 +38,7 @@ func TestParseCanonical(t *testing.T) {
 		{"randomk:0.25", "randomk:0.25", compress.CodecRandomK},
 		{"randomk:0.25:seed=0", "randomk:0.25", compress.CodecRandomK},
 		{"randomk:0.25:seed=0x10", "randomk:0.25:seed=16", compress.CodecRandomK},
+		{"randomk:0.25:seed=0xFFFFFFFFFFFFFFFF", "randomk:0.25:seed=18446744073709551615", compress.CodecRandomK},
 		{"int8:bucket=512", "int8", compress.CodecInt8},
 		{"int8:round=stochastic", "int8", compress.CodecInt8},
 		{"int8:round=nearest", "int8:round=nearest", compress.CodecInt8},
@@ -90,7 +92,6 @@ func TestParseErrors(t *testing.T) {
 		want string // a part of the message naming the problem
 	}{
 		{"", "empty codec name"},
-		{"  ", "empty codec name"},
 		{":lossless=zstd", "empty codec name"},
 		{"gzip", `unknown codec "gzip"`},
 		{"FP16", `unknown codec "FP16"`},
@@ -122,6 +123,41 @@ func TestParseErrors(t *testing.T) {
 		{"int4:seed=x", `seed="x"`},
 		{"sign:round=nearest", `unknown option "round"`},
 		{"sign:bucket=0", `bucket="0"`},
+		// The lexical rules: printable ASCII, no spaces, plain numbers.
+		{"  ", "byte 0"},
+		{" fp16", "byte 0"},
+		{"fp16 ", "byte 4"},
+		{"int8\x00garbage", "byte 4 is 0x00"},
+		{"int8\t", "byte 4"},
+		{"int8:bucket=64\n", "byte 14"},
+		{"topk:0.01\u00a0", "byte 9 is 0xc2"},
+		{"int8:=64", `argument 1 ("=64") is not NAME=VALUE`},
+		{"int8:bucket=", `argument 1 ("bucket=") is not NAME=VALUE`},
+		{"topk:0x1p-3", `ratio "0x1p-3" is not a plain decimal`},
+		{"topk:0x0.1", `ratio "0x0.1"`},
+		{"topk:1e-2", `ratio "1e-2"`},
+		{"topk:1E-2", `ratio "1E-2"`},
+		{"topk:+0.5", `ratio "+0.5"`},
+		{"topk:0.5.1", `ratio "0.5.1"`},
+		{"topk:.", `ratio "."`},
+		{"topk:inf", `ratio "inf"`},
+		{"topk:nan", `ratio "nan"`},
+		{"topk:0_5", `ratio "0_5"`},
+		{"topk:1.0000000001", `ratio "1.0000000001"`},
+		{"topk:0." + strings.Repeat("0", 320) + "1", "is not a plain decimal"}, // subnormal
+		{"topk:0." + strings.Repeat("0", 400) + "1", "is not a plain decimal"}, // rounds to 0
+		{"int8:bucket=+64", `bucket="+64"`},
+		{"int8:bucket=064", `bucket="064"`},
+		{"int8:bucket=0x40", `bucket="0x40"`},
+		{"int8:bucket=6_4", `bucket="6_4"`},
+		{"int8:seed=010", `seed="010"`},
+		{"int8:seed=0o10", `seed="0o10"`},
+		{"int8:seed=0b1", `seed="0b1"`},
+		{"int8:seed=0x", `seed="0x"`},
+		{"int8:seed=0X10", `seed="0X10"`},
+		{"int8:seed=1_000", `seed="1_000"`},
+		{"int8:seed=0x1_0", `seed="0x1_0"`},
+		{"int8:seed=0x10000000000000000", `seed="0x10000000000000000"`},
 	}
 	for _, c := range cases {
 		t.Run(c.spec, func(t *testing.T) {
@@ -136,7 +172,7 @@ func TestParseErrors(t *testing.T) {
 			if se.Spec != c.spec {
 				t.Errorf("SpecError.Spec = %q, want %q", se.Spec, c.spec)
 			}
-			if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.spec) {
+			if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), strconv.Quote(c.spec)) {
 				t.Errorf("Parse(%q): message %q does not name the spec and %q", c.spec, err, c.want)
 			}
 		})

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 )
 
@@ -98,7 +98,7 @@ func TestSparseSpecs(t *testing.T) {
 		{"topk:0.01", "topk:0.01", CodecTopK},
 		{"topk:0.010", "topk:0.01", CodecTopK},
 		{"topk:1", "topk:1", CodecTopK},
-		{"topk:1e-3:sampled", "topk:0.001:sampled", CodecTopK},
+		{"topk:0.001:sampled", "topk:0.001:sampled", CodecTopK},
 		{"topk:0.5:sampled:lossless=zstd", "topk:0.5:sampled:lossless=zstd", CodecTopK},
 		{"topk:0.5:lossless=none", "topk:0.5", CodecTopK},
 		{"randomk:0.25", "randomk:0.25", CodecRandomK},
@@ -214,7 +214,7 @@ func TestTopKExactMatchesBruteForce(t *testing.T) {
 				k := sparseK(ratio, n)
 				want := sparseTopOf(ranking, k)
 				for _, mode := range []string{"", ":sampled"} {
-					spec := fmt.Sprintf("topk:%g%s", ratio, mode)
+					spec := "topk:" + strconv.FormatFloat(ratio, 'f', -1, 64) + mode
 					for _, opts := range workers {
 						p, err := mustParse(t, spec, opts...).Compress(nil, src, Key{})
 						if err != nil {
@@ -264,7 +264,7 @@ func TestTopKSampledShortcut(t *testing.T) {
 		if err != nil || done != c.shortcut {
 			t.Errorf("%s %g: sampled settled=%v err=%v, want settled=%v", c.kind, c.ratio, done, err, c.shortcut)
 		}
-		p, err := mustParse(t, fmt.Sprintf("topk:%g:sampled", c.ratio)).Compress(nil, src, Key{})
+		p, err := mustParse(t, "topk:"+strconv.FormatFloat(c.ratio, 'f', -1, 64)+":sampled").Compress(nil, src, Key{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func TestTopKSampledShortcut(t *testing.T) {
 		if r := sparseRecall(idx, want); len(idx) != k || r != 1 {
 			t.Errorf("%s %g: sampled returned %d of k=%d, recall %v", c.kind, c.ratio, len(idx), k, r)
 		}
-		exact := mustParse(t, fmt.Sprintf("topk:%g", c.ratio))
+		exact := mustParse(t, "topk:"+strconv.FormatFloat(c.ratio, 'f', -1, 64))
 		if pe, err := exact.Compress(nil, src, Key{}); err != nil || !bytes.Equal(pe, p) {
 			t.Errorf("%s %g: exact and sampled payloads differ (%v)", c.kind, c.ratio, err)
 		}

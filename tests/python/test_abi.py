@@ -170,7 +170,8 @@ class CostModel(unittest.TestCase):
 
 class Errors(unittest.TestCase):
     def test_bad_specs_raise_value_error_with_the_library_message(self):
-        for spec, words in [("nope", "unknown codec"), ("topk:2", "topk:2"), ("", "")]:
+        for spec, words in [("nope", "unknown codec"), ("topk:2", "topk:2"), ("", ""), ("int8 ", "byte 4 is 0x20"),
+                            ("topk:0x1p-3", "not a plain decimal"), ("topk:1e-2", "not a plain decimal")]:
             with self.subTest(spec=spec):
                 with self.assertRaises(ValueError) as cm:
                     gradcomp.Compressor(spec)
@@ -178,6 +179,13 @@ class Errors(unittest.TestCase):
                 self.assertEqual(cm.exception.status, Status.SPEC)
                 self.assertIn(words, str(cm.exception))
                 self.assertIn("[GC_ERR_SPEC]", str(cm.exception))
+
+    def test_nul_in_a_spec_is_refused_before_c_sees_it(self):
+        # C would read "int8\0garbage" as "int8".
+        with self.assertRaises(ValueError) as cm:
+            gradcomp.Compressor("int8\0garbage")
+        self.assertNotIsInstance(cm.exception, gradcomp.InvalidArgumentError)
+        self.assertIn("NUL character at index 4", str(cm.exception))
 
     def test_small_destination(self):
         with gradcomp.Compressor("int8", workers=1) as c:

@@ -121,12 +121,11 @@ class Compressor:
         """Creates a compressor from ``spec`` with ``workers`` threads (≤ 0:
         all CPUs). A spec the library rejects raises ValueError with its
         message."""
-        if not isinstance(spec, str):
-            raise TypeError("gradcomp: spec must be a str, got %s" % type(spec).__name__)
+        cspec = _lib.cstring("spec", spec)
         self._handle = 0
         self._close_lock = threading.Lock()
         h = ctypes.c_uint64()
-        _lib.call("gc_compressor_create", spec.encode("utf-8"), int(workers), ctypes.byref(h))
+        _lib.call("gc_compressor_create", cspec, int(workers), ctypes.byref(h))
         self._handle = h.value
 
     @property
@@ -268,7 +267,7 @@ class Compressor:
         dense = ctypes.c_double()
         comp = ctypes.c_double()
         _lib.call(
-            "gc_decide", self.handle, strategy.encode("utf-8"), n, world, float(bandwidth), float(latency),
+            "gc_decide", self.handle, _lib.cstring("strategy", strategy), n, world, float(bandwidth), float(latency),
             ctypes.byref(flag), ctypes.byref(dense), ctypes.byref(comp),
         )
         return Decision(bool(flag.value), dense.value, comp.value)

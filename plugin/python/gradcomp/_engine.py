@@ -347,6 +347,7 @@ class Engine:
 
         if decision not in _DECISIONS:
             raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
+        cspec, cstrategy = _lib.cstring("spec", spec), _lib.cstring("strategy", strategy)
         self.sizes = [int(n) for n in sizes]
         self.spec = spec
         self.timeout = float(timeout)
@@ -357,8 +358,8 @@ class Engine:
         cfg = _lib.EngineConfig()
         cfg.size = ctypes.sizeof(_lib.EngineConfig)
         cfg.error_feedback = 1 if error_feedback else 0
-        cfg.spec = spec.encode("utf-8")
-        cfg.strategy = strategy.encode("utf-8")
+        cfg.spec = cspec
+        cfg.strategy = cstrategy
         cfg.decision = decision.encode("utf-8")
         cfg.fail_on_nonfinite = 1 if fail_on_nonfinite else 0
         cfg.warmup = int(warmup)

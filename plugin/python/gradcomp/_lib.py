@@ -405,6 +405,18 @@ def function(name):
     return getattr(lib(), name)
 
 
+def cstring(what, value):
+    """``value`` (a str) as the NUL-terminated UTF-8 bytes a ``const char *``
+    argument takes. TypeError if it is not a str; ValueError if it holds a
+    NUL, which C would read as its end (``"int8\\0garbage"`` would reach
+    the library as ``"int8"``)."""
+    if not isinstance(value, str):
+        raise TypeError("gradcomp: %s must be a str, got %s" % (what, type(value).__name__))
+    if "\0" in value:
+        raise ValueError("gradcomp: %s %r holds a NUL character at index %d" % (what, value, value.index("\0")))
+    return value.encode("utf-8")
+
+
 def last_error():
     """The calling thread's last error message from the library, or ""."""
     msg = lib().gc_last_error()
