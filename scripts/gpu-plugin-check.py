@@ -300,7 +300,7 @@ def hook_checks(checks):
             )
             m.module.load_state_dict(base.state_dict())
             if use_hook:
-                state = gct.State("int8", warmup_steps=2, cost_model="off")
+                state = gct.State("int8", warmup_steps=2, decision="compressed")
                 m.register_comm_hook(state, gct.hook)
             models.append(m)
         worst = 0.0
