@@ -142,7 +142,8 @@ func TestRunBadConfig(t *testing.T) {
 	}{
 		{"unknown codecs", quick([]string{"none", "nosuch", "fp16", "alsonot"}, 10), []string{`"nosuch"`, `"alsonot"`, "fp16", "none"}},
 		{"bad option", quick([]string{"fp16:lossless=lz4"}, 10), []string{"lz4"}},
-		{"duplicate", quick([]string{"fp16", " fp16:lossless=none"}, 10), []string{"twice"}},
+		{"duplicate", quick([]string{"fp16", "fp16:lossless=none"}, 10), []string{"twice"}},
+		{"space", quick([]string{" fp16"}, 10), []string{"printable ASCII without spaces"}},
 		{"no codec", quick(nil, 10), []string{"no codec"}},
 		{"no size", quick([]string{"none"}), []string{"no size"}},
 		{"zero size", quick([]string{"none"}, 0), []string{"size 0"}},
