@@ -23,12 +23,12 @@ func referencesOf(c compress.Compressor, workers int) (references, error) {
 	var r references
 	var err error
 	if spec, ok := exactTopK(c); ok {
-		if r.exact, err = compress.Parse(spec, compress.WithWorkers(workers)); err != nil {
+		if r.exact, err = compress.New(spec, compress.WithWorkers(workers)); err != nil {
 			return r, err
 		}
 	}
-	if spec, stage, ok := losslessBase(c.Spec()); ok {
-		if r.base, err = compress.Parse(spec, compress.WithWorkers(workers)); err != nil {
+	if spec, stage, ok := losslessBase(c); ok {
+		if r.base, err = compress.New(spec, compress.WithWorkers(workers)); err != nil {
 			return r, err
 		}
 		r.stage = stage
@@ -54,7 +54,7 @@ func newBuffers(x []float32) *buffers {
 // Error; only ctx's end is returned as an error.
 func measure(ctx context.Context, c compress.Compressor, refs references, b *buffers, cfg Config) (Result, error) {
 	n := len(b.x)
-	r := Result{Codec: c.Spec(), Size: n, Dist: cfg.Dist.Name(), Workers: cfg.Workers}
+	r := Result{Codec: c.Spec().String(), Size: n, Dist: cfg.Dist.Name(), Workers: cfg.Workers}
 	if err := accuracy(c, refs, b, &r); err != nil {
 		return r.failed(err), nil
 	}

@@ -90,7 +90,7 @@ func (c Config) withDefaults() (Config, error) {
 func ParseCodecs(specs []string, workers int) ([]compress.Compressor, error) {
 	var errs []error
 	var cs []compress.Compressor
-	seen := map[string]string{}
+	seen := map[compress.Spec]string{}
 	for _, s := range specs {
 		c, err := compress.Parse(s, compress.WithWorkers(workers))
 		if err != nil {

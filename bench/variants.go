@@ -1,42 +1,29 @@
 package bench
 
 import (
-	"strings"
-
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// specParts splits a canonical spec into its ':'-separated parts.
-func specParts(spec string) []string { return strings.Split(spec, ":") }
-
-// losslessBase returns, for a spec with a lossless stage, the same spec
-// without it and the stage's name; ok is false for a spec without one.
-func losslessBase(spec string) (base, stage string, ok bool) {
-	var keep []string
-	for _, p := range specParts(spec) {
-		if v, isStage := strings.CutPrefix(p, "lossless="); isStage {
-			stage, ok = v, v != "none"
-			continue
-		}
-		keep = append(keep, p)
+// losslessBase returns, for a compressor with a lossless stage, the spec
+// of the same compressor without it and the stage's name; ok is false for
+// one without.
+func losslessBase(c compress.Compressor) (base compress.Spec, stage string, ok bool) {
+	s := c.Spec()
+	if s.Lossless == compress.LosslessNone {
+		return s, "", false
 	}
-	return strings.Join(keep, ":"), stage, ok
+	stage = s.Lossless.String()
+	s.Lossless = compress.LosslessNone
+	return s, stage, true
 }
 
 // exactTopK returns, for a sampled top-k compressor, the spec of exact top-k
 // with the same ratio and options; ok is false for any other compressor.
-func exactTopK(c compress.Compressor) (exact string, ok bool) {
-	if c.Codec() != compress.CodecTopK {
-		return "", false
+func exactTopK(c compress.Compressor) (exact compress.Spec, ok bool) {
+	s := c.Spec()
+	if s.Codec != compress.CodecTopK || !s.Sampled {
+		return s, false
 	}
-	parts := specParts(c.Spec())
-	keep := []string{parts[0]}
-	for _, p := range parts[1:] {
-		if p == "sampled" {
-			ok = true
-			continue
-		}
-		keep = append(keep, p)
-	}
-	return strings.Join(keep, ":"), ok
+	s.Sampled = false
+	return s, true
 }

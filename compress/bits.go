@@ -15,9 +15,13 @@ const (
 	expMask            = 0x7f800000
 )
 
-// bucketOption consumes the bucket=N option.
+// bucketOption consumes the bucket=N option: Spec.Bucket, 0 for the
+// default.
 func bucketOption(a *specArgs) (int, error) {
 	b, err := a.intOption("bucket", defaultQuantBucket, 1, maxQuantBucket)
+	if b == defaultQuantBucket {
+		b = 0
+	}
 	return int(b), err
 }
 

@@ -65,9 +65,10 @@ type Key struct {
 // decodes them back. A Compressor holds no per-call state: it is safe for
 // concurrent use by several goroutines.
 type Compressor interface {
-	// Spec returns the canonical spec string; Parse(Spec()) yields a
-	// compressor that produces identical payloads.
-	Spec() string
+	// Spec returns the compressor's configuration; New(Spec()) and
+	// Parse(Spec().String()) yield compressors that produce identical
+	// payloads.
+	Spec() Spec
 
 	// Codec returns the codec this compressor writes.
 	Codec() Codec

@@ -7,9 +7,9 @@ import (
 )
 
 func init() {
-	registerCodec("none", func(*specArgs) (codec, error) { return denseCodec{CodecNone}, nil })
-	registerCodec("fp16", func(*specArgs) (codec, error) { return denseCodec{CodecFP16}, nil })
-	registerCodec("bf16", func(*specArgs) (codec, error) { return denseCodec{CodecBF16}, nil })
+	for _, id := range []Codec{CodecNone, CodecFP16, CodecBF16} {
+		registerCodec(id, codecDef{build: func(Spec) codec { return denseCodec{id} }})
+	}
 }
 
 // denseCodec keeps every element: fp32 as is (body: n little-endian float32),

@@ -128,7 +128,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		c2, err := compress.Parse(c.Spec())
+		c2, err := compress.Parse(c.Spec().String())
 		if err != nil || c2.Spec() != c.Spec() {
 			t.Fatalf("Parse(%q).Spec() = %q does not round-trip: %v", spec, c.Spec(), err)
 		}

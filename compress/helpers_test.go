@@ -19,10 +19,10 @@ func mustParse(t testing.TB, spec string, opts ...Option) Compressor {
 }
 
 // payloadBody returns the body of a payload without a lossless stage.
-func payloadBody(p []byte) []byte { return p[headerLen : len(p)-trailerLen] }
+func payloadBody(p []byte) []byte { return p[HeaderLen : len(p)-TrailerLen] }
 
 // reseal recomputes the CRC32C of a payload whose bytes a test changed.
 func reseal(p []byte) {
-	end := len(p) - trailerLen
+	end := len(p) - TrailerLen
 	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], castagnoli))
 }

@@ -74,7 +74,7 @@ func (l Lossless) expand(stored []byte, raw int, impl codec) ([]byte, error) {
 		out, err = huff0Unpack(stored, raw)
 	}
 	if err != nil {
-		return nil, &CorruptInputError{Offset: headerLen, Reason: fmt.Sprintf("%s stage: %v", l, err)}
+		return nil, &CorruptInputError{Offset: HeaderLen, Reason: fmt.Sprintf("%s stage: %v", l, err)}
 	}
 	if t, ok := impl.(entropyTransform); ok {
 		t.inverse(out)

@@ -75,7 +75,7 @@ func TestLosslessRoundTrip(t *testing.T) {
 				if saved != tc.saves {
 					t.Errorf("stage saved=%v (%d of %d bytes), want %v", saved, len(p), len(raw), tc.saves)
 				}
-				if !saved && !bytes.Equal(p[headerLen:], raw[headerLen:]) {
+				if !saved && !bytes.Equal(p[HeaderLen:], raw[HeaderLen:]) {
 					t.Errorf("a body the stage could not shorten is not stored as is")
 				}
 				got := make([]float32, len(tc.x))
@@ -210,8 +210,8 @@ func TestLosslessCorrupt(t *testing.T) {
 				t.Errorf("expanding a forged %d-byte body allocated %d bytes", c.raw, n)
 			}
 			var ce *CorruptInputError
-			if !errors.As(err, &ce) || ce.Offset != headerLen {
-				t.Errorf("got %v, want a *CorruptInputError at offset %d", err, headerLen)
+			if !errors.As(err, &ce) || ce.Offset != HeaderLen {
+				t.Errorf("got %v, want a *CorruptInputError at offset %d", err, HeaderLen)
 			}
 		})
 	}

@@ -7,12 +7,14 @@ import (
 )
 
 func init() {
-	for _, q := range []struct {
-		name string
-		id   Codec
-		bits uint
-	}{{"int8", CodecInt8, 8}, {"int4", CodecInt4, 4}, {"int2", CodecInt2, 2}} {
-		registerCodec(q.name, func(a *specArgs) (codec, error) { return newQuantCodec(a, q.id, q.bits) })
+	for id, bits := range map[Codec]uint{CodecInt8: 8, CodecInt4: 4, CodecInt2: 2} {
+		registerCodec(id, codecDef{
+			uses:  fieldBucket | fieldNearest | fieldSeed,
+			parse: parseQuant,
+			build: func(s Spec) codec {
+				return &quantCodec{codec: id, bits: bits, bucket: s.BucketLen(), nearest: s.Nearest, rngSeed: s.Seed}
+			},
+		})
 	}
 }
 
@@ -79,20 +81,18 @@ type quantCodec struct {
 	rngSeed uint64
 }
 
-func newQuantCodec(a *specArgs, id Codec, bits uint) (codec, error) {
-	bucket, err := bucketOption(a)
-	if err != nil {
-		return nil, err
+// parseQuant reads the quantizers' options: bucket, round and seed.
+func parseQuant(a *specArgs, s *Spec) (err error) {
+	if s.Bucket, err = bucketOption(a); err != nil {
+		return err
 	}
 	round, err := a.enumOption("round", "stochastic", "nearest")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	seed, err := a.uintOption("seed")
-	if err != nil {
-		return nil, err
-	}
-	return &quantCodec{codec: id, bits: bits, bucket: bucket, nearest: round == "nearest", rngSeed: seed}, nil
+	s.Nearest = round == "nearest"
+	s.Seed, err = a.uintOption("seed")
+	return err
 }
 
 func (q *quantCodec) id() Codec    { return q.codec }

@@ -48,7 +48,7 @@ func TestQuantParse(t *testing.T) {
 			t.Errorf("Parse(%q): %v", v.spec, err)
 			continue
 		}
-		if c.Spec() != v.canon || c.Codec() != v.codec {
+		if c.Spec().String() != v.canon || c.Codec() != v.codec {
 			t.Errorf("Parse(%q): spec %q codec %v, want %q %v", v.spec, c.Spec(), c.Codec(), v.canon, v.codec)
 		}
 		p, err := c.Compress(nil, []float32{1, -2, 3}, Key{})
@@ -515,14 +515,14 @@ func TestQuantCorrupt(t *testing.T) {
 		}
 		for _, tc := range cases {
 			p := bytes.Clone(valid)
-			binary.LittleEndian.PutUint32(p[headerLen+tc.off:], tc.bits)
-			expectCorrupt(t, spec+"/"+tc.name, c, p, headerLen+tc.off, len(x))
+			binary.LittleEndian.PutUint32(p[HeaderLen+tc.off:], tc.bits)
+			expectCorrupt(t, spec+"/"+tc.name, c, p, HeaderLen+tc.off, len(x))
 		}
 		// 1027 elements leave padding bits in the last byte (except for int8).
 		if spec != "int8" {
 			p := bytes.Clone(valid)
-			p[len(p)-trailerLen-1] |= 0x80
-			expectCorrupt(t, spec+"/padding", c, p, len(p)-trailerLen-1, len(x))
+			p[len(p)-TrailerLen-1] |= 0x80
+			expectCorrupt(t, spec+"/padding", c, p, len(p)-TrailerLen-1, len(x))
 		}
 	}
 }

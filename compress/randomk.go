@@ -6,16 +6,16 @@ import (
 )
 
 func init() {
-	registerCodec("randomk", func(a *specArgs) (codec, error) {
-		r, err := a.ratio()
-		if err != nil {
-			return nil, err
-		}
-		seed, err := a.uintOption("seed")
-		if err != nil {
-			return nil, err
-		}
-		return randomkCodec{ratio: r, seedV: seed}, nil
+	registerCodec(CodecRandomK, codecDef{
+		uses: fieldRatio | fieldSeed,
+		parse: func(a *specArgs, s *Spec) (err error) {
+			if s.Ratio, err = a.ratio(); err != nil {
+				return err
+			}
+			s.Seed, err = a.uintOption("seed")
+			return err
+		},
+		build: func(s Spec) codec { return randomkCodec{ratio: s.Ratio, seedV: s.Seed} },
 	})
 }
 

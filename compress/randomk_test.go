@@ -116,12 +116,12 @@ func TestRandomKPayload(t *testing.T) {
 	}
 
 	bad := slices.Clone(p)
-	binary.LittleEndian.PutUint32(bad[headerLen+4*7:], 0x7f800000)
+	binary.LittleEndian.PutUint32(bad[HeaderLen+4*7:], 0x7f800000)
 	reseal(bad)
 	dst := make([]float32, n)
 	var ce *CorruptInputError
-	if err := c.Decompress(dst, bad); !errors.As(err, &ce) || ce.Offset != headerLen+4*7 {
-		t.Errorf("Inf value: %v, want a *CorruptInputError at %d", err, headerLen+4*7)
+	if err := c.Decompress(dst, bad); !errors.As(err, &ce) || ce.Offset != HeaderLen+4*7 {
+		t.Errorf("Inf value: %v, want a *CorruptInputError at %d", err, HeaderLen+4*7)
 	}
 	if slices.ContainsFunc(dst, func(v float32) bool { return v != 0 }) {
 		t.Error("dst changed on error")

@@ -7,12 +7,13 @@ import (
 )
 
 func init() {
-	registerCodec("sign", func(a *specArgs) (codec, error) {
-		bucket, err := bucketOption(a)
-		if err != nil {
-			return nil, err
-		}
-		return &signCodec{bucket: bucket}, nil
+	registerCodec(CodecSign, codecDef{
+		uses: fieldBucket,
+		parse: func(a *specArgs, s *Spec) (err error) {
+			s.Bucket, err = bucketOption(a)
+			return err
+		},
+		build: func(s Spec) codec { return &signCodec{bucket: s.BucketLen()} },
 	})
 }
 

@@ -126,10 +126,10 @@ func TestSignCorrupt(t *testing.T) {
 		{"NaN", 4, 0x7fc00000},
 	} {
 		p := bytes.Clone(valid)
-		binary.LittleEndian.PutUint32(p[headerLen+tc.off:], tc.bits)
-		expectCorrupt(t, "sign/"+tc.name, c, p, headerLen+tc.off, len(x))
+		binary.LittleEndian.PutUint32(p[HeaderLen+tc.off:], tc.bits)
+		expectCorrupt(t, "sign/"+tc.name, c, p, HeaderLen+tc.off, len(x))
 	}
 	p := bytes.Clone(valid)
-	p[len(p)-trailerLen-1] |= 0x20 // 1029 = 128·8 + 5: bits 5-7 of the last byte are padding
-	expectCorrupt(t, "sign/padding", c, p, len(p)-trailerLen-1, len(x))
+	p[len(p)-TrailerLen-1] |= 0x20 // 1029 = 128·8 + 5: bits 5-7 of the last byte are padding
+	expectCorrupt(t, "sign/padding", c, p, len(p)-TrailerLen-1, len(x))
 }

@@ -8,9 +8,81 @@ import (
 	"strings"
 )
 
-// Parse builds the compressor a spec string describes. A spec is a codec name
-// followed by ':'-separated arguments: positional ones first (a ratio, the
-// word "sampled"), then NAME=VALUE options. Parsing is strict: a spec is
+// Spec is a compressor's configuration: what a spec string says, typed
+// and validated. ParseSpec reads one from a string, String prints it
+// canonically (ParseSpec(s.String()) returns s), New builds the
+// compressor. Fields a codec does not use are zero, and so are the
+// defaults: a Spec has one value per configuration, so == compares two.
+type Spec struct {
+	Codec Codec
+	// Ratio is the fraction of elements top-k and random-k keep, in (0, 1]:
+	// k = max(1, round(Ratio·n)).
+	Ratio float64
+	// Sampled makes top-k select by a threshold estimated from a sample
+	// instead of exactly.
+	Sampled bool
+	// Bucket is the elements per scale of int8, int4, int2 and sign; 0 is
+	// the default, 512.
+	Bucket int
+	// Nearest makes int8, int4 and int2 round to nearest instead of
+	// stochastically.
+	Nearest bool
+	// Seed seeds random-k's indices and the quantizers' stochastic rounding.
+	Seed uint64
+	// Lossless is the entropy stage applied to the payload body.
+	Lossless Lossless
+}
+
+// The fields of a Spec, as a set: which ones a codec uses.
+type specFields uint8
+
+const (
+	fieldRatio specFields = 1 << iota
+	fieldSampled
+	fieldBucket
+	fieldNearest
+	fieldSeed
+)
+
+// codecDef is how one codec reads its arguments and is built.
+type codecDef struct {
+	uses specFields
+	// parse reads the codec's arguments from a into s; nil for none.
+	parse func(a *specArgs, s *Spec) error
+	// build makes the codec of a valid s.
+	build func(s Spec) codec
+}
+
+// codecDefs holds every codec's definition, registered from init.
+var codecDefs = map[Codec]codecDef{}
+
+// registerCodec adds the definition of codec id; called from init.
+func registerCodec(id Codec, d codecDef) { codecDefs[id] = d }
+
+// codecByName maps a spec name to its codec.
+func codecByName(name string) (Codec, bool) {
+	for c, n := range codecNames {
+		if n == name {
+			_, ok := codecDefs[c]
+			return c, ok
+		}
+	}
+	return 0, false
+}
+
+// CodecNames lists the codec names Parse accepts, sorted.
+func CodecNames() []string {
+	names := make([]string, 0, len(codecDefs))
+	for c := range codecDefs {
+		names = append(names, c.String())
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ParseSpec reads a spec string. A spec is a codec name followed by
+// ':'-separated arguments: positional ones first (a ratio, the word
+// "sampled"), then NAME=VALUE options. Parsing is strict: a spec is
 // printable ASCII without spaces, a ratio is a plain decimal (digits and
 // at most one point: no sign, exponent, hexadecimal, inf or nan) of a
 // normal number in (0, 1], an integer is decimal digits without a sign or
@@ -26,70 +98,141 @@ import (
 //
 // Every codec also takes lossless=none|zstd|huff0 (default none), the
 // optional entropy stage applied to the payload body (see Lossless).
-//
-// Options are applied after the spec: they tune execution (parallelism),
-// never the payload, so ranks may differ in them.
+func ParseSpec(spec string) (Spec, error) {
+	a, err := splitSpec(spec)
+	if err != nil {
+		return Spec{}, err
+	}
+	id, ok := codecByName(a.name)
+	if !ok {
+		return Spec{}, &SpecError{Spec: spec, Reason: fmt.Sprintf("unknown codec %q (want one of %s)", a.name, strings.Join(CodecNames(), ", "))}
+	}
+	s := Spec{Codec: id}
+	if d := codecDefs[id]; d.parse != nil {
+		err = d.parse(a, &s)
+	}
+	if err == nil {
+		s.Lossless, err = a.lossless()
+	}
+	if err == nil {
+		err = a.done()
+	}
+	if err != nil {
+		return Spec{}, &SpecError{Spec: spec, Reason: err.Error()}
+	}
+	return s, nil
+}
+
+// String returns the canonical spec string: the codec's name, then the
+// arguments that differ from their defaults, ratios in plain decimal.
+func (s Spec) String() string {
+	parts := []string{s.Codec.String()}
+	if s.Ratio != 0 {
+		parts = append(parts, strconv.FormatFloat(s.Ratio, 'f', -1, 64))
+	}
+	if s.Sampled {
+		parts = append(parts, "sampled")
+	}
+	if s.Bucket != 0 {
+		parts = append(parts, "bucket="+strconv.Itoa(s.Bucket))
+	}
+	if s.Nearest {
+		parts = append(parts, "round=nearest")
+	}
+	if s.Seed != 0 {
+		parts = append(parts, "seed="+strconv.FormatUint(s.Seed, 10))
+	}
+	if s.Lossless != LosslessNone {
+		parts = append(parts, "lossless="+s.Lossless.String())
+	}
+	return strings.Join(parts, ":")
+}
+
+// BucketLen returns the elements per scale of a bucketed codec: Bucket,
+// or 512 when it is 0.
+func (s Spec) BucketLen() int {
+	if s.Bucket == 0 {
+		return defaultQuantBucket
+	}
+	return s.Bucket
+}
+
+// Validate reports why s is not a configuration New accepts (a
+// *SpecError), or nil: an unknown codec or lossless stage, a field the
+// codec does not use that is not zero, a ratio that is not a normal
+// number in (0, 1], or a bucket outside [0, 16777216].
+func (s Spec) Validate() error {
+	d, ok := codecDefs[s.Codec]
+	if !ok {
+		return &SpecError{Spec: s.String(), Reason: fmt.Sprintf("unknown codec %v (want one of %s)", s.Codec, strings.Join(CodecNames(), ", "))}
+	}
+	bad := func(format string, args ...any) error {
+		return &SpecError{Spec: s.String(), Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, f := range []struct {
+		field specFields
+		name  string
+		set   bool
+	}{
+		{fieldRatio, "Ratio", s.Ratio != 0}, {fieldSampled, "Sampled", s.Sampled}, {fieldBucket, "Bucket", s.Bucket != 0},
+		{fieldNearest, "Nearest", s.Nearest}, {fieldSeed, "Seed", s.Seed != 0},
+	} {
+		if f.set && d.uses&f.field == 0 {
+			return bad("%s does not apply to %v", f.name, s.Codec)
+		}
+	}
+	switch {
+	case d.uses&fieldRatio != 0 && !(s.Ratio >= smallestNormal && s.Ratio <= 1):
+		return bad("ratio %v is not a normal number in (0,1]", s.Ratio)
+	case s.Bucket < 0 || s.Bucket > maxQuantBucket:
+		return bad("bucket %d is not in [1, %d] (or 0, the default)", s.Bucket, maxQuantBucket)
+	case s.Lossless > LosslessHuff0:
+		return bad("unknown lossless stage %v", s.Lossless)
+	}
+	return nil
+}
+
+// Parse builds the compressor a spec string describes (ParseSpec, then
+// New). Options are applied after the spec: they tune execution
+// (parallelism), never the payload, so ranks may differ in them.
 func Parse(spec string, opts ...Option) (Compressor, error) {
+	s, err := ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	return New(s, opts...)
+}
+
+// New builds the compressor of s (a *SpecError if s does not Validate),
+// with execution options opts.
+func New(s Spec, opts ...Option) (Compressor, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
 	o := defaultOptions()
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
-	a, err := splitSpec(spec)
-	if err != nil {
-		return nil, err
+	if s.Bucket == defaultQuantBucket {
+		s.Bucket = 0 // one value per configuration
 	}
-	build, ok := codecBuilders[a.name]
-	if !ok {
-		return nil, &SpecError{Spec: spec, Reason: fmt.Sprintf("unknown codec %q (want one of %s)", a.name, strings.Join(CodecNames(), ", "))}
-	}
-	c, err := build(a)
-	var lossless Lossless
-	if err == nil {
-		lossless, err = a.lossless()
-	}
-	if err == nil {
-		err = a.done()
-	}
-	if err != nil {
-		return nil, &SpecError{Spec: spec, Reason: err.Error()}
-	}
-	cc := &compressor{spec: a.canonical(), impl: c, lossless: lossless, opts: o}
+	c := codecDefs[s.Codec].build(s)
+	cc := &compressor{spec: s, name: s.String(), impl: c, lossless: s.Lossless, opts: o}
 	if _, ok := c.(sparseCodec); ok {
 		return sparseCompressor{cc}, nil
 	}
 	return cc, nil
 }
 
-// CodecNames lists the codec names Parse accepts, sorted.
-func CodecNames() []string {
-	names := make([]string, 0, len(codecBuilders))
-	for n := range codecBuilders {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// codecBuilders maps a spec name to the constructor of its codec. Each
-// constructor consumes its arguments from a; anything left over is an error.
-var codecBuilders = map[string]func(a *specArgs) (codec, error){}
-
-// registerCodec adds a codec constructor under name; called from init.
-func registerCodec(name string, build func(a *specArgs) (codec, error)) {
-	codecBuilders[name] = build
-}
-
-// specArgs is a parsed spec: its name, positional arguments and options, with
-// the canonical form of everything consumed so far.
+// specArgs is a split spec string: its name, positional arguments and
+// options, and which of them the codec's parser consumed.
 type specArgs struct {
 	name       string
 	positional []string
 	options    map[string]string
 	usedPos    int
-	canonPos   []string
-	canonOpts  []string // "name=value", only non-default values, in consumption order
 	consumed   map[string]bool
 }
 
@@ -138,7 +281,6 @@ func (a *specArgs) ratio() (float64, error) {
 		return 0, fmt.Errorf("ratio %q is not a plain decimal in (0,1]", s)
 	}
 	a.usedPos++
-	a.canonPos = append(a.canonPos, strconv.FormatFloat(r, 'f', -1, 64))
 	return r, nil
 }
 
@@ -176,7 +318,6 @@ func isInteger(s string) bool {
 func (a *specArgs) flag(word string) bool {
 	if a.usedPos < len(a.positional) && a.positional[a.usedPos] == word {
 		a.usedPos++
-		a.canonPos = append(a.canonPos, word)
 		return true
 	}
 	return false
@@ -192,7 +333,6 @@ func (a *specArgs) intOption(name string, def, lo, hi int64) (int64, error) {
 	if !isInteger(s) || err != nil || v < lo || v > hi {
 		return 0, fmt.Errorf("option %s=%q is not an integer in [%d, %d]", name, s, lo, hi)
 	}
-	a.canon(name, strconv.FormatInt(v, 10), v == def)
 	return v, nil
 }
 
@@ -211,7 +351,6 @@ func (a *specArgs) uintOption(name string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("option %s=%q is not an unsigned 64-bit integer (decimal, or 0x and hexadecimal)", name, s)
 	}
-	a.canon(name, strconv.FormatUint(v, 10), v == 0)
 	return v, nil
 }
 
@@ -223,7 +362,6 @@ func (a *specArgs) enumOption(name string, choices ...string) (string, error) {
 	}
 	for _, c := range choices {
 		if s == c {
-			a.canon(name, s, s == choices[0])
 			return s, nil
 		}
 	}
@@ -236,12 +374,6 @@ func (a *specArgs) take(name string) (string, bool) {
 		a.consumed[name] = true
 	}
 	return s, ok
-}
-
-func (a *specArgs) canon(name, value string, isDefault bool) {
-	if !isDefault {
-		a.canonOpts = append(a.canonOpts, name+"="+value)
-	}
 }
 
 // lossless consumes the lossless option, common to every codec.
@@ -266,10 +398,6 @@ func (a *specArgs) done() error {
 	return nil
 }
 
-func (a *specArgs) canonical() string {
-	parts := append([]string{a.name}, a.canonPos...)
-	return strings.Join(append(parts, a.canonOpts...), ":")
-}
 
 // Option tunes how a compressor runs (not what it writes).
 type Option func(*options) error

@@ -2,6 +2,7 @@ package compress_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,10 +59,10 @@ func TestParseCanonical(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse(%q): %v", c.spec, err)
 			}
-			if got.Spec() != c.want || got.Codec() != c.codec {
+			if got.Spec().String() != c.want || got.Codec() != c.codec {
 				t.Errorf("Parse(%q) = %s (%v), want %s (%v)", c.spec, got.Spec(), got.Codec(), c.want, c.codec)
 			}
-			again, err := compress.Parse(got.Spec())
+			again, err := compress.Parse(got.Spec().String())
 			if err != nil || again.Spec() != got.Spec() {
 				t.Errorf("Parse(%q) = %v, %v: the canonical spec does not round-trip", got.Spec(), again, err)
 			}
@@ -216,5 +217,77 @@ func TestCodecNames(t *testing.T) {
 	}
 	if got := compress.Codec(200).String(); got != "codec(200)" {
 		t.Errorf("Codec(200).String() = %q", got)
+	}
+}
+
+// TestSpecFields checks the typed Spec that ParseSpec returns: its fields,
+// defaults as zero values (one value per configuration), and the
+// canonical round trip ParseSpec(s.String()) == s.
+func TestSpecFields(t *testing.T) {
+	cases := []struct {
+		spec string
+		want compress.Spec
+	}{
+		{"none", compress.Spec{Codec: compress.CodecNone}},
+		{"bf16:lossless=zstd", compress.Spec{Codec: compress.CodecBF16, Lossless: compress.LosslessZstd}},
+		{"topk:0.010:sampled", compress.Spec{Codec: compress.CodecTopK, Ratio: 0.01, Sampled: true}},
+		{"randomk:0.25:seed=0x10", compress.Spec{Codec: compress.CodecRandomK, Ratio: 0.25, Seed: 16}},
+		{"int8:bucket=512:round=stochastic:seed=0", compress.Spec{Codec: compress.CodecInt8}},
+		{"int4:bucket=64:round=nearest:seed=3:lossless=huff0",
+			compress.Spec{Codec: compress.CodecInt4, Bucket: 64, Nearest: true, Seed: 3, Lossless: compress.LosslessHuff0}},
+		{"sign:bucket=100", compress.Spec{Codec: compress.CodecSign, Bucket: 100}},
+	}
+	for _, c := range cases {
+		t.Run(c.spec, func(t *testing.T) {
+			got, err := compress.ParseSpec(c.spec)
+			if err != nil || got != c.want {
+				t.Fatalf("ParseSpec(%q) = %+v, %v; want %+v", c.spec, got, err, c.want)
+			}
+			again, err := compress.ParseSpec(got.String())
+			if err != nil || again != got {
+				t.Errorf("ParseSpec(%q) = %+v, %v: the canonical form does not round-trip", got.String(), again, err)
+			}
+			comp, err := compress.New(got)
+			if err != nil || comp.Spec() != got {
+				t.Errorf("New(%+v) = %v, %v", got, comp, err)
+			}
+		})
+	}
+	// A Spec built in code: the default bucket written out is the same
+	// configuration.
+	comp, err := compress.New(compress.Spec{Codec: compress.CodecInt8, Bucket: 512})
+	if err != nil || comp.Spec() != (compress.Spec{Codec: compress.CodecInt8}) {
+		t.Errorf("New(int8, Bucket 512) = %+v, %v; want the default spec", comp.Spec(), err)
+	}
+}
+
+// TestSpecValidate checks that New refuses a Spec that no spec string
+// could produce, with a *SpecError naming the field.
+func TestSpecValidate(t *testing.T) {
+	cases := []struct {
+		spec compress.Spec
+		want string
+	}{
+		{compress.Spec{}, "unknown codec codec(0)"},
+		{compress.Spec{Codec: 42}, "unknown codec codec(42)"},
+		{compress.Spec{Codec: compress.CodecInt8, Ratio: 0.5}, "Ratio does not apply to int8"},
+		{compress.Spec{Codec: compress.CodecTopK, Ratio: 0.5, Seed: 1}, "Seed does not apply to topk"},
+		{compress.Spec{Codec: compress.CodecSign, Nearest: true}, "Nearest does not apply to sign"},
+		{compress.Spec{Codec: compress.CodecRandomK, Ratio: 0.5, Sampled: true}, "Sampled does not apply to randomk"},
+		{compress.Spec{Codec: compress.CodecNone, Bucket: 64}, "Bucket does not apply to none"},
+		{compress.Spec{Codec: compress.CodecTopK}, "ratio 0 is not a normal number"},
+		{compress.Spec{Codec: compress.CodecTopK, Ratio: 1.5}, "ratio 1.5"},
+		{compress.Spec{Codec: compress.CodecTopK, Ratio: math.NaN()}, "ratio NaN"},
+		{compress.Spec{Codec: compress.CodecTopK, Ratio: 5e-324}, "ratio 5e-324"},
+		{compress.Spec{Codec: compress.CodecInt4, Bucket: -1}, "bucket -1"},
+		{compress.Spec{Codec: compress.CodecInt4, Bucket: 1<<24 + 1}, "bucket 16777217"},
+		{compress.Spec{Codec: compress.CodecFP16, Lossless: 7}, "unknown lossless stage lossless(7)"},
+	}
+	for _, c := range cases {
+		_, err := compress.New(c.spec)
+		var se *compress.SpecError
+		if !errors.As(err, &se) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New(%+v) = %v; want a *SpecError saying %q", c.spec, err, c.want)
+		}
 	}
 }

@@ -8,12 +8,14 @@ import (
 )
 
 func init() {
-	registerCodec("topk", func(a *specArgs) (codec, error) {
-		r, err := a.ratio()
-		if err != nil {
-			return nil, err
-		}
-		return topkCodec{ratio: r, sampled: a.flag("sampled")}, nil
+	registerCodec(CodecTopK, codecDef{
+		uses: fieldRatio | fieldSampled,
+		parse: func(a *specArgs, s *Spec) (err error) {
+			s.Ratio, err = a.ratio()
+			s.Sampled = err == nil && a.flag("sampled")
+			return err
+		},
+		build: func(s Spec) codec { return topkCodec{ratio: s.Ratio, sampled: s.Sampled} },
 	})
 }
 

@@ -113,10 +113,10 @@ func TestSparseSpecs(t *testing.T) {
 			t.Errorf("Parse(%q): %v", v.spec, err)
 			continue
 		}
-		if c.Spec() != v.canon || c.Codec() != v.codec {
+		if c.Spec().String() != v.canon || c.Codec() != v.codec {
 			t.Errorf("Parse(%q) = %s (%s), want %s (%s)", v.spec, c.Spec(), c.Codec(), v.canon, v.codec)
 		}
-		if again := mustParse(t, c.Spec()); again.Spec() != c.Spec() {
+		if again := mustParse(t, c.Spec().String()); again.Spec() != c.Spec() {
 			t.Errorf("canonical spec %q parses to %q", c.Spec(), again.Spec())
 		}
 	}
@@ -336,7 +336,7 @@ func TestTopKEmptyInput(t *testing.T) {
 	for _, spec := range []string{"topk:0.5", "topk:0.5:sampled", "randomk:0.5"} {
 		c := mustParse(t, spec)
 		p, err := c.Compress(nil, nil, Key{})
-		if err != nil || len(p) != headerLen+trailerLen {
+		if err != nil || len(p) != HeaderLen+TrailerLen {
 			t.Fatalf("%s: empty input gave %d bytes, %v", spec, len(p), err)
 		}
 		if err := c.Decompress([]float32{}, p); err != nil {
@@ -465,8 +465,8 @@ func TestTopKCorruptBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := 10
-	put := func(p []byte, off int, v uint32) { binary.LittleEndian.PutUint32(p[headerLen+off:], v) }
-	get := func(p []byte, off int) uint32 { return binary.LittleEndian.Uint32(p[headerLen+off:]) }
+	put := func(p []byte, off int, v uint32) { binary.LittleEndian.PutUint32(p[HeaderLen+off:], v) }
+	get := func(p []byte, off int) uint32 { return binary.LittleEndian.Uint32(p[HeaderLen+off:]) }
 	cases := []struct {
 		name   string
 		off    int
@@ -487,8 +487,8 @@ func TestTopKCorruptBody(t *testing.T) {
 		dst[0] = 42
 		err := c.Decompress(dst, p)
 		var ce *CorruptInputError
-		if !errors.As(err, &ce) || ce.Offset != int64(headerLen+cs.off) {
-			t.Errorf("%s: err %v, want CorruptInputError at %d", cs.name, err, headerLen+cs.off)
+		if !errors.As(err, &ce) || ce.Offset != int64(HeaderLen+cs.off) {
+			t.Errorf("%s: err %v, want CorruptInputError at %d", cs.name, err, HeaderLen+cs.off)
 		}
 		if dst[0] != 42 || slices.ContainsFunc(dst[1:], func(v float32) bool { return v != 0 }) {
 			t.Errorf("%s: dst changed on error", cs.name)

@@ -31,9 +31,14 @@ import (
 const (
 	wireMagic   = "GCMP"
 	wireVersion = 1
-	headerLen   = 56
-	trailerLen  = 4
 	dtypeF32    = 1
+)
+
+// HeaderLen and TrailerLen are the bytes that frame every payload's body:
+// the header before it and the CRC32C after it.
+const (
+	HeaderLen  = 56
+	TrailerLen = 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -68,13 +73,13 @@ func (h *header) put(b []byte) {
 // parsePayload checks the framing of p (length, magic, version, checksum,
 // flags, body length) and returns its header and stored body.
 func parsePayload(p []byte) (*header, []byte, error) {
-	if len(p) < headerLen+trailerLen {
-		return nil, nil, &CorruptInputError{Offset: int64(len(p)), Reason: fmt.Sprintf("payload of %d bytes is shorter than the %d-byte frame", len(p), headerLen+trailerLen)}
+	if len(p) < HeaderLen+TrailerLen {
+		return nil, nil, &CorruptInputError{Offset: int64(len(p)), Reason: fmt.Sprintf("payload of %d bytes is shorter than the %d-byte frame", len(p), HeaderLen+TrailerLen)}
 	}
 	if err := checkMagic(p); err != nil {
 		return nil, nil, err
 	}
-	end := len(p) - trailerLen
+	end := len(p) - TrailerLen
 	want := crc32.Checksum(p[:end], castagnoli)
 	if got := binary.LittleEndian.Uint32(p[end:]); got != want {
 		return nil, nil, &ChecksumError{Got: got, Want: want}
@@ -96,10 +101,10 @@ func parsePayload(p []byte) (*header, []byte, error) {
 		return nil, nil, &CorruptInputError{Offset: 7, Reason: fmt.Sprintf("unknown flags %#02x", p[7])}
 	case h.n > MaxElements:
 		return nil, nil, &CorruptInputError{Offset: 8, Reason: fmt.Sprintf("element count %d exceeds %d", h.n, uint64(MaxElements))}
-	case h.bodyLen != uint64(end-headerLen):
-		return nil, nil, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d, but the frame holds %d bytes", h.bodyLen, end-headerLen)}
+	case h.bodyLen != uint64(end-HeaderLen):
+		return nil, nil, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d, but the frame holds %d bytes", h.bodyLen, end-HeaderLen)}
 	}
-	return h, p[headerLen:end], nil
+	return h, p[HeaderLen:end], nil
 }
 
 // codec is one encoding's implementation. The generic compressor does the
@@ -180,18 +185,19 @@ type entropyTransform interface {
 
 // compressor frames a codec's body into the wire format.
 type compressor struct {
-	spec     string
+	spec     Spec
+	name     string // spec.String()
 	impl     codec
 	lossless Lossless
 	opts     options
 }
 
-func (c *compressor) Spec() string   { return c.spec }
+func (c *compressor) Spec() Spec     { return c.spec }
 func (c *compressor) Codec() Codec   { return c.impl.id() }
-func (c *compressor) String() string { return c.spec }
+func (c *compressor) String() string { return c.name }
 
 func (c *compressor) MaxEncodedLen(n int) int {
-	return headerLen + c.impl.bodyLen(n) + trailerLen
+	return HeaderLen + c.impl.bodyLen(n) + TrailerLen
 }
 
 func (c *compressor) Compress(dst []byte, src []float32, key Key) ([]byte, error) {
@@ -246,8 +252,8 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 	}
 	raw := c.impl.bodyLen(n)
 	start := len(dst)
-	out := grow(dst, headerLen+raw+trailerLen)
-	body := out[start+headerLen : start+headerLen+raw]
+	out := grow(dst, HeaderLen+raw+TrailerLen)
+	body := out[start+HeaderLen : start+HeaderLen+raw]
 	if err := fill(body); err != nil {
 		return dst, err
 	}
@@ -256,12 +262,12 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 		if stored, ok := c.lossless.squeeze(body, c.impl); ok {
 			h.lossless = c.lossless
 			h.bodyLen = uint64(stored)
-			out = out[:start+headerLen+stored+trailerLen]
+			out = out[:start+HeaderLen+stored+TrailerLen]
 		}
 	}
-	frame := out[start : len(out)-trailerLen]
+	frame := out[start : len(out)-TrailerLen]
 	h.put(frame)
-	binary.LittleEndian.PutUint32(out[len(out)-trailerLen:], crc32.Checksum(frame, castagnoli))
+	binary.LittleEndian.PutUint32(out[len(out)-TrailerLen:], crc32.Checksum(frame, castagnoli))
 	return out, nil
 }
 
@@ -317,7 +323,7 @@ func (c *compressor) open(payload []byte, n int) (*header, []byte, error) {
 	if err := c.impl.check(body, h); err != nil {
 		if ce, ok := err.(*CorruptInputError); ok {
 			if h.lossless == LosslessNone {
-				ce.Offset += headerLen
+				ce.Offset += HeaderLen
 			} else {
 				ce.Reason = "in the body after the " + h.lossless.String() + " stage: " + ce.Reason
 			}
@@ -391,15 +397,15 @@ func checkMagic(p []byte) error {
 // which validates the rest. A short prefix or bad magic is a
 // *CorruptInputError, another version a *VersionError.
 func PayloadLen(prefix []byte) (int, error) {
-	if len(prefix) < headerLen {
-		return 0, &CorruptInputError{Offset: int64(len(prefix)), Reason: fmt.Sprintf("%d bytes are shorter than the %d-byte payload header", len(prefix), headerLen)}
+	if len(prefix) < HeaderLen {
+		return 0, &CorruptInputError{Offset: int64(len(prefix)), Reason: fmt.Sprintf("%d bytes are shorter than the %d-byte payload header", len(prefix), HeaderLen)}
 	}
 	if err := checkMagic(prefix); err != nil {
 		return 0, err
 	}
 	body := binary.LittleEndian.Uint64(prefix[48:])
-	if body > math.MaxInt-headerLen-trailerLen {
+	if body > math.MaxInt-HeaderLen-TrailerLen {
 		return 0, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d is not representable", body)}
 	}
-	return headerLen + int(body) + trailerLen, nil
+	return HeaderLen + int(body) + TrailerLen, nil
 }

@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the golden payloads in testdata
 func sealed(p []byte, edit func(p []byte)) []byte {
 	q := bytes.Clone(p)
 	edit(q)
-	end := len(q) - trailerLen
+	end := len(q) - TrailerLen
 	binary.LittleEndian.PutUint32(q[end:], crc32.Checksum(q[:end], castagnoli))
 	return q
 }
@@ -64,7 +64,7 @@ func TestWireErrors(t *testing.T) {
 			}
 		}
 	}
-	grown := sealed(append(bytes.Clone(p[:len(p)-trailerLen]), 0, 0, 0, 0, 0, 0, 0, 0), putU64(48, uint64(len(src)*4+4)))
+	grown := sealed(append(bytes.Clone(p[:len(p)-TrailerLen]), 0, 0, 0, 0, 0, 0, 0, 0), putU64(48, uint64(len(src)*4+4)))
 	cases := []struct {
 		name    string
 		payload []byte
@@ -72,7 +72,7 @@ func TestWireErrors(t *testing.T) {
 		check   func(*testing.T, error)
 	}{
 		{"empty", nil, 4, corrupt(0, "shorter than the 60-byte frame")},
-		{"short", p[:headerLen+trailerLen-1], 4, corrupt(59, "payload of 59 bytes")},
+		{"short", p[:HeaderLen+TrailerLen-1], 4, corrupt(59, "payload of 59 bytes")},
 		{"bad magic", sealed(p, func(q []byte) { q[0] = 'X' }), 4, corrupt(0, `bad magic "XCMP"`)},
 		{"bad version", sealed(p, func(q []byte) { q[4] = 7 }), 4, func(t *testing.T, err error) {
 			var ve *VersionError
@@ -110,7 +110,7 @@ func TestWireErrors(t *testing.T) {
 				t.Fatalf("got %v, want a *SizeError for destination length 5 vs 4", err)
 			}
 		}},
-		{"non-finite body", sealed(p, putU32(headerLen+8, 0x7fc00000)), 4, corrupt(headerLen+8, "non-finite fp32 value")},
+		{"non-finite body", sealed(p, putU32(HeaderLen+8, 0x7fc00000)), 4, corrupt(HeaderLen+8, "non-finite fp32 value")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -155,19 +155,19 @@ func TestWireLosslessErrors(t *testing.T) {
 	if p[7] != byte(LosslessZstd) {
 		t.Fatalf("a compressible body was stored raw (flags %#x)", p[7])
 	}
-	bad := sealed(p, func(q []byte) { q[headerLen+len(q[headerLen:])/2] ^= 0xff })
+	bad := sealed(p, func(q []byte) { q[HeaderLen+len(q[HeaderLen:])/2] ^= 0xff })
 	err = c.Decompress(make([]float32, len(src)), bad)
 	var ce *CorruptInputError
-	if !errors.As(err, &ce) || ce.Offset != headerLen || !strings.Contains(err.Error(), "zstd stage") {
-		t.Errorf("corrupt zstd body: got %v, want a *CorruptInputError at offset %d naming the zstd stage", err, headerLen)
+	if !errors.As(err, &ce) || ce.Offset != HeaderLen || !strings.Contains(err.Error(), "zstd stage") {
+		t.Errorf("corrupt zstd body: got %v, want a *CorruptInputError at offset %d naming the zstd stage", err, HeaderLen)
 	}
 
 	// A zstd body that expands to a valid length but holds a NaN.
 	raw := make([]byte, 4*len(src))
 	binary.LittleEndian.PutUint32(raw[40:], 0x7fc00000)
-	nan := append(bytes.Clone(p[:headerLen]), zstdEncoder().EncodeAll(raw, nil)...)
+	nan := append(bytes.Clone(p[:HeaderLen]), zstdEncoder().EncodeAll(raw, nil)...)
 	nan = sealed(append(nan, 0, 0, 0, 0), func(q []byte) {
-		binary.LittleEndian.PutUint64(q[48:], uint64(len(q)-headerLen-trailerLen))
+		binary.LittleEndian.PutUint64(q[48:], uint64(len(q)-HeaderLen-TrailerLen))
 	})
 	err = c.Decompress(make([]float32, len(src)), nan)
 	if !errors.As(err, &ce) || ce.Offset != 40 || !strings.Contains(err.Error(), "after the zstd stage") {
@@ -219,7 +219,7 @@ func TestGolden(t *testing.T) {
 	for _, spec := range goldenSpecs {
 		t.Run(spec, func(t *testing.T) {
 			name, _, _ := strings.Cut(spec, ":")
-			if _, ok := codecBuilders[name]; !ok {
+			if _, ok := codecByName(name); !ok {
 				t.Skipf("codec %q is not registered in this build", name)
 			}
 			c := mustParse(t, spec)
@@ -272,7 +272,7 @@ func TestParseHeader(t *testing.T) {
 	}
 	h, body, err := ParseHeader(p)
 	want := Header{Codec: CodecRandomK, Elements: 8, ParamA: 2, Seed: 9, Key: key}
-	if err != nil || h != want || len(body) != 8 || &body[0] != &p[headerLen] {
+	if err != nil || h != want || len(body) != 8 || &body[0] != &p[HeaderLen] {
 		t.Fatalf("ParseHeader = %+v, %d-byte body, %v; want %+v and the 8-byte body in place", h, len(body), err, want)
 	}
 	idx, err := RandomKIndices(nil, 8, 2, h.Seed, h.Key)
@@ -305,7 +305,7 @@ func TestPayloadLen(t *testing.T) {
 			t.Fatal(err)
 		}
 		slot := append(bytes.Clone(p), make([]byte, 100)...)
-		for _, b := range [][]byte{p, p[:headerLen], slot} {
+		for _, b := range [][]byte{p, p[:HeaderLen], slot} {
 			if n, err := PayloadLen(b); err != nil || n != len(p) {
 				t.Errorf("%s: PayloadLen of %d bytes = %d, %v; want %d", spec, len(b), n, err, len(p))
 			}
@@ -316,8 +316,8 @@ func TestPayloadLen(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ce *CorruptInputError
-	if _, err := PayloadLen(p[:headerLen-1]); !errors.As(err, &ce) || ce.Offset != headerLen-1 {
-		t.Errorf("short prefix: got %v, want a *CorruptInputError at offset %d", err, headerLen-1)
+	if _, err := PayloadLen(p[:HeaderLen-1]); !errors.As(err, &ce) || ce.Offset != HeaderLen-1 {
+		t.Errorf("short prefix: got %v, want a *CorruptInputError at offset %d", err, HeaderLen-1)
 	}
 	bad := bytes.Clone(p)
 	bad[0] = 'X'

@@ -55,7 +55,7 @@ func BenchmarkCopy(b *testing.B) {
 // feedback if ef; bytes is the effective traffic per call.
 func encodeBench(b *testing.B, spec string, ef bool) (*Codec, EncodeArgs) {
 	ctx := device(b)
-	c, err := NewCodec(spec)
+	c, err := codecOf(spec)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func topkBench(b *testing.B, spec string) {
 	b.SetBytes(4 * benchN)
 	loop(b, ctx, func() error { return c.Encode(ctx, 0, a) })
 	b.StopTimer()
-	exact, _ := NewCodec("topk:0.01")
+	exact, _ := codecOf("topk:0.01")
 	ea := a
 	ea.Body = devBuf(b, ctx, c.BodyLen(benchN))
 	if err := exact.Encode(ctx, 0, ea); err != nil {

@@ -4,14 +4,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/gradcomp/gradcomp/compress"
 )
 
 // frameLen is the wire format's header and trailer around a body.
-const frameLen = 56 + 4
+const frameLen = compress.HeaderLen + compress.TrailerLen
 
 // Codec is the device implementation of one compress spec: its kernels
 // write the raw bodies compress.Parse(spec) writes (the bytes between a
@@ -35,10 +33,10 @@ const (
 	fmtBF16 = 2
 )
 
-// NewCodec returns the device codec of spec (the grammar of compress.Parse,
-// which validates it). It needs no GPU.
-func NewCodec(spec string) (*Codec, error) {
-	ref, err := compress.Parse(spec, compress.WithWorkers(1))
+// NewCodec returns the device codec of spec (which compress.New
+// validates). It needs no GPU.
+func NewCodec(spec compress.Spec) (*Codec, error) {
+	ref, err := compress.New(spec, compress.WithWorkers(1))
 	if err != nil {
 		return nil, err
 	}
@@ -57,28 +55,22 @@ func NewCodec(spec string) (*Codec, error) {
 	case compress.CodecSign:
 		c.bits = 1
 	}
-	// The canonical spec lists the arguments that differ from the defaults.
-	for _, arg := range strings.Split(ref.Spec(), ":")[1:] {
-		name, value, _ := strings.Cut(arg, "=")
-		switch name {
-		case "sampled":
-			c.sampled = true
-		case "bucket":
-			c.bucket, err = strconv.Atoi(value)
-		case "round":
-			c.nearest = value == "nearest"
-		case "seed":
-			c.seed, err = strconv.ParseUint(value, 10, 64)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("kernels: reading canonical spec %q: %w", ref.Spec(), err)
-		}
-	}
+	s := ref.Spec()
+	c.bucket, c.nearest, c.seed, c.sampled = s.BucketLen(), s.Nearest, s.Seed, s.Sampled
 	return c, nil
 }
 
-// Spec returns the canonical spec string.
-func (c *Codec) Spec() string { return c.ref.Spec() }
+// codecOf returns the device codec of a spec string.
+func codecOf(spec string) (*Codec, error) {
+	s, err := compress.ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	return NewCodec(s)
+}
+
+// Spec returns the codec's configuration.
+func (c *Codec) Spec() compress.Spec { return c.ref.Spec() }
 
 // Reference returns the CPU compressor of the same spec, which frames and
 // validates this codec's bodies (see compress.EncodePayload).
@@ -163,7 +155,7 @@ type EncodeArgs struct {
 // check validates a against the codec; op names the call in errors.
 func (c *Codec) check(a *EncodeArgs) error {
 	bad := func(format string, v ...any) error {
-		return &ArgError{Op: "Encode(" + c.Spec() + ")", Reason: fmt.Sprintf(format, v...)}
+		return &ArgError{Op: "Encode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
 	}
 	n := uint64(a.N)
 	switch {
@@ -347,7 +339,7 @@ type DecodeArgs struct {
 // decodePlan returns the operations of Decode.
 func (c *Codec) decodePlan(a DecodeArgs) ([]step, error) {
 	bad := func(format string, v ...any) error {
-		return &ArgError{Op: "Decode(" + c.Spec() + ")", Reason: fmt.Sprintf(format, v...)}
+		return &ArgError{Op: "Decode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
 	case a.N < 0 || a.N > compress.MaxElements:

@@ -23,7 +23,7 @@ type Compressor struct {
 // NewCompressor returns the device compressor of spec on ctx, with a new
 // stream. Close releases the stream.
 func NewCompressor(ctx *Context, spec string) (*Compressor, error) {
-	codec, err := NewCodec(spec)
+	codec, err := codecOf(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func (c *Compressor) Close() error { return c.ctx.DestroyStream(c.s) }
 func (c *Compressor) DeviceCodec() *Codec { return c.codec }
 
 // Spec returns the canonical spec string.
-func (c *Compressor) Spec() string { return c.codec.Spec() }
+func (c *Compressor) Spec() compress.Spec { return c.codec.Spec() }
 
 // Codec returns the codec this compressor writes.
 func (c *Compressor) Codec() compress.Codec { return c.codec.codec }

@@ -97,7 +97,7 @@ func laplace(n int, seed uint64) []float32 {
 func TestErrorFeedbackFused(t *testing.T) {
 	ctx := device(t)
 	for _, spec := range allSpecs {
-		c, _ := NewCodec(spec)
+		c, _ := codecOf(spec)
 		for _, n := range []int{1, 1000, 4097, 300_001} {
 			f := compress.NewErrorFeedback(c.ref)
 			e := upload(t, ctx, make([]float32, n))
@@ -161,7 +161,7 @@ func TestDecodeAccumulate(t *testing.T) {
 	const n = 5000
 	key := compress.Key{Bucket: 2, Step: 7}
 	for _, spec := range allSpecs {
-		c, _ := NewCodec(spec)
+		c, _ := codecOf(spec)
 		var bodies []DevicePtr
 		var payloads [][]byte
 		for p := range 11 {

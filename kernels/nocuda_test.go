@@ -22,7 +22,7 @@ func TestNoCUDA(t *testing.T) {
 	if _, err := NewCompressor(ctx, "int9"); errors.Is(err, ErrNoCUDA) || err == nil {
 		t.Errorf("NewCompressor with a bad spec: %v, want the spec error first", err)
 	}
-	c, err := NewCodec("topk:0.01")
+	c, err := codecOf("topk:0.01")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func TestPlansMatchPTX(t *testing.T) {
 		}
 	}
 	for _, spec := range allSpecs {
-		c, err := NewCodec(spec)
+		c, err := codecOf(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestPlansMatchPTX(t *testing.T) {
 // TestSampledPlan checks that the sampled top-k path is taken exactly
 // where its preconditions hold, and that its launches are guarded.
 func TestSampledPlan(t *testing.T) {
-	c, _ := NewCodec("topk:0.01:sampled")
+	c, _ := codecOf("topk:0.01:sampled")
 	has := func(plan []step, fn string) bool {
 		for _, s := range plan {
 			if s.fn == fn {
@@ -160,7 +160,7 @@ func TestSampledPlan(t *testing.T) {
 			t.Errorf("n=%d: sampled path %v, want %v", tc.n, got, tc.want)
 		}
 	}
-	exact, _ := NewCodec("topk:0.01")
+	exact, _ := codecOf("topk:0.01")
 	plan, _ := exact.encodePlan(fakeArgs(exact, 1<<24, false))
 	if has(plan, "gc_topk_sample") || has(plan, "gc_topk_cand_hist") && !has(plan, "gc_topk_collect") {
 		t.Error("exact top-k plan runs the sampled kernels")
@@ -173,18 +173,18 @@ func TestSampledPlan(t *testing.T) {
 // TestCodecParams checks that NewCodec reads the spec's parameters and that
 // body lengths are the CPU reference's.
 func TestCodecParams(t *testing.T) {
-	c, err := NewCodec("int2:bucket=33:round=nearest:seed=3")
+	c, err := codecOf("int2:bucket=33:round=nearest:seed=3")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.bits != 2 || c.bucket != 33 || !c.nearest || c.seed != 3 || c.aligned() {
 		t.Errorf("int2:bucket=33:round=nearest:seed=3 read as %+v", *c)
 	}
-	if _, err := NewCodec("int3"); err == nil {
+	if _, err := codecOf("int3"); err == nil {
 		t.Error("NewCodec accepted an unknown codec")
 	}
 	for _, spec := range allSpecs {
-		c, _ := NewCodec(spec)
+		c, _ := codecOf(spec)
 		ref, _ := compress.Parse(spec)
 		for _, n := range []int{1, 100, 4097} {
 			p, err := ref.Compress(nil, make([]float32, n), compress.Key{})
@@ -205,7 +205,7 @@ func TestCodecParams(t *testing.T) {
 // TestTopkWorkspace checks the top-k workspace layout: 256-byte aligned
 // regions inside WorkspaceLen, in order, without overlap.
 func TestTopkWorkspace(t *testing.T) {
-	c, _ := NewCodec("topk:0.01")
+	c, _ := codecOf("topk:0.01")
 	for _, n := range []int{1, 4096, 4097, 1 << 20} {
 		tiles := (n + tile - 1) / tile
 		l := newTopkLayout(1<<20, tiles)
@@ -229,7 +229,7 @@ func TestTopkWorkspace(t *testing.T) {
 // TestEncodeArgsRejected checks that bad device arguments are refused on
 // the host with an *ArgError before anything is enqueued.
 func TestEncodeArgsRejected(t *testing.T) {
-	q, _ := NewCodec("int2:bucket=33")
+	q, _ := codecOf("int2:bucket=33")
 	good := fakeArgs(q, 100, true)
 	if _, err := q.encodePlan(good); err != nil {
 		t.Fatalf("good arguments refused: %v", err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -192,12 +191,10 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	if err != nil {
 		return err
 	}
-	for _, opt := range strings.Split(comp.Spec(), ":")[1:] {
-		if strings.HasPrefix(opt, "lossless=") {
-			return fmt.Errorf("spec %s: a lossless stage makes payload lengths vary, and every strategy exchanges fixed-size slots", comp.Spec())
-		}
+	if comp.Spec().Lossless != compress.LosslessNone {
+		return fmt.Errorf("spec %s: a lossless stage makes payload lengths vary, and every strategy exchanges fixed-size slots", comp.Spec())
 	}
-	c.spec = comp.Spec()
+	c.spec = comp.Spec().String()
 	if c.strategy, err = strategyFor(cfg.Strategy, comp.Codec(), c.size); err != nil {
 		return err
 	}

@@ -411,7 +411,7 @@ type calibration struct {
 }
 
 type calibrationKey struct {
-	spec     string
+	spec     compress.Spec
 	strategy Strategy
 	world    int
 }
@@ -454,7 +454,7 @@ func calibrated(c compress.Compressor, strategy Strategy, world int) (calibratio
 
 // calibrate times (spec, strategy, world) with t, as calibrated describes.
 func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (calibration, error) {
-	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec(), strategy: strategy}}
+	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec().String(), strategy: strategy}}
 	if c.Codec() != compress.CodecNone {
 		e.comp = c
 		e.x = e.newExchanger()

@@ -203,7 +203,7 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	e := &DeviceEngine{core: core, dev: dev, dc: dc, part: parts{count: host.Size()}}
 	core.be = e
 	if local == nil && e.comp != nil {
-		e.codec, local = kernels.NewCodec(e.spec)
+		e.codec, local = kernels.NewCodec(e.comp.Spec())
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err

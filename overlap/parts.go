@@ -121,7 +121,7 @@ func (p *parts) partKey(key compress.Key, j int) compress.Key {
 	return compress.Key{Bucket: tag<<32 | key.Bucket, Step: key.Step}
 }
 
-func (p *parts) Spec() string            { return p.inner.Spec() }
+func (p *parts) Spec() compress.Spec     { return p.inner.Spec() }
 func (p *parts) Codec() compress.Codec   { return p.inner.Codec() }
 func (p *parts) MaxEncodedLen(n int) int { return p.count * p.slotLen(n) }
 func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", p.inner.Spec(), p.count) }

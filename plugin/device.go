@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -27,12 +26,6 @@ import (
 // the payloads, then enqueue the decode and return without waiting for it.
 // gc_settle only swaps pointers. State save copies device residuals on
 // gradcomp's own stream and waits for it, never for the caller's.
-
-// payloadHeaderLen and payloadTrailerLen frame a body (compress/wire.go).
-const (
-	payloadHeaderLen  = 56
-	payloadTrailerLen = 4
-)
 
 // maxSlots bounds gc_decompress_slots_device's count: far more ranks than
 // any job has, and small enough that count × slot length cannot overflow.
@@ -396,15 +389,13 @@ func (p *devicePending) swap(with *kernels.DevicePtr) {
 // sumCodec is the codec "none", whose body of e + g is the exact sum a
 // deferred compress's Retain installs (the same rounding as the
 // compressor's own sum, and the same NaN check).
-var sumCodec = sync.OnceValues(func() (*kernels.Codec, error) { return kernels.NewCodec("none") })
+var sumCodec = sync.OnceValues(func() (*kernels.Codec, error) { return kernels.NewCodec(compress.Spec{Codec: compress.CodecNone}) })
 
 // checkDeviceSpec refuses a spec with a lossless stage: it runs on the host
 // and makes payloads of varying length, which device calls do not handle.
 func (c *compressor) checkDeviceSpec() error {
-	for _, arg := range strings.Split(c.c.Spec(), ":")[1:] {
-		if strings.HasPrefix(arg, "lossless=") {
-			return errorf(errInvalid, "%s: device calls do not support a lossless stage (it runs on the host); use the spec without %s", c.c.Spec(), arg)
-		}
+	if s := c.c.Spec(); s.Lossless != compress.LosslessNone {
+		return errorf(errInvalid, "%s: device calls do not support a lossless stage (it runs on the host); use the spec without lossless=%v", s, s.Lossless)
 	}
 	return nil
 }
@@ -432,7 +423,7 @@ func (c *compressor) compressDevice(key compress.Key, flags uint32, grad kernels
 	case grad == 0 && n > 0:
 		return 0, errorf(errInvalid, "null grad with %d elements", n)
 	case dst == 0:
-		return 0, errorf(errInvalid, "null dst (a payload has at least %d bytes)", payloadHeaderLen+payloadTrailerLen)
+		return 0, errorf(errInvalid, "null dst (a payload has at least %d bytes)", compress.HeaderLen+compress.TrailerLen)
 	}
 	if err := aligned4("grad", grad); err != nil {
 		return 0, err
@@ -490,7 +481,7 @@ func (c *compressor) encodeDevice(dev *deviceContext, s kernels.Stream, key comp
 		return 0, err
 	}
 	defer c.dev.putScratch(sc)
-	a := kernels.EncodeArgs{Body: dst + payloadHeaderLen, Grad: grad, Status: sc.p, N: n, Key: key}
+	a := kernels.EncodeArgs{Body: dst + compress.HeaderLen, Grad: grad, Status: sc.p, N: n, Key: key}
 	if c.codec.WorkspaceLen(n) > 0 {
 		a.Work = sc.p + scratchWork
 	}
@@ -525,10 +516,10 @@ func (c *compressor) encodeDevice(dev *deviceContext, s kernels.Stream, key comp
 	if len(payload) != need {
 		return 0, errorf(errInternal, "the framed payload has %d bytes, %d expected", len(payload), need)
 	}
-	if err := dev.ctx.CopyIn(s, dst, payload[:payloadHeaderLen]); err != nil {
+	if err := dev.ctx.CopyIn(s, dst, payload[:compress.HeaderLen]); err != nil {
 		return 0, err
 	}
-	end := need - payloadTrailerLen
+	end := need - compress.TrailerLen
 	if err := dev.ctx.CopyIn(s, dst+kernels.DevicePtr(end), payload[end:]); err != nil {
 		return 0, err
 	}
@@ -584,7 +575,7 @@ func (c *compressor) decompressDevice(p kernels.DevicePtr, slotLen, count uint64
 			}
 			return fmt.Errorf("payload %d (slot at byte %d): %w", i, i*slotLen, err)
 		}
-		bodies[i] = p + kernels.DevicePtr(i*slotLen+payloadHeaderLen)
+		bodies[i] = p + kernels.DevicePtr(i*slotLen+compress.HeaderLen)
 		keys[i] = h.Key
 	}
 	if c.c.Codec() != compress.CodecRandomK {

@@ -71,7 +71,7 @@ func gc_compressor_spec(h C.uint64_t, buf *C.char, capacity C.size_t, length *C.
 	if err != nil {
 		return C.int(fail(errHandle, fn, "%v", err))
 	}
-	spec := c.c.Spec()
+	spec := c.c.Spec().String()
 	*length = C.size_t(len(spec))
 	if len(dst) < len(spec)+1 {
 		return C.int(fail(errSize, fn, "buf holds %d bytes; the spec %q needs %d with its NUL", len(dst), spec, len(spec)+1))

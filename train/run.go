@@ -96,7 +96,7 @@ func ParseScheme(name string) (Scheme, error) {
 	if s.ErrorFeedback && c.Codec() == compress.CodecNone {
 		return Scheme{}, fmt.Errorf("train: scheme %q: error feedback on an uncompressed codec", name)
 	}
-	s.Spec = c.Spec()
+	s.Spec = c.Spec().String()
 	return s, nil
 }
 

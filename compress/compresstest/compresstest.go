@@ -96,9 +96,6 @@ type specInfo struct {
 	lossless bool    // a lossless stage is configured
 }
 
-// defaultBucket is the quantization bucket size when the spec gives none.
-const defaultBucket = 512
-
 // open builds the compressor for spec or skips the test with the reason.
 func open(t *testing.T, newCompressor factory, spec string) *env {
 	t.Helper()
@@ -122,28 +119,12 @@ func open(t *testing.T, newCompressor factory, spec string) *env {
 
 // describe reads a spec the CPU reference has accepted.
 func describe(spec string, codec compress.Codec) (specInfo, error) {
-	info := specInfo{codec: codec, bucket: defaultBucket}
-	parts := strings.Split(spec, ":")
-	for _, p := range parts[1:] {
-		name, value, isOpt := strings.Cut(p, "=")
-		var err error
-		switch {
-		case !isOpt && p == "sampled":
-			info.sampled = true
-		case !isOpt:
-			info.ratio, err = strconv.ParseFloat(p, 64)
-		case name == "bucket":
-			info.bucket, err = strconv.Atoi(value)
-		case name == "round":
-			info.nearest = value == "nearest"
-		case name == "lossless":
-			info.lossless = value != "none"
-		}
-		if err != nil {
-			return info, errors.New("compresstest: cannot read spec " + strconv.Quote(spec) + ": " + err.Error())
-		}
+	s, err := compress.ParseSpec(spec)
+	if err != nil {
+		return specInfo{}, errors.New("compresstest: cannot read spec " + strconv.Quote(spec) + ": " + err.Error())
 	}
-	return info, nil
+	return specInfo{codec: codec, ratio: s.Ratio, sampled: s.Sampled, bucket: s.BucketLen(), nearest: s.Nearest,
+		lossless: s.Lossless != compress.LosslessNone}, nil
 }
 
 // quantBits returns the code width of a min-max quantizing codec, or 0.

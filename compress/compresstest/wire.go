@@ -3,13 +3,15 @@ package compresstest
 import (
 	"encoding/binary"
 	"hash/crc32"
+
+	"github.com/gradcomp/gradcomp/compress"
 )
 
 // The framing facts of the wire format (documented in package compress) that
 // the corruption checks rely on.
 const (
-	headerLen  = 56 // bytes before the body
-	trailerLen = 4  // the CRC32C after the body
+	headerLen  = compress.HeaderLen
+	trailerLen = compress.TrailerLen
 	countOff   = 8  // uint64 element count
 	bodyLenOff = 48 // uint64 stored body length
 )
