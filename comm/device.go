@@ -1,18 +1,13 @@
 package comm
 
-import "context"
-
-// DevicePtr is a GPU memory address: a CUdeviceptr, or a CUDA tensor's
-// data_ptr(). Host code never dereferences it.
-type DevicePtr uintptr
-
-// Stream is a CUDA stream handle (cudaStream_t / CUstream, as
-// torch.cuda.Stream.cuda_stream gives it); 0 is the legacy default stream.
-type Stream uintptr
+import (
+	"context"
+	"github.com/gradcomp/gradcomp/gpu"
+)
 
 // DeviceComm is one rank's end of a group that exchanges GPU memory on
 // CUDA streams: the collectives of Comm, with each buffer given as a device
-// address and a length, enqueued on a stream. Implementation: comm/nccl.
+// address and a length, enqueued on a stream. Implementation: comm/ncclcomm.
 //
 // # How the engine uses it
 //
@@ -54,25 +49,25 @@ type DeviceComm interface {
 
 	// AllReduce replaces buf (n float32 elements) on every rank with the
 	// element-wise sum over ranks.
-	AllReduce(ctx context.Context, buf DevicePtr, n int, s Stream) error
+	AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error
 
 	// AllGather concatenates every rank's src (n bytes) into dst
 	// (Size()·n bytes) in rank order; dst must not overlap src.
-	AllGather(ctx context.Context, dst, src DevicePtr, n int, s Stream) error
+	AllGather(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error
 
 	// ReduceScatter sums src (Size()·n float32 elements) over ranks and
 	// leaves chunk Rank() of the sum in dst (n elements); dst must not
 	// overlap src.
-	ReduceScatter(ctx context.Context, dst, src DevicePtr, n int, s Stream) error
+	ReduceScatter(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error
 
 	// AllToAll exchanges equal chunks: with m = n/Size(), bytes
 	// [j·m, (j+1)·m) of src go to rank j, and chunk i of dst comes from
 	// rank i. n (the byte length of src and of dst) must be a multiple of
 	// Size(); dst must not overlap src.
-	AllToAll(ctx context.Context, dst, src DevicePtr, n int, s Stream) error
+	AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error
 
 	// Broadcast copies root's buf (n bytes) into buf on every other rank.
-	Broadcast(ctx context.Context, buf DevicePtr, n int, root int, s Stream) error
+	Broadcast(ctx context.Context, buf gpu.Ptr, n int, root int, s gpu.Stream) error
 
 	// Wait blocks the host until done reports true (done typically queries
 	// an event recorded on the stream after the work), or until the

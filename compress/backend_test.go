@@ -87,7 +87,7 @@ func TestStreamBase(t *testing.T) {
 	}
 	key := compress.Key{Bucket: 2, Step: 3}
 	for _, domain := range []uint64{compress.DomainRound, compress.DomainRandomK} {
-		base, st := compress.StreamBase(7, key, domain), compress.NewStream(7, key, domain)
+		base, st := compress.StreamBase(7, key, domain), compress.NewRandomStream(7, key, domain)
 		for _, i := range []uint64{0, 1, 511, 1 << 40} {
 			if got, want := mix64(base+(i+1)*0x9e3779b97f4a7c15), st.Draw(i); got != want {
 				t.Errorf("domain %#x draw %d from StreamBase: %#x, want %#x", domain, i, got, want)

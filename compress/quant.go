@@ -45,7 +45,7 @@ func init() {
 // i (0 ≤ i < n) of a bucket gets
 //
 //	t    = float32(float32(x − lo) · inv)                 0 ≤ t ≤ L·(1+2^-22)
-//	r    = NewStream(S, key, DomainRound).Uniform(i)      stochastic
+//	r    = NewRandomStream(S, key, DomainRound).Uniform(i)      stochastic
 //	       0.5                                            nearest
 //	code = min(trunc(float32(t + r)), L)                  t + r ≥ 0: trunc is floor
 //
@@ -122,7 +122,7 @@ func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []f
 	n := len(src)
 	nb := numBuckets(n, q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
-	base := NewStream(q.rngSeed, key, DomainRound).base
+	base := NewRandomStream(q.rngSeed, key, DomainRound).base
 	var fe firstError
 	run(n, 8*q.bucket, func(from, to int) {
 		fe.set(from, q.encodeRange(hdr, codes, src, res, from, to, base))
@@ -231,7 +231,7 @@ func quantGeneric(out []byte, x []float32, u []uint32, lo, inv float32, levels i
 
 // drawKernel fills u with the top 24 bits of the draws whose counters are
 // ctr, ctr + golden, … and returns the counter after the last: u[i]·2^-24
-// is Stream.Uniform. mix64's last step z ^ z>>31 leaves those bits
+// is RandomStream.Uniform. mix64's last step z ^ z>>31 leaves those bits
 // unchanged, so it is skipped.
 var drawKernel = drawBits
 

@@ -82,7 +82,7 @@ func refQuantBody(x []float32, bucket int, bits uint, nearest bool, seed uint64,
 	nb := (len(x) + bucket - 1) / bucket
 	body := make([]byte, 8*nb+(len(x)*int(bits)+7)/8)
 	codes := body[8*nb:]
-	st := NewStream(seed, key, DomainRound)
+	st := NewRandomStream(seed, key, DomainRound)
 	for j := range nb {
 		xs := x[j*bucket : min((j+1)*bucket, len(x))]
 		lo, hi := xs[0], xs[0]
@@ -264,11 +264,11 @@ func firstDiff(a, b []byte) int {
 }
 
 // TestDrawBits checks drawBits, which skips a step of mix64, against
-// Stream.Uniform.
+// RandomStream.Uniform.
 func TestDrawBits(t *testing.T) {
 	u := make([]uint32, 1<<16)
 	for _, seed := range []uint64{0, 1, math.MaxUint64} {
-		st := NewStream(seed, Key{Bucket: 5, Step: seed}, DomainRound)
+		st := NewRandomStream(seed, Key{Bucket: 5, Step: seed}, DomainRound)
 		drawBits(u, st.base+golden)
 		for i, v := range u {
 			if got, want := float32(v)*0x1p-24, st.Uniform(uint64(i)); got != want {
@@ -611,7 +611,7 @@ func TestQuantLossless(t *testing.T) {
 // unclamped code would spill into its neighbour's bits).
 func TestQuantClamp(t *testing.T) {
 	key := Key{Bucket: 2, Step: 3}
-	st := NewStream(0, key, DomainRound)
+	st := NewRandomStream(0, key, DomainRound)
 	for _, spec := range []string{"int8:bucket=2", "int4:bucket=2", "int2:bucket=2"} {
 		c := mustParse(t, spec)
 		levels := c.(*compressor).impl.(*quantCodec).levels()

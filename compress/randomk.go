@@ -64,7 +64,7 @@ func (r randomkCodec) bodyLen(n int) int { return 4 * sparseK(r.ratio, n) }
 func (r randomkCodec) encode(body []byte, src []float32, key Key, run runner) error {
 	n := len(src)
 	k := sparseK(r.ratio, n)
-	st := NewStream(r.seedV, key, DomainRandomK)
+	st := NewRandomStream(r.seedV, key, DomainRandomK)
 	var fe firstError
 	forStrata(k, run, func(j0, j1 int) {
 		lo, hi := stratumStart(j0, n, k), stratumStart(j1, n, k)
@@ -88,7 +88,7 @@ func (r randomkCodec) encodeResidual(body []byte, src []float32, key Key, res []
 	}
 	copyBlocks(res, src, run)
 	n, k := len(src), len(body)/4
-	st := NewStream(r.seedV, key, DomainRandomK)
+	st := NewRandomStream(r.seedV, key, DomainRandomK)
 	forStrata(k, run, func(j0, j1 int) {
 		for j := j0; j < j1; j++ {
 			res[randomkIndex(st, j, n, k)] = 0
@@ -113,7 +113,7 @@ func (r randomkCodec) check(body []byte, _ *header) error {
 
 func (r randomkCodec) decode(dst []float32, body []byte, h *header, add bool, run runner) {
 	n, k := len(dst), len(body)/4
-	st := NewStream(h.seed, h.key, DomainRandomK)
+	st := NewRandomStream(h.seed, h.key, DomainRandomK)
 	forStrata(k, run, func(j0, j1 int) {
 		if !add {
 			clear(dst[stratumStart(j0, n, k):stratumStart(j1, n, k)])
@@ -134,7 +134,7 @@ func stratumStart(j, n, k int) int { return int(uint64(j) * uint64(n) / uint64(k
 
 // randomkIndex returns the index random-k picks in stratum j of n elements
 // cut into k strata; st is the DomainRandomK stream of (seed, key).
-func randomkIndex(st Stream, j, n, k int) int {
+func randomkIndex(st RandomStream, j, n, k int) int {
 	lo := stratumStart(j, n, k)
 	width := uint64(stratumStart(j+1, n, k) - lo)
 	return lo + int((st.Draw(uint64(j))>>32)*width>>32)
@@ -148,7 +148,7 @@ func randomkIndex(st Stream, j, n, k int) int {
 //	lo_j + ((draw_j >> 32) · width_j) >> 32
 //
 // where lo_j and width_j are the stratum's start and length and draw_j is
-// NewStream(seed, key, DomainRandomK).Draw(j). Every rank computes the same
+// NewRandomStream(seed, key, DomainRandomK).Draw(j). Every rank computes the same
 // indices for the same arguments, which is what lets a shared-index
 // exchange all-reduce the values alone. Unless 0 ≤ k ≤ n ≤ MaxElements it
 // returns dst unchanged and a *SizeError.
@@ -159,7 +159,7 @@ func RandomKIndices(dst []uint32, n, k int, seed uint64, key Key) ([]uint32, err
 	case k < 0 || k > n:
 		return dst, &SizeError{What: "random-k index count", Got: int64(k), Want: int64(n)}
 	}
-	st := NewStream(seed, key, DomainRandomK)
+	st := NewRandomStream(seed, key, DomainRandomK)
 	for j := range k {
 		dst = append(dst, uint32(randomkIndex(st, j, n, k)))
 	}

@@ -23,7 +23,7 @@ func TestRandomKIndices(t *testing.T) {
 				t.Fatalf("n=%d k=%d: did not append %d indices to dst", n, k, k)
 			}
 			idx = idx[1:]
-			st := NewStream(42, key, DomainRandomK)
+			st := NewRandomStream(42, key, DomainRandomK)
 			for j, p := range idx {
 				lo, hi := uint64(j)*uint64(n)/uint64(k), uint64(j+1)*uint64(n)/uint64(k)
 				want := lo + (st.Draw(uint64(j))>>32)*(hi-lo)>>32

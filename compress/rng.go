@@ -28,18 +28,18 @@ func mix64(z uint64) uint64 {
 	return z ^ z>>31
 }
 
-// Stream is one counter-based random stream (see the definition above).
-type Stream struct{ base uint64 }
+// RandomStream is one counter-based random stream (see the definition above).
+type RandomStream struct{ base uint64 }
 
-// NewStream returns the stream for (seed, key, domain).
-func NewStream(seed uint64, key Key, domain uint64) Stream {
-	return Stream{base: mix64(seed ^ mix64(key.Bucket^mix64(key.Step^domain)))}
+// NewRandomStream returns the stream for (seed, key, domain).
+func NewRandomStream(seed uint64, key Key, domain uint64) RandomStream {
+	return RandomStream{base: mix64(seed ^ mix64(key.Bucket^mix64(key.Step^domain)))}
 }
 
 // Draw returns draw i of the stream: 64 uniformly distributed bits.
-func (s Stream) Draw(i uint64) uint64 { return mix64(s.base + (i+1)*golden) }
+func (s RandomStream) Draw(i uint64) uint64 { return mix64(s.base + (i+1)*golden) }
 
 // Uniform returns draw i as a float32 in [0, 1) with 24 random bits.
-func (s Stream) Uniform(i uint64) float32 {
+func (s RandomStream) Uniform(i uint64) float32 {
 	return float32(s.Draw(i)>>40) * (1.0 / (1 << 24))
 }

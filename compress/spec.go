@@ -398,7 +398,6 @@ func (a *specArgs) done() error {
 	return nil
 }
 
-
 // Option tunes how a compressor runs (not what it writes).
 type Option func(*options) error
 

@@ -3,6 +3,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -17,7 +19,7 @@ import (
 const benchN = 256 << 20
 
 // benchInput returns a device buffer of n Laplace samples.
-func benchInput(b *testing.B, ctx *Context, n int, seed uint64) DevicePtr {
+func benchInput(b *testing.B, ctx *Context, n int, seed uint64) gpu.Ptr {
 	p := devBuf(b, ctx, 4*n)
 	if err := FillLaplace(ctx, 0, p, n, seed, compress.Key{}); err != nil {
 		b.Fatal(err)
@@ -86,7 +88,7 @@ func BenchmarkDequantAccumulate8(b *testing.B) {
 	if err := c.Encode(ctx, 0, a); err != nil {
 		b.Fatal(err)
 	}
-	bodies := make([]DevicePtr, 8)
+	bodies := make([]gpu.Ptr, 8)
 	for i := range bodies {
 		bodies[i] = devBuf(b, ctx, c.BodyLen(benchN))
 		ctx.Copy(0, bodies[i], a.Body, c.BodyLen(benchN))

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -95,16 +97,16 @@ const topkStateLen = (3*2048*4 + 5*4 + 255) &^ 255
 
 // topkLayout is the workspace of a top-k call over tiles tiles.
 type topkLayout struct {
-	state, cand, count, above, equal, offset DevicePtr
+	state, cand, count, above, equal, offset gpu.Ptr
 	len                                      int
 }
 
-func newTopkLayout(work DevicePtr, tiles int) topkLayout {
+func newTopkLayout(work gpu.Ptr, tiles int) topkLayout {
 	pad := func(b int) int { return (b + 255) &^ 255 }
 	l := topkLayout{state: work}
 	off := topkStateLen
-	next := func(bytes int) DevicePtr {
-		p := work + DevicePtr(off)
+	next := func(bytes int) gpu.Ptr {
+		p := work + gpu.Ptr(off)
 		off += pad(bytes)
 		return p
 	}
@@ -138,16 +140,16 @@ const StatusLen = 16
 // EncodeArgs are the device buffers of one Encode call. All pointers are
 // 4-byte aligned device addresses of the current context.
 type EncodeArgs struct {
-	Body DevicePtr // receives the raw body, BodyLen(N) bytes
-	Grad DevicePtr // N float32: the gradient g
+	Body gpu.Ptr // receives the raw body, BodyLen(N) bytes
+	Grad gpu.Ptr // N float32: the gradient g
 	// Error feedback, optional: with Resid set, the codec encodes
 	// s = e + g (rounded once) and ResidOut receives s − D(c), the residual a
 	// Commit installs (compress.ErrorFeedback). Resid is only read, so a call
 	// that fails leaves the memory as it was; swap the two on success.
-	Resid    DevicePtr // N float32 e, or 0
-	ResidOut DevicePtr // N float32, not overlapping Resid; 0 iff Resid is 0
-	Work     DevicePtr // WorkspaceLen(N) bytes, or 0 when that is 0
-	Status   DevicePtr // StatusLen bytes, reset by Encode; read with StatusError
+	Resid    gpu.Ptr // N float32 e, or 0
+	ResidOut gpu.Ptr // N float32, not overlapping Resid; 0 iff Resid is 0
+	Work     gpu.Ptr // WorkspaceLen(N) bytes, or 0 when that is 0
+	Status   gpu.Ptr // StatusLen bytes, reset by Encode; read with StatusError
 	N        int
 	Key      compress.Key
 }
@@ -172,7 +174,7 @@ func (c *Codec) check(a *EncodeArgs) error {
 	case c.WorkspaceLen(a.N) > 0 && a.Work == 0:
 		return bad("null workspace; %d bytes needed", c.WorkspaceLen(a.N))
 	}
-	for _, p := range []DevicePtr{a.Body, a.Grad, a.Resid, a.ResidOut, a.Status} {
+	for _, p := range []gpu.Ptr{a.Body, a.Grad, a.Resid, a.ResidOut, a.Status} {
 		if p%4 != 0 {
 			return bad("device pointer %#x is not 4-byte aligned", p)
 		}
@@ -184,7 +186,7 @@ func (c *Codec) check(a *EncodeArgs) error {
 }
 
 // overlap reports whether [p, p+n) and [q, q+n) intersect.
-func overlap(p, q DevicePtr, n uint64) bool {
+func overlap(p, q gpu.Ptr, n uint64) bool {
 	return n > 0 && uint64(p) < uint64(q)+n && uint64(q) < uint64(p)+n
 }
 
@@ -323,14 +325,14 @@ func StatusError(status []byte) error {
 
 // DecodeArgs are the device buffers of one Decode call.
 type DecodeArgs struct {
-	Dst DevicePtr // N float32, 4-byte aligned
+	Dst gpu.Ptr // N float32, 4-byte aligned
 	N   int
 	// Add adds the decoded values to Dst; otherwise Dst is set to the first
 	// body's values and the others are added.
 	Add bool
 	// Bodies are raw bodies (compress.DecodePayload's, validated there) of
 	// this codec for N elements, summed in this order.
-	Bodies []DevicePtr
+	Bodies []gpu.Ptr
 	// Key is the key random-k bodies were written under (they share it in a
 	// shared-index exchange); other codecs ignore it.
 	Key compress.Key
@@ -372,7 +374,7 @@ func (c *Codec) decodePlan(a DecodeArgs) ([]step, error) {
 			chunk := a.Bodies[i:min(i+8, len(a.Bodies))]
 			args := []uint64{dst, n, uint64(c.bucket), uint64(c.bits), boolArg(a.Add || i > 0), uint64(len(chunk))}
 			for j := range 8 {
-				var p DevicePtr
+				var p gpu.Ptr
 				if j < len(chunk) {
 					p = chunk[j]
 				}

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -17,7 +19,7 @@ import (
 type Compressor struct {
 	codec *Codec
 	ctx   *Context
-	s     Stream
+	s     gpu.Stream
 }
 
 // NewCompressor returns the device compressor of spec on ctx, with a new
@@ -73,10 +75,10 @@ func (c *Compressor) DecompressAdd(dst []float32, payload []byte) error {
 // buffers is the device memory of one call, freed together.
 type buffers struct {
 	ctx  *Context
-	ptrs []DevicePtr
+	ptrs []gpu.Ptr
 }
 
-func (b *buffers) alloc(bytes int) (DevicePtr, error) {
+func (b *buffers) alloc(bytes int) (gpu.Ptr, error) {
 	p, err := b.ctx.Alloc(max(bytes, 4))
 	if err == nil {
 		b.ptrs = append(b.ptrs, p)
@@ -107,7 +109,7 @@ func (c *Compressor) encode(body []byte, src []float32, key compress.Key) (err e
 	defer bufs.free(&err)
 	a := EncodeArgs{N: n, Key: key}
 	for _, b := range []struct {
-		p     *DevicePtr
+		p     *gpu.Ptr
 		bytes int
 	}{{&a.Grad, 4 * n}, {&a.Body, len(body)}, {&a.Status, StatusLen}, {&a.Work, c.codec.WorkspaceLen(n)}} {
 		if b.bytes == 0 {
@@ -156,7 +158,7 @@ func (c *Compressor) decompress(dst []float32, payload []byte, add bool) (err er
 			return err
 		}
 	}
-	if err := c.codec.Decode(c.ctx, c.s, DecodeArgs{Dst: d, N: len(dst), Add: add, Bodies: []DevicePtr{b}, Key: h.Key}); err != nil {
+	if err := c.codec.Decode(c.ctx, c.s, DecodeArgs{Dst: d, N: len(dst), Add: add, Bodies: []gpu.Ptr{b}, Key: h.Key}); err != nil {
 		return err
 	}
 	out := make([]float32, len(dst)) // dst stays untouched unless everything succeeds

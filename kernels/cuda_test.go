@@ -3,6 +3,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -50,7 +52,7 @@ func TestConformance(t *testing.T) {
 }
 
 // devBuf is a device buffer freed at the end of the test.
-func devBuf(tb testing.TB, ctx *Context, bytes int) DevicePtr {
+func devBuf(tb testing.TB, ctx *Context, bytes int) gpu.Ptr {
 	tb.Helper()
 	p, err := ctx.Alloc(bytes)
 	if err != nil {
@@ -60,7 +62,7 @@ func devBuf(tb testing.TB, ctx *Context, bytes int) DevicePtr {
 	return p
 }
 
-func upload(tb testing.TB, ctx *Context, x []float32) DevicePtr {
+func upload(tb testing.TB, ctx *Context, x []float32) gpu.Ptr {
 	tb.Helper()
 	p := devBuf(tb, ctx, max(4*len(x), 4))
 	if err := ctx.CopyIn(0, p, bytesOf(x)); err != nil {
@@ -69,7 +71,7 @@ func upload(tb testing.TB, ctx *Context, x []float32) DevicePtr {
 	return p
 }
 
-func download(tb testing.TB, ctx *Context, p DevicePtr, n int) []float32 {
+func download(tb testing.TB, ctx *Context, p gpu.Ptr, n int) []float32 {
 	tb.Helper()
 	x := make([]float32, n)
 	if err := ctx.CopyOut(0, bytesOf(x), p); err != nil {
@@ -162,7 +164,7 @@ func TestDecodeAccumulate(t *testing.T) {
 	key := compress.Key{Bucket: 2, Step: 7}
 	for _, spec := range allSpecs {
 		c, _ := codecOf(spec)
-		var bodies []DevicePtr
+		var bodies []gpu.Ptr
 		var payloads [][]byte
 		for p := range 11 {
 			pl, err := c.ref.Compress(nil, laplace(n, uint64(p)), key)

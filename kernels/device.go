@@ -5,16 +5,6 @@ import (
 	"fmt"
 )
 
-// DevicePtr is a device memory address (a CUdeviceptr); 0 is no buffer.
-type DevicePtr uintptr
-
-// Stream is a CUDA stream handle (a CUstream); 0 is the legacy default
-// stream.
-type Stream uintptr
-
-// Event is a CUDA event handle (a CUevent).
-type Event uintptr
-
 // ErrNoCUDA is returned by every call that needs a GPU in a build without
 // the cuda tag.
 var ErrNoCUDA = errors.New("kernels: this build has no CUDA support (rebuild with -tags cuda and a CUDA toolkit)")

@@ -19,8 +19,8 @@
 // bit-exact spots use explicit IEEE intrinsics; sign's float64 scale sum
 // follows the CPU's documented order, so even it matches bit for bit.
 //
-// Streams and synchronization. A Stream is a raw CUstream (PyTorch's
-// torch.cuda.current_stream().cuda_stream, say) and a DevicePtr a raw device
+// Streams and synchronization. A gpu.Stream is a raw CUstream (PyTorch's
+// torch.cuda.current_stream().cuda_stream, say) and a gpu.Ptr a raw device
 // address; both are plain integers so they cross package and language
 // boundaries without cgo types. Codec.Encode and Codec.Decode only enqueue
 // work on the given stream and return: nothing waits for the device. The

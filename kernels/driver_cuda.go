@@ -116,6 +116,8 @@ static const char *gc_error_name(CUresult r) {
 import "C"
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"fmt"
 	"sync"
 	"time"
@@ -235,7 +237,7 @@ func (c *Context) function(name string) (C.uintptr_t, error) {
 }
 
 // run enqueues plan on s.
-func (c *Context) run(s Stream, plan []step) error {
+func (c *Context) run(s gpu.Stream, plan []step) error {
 	if err := c.live("run"); err != nil {
 		return err
 	}
@@ -263,7 +265,7 @@ func (c *Context) run(s Stream, plan []step) error {
 }
 
 // Alloc returns bytes (> 0) of device memory, 256-byte aligned.
-func (c *Context) Alloc(bytes int) (DevicePtr, error) {
+func (c *Context) Alloc(bytes int) (gpu.Ptr, error) {
 	if err := c.live("Alloc"); err != nil {
 		return 0, err
 	}
@@ -274,11 +276,11 @@ func (c *Context) Alloc(bytes int) (DevicePtr, error) {
 	if err := check(fmt.Sprintf("cuMemAlloc(%d)", bytes), C.gc_alloc(c.ctx, C.size_t(bytes), &p)); err != nil {
 		return 0, err
 	}
-	return DevicePtr(p), nil
+	return gpu.Ptr(p), nil
 }
 
 // Free releases memory from Alloc; Free(0) does nothing.
-func (c *Context) Free(p DevicePtr) error {
+func (c *Context) Free(p gpu.Ptr) error {
 	if p == 0 {
 		return nil
 	}
@@ -291,7 +293,7 @@ func (c *Context) Free(p DevicePtr) error {
 // CopyIn copies src to device address dst, ordered on stream s. It returns
 // once src may be reused (the driver stages pageable memory); the device
 // copy itself may still be in flight on s.
-func (c *Context) CopyIn(s Stream, dst DevicePtr, src []byte) error {
+func (c *Context) CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -303,7 +305,7 @@ func (c *Context) CopyIn(s Stream, dst DevicePtr, src []byte) error {
 
 // CopyOut copies len(dst) bytes from device address src, ordered on stream
 // s, and waits for s: it synchronizes the host with s, by its nature.
-func (c *Context) CopyOut(s Stream, dst []byte, src DevicePtr) error {
+func (c *Context) CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -314,7 +316,7 @@ func (c *Context) CopyOut(s Stream, dst []byte, src DevicePtr) error {
 }
 
 // Copy enqueues a device-to-device copy of bytes on s.
-func (c *Context) Copy(s Stream, dst, src DevicePtr, bytes int) error {
+func (c *Context) Copy(s gpu.Stream, dst, src gpu.Ptr, bytes int) error {
 	if err := c.live("Copy"); err != nil {
 		return err
 	}
@@ -323,17 +325,17 @@ func (c *Context) Copy(s Stream, dst, src DevicePtr, bytes int) error {
 
 // NewStream creates a non-blocking stream (it does not synchronize with
 // the legacy default stream).
-func (c *Context) NewStream() (Stream, error) {
+func (c *Context) NewStream() (gpu.Stream, error) {
 	if err := c.live("NewStream"); err != nil {
 		return 0, err
 	}
 	var s C.uintptr_t
 	err := check("cuStreamCreate", C.gc_stream(c.ctx, &s))
-	return Stream(s), err
+	return gpu.Stream(s), err
 }
 
 // DestroyStream destroys a stream from NewStream.
-func (c *Context) DestroyStream(s Stream) error {
+func (c *Context) DestroyStream(s gpu.Stream) error {
 	if err := c.live("DestroyStream"); err != nil {
 		return err
 	}
@@ -341,7 +343,7 @@ func (c *Context) DestroyStream(s Stream) error {
 }
 
 // Synchronize waits until the device has finished the work enqueued on s.
-func (c *Context) Synchronize(s Stream) error {
+func (c *Context) Synchronize(s gpu.Stream) error {
 	if err := c.live("Synchronize"); err != nil {
 		return err
 	}
@@ -349,7 +351,7 @@ func (c *Context) Synchronize(s Stream) error {
 }
 
 // NewEvent creates an event; timing events can be measured with Elapsed.
-func (c *Context) NewEvent(timing bool) (Event, error) {
+func (c *Context) NewEvent(timing bool) (gpu.Event, error) {
 	if err := c.live("NewEvent"); err != nil {
 		return 0, err
 	}
@@ -359,11 +361,11 @@ func (c *Context) NewEvent(timing bool) (Event, error) {
 	}
 	var e C.uintptr_t
 	err := check("cuEventCreate", C.gc_event(c.ctx, t, &e))
-	return Event(e), err
+	return gpu.Event(e), err
 }
 
 // DestroyEvent destroys an event from NewEvent.
-func (c *Context) DestroyEvent(e Event) error {
+func (c *Context) DestroyEvent(e gpu.Event) error {
 	if err := c.live("DestroyEvent"); err != nil {
 		return err
 	}
@@ -371,7 +373,7 @@ func (c *Context) DestroyEvent(e Event) error {
 }
 
 // Record enqueues e on s: it completes when the work before it on s has.
-func (c *Context) Record(e Event, s Stream) error {
+func (c *Context) Record(e gpu.Event, s gpu.Stream) error {
 	if err := c.live("Record"); err != nil {
 		return err
 	}
@@ -380,7 +382,7 @@ func (c *Context) Record(e Event, s Stream) error {
 
 // WaitEvent makes the work enqueued on s after this call wait for e's
 // completion, without blocking the host (cuStreamWaitEvent).
-func (c *Context) WaitEvent(s Stream, e Event) error {
+func (c *Context) WaitEvent(s gpu.Stream, e gpu.Event) error {
 	if err := c.live("WaitEvent"); err != nil {
 		return err
 	}
@@ -390,7 +392,7 @@ func (c *Context) WaitEvent(s Stream, e Event) error {
 // EventQuery reports, without blocking, whether e has completed
 // (cuEventQuery: CUDA_ERROR_NOT_READY is false, not an error). An event
 // never recorded counts as completed.
-func (c *Context) EventQuery(e Event) (bool, error) {
+func (c *Context) EventQuery(e gpu.Event) (bool, error) {
 	if err := c.live("EventQuery"); err != nil {
 		return false, err
 	}
@@ -405,7 +407,7 @@ func (c *Context) EventQuery(e Event) (bool, error) {
 }
 
 // EventSynchronize blocks the host until e has completed.
-func (c *Context) EventSynchronize(e Event) error {
+func (c *Context) EventSynchronize(e gpu.Event) error {
 	if err := c.live("EventSynchronize"); err != nil {
 		return err
 	}
@@ -413,7 +415,7 @@ func (c *Context) EventSynchronize(e Event) error {
 }
 
 // Elapsed returns the device time between two completed timing events.
-func (c *Context) Elapsed(start, end Event) (time.Duration, error) {
+func (c *Context) Elapsed(start, end gpu.Event) (time.Duration, error) {
 	if err := c.live("Elapsed"); err != nil {
 		return 0, err
 	}

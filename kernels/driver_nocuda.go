@@ -2,7 +2,10 @@
 
 package kernels
 
-import "time"
+import (
+	"github.com/gradcomp/gradcomp/gpu"
+	"time"
+)
 
 // Context is a device's primary context with gradcomp's kernels loaded. In
 // this build (no cuda tag) none can be opened: every method returns
@@ -18,13 +21,13 @@ func (c *Context) Info() DeviceInfo { return DeviceInfo{} }
 // Close does nothing.
 func (c *Context) Close() error { return nil }
 
-func (c *Context) run(Stream, []step) error { return ErrNoCUDA }
+func (c *Context) run(gpu.Stream, []step) error { return ErrNoCUDA }
 
 // Alloc returns ErrNoCUDA.
-func (c *Context) Alloc(int) (DevicePtr, error) { return 0, ErrNoCUDA }
+func (c *Context) Alloc(int) (gpu.Ptr, error) { return 0, ErrNoCUDA }
 
 // Free returns ErrNoCUDA (nil for Free(0)).
-func (c *Context) Free(p DevicePtr) error {
+func (c *Context) Free(p gpu.Ptr) error {
 	if p == 0 {
 		return nil
 	}
@@ -32,40 +35,40 @@ func (c *Context) Free(p DevicePtr) error {
 }
 
 // CopyIn returns ErrNoCUDA.
-func (c *Context) CopyIn(Stream, DevicePtr, []byte) error { return ErrNoCUDA }
+func (c *Context) CopyIn(gpu.Stream, gpu.Ptr, []byte) error { return ErrNoCUDA }
 
 // CopyOut returns ErrNoCUDA.
-func (c *Context) CopyOut(Stream, []byte, DevicePtr) error { return ErrNoCUDA }
+func (c *Context) CopyOut(gpu.Stream, []byte, gpu.Ptr) error { return ErrNoCUDA }
 
 // Copy returns ErrNoCUDA.
-func (c *Context) Copy(Stream, DevicePtr, DevicePtr, int) error { return ErrNoCUDA }
+func (c *Context) Copy(gpu.Stream, gpu.Ptr, gpu.Ptr, int) error { return ErrNoCUDA }
 
 // NewStream returns ErrNoCUDA.
-func (c *Context) NewStream() (Stream, error) { return 0, ErrNoCUDA }
+func (c *Context) NewStream() (gpu.Stream, error) { return 0, ErrNoCUDA }
 
 // DestroyStream returns ErrNoCUDA.
-func (c *Context) DestroyStream(Stream) error { return ErrNoCUDA }
+func (c *Context) DestroyStream(gpu.Stream) error { return ErrNoCUDA }
 
 // Synchronize returns ErrNoCUDA.
-func (c *Context) Synchronize(Stream) error { return ErrNoCUDA }
+func (c *Context) Synchronize(gpu.Stream) error { return ErrNoCUDA }
 
 // NewEvent returns ErrNoCUDA.
-func (c *Context) NewEvent(bool) (Event, error) { return 0, ErrNoCUDA }
+func (c *Context) NewEvent(bool) (gpu.Event, error) { return 0, ErrNoCUDA }
 
 // DestroyEvent returns ErrNoCUDA.
-func (c *Context) DestroyEvent(Event) error { return ErrNoCUDA }
+func (c *Context) DestroyEvent(gpu.Event) error { return ErrNoCUDA }
 
 // Record returns ErrNoCUDA.
-func (c *Context) Record(Event, Stream) error { return ErrNoCUDA }
+func (c *Context) Record(gpu.Event, gpu.Stream) error { return ErrNoCUDA }
 
 // WaitEvent returns ErrNoCUDA.
-func (c *Context) WaitEvent(Stream, Event) error { return ErrNoCUDA }
+func (c *Context) WaitEvent(gpu.Stream, gpu.Event) error { return ErrNoCUDA }
 
 // EventQuery returns ErrNoCUDA.
-func (c *Context) EventQuery(Event) (bool, error) { return false, ErrNoCUDA }
+func (c *Context) EventQuery(gpu.Event) (bool, error) { return false, ErrNoCUDA }
 
 // EventSynchronize returns ErrNoCUDA.
-func (c *Context) EventSynchronize(Event) error { return ErrNoCUDA }
+func (c *Context) EventSynchronize(gpu.Event) error { return ErrNoCUDA }
 
 // Elapsed returns ErrNoCUDA.
-func (c *Context) Elapsed(Event, Event) (time.Duration, error) { return 0, ErrNoCUDA }
+func (c *Context) Elapsed(gpu.Event, gpu.Event) (time.Duration, error) { return 0, ErrNoCUDA }

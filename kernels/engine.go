@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"fmt"
 	"math"
 
@@ -9,17 +11,17 @@ import (
 
 // AverageArgs are the device buffers of one Average call.
 type AverageArgs struct {
-	Dst   DevicePtr // N float32: the sum over Ranks ranks, averaged in place
+	Dst   gpu.Ptr // N float32: the sum over Ranks ranks, averaged in place
 	N     int
 	Ranks int // the divisor, 1 to 65535
 	// Slots, optional: Count status blocks (StatusLen bytes each, 8-byte
 	// aligned), Stride bytes apart, the first at Slots: every rank's Encode
 	// status as its gathered payload slot carries it. 0 (with Count 0) for
 	// an exchange without statuses (a dense all-reduce).
-	Slots  DevicePtr
+	Slots  gpu.Ptr
 	Stride int
 	Count  int
-	Out    DevicePtr // StatusLen bytes, 8-byte aligned: the result's status (see Average)
+	Out    gpu.Ptr // StatusLen bytes, 8-byte aligned: the result's status (see Average)
 }
 
 // averagePlan returns the operations of Average.
@@ -59,7 +61,7 @@ func averagePlan(a AverageArgs) ([]step, error) {
 // x becomes x / float32(Ranks), rounded once: overlap's average) and
 // records the first non-finite result in the first word (read it with
 // StatusError).
-func Average(ctx *Context, s Stream, a AverageArgs) error {
+func Average(ctx *Context, s gpu.Stream, a AverageArgs) error {
 	plan, err := averagePlan(a)
 	if err != nil {
 		return err
@@ -71,7 +73,7 @@ func Average(ctx *Context, s Stream, a AverageArgs) error {
 const gemmTile = 16
 
 // sgemmPlan returns the launch of SGEMM.
-func sgemmPlan(c, a, b DevicePtr, m, n, k int) ([]step, error) {
+func sgemmPlan(c, a, b gpu.Ptr, m, n, k int) ([]step, error) {
 	switch {
 	case m < 1 || n < 1 || k < 1 || m > math.MaxInt32 || n > math.MaxInt32 || k > math.MaxInt32:
 		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("dimensions m=%d n=%d k=%d, want 1 to %d each", m, n, k, math.MaxInt32)}
@@ -90,7 +92,7 @@ func sgemmPlan(c, a, b DevicePtr, m, n, k int) ([]step, error) {
 // float32 matrices, summed in k order, and returns without waiting. It is
 // the synthetic compute of the overlap benchmark (a plain shared-memory
 // tiled kernel, not a fast GEMM); c must not overlap a or b.
-func SGEMM(ctx *Context, s Stream, c, a, b DevicePtr, m, n, k int) error {
+func SGEMM(ctx *Context, s gpu.Stream, c, a, b gpu.Ptr, m, n, k int) error {
 	plan, err := sgemmPlan(c, a, b, m, n, k)
 	if err != nil {
 		return err

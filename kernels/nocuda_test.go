@@ -3,6 +3,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"errors"
 	"testing"
 
@@ -29,7 +31,7 @@ func TestNoCUDA(t *testing.T) {
 	if err := c.Encode(ctx, 0, fakeArgs(c, 1000, true)); !errors.Is(err, ErrNoCUDA) {
 		t.Errorf("Encode: %v, want ErrNoCUDA", err)
 	}
-	if err := c.Decode(ctx, 0, DecodeArgs{Dst: 1 << 40, N: 10, Bodies: []DevicePtr{2 << 40}}); !errors.Is(err, ErrNoCUDA) {
+	if err := c.Decode(ctx, 0, DecodeArgs{Dst: 1 << 40, N: 10, Bodies: []gpu.Ptr{2 << 40}}); !errors.Is(err, ErrNoCUDA) {
 		t.Errorf("Decode: %v, want ErrNoCUDA", err)
 	}
 	if err := FillLaplace(ctx, 0, 1<<40, 10, 1, compress.Key{}); !errors.Is(err, ErrNoCUDA) {

@@ -1,6 +1,9 @@
 package kernels
 
-import "github.com/gradcomp/gradcomp/compress"
+import (
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
+)
 
 // Encode enqueues on stream s the kernels that write the raw body of
 // a.N elements (see EncodeArgs) and returns without waiting for them. A
@@ -9,7 +12,7 @@ import "github.com/gradcomp/gradcomp/compress"
 // StatusError once s has passed the call, and discard the body (and
 // ResidOut) if it holds an error. The argument checks run on the host
 // before anything is enqueued.
-func (c *Codec) Encode(ctx *Context, s Stream, a EncodeArgs) error {
+func (c *Codec) Encode(ctx *Context, s gpu.Stream, a EncodeArgs) error {
 	plan, err := c.encodePlan(a)
 	if err != nil {
 		return err
@@ -24,7 +27,7 @@ func (c *Codec) Encode(ctx *Context, s Stream, a EncodeArgs) error {
 // bodies' order, so the result equals compress's Decompress of the first
 // body followed by DecompressAdd of the others (or DecompressAdd of all
 // with Add), bit for bit.
-func (c *Codec) Decode(ctx *Context, s Stream, a DecodeArgs) error {
+func (c *Codec) Decode(ctx *Context, s gpu.Stream, a DecodeArgs) error {
 	plan, err := c.decodePlan(a)
 	if err != nil {
 		return err
@@ -35,7 +38,7 @@ func (c *Codec) Decode(ctx *Context, s Stream, a DecodeArgs) error {
 // FillLaplace enqueues on s a kernel that fills n float32 at x with
 // Laplace(0, 1) samples drawn from (seed, key): reproducible test and
 // benchmark gradients made on the device.
-func FillLaplace(ctx *Context, s Stream, x DevicePtr, n int, seed uint64, key compress.Key) error {
+func FillLaplace(ctx *Context, s gpu.Stream, x gpu.Ptr, n int, seed uint64, key compress.Key) error {
 	if n < 0 || n > compress.MaxElements || (n > 0 && (x == 0 || x%4 != 0)) {
 		return &ArgError{Op: "FillLaplace", Reason: "bad buffer or element count"}
 	}

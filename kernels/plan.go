@@ -1,6 +1,9 @@
 package kernels
 
-import "math"
+import (
+	"github.com/gradcomp/gradcomp/gpu"
+	"math"
+)
 
 // A plan is the list of operations one call enqueues on a stream, built in
 // plain Go (and tested without a device); the driver backend runs it.
@@ -10,7 +13,7 @@ type step struct {
 	args        []uint64 // one 8-byte slot per kernel parameter (see arg)
 
 	// A memset (fn == ""): count 32-bit words from ptr set to val.
-	ptr   DevicePtr
+	ptr   gpu.Ptr
 	val   uint32
 	count uint64
 }
@@ -19,7 +22,7 @@ type step struct {
 // reads as many bytes of each as the parameter has (8 for pointers and
 // u64, 4 for u32 and f32), which are the low bytes.
 
-func ptrArg(p DevicePtr) uint64 { return uint64(p) }
+func ptrArg(p gpu.Ptr) uint64 { return uint64(p) }
 
 func boolArg(b bool) uint64 {
 	if b {
@@ -36,7 +39,7 @@ func launch(fn string, grid, block uint32, args ...uint64) step {
 }
 
 // memset32 returns a step setting count 32-bit words from p to v.
-func memset32(p DevicePtr, v uint32, count uint64) step {
+func memset32(p gpu.Ptr, v uint32, count uint64) step {
 	return step{ptr: p, val: v, count: count}
 }
 

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"errors"
 	"math"
 	"regexp"
@@ -100,9 +102,9 @@ func TestPlansMatchPTX(t *testing.T) {
 				}
 				checkPlan(spec+" encode", plan)
 			}
-			bodies := make([]DevicePtr, 11) // more than one dequantize-accumulate launch
+			bodies := make([]gpu.Ptr, 11) // more than one dequantize-accumulate launch
 			for i := range bodies {
-				bodies[i] = DevicePtr(i+8) << 40
+				bodies[i] = gpu.Ptr(i+8) << 40
 			}
 			plan, err := c.decodePlan(DecodeArgs{Dst: 7 << 40, N: n, Bodies: bodies})
 			if err != nil {
@@ -210,15 +212,15 @@ func TestTopkWorkspace(t *testing.T) {
 		tiles := (n + tile - 1) / tile
 		l := newTopkLayout(1<<20, tiles)
 		regions := []struct {
-			p     DevicePtr
+			p     gpu.Ptr
 			bytes int
 		}{{l.state, topkStateLen}, {l.cand, 4 * tile * tiles}, {l.count, 4 * tiles}, {l.above, 4 * tiles}, {l.equal, 4 * tiles}, {l.offset, 4 * tiles}}
-		end := DevicePtr(1 << 20)
+		end := gpu.Ptr(1 << 20)
 		for i, r := range regions {
 			if r.p%256 != 0 || r.p < end {
 				t.Errorf("n=%d: region %d at %#x (previous ends at %#x)", n, i, r.p, end)
 			}
-			end = r.p + DevicePtr(r.bytes)
+			end = r.p + gpu.Ptr(r.bytes)
 		}
 		if got := int(end - 1<<20); got > c.WorkspaceLen(n) {
 			t.Errorf("n=%d: regions need %d bytes, WorkspaceLen says %d", n, got, c.WorkspaceLen(n))
@@ -257,10 +259,10 @@ func TestEncodeArgsRejected(t *testing.T) {
 	}
 	for name, a := range map[string]DecodeArgs{
 		"no bodies":       {Dst: 1 << 40, N: 10},
-		"null dst":        {N: 10, Bodies: []DevicePtr{1 << 40}},
-		"null body":       {Dst: 1 << 40, N: 10, Bodies: []DevicePtr{0}},
-		"misaligned body": {Dst: 1 << 40, N: 10, Bodies: []DevicePtr{1<<40 + 1}},
-		"negative":        {Dst: 1 << 40, N: -1, Bodies: []DevicePtr{1 << 40}},
+		"null dst":        {N: 10, Bodies: []gpu.Ptr{1 << 40}},
+		"null body":       {Dst: 1 << 40, N: 10, Bodies: []gpu.Ptr{0}},
+		"misaligned body": {Dst: 1 << 40, N: 10, Bodies: []gpu.Ptr{1<<40 + 1}},
+		"negative":        {Dst: 1 << 40, N: -1, Bodies: []gpu.Ptr{1 << 40}},
 	} {
 		var ae *ArgError
 		if _, err := q.decodePlan(a); !errors.As(err, &ae) {
@@ -329,7 +331,7 @@ func TestEngineArgsRejected(t *testing.T) {
 		"too many tiles": {1 << 40, 2 << 40, 3 << 40, math.MaxInt32, math.MaxInt32, 1},
 	} {
 		var ae *ArgError
-		if _, err := sgemmPlan(DevicePtr(d[0]), DevicePtr(d[1]), DevicePtr(d[2]), d[3], d[4], d[5]); !errors.As(err, &ae) {
+		if _, err := sgemmPlan(gpu.Ptr(d[0]), gpu.Ptr(d[1]), gpu.Ptr(d[2]), d[3], d[4], d[5]); !errors.As(err, &ae) {
 			t.Errorf("sgemm %s: got %v, want an *ArgError", name, err)
 		}
 	}

@@ -12,7 +12,7 @@
 //	err = c.Wait(ctx, eventDone)             // optional: host waits for the stream's work, polling async errors
 //	err = c.Destroy(ctx)
 //
-// Device memory and streams cross the API as DevicePtr and Stream, plain
+// Device memory and streams cross the API as gpu.Ptr and gpu.Stream, plain
 // uintptr wrappers (a CUdeviceptr or tensor.data_ptr(), a cudaStream_t);
 // the package never touches device memory itself and never synchronizes a
 // stream. It needs cgo (for dlopen); built with CGO_ENABLED=0, Open returns

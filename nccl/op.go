@@ -1,6 +1,9 @@
 package nccl
 
-import "fmt"
+import (
+	"fmt"
+	"github.com/gradcomp/gradcomp/gpu"
+)
 
 // Op is one NCCL operation, described but not yet enqueued: Comm.Run
 // enqueues one or a group, Library.Group a group across communicators. Make
@@ -13,38 +16,38 @@ import "fmt"
 // has passed the op.
 type Op struct {
 	fn     fnID // fnAllReduce … fnRecv; 0 (fnGetVersion) in the zero Op
-	send   DevicePtr
-	recv   DevicePtr
+	send   gpu.Ptr
+	recv   gpu.Ptr
 	count  int
 	dtype  DataType
 	red    RedOp
 	peer   int // Broadcast's root, Send's and Recv's peer
-	stream Stream
+	stream gpu.Stream
 }
 
 // AllReduce is ncclAllReduce: recv, on every rank, is the element-wise
 // reduction op of every rank's send (count elements each). send == recv is
 // in place.
-func AllReduce(send, recv DevicePtr, count int, t DataType, op RedOp, s Stream) Op {
+func AllReduce(send, recv gpu.Ptr, count int, t DataType, op RedOp, s gpu.Stream) Op {
 	return Op{fn: fnAllReduce, send: send, recv: recv, count: count, dtype: t, red: op, stream: s}
 }
 
 // AllGather is ncclAllGather: recv (size·sendCount elements) holds every
 // rank's send in rank order. send == recv + rank·sendCount is in place.
-func AllGather(send, recv DevicePtr, sendCount int, t DataType, s Stream) Op {
+func AllGather(send, recv gpu.Ptr, sendCount int, t DataType, s gpu.Stream) Op {
 	return Op{fn: fnAllGather, send: send, recv: recv, count: sendCount, dtype: t, stream: s}
 }
 
 // ReduceScatter is ncclReduceScatter: send has size·recvCount elements on
 // every rank, and recv on rank r is block r of the element-wise reduction
 // op of every rank's send.
-func ReduceScatter(send, recv DevicePtr, recvCount int, t DataType, op RedOp, s Stream) Op {
+func ReduceScatter(send, recv gpu.Ptr, recvCount int, t DataType, op RedOp, s gpu.Stream) Op {
 	return Op{fn: fnReduceScatter, send: send, recv: recv, count: recvCount, dtype: t, red: op, stream: s}
 }
 
 // Broadcast is ncclBroadcast: recv, on every rank, is root's send (count
 // elements). send is only read on the root and may be 0 elsewhere.
-func Broadcast(send, recv DevicePtr, count int, t DataType, root int, s Stream) Op {
+func Broadcast(send, recv gpu.Ptr, count int, t DataType, root int, s gpu.Stream) Op {
 	return Op{fn: fnBroadcast, send: send, recv: recv, count: count, dtype: t, peer: root, stream: s}
 }
 
@@ -52,12 +55,12 @@ func Broadcast(send, recv DevicePtr, count int, t DataType, root int, s Stream) 
 // matching Recv. Sends and receives that depend on each other (an exchange
 // between two ranks) must be enqueued in one group (Comm.Run with several
 // ops) or they deadlock.
-func Send(buf DevicePtr, count int, t DataType, peer int, s Stream) Op {
+func Send(buf gpu.Ptr, count int, t DataType, peer int, s gpu.Stream) Op {
 	return Op{fn: fnSend, send: buf, count: count, dtype: t, peer: peer, stream: s}
 }
 
 // Recv is ncclRecv: count elements from rank peer into buf (see Send).
-func Recv(buf DevicePtr, count int, t DataType, peer int, s Stream) Op {
+func Recv(buf gpu.Ptr, count int, t DataType, peer int, s gpu.Stream) Op {
 	return Op{fn: fnRecv, recv: buf, count: count, dtype: t, peer: peer, stream: s}
 }
 

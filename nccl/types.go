@@ -6,14 +6,6 @@ import (
 	"strconv"
 )
 
-// DevicePtr is a CUDA device address (a CUdeviceptr, or the data_ptr() of a
-// CUDA tensor). The package never dereferences it; NCCL does, on the GPU.
-type DevicePtr uintptr
-
-// Stream is a CUDA stream handle (a cudaStream_t / CUstream, as
-// torch.cuda.Stream.cuda_stream gives it). 0 is the legacy default stream.
-type Stream uintptr
-
 // Result is an ncclResult_t. The values are those of nccl.h 2.x.
 type Result int32
 

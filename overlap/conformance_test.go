@@ -1,6 +1,8 @@
 package overlap
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"bytes"
 	"context"
 	"errors"
@@ -15,7 +17,6 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
-	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // The engine conformance suite: one set of checks of what every backend ×
@@ -249,10 +250,10 @@ func (m *hostMember) Wait(ctx context.Context) ([][]float32, StepStats, error) {
 type deviceMember struct {
 	*DeviceEngine
 	dev     *fakeDevice
-	s       kernels.Stream
+	s       gpu.Stream
 	sizes   []int
-	ptrs    []kernels.DevicePtr
-	scratch kernels.DevicePtr
+	ptrs    []gpu.Ptr
+	scratch gpu.Ptr
 	given   []bool
 }
 

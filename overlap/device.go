@@ -1,6 +1,8 @@
 package overlap
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"encoding/binary"
 	"errors"
@@ -23,21 +25,21 @@ import (
 // kernels.Context's of the same names, and Encode, Decode and Average are
 // kernels.Codec.Encode, kernels.Codec.Decode and kernels.Average.
 type Device interface {
-	Alloc(bytes int) (kernels.DevicePtr, error)
-	Free(p kernels.DevicePtr) error
-	CopyIn(s kernels.Stream, dst kernels.DevicePtr, src []byte) error
-	CopyOut(s kernels.Stream, dst []byte, src kernels.DevicePtr) error
-	NewStream() (kernels.Stream, error)
-	DestroyStream(s kernels.Stream) error
-	NewEvent(timing bool) (kernels.Event, error)
-	DestroyEvent(e kernels.Event) error
-	Record(e kernels.Event, s kernels.Stream) error
-	WaitEvent(s kernels.Stream, e kernels.Event) error
-	EventQuery(e kernels.Event) (bool, error)
-	Elapsed(start, end kernels.Event) (time.Duration, error)
-	Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error
-	Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error
-	Average(s kernels.Stream, a kernels.AverageArgs) error
+	Alloc(bytes int) (gpu.Ptr, error)
+	Free(p gpu.Ptr) error
+	CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error
+	CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error
+	NewStream() (gpu.Stream, error)
+	DestroyStream(s gpu.Stream) error
+	NewEvent(timing bool) (gpu.Event, error)
+	DestroyEvent(e gpu.Event) error
+	Record(e gpu.Event, s gpu.Stream) error
+	WaitEvent(s gpu.Stream, e gpu.Event) error
+	EventQuery(e gpu.Event) (bool, error)
+	Elapsed(start, end gpu.Event) (time.Duration, error)
+	Encode(c *kernels.Codec, s gpu.Stream, a kernels.EncodeArgs) error
+	Decode(c *kernels.Codec, s gpu.Stream, a kernels.DecodeArgs) error
+	Average(s gpu.Stream, a kernels.AverageArgs) error
 }
 
 // CUDA returns the Device of a kernels.Context (its primary context, so
@@ -47,15 +49,15 @@ func CUDA(ctx *kernels.Context) Device { return cudaDevice{ctx} }
 
 type cudaDevice struct{ *kernels.Context }
 
-func (d cudaDevice) Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error {
+func (d cudaDevice) Encode(c *kernels.Codec, s gpu.Stream, a kernels.EncodeArgs) error {
 	return c.Encode(d.Context, s, a)
 }
 
-func (d cudaDevice) Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error {
+func (d cudaDevice) Decode(c *kernels.Codec, s gpu.Stream, a kernels.DecodeArgs) error {
 	return c.Decode(d.Context, s, a)
 }
 
-func (d cudaDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
+func (d cudaDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 	return kernels.Average(d.Context, s, a)
 }
 
@@ -142,14 +144,14 @@ type DeviceEngine struct {
 	dc    comm.DeviceComm
 	codec *kernels.Codec // nil for codec none
 
-	enc, wire, dec kernels.Stream
-	statuses       kernels.DevicePtr // kernels.StatusLen per bucket: the averages' Out blocks
-	midStatuses    kernels.DevicePtr // the same for SRA's averages of this rank's parts
-	part           parts             // SRA's partition of a bucket (count: the world size)
-	done           kernels.Event     // the step's end, on the decode stream
-	drained        [2]kernels.Event  // encode and wire stream ends, for a step that did not launch every bucket
-	mem            []kernels.DevicePtr
-	events         []kernels.Event
+	enc, wire, dec gpu.Stream
+	statuses       gpu.Ptr      // kernels.StatusLen per bucket: the averages' Out blocks
+	midStatuses    gpu.Ptr      // the same for SRA's averages of this rank's parts
+	part           parts        // SRA's partition of a bucket (count: the world size)
+	done           gpu.Event    // the step's end, on the decode stream
+	drained        [2]gpu.Event // encode and wire stream ends, for a step that did not launch every bucket
+	mem            []gpu.Ptr
+	events         []gpu.Event
 	bufs           []*devBuffers // per bucket
 	released       bool          // teardown ran: the device state is gone
 }
@@ -164,26 +166,26 @@ type devBuffers struct {
 	// rank's slot of this rank's part; send2 and recv2 (slot2 bytes per
 	// rank) carry the stage-2 payloads of the averaged parts.
 	slot, slot2  int
-	send, recv   kernels.DevicePtr
-	send2, recv2 kernels.DevicePtr
-	resid, out   kernels.DevicePtr // error feedback: e, and the residual Encode writes
-	resid2, out2 kernels.DevicePtr // SRA: this rank's part's second memory
-	mid          kernels.DevicePtr // SRA: this rank's part, summed and averaged
-	work, work2  kernels.DevicePtr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
+	send, recv   gpu.Ptr
+	send2, recv2 gpu.Ptr
+	resid, out   gpu.Ptr // error feedback: e, and the residual Encode writes
+	resid2, out2 gpu.Ptr // SRA: this rank's part's second memory
+	mid          gpu.Ptr // SRA: this rank's part, summed and averaged
+	work, work2  gpu.Ptr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
 	// Events: the caller's gradient ready; each stage's start and end on
 	// its stream (timing events).
-	ready                                      kernels.Event
-	encBeg, encEnd, xBeg, xEnd, decBeg, decEnd kernels.Event
-	xMid, midEnd                               kernels.Event // SRA: the all-to-all's end; the owner's work's end
+	ready                                      gpu.Event
+	encBeg, encEnd, xBeg, xEnd, decBeg, decEnd gpu.Event
+	xMid, midEnd                               gpu.Event // SRA: the all-to-all's end; the owner's work's end
 }
 
 // deviceRun is the device backend's part of a run.
 type deviceRun struct {
-	dgrad kernels.DevicePtr // the caller's gradient
+	dgrad gpu.Ptr // the caller's gradient
 }
 
 // NewDevice builds a device engine for buckets of the given element counts
-// over dc (the device transport, e.g. comm/nccl) on dev, after a handshake
+// over dc (the device transport, e.g. comm/ncclcomm) on dev, after a handshake
 // over host, a comm.Comm of the same ranks (the one that bootstrapped dc;
 // it is used only here): Engine's handshake, so a difference is a
 // *ConfigMismatchError on every rank. cfg is Engine's; Workers is ignored
@@ -250,7 +252,7 @@ func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	return r, nil
 }
 
-func (e *DeviceEngine) event(timing bool) (kernels.Event, error) {
+func (e *DeviceEngine) event(timing bool) (gpu.Event, error) {
 	ev, err := e.dev.NewEvent(timing)
 	if err == nil {
 		e.events = append(e.events, ev)
@@ -258,7 +260,7 @@ func (e *DeviceEngine) event(timing bool) (kernels.Event, error) {
 	return ev, err
 }
 
-func (e *DeviceEngine) alloc(bytes int) (kernels.DevicePtr, error) {
+func (e *DeviceEngine) alloc(bytes int) (gpu.Ptr, error) {
 	p, err := e.dev.Alloc(bytes)
 	if err == nil {
 		e.mem = append(e.mem, p)
@@ -269,12 +271,12 @@ func (e *DeviceEngine) alloc(bytes int) (kernels.DevicePtr, error) {
 // allocate makes the streams, the events and the status blocks.
 func (e *DeviceEngine) allocate() error {
 	var err error
-	for _, s := range []*kernels.Stream{&e.enc, &e.wire, &e.dec} {
+	for _, s := range []*gpu.Stream{&e.enc, &e.wire, &e.dec} {
 		if *s, err = e.dev.NewStream(); err != nil {
 			return err
 		}
 	}
-	for _, p := range []*kernels.Event{&e.done, &e.drained[0], &e.drained[1]} {
+	for _, p := range []*gpu.Event{&e.done, &e.drained[0], &e.drained[1]} {
 		if *p, err = e.event(false); err != nil {
 			return err
 		}
@@ -294,7 +296,7 @@ func (e *DeviceEngine) allocate() error {
 		if b.ready, err = e.event(false); err != nil {
 			return err
 		}
-		for k, p := range []*kernels.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
+		for k, p := range []*gpu.Event{&b.encBeg, &b.encEnd, &b.xBeg, &b.xEnd, &b.decBeg, &b.decEnd, &b.xMid, &b.midEnd} {
 			if *p, err = e.event(k < 6); err != nil { // the stage bounds are timed
 				return err
 			}
@@ -326,7 +328,7 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		nb.slot2 = slot(unit)
 	}
 	for _, x := range []struct {
-		p     *kernels.DevicePtr
+		p     *gpu.Ptr
 		bytes int
 		need  bool
 	}{
@@ -351,7 +353,7 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		}
 	}
 	for _, m := range []struct {
-		p kernels.DevicePtr
+		p gpu.Ptr
 		n int
 	}{{nb.resid, bk.n}, {nb.resid2, mine}} {
 		if m.p != 0 && m.n > 0 {
@@ -378,7 +380,7 @@ func (e *DeviceEngine) release() error {
 	for _, ev := range e.events {
 		keep(e.dev.DestroyEvent(ev))
 	}
-	for _, s := range []kernels.Stream{e.enc, e.wire, e.dec} {
+	for _, s := range []gpu.Stream{e.enc, e.wire, e.dec} {
 		if s != 0 {
 			keep(e.dev.DestroyStream(s))
 		}
@@ -401,7 +403,7 @@ func (e *DeviceEngine) release() error {
 // after Wait began, a null or misaligned grad) is a *UsageError that
 // changes nothing. A launch that fails is a *StepError: the step has
 // failed (Wait returns it too).
-func (e *DeviceEngine) Ready(i int, grad kernels.DevicePtr, s kernels.Stream) error {
+func (e *DeviceEngine) Ready(i int, grad gpu.Ptr, s gpu.Stream) error {
 	call := fmt.Sprintf("Ready(%d)", i)
 	return e.ready(call, i, func(*bucket) error {
 		if grad == 0 || grad%4 != 0 {
@@ -437,7 +439,7 @@ func (e *DeviceEngine) key2(step uint64, i int) compress.Key {
 
 // encode enqueues run r's compression: the encode stream waits for the
 // caller's stream s.
-func (e *DeviceEngine) encode(st *step, r *run, s kernels.Stream) error {
+func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	i, n := r.b.idx, r.b.n
 	b := e.bufs[i]
 	if err := e.dev.Record(b.ready, s); err != nil {
@@ -459,8 +461,8 @@ func (e *DeviceEngine) encode(st *step, r *run, s kernels.Stream) error {
 			if count > 1 {
 				lo, hi = e.part.bounds(n, j)
 			}
-			slot := b.send + kernels.DevicePtr(j*b.slot)
-			off := kernels.DevicePtr(4 * lo)
+			slot := b.send + gpu.Ptr(j*b.slot)
+			off := gpu.Ptr(4 * lo)
 			a := kernels.EncodeArgs{Body: slot + kernels.StatusLen, Grad: r.dgrad + off, Work: b.work,
 				Status: slot, N: hi - lo, Key: e.key(st.num, i, j)}
 			if e.cfg.ErrorFeedback {
@@ -482,28 +484,28 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 	b := e.bufs[i]
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	avg := kernels.AverageArgs{Dst: grad, N: n, Ranks: e.size, Out: e.statuses + kernels.DevicePtr(kernels.StatusLen*i)}
+	avg := kernels.AverageArgs{Dst: grad, N: n, Ranks: e.size, Out: e.statuses + gpu.Ptr(kernels.StatusLen*i)}
 	var ops []func() error
 	switch {
 	case !r.compressed:
 		ops = []func() error{
-			func() error { return e.dc.AllReduce(ctx, comm.DevicePtr(grad), n, comm.Stream(e.wire)) },
+			func() error { return e.dc.AllReduce(ctx, grad, n, e.wire) },
 			func() error { return e.dev.Record(b.xEnd, e.wire) },
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
 	case e.strategy == StrategyQuantSRA:
 		lo, hi := e.part.bounds(n, e.rank)
-		bodies := func(base kernels.DevicePtr, slot int) []kernels.DevicePtr {
-			out := make([]kernels.DevicePtr, e.size)
+		bodies := func(base gpu.Ptr, slot int) []gpu.Ptr {
+			out := make([]gpu.Ptr, e.size)
 			for r := range out {
-				out[r] = base + kernels.DevicePtr(r*slot+kernels.StatusLen)
+				out[r] = base + gpu.Ptr(r*slot+kernels.StatusLen)
 			}
 			return out
 		}
 		ops = []func() error{
 			func() error {
-				return e.dc.AllToAll(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), e.size*b.slot, comm.Stream(e.wire))
+				return e.dc.AllToAll(ctx, b.recv, b.send, e.size*b.slot, e.wire)
 			},
 			func() error { return e.dev.Record(b.xMid, e.wire) },
 			func() error { return e.dev.WaitEvent(e.dec, b.xMid) },
@@ -512,7 +514,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			},
 			func() error {
 				return e.dev.Average(e.dec, kernels.AverageArgs{Dst: b.mid, N: hi - lo, Ranks: e.size, Slots: b.recv,
-					Stride: b.slot, Count: e.size, Out: e.midStatuses + kernels.DevicePtr(kernels.StatusLen*i)})
+					Stride: b.slot, Count: e.size, Out: e.midStatuses + gpu.Ptr(kernels.StatusLen*i)})
 			},
 			func() error {
 				a := kernels.EncodeArgs{Body: b.send2 + kernels.StatusLen, Grad: b.mid, Work: b.work2, Status: b.send2,
@@ -525,7 +527,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error { return e.dev.Record(b.midEnd, e.dec) },
 			func() error { return e.dev.WaitEvent(e.wire, b.midEnd) },
 			func() error {
-				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv2), comm.DevicePtr(b.send2), b.slot2, comm.Stream(e.wire))
+				return e.dc.AllGather(ctx, b.recv2, b.send2, b.slot2, e.wire)
 			},
 			func() error { return e.dev.Record(b.xEnd, e.wire) },
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
@@ -534,22 +536,22 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		for j, body := range bodies(b.recv2, b.slot2) {
 			lo, hi := e.part.bounds(n, j)
 			ops = append(ops, func() error {
-				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad + kernels.DevicePtr(4*lo), N: hi - lo, Bodies: []kernels.DevicePtr{body}})
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad + gpu.Ptr(4*lo), N: hi - lo, Bodies: []gpu.Ptr{body}})
 			})
 		}
 		avg.Ranks, avg.Slots, avg.Stride, avg.Count = 1, b.recv2, b.slot2, e.size
 	default:
 		ops = []func() error{
 			func() error {
-				return e.dc.AllGather(ctx, comm.DevicePtr(b.recv), comm.DevicePtr(b.send), b.slot, comm.Stream(e.wire))
+				return e.dc.AllGather(ctx, b.recv, b.send, b.slot, e.wire)
 			},
 			func() error { return e.dev.Record(b.xEnd, e.wire) },
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 			func() error {
-				bodies := make([]kernels.DevicePtr, e.size)
+				bodies := make([]gpu.Ptr, e.size)
 				for r := range bodies {
-					bodies[r] = b.recv + kernels.DevicePtr(r*b.slot+kernels.StatusLen)
+					bodies[r] = b.recv + gpu.Ptr(r*b.slot+kernels.StatusLen)
 				}
 				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: bodies, Key: e.key(st.num, i, 0)})
 			},
@@ -578,7 +580,7 @@ func (e *DeviceEngine) launched(*step) error { return e.dev.Record(e.done, e.dec
 // the end of the step's last bucket, without blocking the host. It needs
 // every bucket ready (else a *UsageError, ErrNotReady). Wait must still be
 // called to settle the step.
-func (e *DeviceEngine) Done(s kernels.Stream) error {
+func (e *DeviceEngine) Done(s gpu.Stream) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.usable("Done"); err != nil {
@@ -646,7 +648,7 @@ func (e *DeviceEngine) conclude(st *step) error {
 		}
 		for _, t := range []struct {
 			d          *time.Duration
-			start, end kernels.Event
+			start, end gpu.Event
 		}{{&s.Compress, b.encBeg, b.encEnd}, {&s.Exchange, b.xBeg, b.xEnd}, {&s.Decompress, b.decBeg, b.decEnd}} {
 			if *t.d, err = e.dev.Elapsed(t.start, t.end); err != nil {
 				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
@@ -713,7 +715,7 @@ func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, er
 // devMemory is one of a bucket's memories on the device.
 type devMemory struct {
 	f   *compress.ErrorFeedback
-	p   kernels.DevicePtr
+	p   gpu.Ptr
 	n   int
 	tag string
 }
@@ -791,7 +793,7 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 		}
 		for q := range e.size {
 			slot := make([]byte, kernels.StatusLen)
-			if err := e.dev.CopyOut(e.dec, slot, base+kernels.DevicePtr(q*stride)); err != nil {
+			if err := e.dev.CopyOut(e.dec, slot, base+gpu.Ptr(q*stride)); err != nil {
 				return "", err
 			}
 			if err := kernels.StatusError(slot); err != nil {
@@ -819,7 +821,7 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 // decode stream wait for them before the done event, so that the done
 // event covers everything enqueued, launched or not.
 func (e *DeviceEngine) seal() error {
-	for k, s := range []kernels.Stream{e.enc, e.wire} {
+	for k, s := range []gpu.Stream{e.enc, e.wire} {
 		if err := e.dev.Record(e.drained[k], s); err != nil {
 			return err
 		}

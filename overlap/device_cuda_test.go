@@ -3,6 +3,8 @@
 package overlap
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +16,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
-	commnccl "github.com/gradcomp/gradcomp/comm/nccl"
+	"github.com/gradcomp/gradcomp/comm/ncclcomm"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/nccl"
@@ -29,11 +31,11 @@ var (
 	gpuSkip string
 )
 
-// gpu returns device 0's context and a one-rank NCCL communicator on it
+// testDevice returns device 0's context and a one-rank NCCL communicator on it
 // (one H200: NCCL refuses two ranks on one GPU), or skips the test with
 // the reason when there is no GPU or no libnccl.so.2 ($GRADCOMP_NCCL
 // names it; scripts/gpu-check sets it to the nvidia-nccl wheel's copy).
-func gpu(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
+func testDevice(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
 	tb.Helper()
 	gpuOnce.Do(func() {
 		if gpuCtx, gpuErr = kernels.Open(0); errors.Is(gpuErr, kernels.ErrNoDevice) {
@@ -56,7 +58,7 @@ func gpu(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
 			return
 		}
 		gpuHost = hosts[0]
-		gpuDC, gpuErr = commnccl.New(context.Background(), lib, gpuHost, nccl.WithDevice(0), nccl.WithTimeout(30*time.Second))
+		gpuDC, gpuErr = ncclcomm.New(context.Background(), lib, gpuHost, nccl.WithDevice(0), nccl.WithTimeout(30*time.Second))
 	})
 	if gpuSkip != "" {
 		tb.Skip(gpuSkip)
@@ -68,9 +70,9 @@ func gpu(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
 }
 
 // gpuBuffers allocates one device buffer per size, freed at cleanup.
-func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []kernels.DevicePtr {
+func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []gpu.Ptr {
 	tb.Helper()
-	var ps []kernels.DevicePtr
+	var ps []gpu.Ptr
 	for _, n := range sizes {
 		p, err := ctx.Alloc(4 * n)
 		if err != nil {
@@ -88,7 +90,7 @@ func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []kernels.Devi
 // kernels are bit-identical to package compress); step 2 puts an Inf in
 // bucket 1, which must come back NaN (dense: Inf) and flagged.
 func TestDeviceEngineCUDA(t *testing.T) {
-	ctx, dc, host := gpu(t)
+	ctx, dc, host := testDevice(t)
 	sizes := []int{1 << 20, 300_001, 4097}
 	for _, tc := range []struct {
 		spec     string
@@ -179,7 +181,7 @@ func BenchmarkDeviceOverlap(b *testing.B) {
 }
 
 func overlapBench(b *testing.B, spec string) {
-	ctx, dc, host := gpu(b)
+	ctx, dc, host := testDevice(b)
 	const nb, n, dim = 8, 4 << 20, 1024
 	sizes := slices.Repeat([]int{n}, nb)
 	e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true})

@@ -1,6 +1,8 @@
 package overlap
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"bytes"
 	"context"
 	"errors"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
-	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // devRig is one device engine per rank, each on its own fake device (its
@@ -23,8 +24,8 @@ type devRig struct {
 	devs    []*fakeDevice
 	dcs     []*fakeDeviceComm
 	engines []*DeviceEngine
-	caller  []kernels.Stream
-	grads   [][]kernels.DevicePtr
+	caller  []gpu.Stream
+	grads   [][]gpu.Ptr
 }
 
 // newDevRig builds the engines with per-rank configurations; it returns
@@ -34,7 +35,7 @@ func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration) 
 	n := len(cfgs)
 	host, wire := group(t, n), group(t, n)
 	g := &devRig{sizes: sizes, devs: make([]*fakeDevice, n), dcs: make([]*fakeDeviceComm, n),
-		engines: make([]*DeviceEngine, n), caller: make([]kernels.Stream, n), grads: make([][]kernels.DevicePtr, n)}
+		engines: make([]*DeviceEngine, n), caller: make([]gpu.Stream, n), grads: make([][]gpu.Ptr, n)}
 	for r := range n {
 		g.devs[r] = newFakeDevice()
 		g.dcs[r] = newFakeDeviceComm(wire[r], g.devs[r], timeout)

@@ -1,6 +1,8 @@
 package overlap
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"errors"
 	"fmt"
@@ -24,11 +26,11 @@ import (
 // stream goroutine (a test failure, by design).
 type fakeDevice struct {
 	mu      sync.Mutex
-	nextPtr kernels.DevicePtr
-	mem     map[kernels.DevicePtr][]byte
+	nextPtr gpu.Ptr
+	mem     map[gpu.Ptr][]byte
 	handles uintptr
-	streams map[kernels.Stream]*stream
-	events  map[kernels.Event]*fakeEvent
+	streams map[gpu.Stream]*stream
+	events  map[gpu.Event]*fakeEvent
 	freed   int
 	// failEncode, when set, is returned by Encode (a failed launch).
 	failEncode error
@@ -41,8 +43,8 @@ type fakeEvent struct {
 }
 
 func newFakeDevice() *fakeDevice {
-	return &fakeDevice{nextPtr: 1 << 40, mem: map[kernels.DevicePtr][]byte{},
-		streams: map[kernels.Stream]*stream{}, events: map[kernels.Event]*fakeEvent{}}
+	return &fakeDevice{nextPtr: 1 << 40, mem: map[gpu.Ptr][]byte{},
+		streams: map[gpu.Stream]*stream{}, events: map[gpu.Event]*fakeEvent{}}
 }
 
 // close stops the stream goroutines the engine did not destroy (the
@@ -56,7 +58,7 @@ func (d *fakeDevice) close() {
 	}
 }
 
-func (d *fakeDevice) Alloc(bytes int) (kernels.DevicePtr, error) {
+func (d *fakeDevice) Alloc(bytes int) (gpu.Ptr, error) {
 	if bytes <= 0 {
 		return 0, fmt.Errorf("fake Alloc(%d)", bytes)
 	}
@@ -64,11 +66,11 @@ func (d *fakeDevice) Alloc(bytes int) (kernels.DevicePtr, error) {
 	defer d.mu.Unlock()
 	p := d.nextPtr
 	d.mem[p] = make([]byte, bytes)
-	d.nextPtr += kernels.DevicePtr(bytes+255) &^ 255
+	d.nextPtr += gpu.Ptr(bytes+255) &^ 255
 	return p, nil
 }
 
-func (d *fakeDevice) Free(p kernels.DevicePtr) error {
+func (d *fakeDevice) Free(p gpu.Ptr) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.mem[p]; !ok {
@@ -80,7 +82,7 @@ func (d *fakeDevice) Free(p kernels.DevicePtr) error {
 }
 
 // bytes returns the n bytes at p, which must lie inside one allocation.
-func (d *fakeDevice) bytes(p kernels.DevicePtr, n int) []byte {
+func (d *fakeDevice) bytes(p gpu.Ptr, n int) []byte {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for base, b := range d.mem {
@@ -91,7 +93,7 @@ func (d *fakeDevice) bytes(p kernels.DevicePtr, n int) []byte {
 	panic(fmt.Sprintf("fake device: %d bytes at %#x are outside every allocation", n, p))
 }
 
-func (d *fakeDevice) floats(p kernels.DevicePtr, n int) []float32 {
+func (d *fakeDevice) floats(p gpu.Ptr, n int) []float32 {
 	b := d.bytes(p, 4*n)
 	if n == 0 {
 		return nil
@@ -99,7 +101,7 @@ func (d *fakeDevice) floats(p kernels.DevicePtr, n int) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
 }
 
-func (d *fakeDevice) stream(s kernels.Stream) *stream {
+func (d *fakeDevice) stream(s gpu.Stream) *stream {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st, ok := d.streams[s]
@@ -110,32 +112,32 @@ func (d *fakeDevice) stream(s kernels.Stream) *stream {
 }
 
 // enqueue runs fn on stream s in order.
-func (d *fakeDevice) enqueue(s kernels.Stream, fn func()) { d.stream(s).enqueue(fn) }
+func (d *fakeDevice) enqueue(s gpu.Stream, fn func()) { d.stream(s).enqueue(fn) }
 
-func (d *fakeDevice) sync(s kernels.Stream) { <-d.stream(s).record().fired() }
+func (d *fakeDevice) sync(s gpu.Stream) { <-d.stream(s).record().fired() }
 
-func (d *fakeDevice) CopyIn(s kernels.Stream, dst kernels.DevicePtr, src []byte) error {
+func (d *fakeDevice) CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error {
 	data := append([]byte(nil), src...)
 	d.enqueue(s, func() { copy(d.bytes(dst, len(data)), data) })
 	return nil
 }
 
-func (d *fakeDevice) CopyOut(s kernels.Stream, dst []byte, src kernels.DevicePtr) error {
+func (d *fakeDevice) CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error {
 	d.sync(s)
 	copy(dst, d.bytes(src, len(dst)))
 	return nil
 }
 
-func (d *fakeDevice) NewStream() (kernels.Stream, error) {
+func (d *fakeDevice) NewStream() (gpu.Stream, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.handles++
-	h := kernels.Stream(d.handles)
+	h := gpu.Stream(d.handles)
 	d.streams[h] = newStream()
 	return h, nil
 }
 
-func (d *fakeDevice) DestroyStream(s kernels.Stream) error {
+func (d *fakeDevice) DestroyStream(s gpu.Stream) error {
 	st := d.stream(s)
 	st.close()
 	d.mu.Lock()
@@ -144,16 +146,16 @@ func (d *fakeDevice) DestroyStream(s kernels.Stream) error {
 	return nil
 }
 
-func (d *fakeDevice) NewEvent(timing bool) (kernels.Event, error) {
+func (d *fakeDevice) NewEvent(timing bool) (gpu.Event, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.handles++
-	h := kernels.Event(d.handles)
+	h := gpu.Event(d.handles)
 	d.events[h] = &fakeEvent{timing: timing}
 	return h, nil
 }
 
-func (d *fakeDevice) event(e kernels.Event) *fakeEvent {
+func (d *fakeDevice) event(e gpu.Event) *fakeEvent {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ev, ok := d.events[e]
@@ -163,7 +165,7 @@ func (d *fakeDevice) event(e kernels.Event) *fakeEvent {
 	return ev
 }
 
-func (d *fakeDevice) DestroyEvent(e kernels.Event) error {
+func (d *fakeDevice) DestroyEvent(e gpu.Event) error {
 	d.event(e)
 	d.mu.Lock()
 	delete(d.events, e)
@@ -171,7 +173,7 @@ func (d *fakeDevice) DestroyEvent(e kernels.Event) error {
 	return nil
 }
 
-func (d *fakeDevice) Record(e kernels.Event, s kernels.Stream) error {
+func (d *fakeDevice) Record(e gpu.Event, s gpu.Stream) error {
 	fe, st := d.event(e), d.stream(s)
 	ev := newEvent()
 	st.enqueue(func() {
@@ -186,7 +188,7 @@ func (d *fakeDevice) Record(e kernels.Event, s kernels.Stream) error {
 	return nil
 }
 
-func (d *fakeDevice) WaitEvent(s kernels.Stream, e kernels.Event) error {
+func (d *fakeDevice) WaitEvent(s gpu.Stream, e gpu.Event) error {
 	fe, st := d.event(e), d.stream(s)
 	d.mu.Lock()
 	ev := fe.ev
@@ -197,7 +199,7 @@ func (d *fakeDevice) WaitEvent(s kernels.Stream, e kernels.Event) error {
 	return nil
 }
 
-func (d *fakeDevice) EventQuery(e kernels.Event) (bool, error) {
+func (d *fakeDevice) EventQuery(e gpu.Event) (bool, error) {
 	fe := d.event(e)
 	d.mu.Lock()
 	ev := fe.ev
@@ -213,7 +215,7 @@ func (d *fakeDevice) EventQuery(e kernels.Event) (bool, error) {
 	}
 }
 
-func (d *fakeDevice) Elapsed(start, end kernels.Event) (time.Duration, error) {
+func (d *fakeDevice) Elapsed(start, end gpu.Event) (time.Duration, error) {
 	a, b := d.event(start), d.event(end)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -233,7 +235,7 @@ func setStatus(status []byte, w int, nf *compress.NonFiniteError) {
 
 // Encode is kernels.Codec.Encode by the CPU reference: the body of
 // compress's payload of s = e + g (or g), and s − D(c) into ResidOut.
-func (d *fakeDevice) Encode(c *kernels.Codec, s kernels.Stream, a kernels.EncodeArgs) error {
+func (d *fakeDevice) Encode(c *kernels.Codec, s gpu.Stream, a kernels.EncodeArgs) error {
 	if d.failEncode != nil {
 		return d.failEncode
 	}
@@ -284,7 +286,7 @@ func (d *fakeDevice) Encode(c *kernels.Codec, s kernels.Stream, a kernels.Encode
 
 // Decode is kernels.Codec.Decode by the CPU reference: every body framed
 // and decoded (the first set, the others added) in order.
-func (d *fakeDevice) Decode(c *kernels.Codec, s kernels.Stream, a kernels.DecodeArgs) error {
+func (d *fakeDevice) Decode(c *kernels.Codec, s gpu.Stream, a kernels.DecodeArgs) error {
 	ref := c.Reference()
 	d.enqueue(s, func() {
 		dst := d.floats(a.Dst, a.N)
@@ -313,7 +315,7 @@ func (d *fakeDevice) Decode(c *kernels.Codec, s kernels.Stream, a kernels.Decode
 }
 
 // Average is kernels.Average in Go.
-func (d *fakeDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
+func (d *fakeDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 	d.enqueue(s, func() {
 		out := d.bytes(a.Out, kernels.StatusLen)
 		for i := range out {
@@ -321,7 +323,7 @@ func (d *fakeDevice) Average(s kernels.Stream, a kernels.AverageArgs) error {
 		}
 		dst := d.floats(a.Dst, a.N)
 		for r := range a.Count {
-			st := d.bytes(a.Slots+kernels.DevicePtr(r*a.Stride), kernels.StatusLen)
+			st := d.bytes(a.Slots+gpu.Ptr(r*a.Stride), kernels.StatusLen)
 			if kernels.StatusError(st) != nil {
 				for i := range dst {
 					dst[i] = float32(math.NaN())
@@ -364,13 +366,13 @@ func (f *fakeDeviceComm) Rank() int { return f.c.Rank() }
 func (f *fakeDeviceComm) Size() int { return f.c.Size() }
 
 // run enqueues a collective on s, bounded by the communicator's timeout.
-func (f *fakeDeviceComm) run(s comm.Stream, fn func(ctx context.Context) error) error {
+func (f *fakeDeviceComm) run(s gpu.Stream, fn func(ctx context.Context) error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.aborted {
 		return errors.New("fake DeviceComm: aborted")
 	}
-	f.dev.enqueue(kernels.Stream(s), func() {
+	f.dev.enqueue(s, func() {
 		ctx, cancel := context.WithTimeout(f.base, f.timeout)
 		defer cancel()
 		if err := fn(ctx); err != nil {
@@ -384,34 +386,34 @@ func (f *fakeDeviceComm) run(s comm.Stream, fn func(ctx context.Context) error) 
 	return nil
 }
 
-func (f *fakeDeviceComm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+func (f *fakeDeviceComm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
 	return f.run(s, func(ctx context.Context) error {
-		return f.c.AllReduce(ctx, f.dev.floats(kernels.DevicePtr(buf), n))
+		return f.c.AllReduce(ctx, f.dev.floats(buf, n))
 	})
 }
 
-func (f *fakeDeviceComm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (f *fakeDeviceComm) AllGather(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	return f.run(s, func(ctx context.Context) error {
-		return f.c.AllGather(ctx, f.dev.bytes(kernels.DevicePtr(dst), n*f.c.Size()), f.dev.bytes(kernels.DevicePtr(src), n))
+		return f.c.AllGather(ctx, f.dev.bytes(dst, n*f.c.Size()), f.dev.bytes(src, n))
 	})
 }
 
 var errFakeUnused = errors.New("fake DeviceComm: not used by the engine")
 
-func (f *fakeDeviceComm) ReduceScatter(context.Context, comm.DevicePtr, comm.DevicePtr, int, comm.Stream) error {
+func (f *fakeDeviceComm) ReduceScatter(context.Context, gpu.Ptr, gpu.Ptr, int, gpu.Stream) error {
 	return errFakeUnused
 }
 
-func (f *fakeDeviceComm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (f *fakeDeviceComm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	if n%f.c.Size() != 0 {
 		return fmt.Errorf("fake AllToAll: %d bytes for %d ranks", n, f.c.Size())
 	}
 	return f.run(s, func(ctx context.Context) error {
-		return f.c.AllToAll(ctx, f.dev.bytes(kernels.DevicePtr(dst), n), f.dev.bytes(kernels.DevicePtr(src), n))
+		return f.c.AllToAll(ctx, f.dev.bytes(dst, n), f.dev.bytes(src, n))
 	})
 }
 
-func (f *fakeDeviceComm) Broadcast(context.Context, comm.DevicePtr, int, int, comm.Stream) error {
+func (f *fakeDeviceComm) Broadcast(context.Context, gpu.Ptr, int, int, gpu.Stream) error {
 	return errFakeUnused
 }
 

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"errors"
 	"fmt"
 	"sync"
@@ -37,7 +39,7 @@ const maxSlots = 1 << 16
 type deviceContext struct {
 	ordinal int
 	ctx     *kernels.Context
-	own     kernels.Stream
+	own     gpu.Stream
 }
 
 // devices holds the contexts opened so far, one per device ordinal, kept
@@ -101,7 +103,7 @@ type pointerInfo struct {
 // address and its length in bytes.
 type region struct {
 	what  string
-	p     kernels.DevicePtr
+	p     gpu.Ptr
 	bytes uint64
 }
 
@@ -156,7 +158,7 @@ type deviceBucket struct {
 	mu       sync.Mutex
 	dev      *deviceContext
 	n        int
-	e, eo, s kernels.DevicePtr
+	e, eo, s gpu.Ptr
 	freed    bool // the memory was freed by a state load or a destroy
 }
 
@@ -164,7 +166,7 @@ type deviceBucket struct {
 // offset 0, the workspace at scratchWork.
 type scratchBlock struct {
 	dev   *deviceContext
-	p     kernels.DevicePtr
+	p     gpu.Ptr
 	bytes int
 }
 
@@ -241,7 +243,7 @@ func newDeviceBucket(host *compress.ErrorFeedback, id uint64, n int, dev *device
 			b.free()
 		}
 	}()
-	for _, p := range []*kernels.DevicePtr{&b.e, &b.eo} {
+	for _, p := range []*gpu.Ptr{&b.e, &b.eo} {
 		if *p, err = dev.ctx.Alloc(max(4*n, 4)); err != nil {
 			return nil, err
 		}
@@ -256,7 +258,7 @@ func newDeviceBucket(host *compress.ErrorFeedback, id uint64, n int, dev *device
 // b alone) and returns the first failure.
 func (b *deviceBucket) free() error {
 	var first error
-	for _, p := range []*kernels.DevicePtr{&b.e, &b.eo, &b.s} {
+	for _, p := range []*gpu.Ptr{&b.e, &b.eo, &b.s} {
 		if err := b.dev.ctx.Free(*p); err != nil && first == nil {
 			first = err
 		}
@@ -378,7 +380,7 @@ func (p *devicePending) Retain() { p.swap(&p.b.s) }
 // Discard keeps e.
 func (p *devicePending) Discard() {}
 
-func (p *devicePending) swap(with *kernels.DevicePtr) {
+func (p *devicePending) swap(with *gpu.Ptr) {
 	p.b.mu.Lock()
 	defer p.b.mu.Unlock()
 	if !p.b.freed {
@@ -401,7 +403,7 @@ func (c *compressor) checkDeviceSpec() error {
 }
 
 // aligned4 checks that p is 4-byte aligned, as the kernels need.
-func aligned4(what string, p kernels.DevicePtr) error {
+func aligned4(what string, p gpu.Ptr) error {
 	if p%4 != 0 {
 		return errorf(errInvalid, "%s %#x is not 4-byte aligned", what, uintptr(p))
 	}
@@ -413,7 +415,7 @@ func aligned4(what string, p kernels.DevicePtr) error {
 // flags are gc_compress's. It waits for s (see the top of this file). On
 // error nothing of the bucket's residual has changed and dst's bytes are
 // unspecified.
-func (c *compressor) compressDevice(key compress.Key, flags uint32, grad kernels.DevicePtr, n uint64, dst kernels.DevicePtr, capacity uint64, s kernels.Stream) (int, error) {
+func (c *compressor) compressDevice(key compress.Key, flags uint32, grad gpu.Ptr, n uint64, dst gpu.Ptr, capacity uint64, s gpu.Stream) (int, error) {
 	if err := checkFlags(flags); err != nil {
 		return 0, err
 	}
@@ -475,7 +477,7 @@ func (c *compressor) compressDevice(key compress.Key, flags uint32, grad kernels
 // encodeDevice runs the kernels of one compress (with b's residual, if b
 // is not nil, and its sum with deferred), waits for s, frames the body on
 // the host and writes the header and checksum around it in dst.
-func (c *compressor) encodeDevice(dev *deviceContext, s kernels.Stream, key compress.Key, grad kernels.DevicePtr, n int, dst kernels.DevicePtr, need int, b *deviceBucket, deferred bool) (m int, err error) {
+func (c *compressor) encodeDevice(dev *deviceContext, s gpu.Stream, key compress.Key, grad gpu.Ptr, n int, dst gpu.Ptr, need int, b *deviceBucket, deferred bool) (m int, err error) {
 	sc, err := c.dev.takeScratch(dev, scratchWork+c.codec.WorkspaceLen(n))
 	if err != nil {
 		return 0, err
@@ -520,7 +522,7 @@ func (c *compressor) encodeDevice(dev *deviceContext, s kernels.Stream, key comp
 		return 0, err
 	}
 	end := need - compress.TrailerLen
-	if err := dev.ctx.CopyIn(s, dst+kernels.DevicePtr(end), payload[end:]); err != nil {
+	if err := dev.ctx.CopyIn(s, dst+gpu.Ptr(end), payload[end:]); err != nil {
 		return 0, err
 	}
 	return need, nil
@@ -532,7 +534,7 @@ func (c *compressor) encodeDevice(dev *deviceContext, s kernels.Stream, key comp
 // their values in slot order, or dst += it with add. Every payload is
 // copied to the host and validated before the decode is enqueued; the call
 // returns without waiting for the decode.
-func (c *compressor) decompressDevice(p kernels.DevicePtr, slotLen, count uint64, exact bool, dst kernels.DevicePtr, n uint64, add bool, s kernels.Stream) error {
+func (c *compressor) decompressDevice(p gpu.Ptr, slotLen, count uint64, exact bool, dst gpu.Ptr, n uint64, add bool, s gpu.Stream) error {
 	switch {
 	case count < 1 || count > maxSlots:
 		return errorf(errInvalid, "count = %d payloads, want 1 to %d", count, maxSlots)
@@ -564,7 +566,7 @@ func (c *compressor) decompressDevice(p kernels.DevicePtr, slotLen, count uint64
 	if err := dev.ctx.CopyOut(s, host, p); err != nil { // waits for s
 		return err
 	}
-	bodies := make([]kernels.DevicePtr, count)
+	bodies := make([]gpu.Ptr, count)
 	keys := make([]compress.Key, count)
 	for i := range count {
 		slot := host[i*slotLen : (i+1)*slotLen]
@@ -575,7 +577,7 @@ func (c *compressor) decompressDevice(p kernels.DevicePtr, slotLen, count uint64
 			}
 			return fmt.Errorf("payload %d (slot at byte %d): %w", i, i*slotLen, err)
 		}
-		bodies[i] = p + kernels.DevicePtr(i*slotLen+compress.HeaderLen)
+		bodies[i] = p + gpu.Ptr(i*slotLen+compress.HeaderLen)
 		keys[i] = h.Key
 	}
 	if c.c.Codec() != compress.CodecRandomK {

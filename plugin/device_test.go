@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"bytes"
 	"errors"
 	"fmt"
@@ -21,7 +23,7 @@ import (
 
 // fakePtr is a plausible, aligned device address for checks that fail
 // before any device sees it.
-const fakePtr = kernels.DevicePtr(0x7f0000000000)
+const fakePtr = gpu.Ptr(0x7f0000000000)
 
 func mustCompressor(t testing.TB, spec string) *compressor {
 	t.Helper()
@@ -44,7 +46,7 @@ func TestDeviceArgs(t *testing.T) {
 		name      string
 		c         *compressor
 		flags     uint32
-		grad, dst kernels.DevicePtr
+		grad, dst gpu.Ptr
 		n, cap    uint64
 		want      status
 		msg       string
@@ -68,7 +70,7 @@ func TestDeviceArgs(t *testing.T) {
 	decompressCases := []struct {
 		name           string
 		c              *compressor
-		p, dst         kernels.DevicePtr
+		p, dst         gpu.Ptr
 		slotLen, count uint64
 		exact          bool
 		n              uint64
@@ -103,7 +105,7 @@ func TestDeviceArgs(t *testing.T) {
 func TestDeviceUnavailable(t *testing.T) {
 	c := mustCompressor(t, "int8")
 	host := make([]float32, 1024)
-	p := kernels.DevicePtr(uintptr(unsafe.Pointer(&host[0])))
+	p := gpu.Ptr(uintptr(unsafe.Pointer(&host[0])))
 	_, qerr := queryPointer(p)
 	want, what := errInvalid, "not CUDA device memory"
 	switch {
@@ -144,10 +146,10 @@ func liveBuckets(c *compressor) int {
 func TestDevicePendingSwaps(t *testing.T) {
 	for _, tc := range []struct {
 		settle    func(*devicePending)
-		e, eo, s  kernels.DevicePtr
+		e, eo, s  gpu.Ptr
 		freed     bool
 		name      string
-		wantFirst kernels.DevicePtr
+		wantFirst gpu.Ptr
 	}{
 		{(*devicePending).Commit, 1, 2, 3, false, "commit", 2},
 		{(*devicePending).Retain, 1, 2, 3, false, "retain", 3},
@@ -191,8 +193,8 @@ var (
 	gpuErr  error
 )
 
-// gpu returns device 0's context or skips the test, saying why.
-func gpu(t testing.TB) *deviceContext {
+// testDevice returns device 0's context or skips the test, saying why.
+func testDevice(t testing.TB) *deviceContext {
 	t.Helper()
 	gpuOnce.Do(func() { gpuDev, gpuErr = openDevice(0) })
 	if errors.Is(gpuErr, kernels.ErrNoCUDA) || errors.Is(gpuErr, kernels.ErrNoDevice) {
@@ -205,7 +207,7 @@ func gpu(t testing.TB) *deviceContext {
 }
 
 // devAlloc returns device memory freed when the test ends.
-func devAlloc(t testing.TB, d *deviceContext, bytes int) kernels.DevicePtr {
+func devAlloc(t testing.TB, d *deviceContext, bytes int) gpu.Ptr {
 	t.Helper()
 	p, err := d.ctx.Alloc(max(bytes, 4))
 	if err != nil {
@@ -215,7 +217,7 @@ func devAlloc(t testing.TB, d *deviceContext, bytes int) kernels.DevicePtr {
 	return p
 }
 
-func upload(t testing.TB, d *deviceContext, p kernels.DevicePtr, b []byte) {
+func upload(t testing.TB, d *deviceContext, p gpu.Ptr, b []byte) {
 	t.Helper()
 	if err := d.ctx.CopyIn(d.own, p, b); err != nil {
 		t.Fatal(err)
@@ -225,7 +227,7 @@ func upload(t testing.TB, d *deviceContext, p kernels.DevicePtr, b []byte) {
 	}
 }
 
-func download(t testing.TB, d *deviceContext, p kernels.DevicePtr, n int) []byte {
+func download(t testing.TB, d *deviceContext, p gpu.Ptr, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)
 	if err := d.ctx.CopyOut(d.own, b, p); err != nil {
@@ -252,7 +254,7 @@ var gpuSpecs = []string{"int8", "int4", "sign", "topk:0.01", "topk:0.01:sampled"
 // compared through the saved states, too); decoding on the device equals
 // the host's bit for bit, one payload or several slots.
 func TestGPUCompressMatchesHost(t *testing.T) {
-	d := gpu(t)
+	d := testDevice(t)
 	const n = 300007
 	for _, spec := range gpuSpecs {
 		t.Run(spec, func(t *testing.T) {
@@ -326,7 +328,7 @@ func TestGPUCompressMatchesHost(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				upload(t, d, slots+kernels.DevicePtr(i*slot), append(hostPayload[:m:m], make([]byte, slot-m)...))
+				upload(t, d, slots+gpu.Ptr(i*slot), append(hostPayload[:m:m], make([]byte, slot-m)...))
 				if i == 0 {
 					err = host.decompress(hostPayload[:m], sum, false)
 				} else {
@@ -351,7 +353,7 @@ func TestGPUCompressMatchesHost(t *testing.T) {
 // payload and a host bucket used as a device one are refused clearly; a
 // loaded state moves to the device and continues bit-exactly.
 func TestGPUBadInput(t *testing.T) {
-	d := gpu(t)
+	d := testDevice(t)
 	const n = 4096
 	c, ref := mustCompressor(t, "int8"), mustCompressor(t, "int8")
 	need := c.c.MaxEncodedLen(n)

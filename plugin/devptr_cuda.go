@@ -36,6 +36,8 @@ static const char *gc_cu_error_name(CUresult r) {
 import "C"
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"fmt"
 
 	"github.com/gradcomp/gradcomp/kernels"
@@ -46,7 +48,7 @@ const features = featureCUDA
 
 // queryPointer asks the driver what p is. A driver that cannot initialize
 // (no GPU) is an error wrapping kernels.ErrNoDevice.
-func queryPointer(p kernels.DevicePtr) (pointerInfo, error) {
+func queryPointer(p gpu.Ptr) (pointerInfo, error) {
 	var (
 		memtype    C.unsigned
 		ordinal    C.int

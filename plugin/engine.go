@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm/hosted"
-	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -202,7 +203,7 @@ func (e *engine) ready(i int, grad []float32) error {
 }
 
 // readyDevice is gc_engine_ready_device's core.
-func (e *engine) readyDevice(i int, grad kernels.DevicePtr, n int, s kernels.Stream) error {
+func (e *engine) readyDevice(i int, grad gpu.Ptr, n int, s gpu.Stream) error {
 	if e.device == nil {
 		return errorf(errInvalid, "this engine has host buckets (gc_engine_config.device = -1): use gc_engine_ready")
 	}
@@ -213,7 +214,7 @@ func (e *engine) readyDevice(i int, grad kernels.DevicePtr, n int, s kernels.Str
 }
 
 // done is gc_engine_done's core.
-func (e *engine) done(s kernels.Stream) error {
+func (e *engine) done(s gpu.Stream) error {
 	if e.device == nil {
 		return errorf(errInvalid, "gc_engine_done is for device engines; a host engine's buckets are done when gc_engine_wait returns")
 	}

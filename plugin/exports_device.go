@@ -7,10 +7,11 @@ package main
 import "C"
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
-	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // The device exports of gradcomp.h (ABI 1.2), documented there; their
@@ -58,7 +59,7 @@ func gc_compress_device(h, bucket, step C.uint64_t, flags C.uint32_t, grad C.uin
 		return C.int(fail(errHandle, fn, "%v", err))
 	}
 	m, err := c.compressDevice(compress.Key{Bucket: uint64(bucket), Step: uint64(step)}, uint32(flags),
-		kernels.DevicePtr(grad), uint64(n), kernels.DevicePtr(dst), uint64(capacity), kernels.Stream(stream))
+		gpu.Ptr(grad), uint64(n), gpu.Ptr(dst), uint64(capacity), gpu.Stream(stream))
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
@@ -95,7 +96,7 @@ func decompressDeviceExport(fn string, h C.uint64_t, p C.uintptr_t, slotLen, cou
 	if err != nil {
 		return C.int(fail(errHandle, fn, "%v", err))
 	}
-	err = c.decompressDevice(kernels.DevicePtr(p), uint64(slotLen), uint64(count), exact, kernels.DevicePtr(dst), uint64(n), add, kernels.Stream(stream))
+	err = c.decompressDevice(gpu.Ptr(p), uint64(slotLen), uint64(count), exact, gpu.Ptr(dst), uint64(n), add, gpu.Stream(stream))
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}

@@ -7,12 +7,13 @@ package main
 import "C"
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"math"
 	"time"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm/hosted"
-	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -279,7 +280,7 @@ func gc_engine_ready_device(h C.uint64_t, bucket C.size_t, grad C.uintptr_t, n C
 	defer guard(fn, &st)
 	e, err := lookupEngine(h)
 	if err == nil {
-		err = e.readyDevice(int(min(uint64(bucket), math.MaxInt32)), kernels.DevicePtr(grad), int(min(uint64(n), math.MaxInt32)), kernels.Stream(stream))
+		err = e.readyDevice(int(min(uint64(bucket), math.MaxInt32)), gpu.Ptr(grad), int(min(uint64(n), math.MaxInt32)), gpu.Stream(stream))
 	}
 	if err != nil {
 		return C.int(failErr(fn, err))
@@ -293,7 +294,7 @@ func gc_engine_done(h C.uint64_t, stream C.uintptr_t) (st C.int) {
 	defer guard(fn, &st)
 	e, err := lookupEngine(h)
 	if err == nil {
-		err = e.done(kernels.Stream(stream))
+		err = e.done(gpu.Stream(stream))
 	}
 	if err != nil {
 		return C.int(failErr(fn, err))

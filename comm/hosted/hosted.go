@@ -47,6 +47,8 @@
 package hosted
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"errors"
 	"fmt"
@@ -78,9 +80,9 @@ type Op struct {
 
 	Send, Recv []byte // host ops
 
-	SendPtr, RecvPtr     comm.DevicePtr // device ops
-	SendBytes, RecvBytes int            // both kinds: the buffers' lengths in bytes
-	Stream               comm.Stream    // device ops
+	SendPtr, RecvPtr     gpu.Ptr    // device ops
+	SendBytes, RecvBytes int        // both kinds: the buffers' lengths in bytes
+	Stream               gpu.Stream // device ops
 }
 
 // String describes op for errors and logs.
@@ -425,7 +427,7 @@ type deviceComm struct{ t *Transport }
 func (d deviceComm) Rank() int { return d.t.rank }
 func (d deviceComm) Size() int { return d.t.size }
 
-func (d deviceComm) post(ctx context.Context, kind comm.Op, count int, send, recv comm.DevicePtr, sendBytes, recvBytes, root int, s comm.Stream) error {
+func (d deviceComm) post(ctx context.Context, kind comm.Op, count int, send, recv gpu.Ptr, sendBytes, recvBytes, root int, s gpu.Stream) error {
 	switch {
 	case count < 0:
 		return d.t.argError(kind, "negative length %d", count)
@@ -436,26 +438,26 @@ func (d deviceComm) post(ctx context.Context, kind comm.Op, count int, send, rec
 		SendBytes: sendBytes, RecvBytes: recvBytes, Stream: s})
 }
 
-func (d deviceComm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+func (d deviceComm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
 	return d.post(ctx, comm.OpAllReduce, n, buf, buf, 4*n, 4*n, 0, s)
 }
 
-func (d deviceComm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (d deviceComm) AllGather(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	return d.post(ctx, comm.OpAllGather, n, src, dst, n, d.t.size*n, 0, s)
 }
 
-func (d deviceComm) ReduceScatter(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (d deviceComm) ReduceScatter(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	return d.post(ctx, comm.OpReduceScatter, n, src, dst, 4*d.t.size*n, 4*n, 0, s)
 }
 
-func (d deviceComm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (d deviceComm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	if n%d.t.size != 0 {
 		return d.t.argError(comm.OpAllToAll, "n = %d is not a multiple of Size() = %d", n, d.t.size)
 	}
 	return d.post(ctx, comm.OpAllToAll, n, src, dst, n, n, 0, s)
 }
 
-func (d deviceComm) Broadcast(ctx context.Context, buf comm.DevicePtr, n int, root int, s comm.Stream) error {
+func (d deviceComm) Broadcast(ctx context.Context, buf gpu.Ptr, n int, root int, s gpu.Stream) error {
 	if root < 0 || root >= d.t.size {
 		return d.t.argError(comm.OpBroadcast, "root %d, want 0 to %d", root, d.t.size-1)
 	}
@@ -525,7 +527,7 @@ func Run(ctx context.Context, op Op, c comm.Comm) (int, error) {
 }
 
 // RunDevice enqueues a device op on dc (the host's device communicator,
-// e.g. comm/nccl) on the op's stream and returns the op's output length,
+// e.g. comm/ncclcomm) on the op's stream and returns the op's output length,
 // for Complete. Host ops are refused.
 func RunDevice(ctx context.Context, op Op, dc comm.DeviceComm) (int, error) {
 	if !op.Device {

@@ -1,6 +1,8 @@
 package hosted_test
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"errors"
 	"fmt"
@@ -277,12 +279,12 @@ type recordingDC struct {
 	calls           []string
 }
 
-func (d *recordingDC) AllGather(_ context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (d *recordingDC) AllGather(_ context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	d.calls = append(d.calls, fmt.Sprintf("AllGather(%#x, %#x, %d, %#x)", dst, src, n, s))
 	return nil
 }
 
-func (d *recordingDC) AllReduce(_ context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
+func (d *recordingDC) AllReduce(_ context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
 	d.calls = append(d.calls, fmt.Sprintf("AllReduce(%#x, %d, %#x)", buf, n, s))
 	return nil
 }

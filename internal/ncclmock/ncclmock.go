@@ -1,6 +1,6 @@
 // Package ncclmock is a TEST FIXTURE: it compiles a mock libnccl.so.2
 // (testdata/mocknccl.c, embedded) with the C compiler, so that the tests of
-// package nccl and comm/nccl run the binding's real dlopen, dlsym and call
+// package nccl and comm/ncclcomm run the binding's real dlopen, dlsym and call
 // paths on machines without a GPU. Only _test.go files import it; nothing
 // that ships loads the mock.
 //
@@ -12,6 +12,8 @@
 package ncclmock
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	_ "embed"
 	"errors"
 	"fmt"
@@ -98,8 +100,8 @@ func Alloc(n int) (*Buffer, error) {
 }
 
 // Ptr returns the buffer's address as a device pointer.
-func (b *Buffer) Ptr() nccl.DevicePtr {
-	return nccl.DevicePtr(unsafe.Pointer(unsafe.SliceData(b.mem[:cap(b.mem)])))
+func (b *Buffer) Ptr() gpu.Ptr {
+	return gpu.Ptr(unsafe.Pointer(unsafe.SliceData(b.mem[:cap(b.mem)])))
 }
 
 // Bytes returns the buffer's memory.

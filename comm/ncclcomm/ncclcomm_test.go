@@ -1,6 +1,8 @@
-package nccl_test
+package ncclcomm_test
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +13,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
-	commnccl "github.com/gradcomp/gradcomp/comm/nccl"
+	"github.com/gradcomp/gradcomp/comm/ncclcomm"
 	"github.com/gradcomp/gradcomp/internal/ncclmock"
 	"github.com/gradcomp/gradcomp/nccl"
 )
@@ -41,7 +43,7 @@ func TestMain(m *testing.M) {
 }
 
 // group makes n DeviceComms bootstrapped over an inproc group.
-func group(t *testing.T, n int, opts ...nccl.Option) []*commnccl.Comm {
+func group(t *testing.T, n int, opts ...nccl.Option) []*ncclcomm.Comm {
 	t.Helper()
 	if loadErr != nil {
 		t.Skipf("mock libnccl.so.2 not available: %v", loadErr)
@@ -50,11 +52,11 @@ func group(t *testing.T, n int, opts ...nccl.Option) []*commnccl.Comm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	comms := make([]*commnccl.Comm, n)
+	comms := make([]*ncclcomm.Comm, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for r := range n {
-		wg.Go(func() { comms[r], errs[r] = commnccl.New(t.Context(), lib, boot[r], opts...) })
+		wg.Go(func() { comms[r], errs[r] = ncclcomm.New(t.Context(), lib, boot[r], opts...) })
 	}
 	wg.Wait()
 	for r, err := range errs {
@@ -70,7 +72,7 @@ func group(t *testing.T, n int, opts ...nccl.Option) []*commnccl.Comm {
 	return comms
 }
 
-func each(t *testing.T, comms []*commnccl.Comm, what string, f func(r int, c *commnccl.Comm) error) {
+func each(t *testing.T, comms []*ncclcomm.Comm, what string, f func(r int, c *ncclcomm.Comm) error) {
 	t.Helper()
 	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
@@ -99,14 +101,14 @@ func buffers(t *testing.T, ranks, bytes int) []*ncclmock.Buffer {
 	return bufs
 }
 
-func ptr(b *ncclmock.Buffer) comm.DevicePtr { return comm.DevicePtr(b.Ptr()) }
+func ptr(b *ncclmock.Buffer) gpu.Ptr { return gpu.Ptr(b.Ptr()) }
 
 func TestDeviceComm(t *testing.T) {
 	const ranks, n = 4, 515
 	comms := group(t, ranks)
 	ctx := t.Context()
 	src, dst := buffers(t, ranks, 4*ranks*n), buffers(t, ranks, 4*ranks*n)
-	const stream = comm.Stream(0x1234) // the mock ignores streams; NCCL would get this handle
+	const stream = gpu.Stream(0x1234) // the mock ignores streams; NCCL would get this handle
 
 	// AllReduce of small integers: exact in any order.
 	for r := range ranks {
@@ -114,7 +116,7 @@ func TestDeviceComm(t *testing.T) {
 			src[r].Float32s()[i] = float32(r*n + i)
 		}
 	}
-	each(t, comms, "AllReduce", func(r int, c *commnccl.Comm) error { return c.AllReduce(ctx, ptr(src[r]), n, stream) })
+	each(t, comms, "AllReduce", func(r int, c *ncclcomm.Comm) error { return c.AllReduce(ctx, ptr(src[r]), n, stream) })
 	for r := range ranks {
 		for i := range n {
 			if got, want := src[r].Float32s()[i], float32(ranks*i+n*ranks*(ranks-1)/2); got != want {
@@ -129,7 +131,7 @@ func TestDeviceComm(t *testing.T) {
 			src[r].Bytes()[i] = byte(r*31 + i)
 		}
 	}
-	each(t, comms, "AllGather", func(r int, c *commnccl.Comm) error { return c.AllGather(ctx, ptr(dst[r]), ptr(src[r]), n, stream) })
+	each(t, comms, "AllGather", func(r int, c *ncclcomm.Comm) error { return c.AllGather(ctx, ptr(dst[r]), ptr(src[r]), n, stream) })
 	for r := range ranks {
 		for i := range ranks * n {
 			if got, want := dst[r].Bytes()[i], byte((i/n)*31+i%n); got != want {
@@ -137,7 +139,7 @@ func TestDeviceComm(t *testing.T) {
 			}
 		}
 	}
-	each(t, comms, "AllToAll", func(r int, c *commnccl.Comm) error { return c.AllToAll(ctx, ptr(dst[r]), ptr(src[r]), ranks*n, stream) })
+	each(t, comms, "AllToAll", func(r int, c *ncclcomm.Comm) error { return c.AllToAll(ctx, ptr(dst[r]), ptr(src[r]), ranks*n, stream) })
 	for r := range ranks {
 		for i := range ranks * n {
 			from, k := i/n, i%n // chunk i/n of dst comes from rank i/n, its chunk r
@@ -153,7 +155,7 @@ func TestDeviceComm(t *testing.T) {
 			src[r].Float32s()[i] = float32(r + i)
 		}
 	}
-	each(t, comms, "ReduceScatter", func(r int, c *commnccl.Comm) error {
+	each(t, comms, "ReduceScatter", func(r int, c *ncclcomm.Comm) error {
 		return c.ReduceScatter(ctx, ptr(dst[r]), ptr(src[r]), n, stream)
 	})
 	for r := range ranks {
@@ -170,7 +172,7 @@ func TestDeviceComm(t *testing.T) {
 			src[r].Bytes()[i] = byte(r)
 		}
 	}
-	each(t, comms, "Broadcast", func(r int, c *commnccl.Comm) error { return c.Broadcast(ctx, ptr(src[r]), n, 3, stream) })
+	each(t, comms, "Broadcast", func(r int, c *ncclcomm.Comm) error { return c.Broadcast(ctx, ptr(src[r]), n, 3, stream) })
 	for r := range ranks {
 		for i := range n {
 			if got := src[r].Bytes()[i]; got != 3 {
@@ -178,7 +180,7 @@ func TestDeviceComm(t *testing.T) {
 			}
 		}
 	}
-	each(t, comms, "Wait", func(_ int, c *commnccl.Comm) error { return c.Wait(ctx, func() (bool, error) { return true, nil }) })
+	each(t, comms, "Wait", func(_ int, c *ncclcomm.Comm) error { return c.Wait(ctx, func() (bool, error) { return true, nil }) })
 	for r, c := range comms {
 		if c.Rank() != r || c.Size() != ranks || c.NCCL().Rank() != r {
 			t.Errorf("comm %d: Rank %d Size %d", r, c.Rank(), c.Size())
@@ -227,7 +229,7 @@ func TestBootstrapFailure(t *testing.T) {
 	boot[1].Close() // rank 1 is gone: the broadcast fails, nothing hangs
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	if _, err := commnccl.New(ctx, lib, boot[0]); err == nil {
+	if _, err := ncclcomm.New(ctx, lib, boot[0]); err == nil {
 		t.Fatal("New over a closed group succeeded")
 	}
 }

@@ -1,4 +1,4 @@
-// Package nccl implements comm.DeviceComm over NCCL (package
+// Package ncclcomm implements comm.DeviceComm over NCCL (package
 // github.com/gradcomp/gradcomp/nccl): collectives on GPU memory, enqueued
 // on CUDA streams, one rank per GPU.
 //
@@ -21,9 +21,11 @@
 // the Comm is unusable afterwards. Invalid arguments are an
 // *nccl.ArgumentError, or a *comm.ArgumentError for what only this
 // package checks (AllToAll's divisibility).
-package nccl
+package ncclcomm
 
 import (
+	"github.com/gradcomp/gradcomp/gpu"
+
 	"context"
 	"fmt"
 
@@ -52,13 +54,13 @@ func New(ctx context.Context, lib *nccl.Library, boot comm.Comm, opts ...nccl.Op
 		id, idErr = lib.GetUniqueID()
 	}
 	if err := boot.Broadcast(ctx, id[:], 0); err != nil {
-		return nil, fmt.Errorf("comm/nccl: rank %d: broadcasting the NCCL unique id: %w", boot.Rank(), err)
+		return nil, fmt.Errorf("comm/ncclcomm: rank %d: broadcasting the NCCL unique id: %w", boot.Rank(), err)
 	}
 	switch {
 	case idErr != nil:
-		return nil, fmt.Errorf("comm/nccl: rank 0: %w", idErr)
+		return nil, fmt.Errorf("comm/ncclcomm: rank 0: %w", idErr)
 	case id.IsZero():
-		return nil, fmt.Errorf("comm/nccl: rank %d: rank 0 could not make an NCCL unique id (see its error)", boot.Rank())
+		return nil, fmt.Errorf("comm/ncclcomm: rank %d: rank 0 could not make an NCCL unique id (see its error)", boot.Rank())
 	}
 	c, err := lib.InitRank(ctx, boot.Size(), id, boot.Rank(), opts...)
 	if err != nil {
@@ -79,25 +81,25 @@ func (c *Comm) Size() int { return c.c.Size() }
 
 // AllReduce implements comm.DeviceComm: an in-place ncclAllReduce sum of n
 // float32s.
-func (c *Comm) AllReduce(ctx context.Context, buf comm.DevicePtr, n int, s comm.Stream) error {
-	b := nccl.DevicePtr(buf)
-	return c.c.Run(ctx, nccl.AllReduce(b, b, n, nccl.Float32, nccl.Sum, nccl.Stream(s)))
+func (c *Comm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
+	b := buf
+	return c.c.Run(ctx, nccl.AllReduce(b, b, n, nccl.Float32, nccl.Sum, s))
 }
 
 // AllGather implements comm.DeviceComm: ncclAllGather of n bytes per rank.
-func (c *Comm) AllGather(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
-	return c.c.Run(ctx, nccl.AllGather(nccl.DevicePtr(src), nccl.DevicePtr(dst), n, nccl.Uint8, nccl.Stream(s)))
+func (c *Comm) AllGather(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
+	return c.c.Run(ctx, nccl.AllGather(src, dst, n, nccl.Uint8, s))
 }
 
 // ReduceScatter implements comm.DeviceComm: ncclReduceScatter sum, n
 // float32s per rank.
-func (c *Comm) ReduceScatter(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
-	return c.c.Run(ctx, nccl.ReduceScatter(nccl.DevicePtr(src), nccl.DevicePtr(dst), n, nccl.Float32, nccl.Sum, nccl.Stream(s)))
+func (c *Comm) ReduceScatter(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
+	return c.c.Run(ctx, nccl.ReduceScatter(src, dst, n, nccl.Float32, nccl.Sum, s))
 }
 
 // AllToAll implements comm.DeviceComm: one NCCL group of a send and a
 // receive of n/Size() bytes with every rank.
-func (c *Comm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s comm.Stream) error {
+func (c *Comm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
 	size := c.c.Size()
 	if n < 0 || n%size != 0 {
 		return &comm.ArgumentError{Op: comm.OpAllToAll, Rank: c.c.Rank(),
@@ -106,19 +108,19 @@ func (c *Comm) AllToAll(ctx context.Context, dst, src comm.DevicePtr, n int, s c
 	m := n / size
 	ops := make([]nccl.Op, 0, 2*size)
 	for j := range size {
-		off := nccl.DevicePtr(j * m)
+		off := gpu.Ptr(j * m)
 		ops = append(ops,
-			nccl.Send(nccl.DevicePtr(src)+off, m, nccl.Uint8, j, nccl.Stream(s)),
-			nccl.Recv(nccl.DevicePtr(dst)+off, m, nccl.Uint8, j, nccl.Stream(s)))
+			nccl.Send(src+off, m, nccl.Uint8, j, s),
+			nccl.Recv(dst+off, m, nccl.Uint8, j, s))
 	}
 	return c.c.Run(ctx, ops...)
 }
 
 // Broadcast implements comm.DeviceComm: an in-place ncclBroadcast of n
 // bytes.
-func (c *Comm) Broadcast(ctx context.Context, buf comm.DevicePtr, n int, root int, s comm.Stream) error {
-	b := nccl.DevicePtr(buf)
-	return c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, nccl.Stream(s)))
+func (c *Comm) Broadcast(ctx context.Context, buf gpu.Ptr, n int, root int, s gpu.Stream) error {
+	b := buf
+	return c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, s))
 }
 
 // Wait implements comm.DeviceComm with nccl.Comm.Wait.
