@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+
 	"github.com/gradcomp/gradcomp/gpu"
 )
 

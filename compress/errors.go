@@ -57,14 +57,14 @@ func (e *SizeError) Error() string {
 	return fmt.Sprintf("compress: size mismatch: %s is %d, want %d", e.What, e.Got, e.Want)
 }
 
-// MismatchError reports a payload written with a different configuration
+// PayloadMismatchError reports a payload written with a different configuration
 // than the compressor asked to read it (another codec, bucket size or seed).
-type MismatchError struct {
+type PayloadMismatchError struct {
 	Field     string // the differing header field
 	Got, Want string // payload's value, compressor's value
 }
 
-func (e *MismatchError) Error() string {
+func (e *PayloadMismatchError) Error() string {
 	return fmt.Sprintf("compress: payload %s is %s, this compressor expects %s", e.Field, e.Got, e.Want)
 }
 

@@ -110,9 +110,9 @@ func TestRandomKPayload(t *testing.T) {
 		}
 	}
 
-	var me *MismatchError
+	var me *PayloadMismatchError
 	if err := mustParse(t, "randomk:0.01:seed=124").Decompress(make([]float32, n), p); !errors.As(err, &me) {
-		t.Errorf("decoding under another seed: %v, want a *MismatchError", err)
+		t.Errorf("decoding under another seed: %v, want a *PayloadMismatchError", err)
 	}
 
 	bad := slices.Clone(p)

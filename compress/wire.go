@@ -297,7 +297,7 @@ func (c *compressor) open(payload []byte, n int) (*header, []byte, error) {
 		return nil, nil, err
 	}
 	if h.codec != c.impl.id() {
-		return nil, nil, &MismatchError{Field: "codec", Got: h.codec.String(), Want: c.impl.id().String()}
+		return nil, nil, &PayloadMismatchError{Field: "codec", Got: h.codec.String(), Want: c.impl.id().String()}
 	}
 	if h.n != uint64(n) {
 		return nil, nil, &SizeError{What: "destination length", Got: int64(n), Want: int64(h.n)}
@@ -305,11 +305,11 @@ func (c *compressor) open(payload []byte, n int) (*header, []byte, error) {
 	a, b := c.impl.params(n)
 	switch {
 	case h.paramA != a:
-		return nil, nil, &MismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
+		return nil, nil, &PayloadMismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
 	case h.paramB != b:
-		return nil, nil, &MismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
+		return nil, nil, &PayloadMismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
 	case h.seed != c.impl.seed():
-		return nil, nil, &MismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
+		return nil, nil, &PayloadMismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
 	}
 	raw := c.impl.bodyLen(n)
 	if h.lossless != LosslessNone {

@@ -58,9 +58,9 @@ func TestWireErrors(t *testing.T) {
 	}
 	mismatch := func(field, got, want string) func(*testing.T, error) {
 		return func(t *testing.T, err error) {
-			var me *MismatchError
+			var me *PayloadMismatchError
 			if !errors.As(err, &me) || !strings.Contains(me.Field, field) || me.Got != got || me.Want != want {
-				t.Fatalf("got %v, want a *MismatchError on %s (%s vs %s)", err, field, got, want)
+				t.Fatalf("got %v, want a *PayloadMismatchError on %s (%s vs %s)", err, field, got, want)
 			}
 		}
 	}

@@ -3,11 +3,10 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // The kernel benchmarks of issue 4, on 256M float32 (1 GiB) of Laplace

@@ -1,13 +1,12 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"encoding/binary"
 	"fmt"
 	"math"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // frameLen is the wire format's header and trailer around a body.
@@ -157,7 +156,7 @@ type EncodeArgs struct {
 // check validates a against the codec; op names the call in errors.
 func (c *Codec) check(a *EncodeArgs) error {
 	bad := func(format string, v ...any) error {
-		return &ArgError{Op: "Encode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
+		return &ArgumentError{Op: "Encode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
 	}
 	n := uint64(a.N)
 	switch {
@@ -238,7 +237,7 @@ func (c *Codec) encodePlan(a EncodeArgs) ([]step, error) {
 			plan = append(plan, c.topkPlan(a, x, k)...)
 		}
 	default:
-		return nil, &ArgError{Op: "Encode", Reason: "no device kernels for codec " + c.codec.String()}
+		return nil, &ArgumentError{Op: "Encode", Reason: "no device kernels for codec " + c.codec.String()}
 	}
 	return plan, nil
 }
@@ -313,7 +312,7 @@ func (c *Codec) topkPlan(a EncodeArgs, x uint64, k uint64) []step {
 // first value the codec cannot represent.
 func StatusError(status []byte) error {
 	if len(status) != StatusLen {
-		return &ArgError{Op: "StatusError", Reason: fmt.Sprintf("status block of %d bytes, want %d", len(status), StatusLen)}
+		return &ArgumentError{Op: "StatusError", Reason: fmt.Sprintf("status block of %d bytes, want %d", len(status), StatusLen)}
 	}
 	for w := 0; w < 2; w++ {
 		if v := binary.LittleEndian.Uint64(status[8*w:]); v != math.MaxUint64 {
@@ -341,7 +340,7 @@ type DecodeArgs struct {
 // decodePlan returns the operations of Decode.
 func (c *Codec) decodePlan(a DecodeArgs) ([]step, error) {
 	bad := func(format string, v ...any) error {
-		return &ArgError{Op: "Decode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
+		return &ArgumentError{Op: "Decode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
 	case a.N < 0 || a.N > compress.MaxElements:

@@ -3,8 +3,6 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/compresstest"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 var (

@@ -24,13 +24,13 @@ func (e *DriverError) Error() string {
 	return fmt.Sprintf("kernels: %s failed: %s (%d)", e.Call, e.Name, e.Code)
 }
 
-// ArgError reports an argument a call refuses before the device sees it.
-type ArgError struct {
+// ArgumentError reports an argument a call refuses before the device sees it.
+type ArgumentError struct {
 	Op     string // the call, e.g. "Encode"
 	Reason string
 }
 
-func (e *ArgError) Error() string { return "kernels: " + e.Op + ": " + e.Reason }
+func (e *ArgumentError) Error() string { return "kernels: " + e.Op + ": " + e.Reason }
 
 // DeviceInfo describes the device of a Context.
 type DeviceInfo struct {

@@ -116,12 +116,12 @@ static const char *gc_error_name(CUresult r) {
 import "C"
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"fmt"
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // Context is a device's primary context (cuDevicePrimaryCtxRetain: the one
@@ -207,12 +207,12 @@ func (c *Context) Close() error {
 // live returns an error for a nil or closed context.
 func (c *Context) live(op string) error {
 	if c == nil {
-		return &ArgError{Op: op, Reason: "nil context"}
+		return &ArgumentError{Op: op, Reason: "nil context"}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return &ArgError{Op: op, Reason: "context is closed"}
+		return &ArgumentError{Op: op, Reason: "context is closed"}
 	}
 	return nil
 }
@@ -233,7 +233,7 @@ func (c *Context) function(name string) (C.uintptr_t, error) {
 			return f, nil
 		}
 	}
-	return 0, &ArgError{Op: "launch", Reason: "no kernel " + name + " in the embedded PTX"}
+	return 0, &ArgumentError{Op: "launch", Reason: "no kernel " + name + " in the embedded PTX"}
 }
 
 // run enqueues plan on s.
@@ -270,7 +270,7 @@ func (c *Context) Alloc(bytes int) (gpu.Ptr, error) {
 		return 0, err
 	}
 	if bytes <= 0 {
-		return 0, &ArgError{Op: "Alloc", Reason: fmt.Sprintf("size %d is not positive", bytes)}
+		return 0, &ArgumentError{Op: "Alloc", Reason: fmt.Sprintf("size %d is not positive", bytes)}
 	}
 	var p C.uintptr_t
 	if err := check(fmt.Sprintf("cuMemAlloc(%d)", bytes), C.gc_alloc(c.ctx, C.size_t(bytes), &p)); err != nil {

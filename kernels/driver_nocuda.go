@@ -3,8 +3,9 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
 	"time"
+
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // Context is a device's primary context with gradcomp's kernels loaded. In

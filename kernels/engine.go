@@ -1,12 +1,11 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"fmt"
 	"math"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // AverageArgs are the device buffers of one Average call.
@@ -27,7 +26,7 @@ type AverageArgs struct {
 // averagePlan returns the operations of Average.
 func averagePlan(a AverageArgs) ([]step, error) {
 	bad := func(format string, v ...any) error {
-		return &ArgError{Op: "Average", Reason: fmt.Sprintf(format, v...)}
+		return &ArgumentError{Op: "Average", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
 	case a.N < 0 || a.N > compress.MaxElements:
@@ -76,13 +75,13 @@ const gemmTile = 16
 func sgemmPlan(c, a, b gpu.Ptr, m, n, k int) ([]step, error) {
 	switch {
 	case m < 1 || n < 1 || k < 1 || m > math.MaxInt32 || n > math.MaxInt32 || k > math.MaxInt32:
-		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("dimensions m=%d n=%d k=%d, want 1 to %d each", m, n, k, math.MaxInt32)}
+		return nil, &ArgumentError{Op: "SGEMM", Reason: fmt.Sprintf("dimensions m=%d n=%d k=%d, want 1 to %d each", m, n, k, math.MaxInt32)}
 	case c == 0 || a == 0 || b == 0 || c%4 != 0 || a%4 != 0 || b%4 != 0:
-		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("matrices at %#x, %#x, %#x: want non-null 4-byte aligned addresses", c, a, b)}
+		return nil, &ArgumentError{Op: "SGEMM", Reason: fmt.Sprintf("matrices at %#x, %#x, %#x: want non-null 4-byte aligned addresses", c, a, b)}
 	}
 	tiles := uint64((m+gemmTile-1)/gemmTile) * uint64((n+gemmTile-1)/gemmTile)
 	if tiles > math.MaxInt32 {
-		return nil, &ArgError{Op: "SGEMM", Reason: fmt.Sprintf("%d tiles of %d×%d exceed the grid limit", tiles, gemmTile, gemmTile)}
+		return nil, &ArgumentError{Op: "SGEMM", Reason: fmt.Sprintf("%d tiles of %d×%d exceed the grid limit", tiles, gemmTile, gemmTile)}
 	}
 	return []step{launch("gc_sgemm", uint32(tiles), gemmTile*gemmTile, ptrArg(c), ptrArg(a), ptrArg(b),
 		uint64(m), uint64(n), uint64(k))}, nil

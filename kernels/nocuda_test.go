@@ -3,12 +3,11 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"errors"
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // TestNoCUDA checks that a build without the cuda tag offers the whole API

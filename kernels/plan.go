@@ -1,8 +1,9 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
 	"math"
+
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // A plan is the list of operations one call enqueues on a stream, built in

@@ -1,8 +1,6 @@
 package kernels
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"errors"
 	"math"
 	"regexp"
@@ -11,6 +9,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/compresstest"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // ptxEntries parses the embedded PTX: every kernel entry and the widths in
@@ -229,7 +228,7 @@ func TestTopkWorkspace(t *testing.T) {
 }
 
 // TestEncodeArgsRejected checks that bad device arguments are refused on
-// the host with an *ArgError before anything is enqueued.
+// the host with an *ArgumentError before anything is enqueued.
 func TestEncodeArgsRejected(t *testing.T) {
 	q, _ := codecOf("int2:bucket=33")
 	good := fakeArgs(q, 100, true)
@@ -252,9 +251,9 @@ func TestEncodeArgsRejected(t *testing.T) {
 	} {
 		a := good
 		mod(&a)
-		var ae *ArgError
+		var ae *ArgumentError
 		if _, err := q.encodePlan(a); !errors.As(err, &ae) {
-			t.Errorf("%s: got %v, want an *ArgError", name, err)
+			t.Errorf("%s: got %v, want an *ArgumentError", name, err)
 		}
 	}
 	for name, a := range map[string]DecodeArgs{
@@ -264,9 +263,9 @@ func TestEncodeArgsRejected(t *testing.T) {
 		"misaligned body": {Dst: 1 << 40, N: 10, Bodies: []gpu.Ptr{1<<40 + 1}},
 		"negative":        {Dst: 1 << 40, N: -1, Bodies: []gpu.Ptr{1 << 40}},
 	} {
-		var ae *ArgError
+		var ae *ArgumentError
 		if _, err := q.decodePlan(a); !errors.As(err, &ae) {
-			t.Errorf("decode %s: got %v, want an *ArgError", name, err)
+			t.Errorf("decode %s: got %v, want an *ArgumentError", name, err)
 		}
 	}
 }
@@ -294,7 +293,7 @@ func TestStatusError(t *testing.T) {
 }
 
 // TestEngineArgsRejected checks that Average and SGEMM refuse bad
-// arguments on the host with an *ArgError, and that SGEMM's grid covers
+// arguments on the host with an *ArgumentError, and that SGEMM's grid covers
 // every tile of c.
 func TestEngineArgsRejected(t *testing.T) {
 	good := AverageArgs{Dst: 1 << 40, N: 100, Ranks: 4, Slots: 3 << 40, Stride: 64, Count: 4, Out: 2 << 40}
@@ -318,9 +317,9 @@ func TestEngineArgsRejected(t *testing.T) {
 	} {
 		a := good
 		mod(&a)
-		var ae *ArgError
+		var ae *ArgumentError
 		if _, err := averagePlan(a); !errors.As(err, &ae) {
-			t.Errorf("average %s: got %v, want an *ArgError", name, err)
+			t.Errorf("average %s: got %v, want an *ArgumentError", name, err)
 		}
 	}
 	for name, d := range map[string][6]int{
@@ -330,9 +329,9 @@ func TestEngineArgsRejected(t *testing.T) {
 		"misaligned a":   {1 << 40, 2<<40 + 1, 3 << 40, 4, 4, 4},
 		"too many tiles": {1 << 40, 2 << 40, 3 << 40, math.MaxInt32, math.MaxInt32, 1},
 	} {
-		var ae *ArgError
+		var ae *ArgumentError
 		if _, err := sgemmPlan(gpu.Ptr(d[0]), gpu.Ptr(d[1]), gpu.Ptr(d[2]), d[3], d[4], d[5]); !errors.As(err, &ae) {
-			t.Errorf("sgemm %s: got %v, want an *ArgError", name, err)
+			t.Errorf("sgemm %s: got %v, want an *ArgumentError", name, err)
 		}
 	}
 	plan, _ := sgemmPlan(1<<40, 2<<40, 3<<40, 33, 17, 5)

@@ -104,7 +104,7 @@ func WithDevice(d int) Option {
 // ctx ends first, or ncclCommGetAsyncError reports an error, the
 // communicator is aborted (ncclCommAbort, which makes a blocked NCCL call
 // return) and the call returns an *AbortError; it never hangs (see
-// WithAbortGrace). An aborted or destroyed Comm returns a *ClosedError
+// WithAbortGrace). An aborted or destroyed Comm returns a *DestroyedError
 // from every later call. An NCCL function that returns an error without an
 // asynchronous error (an invalid argument, say) leaves the Comm usable.
 type Comm struct {
@@ -367,21 +367,21 @@ func (c *Comm) Wait(ctx context.Context, done func() (bool, error)) error {
 
 // AsyncError returns the communicator's asynchronous error
 // (ncclCommGetAsyncError) as an *Error, nil when there is none, or a
-// *ClosedError once the Comm has ended. It does not abort anything and may
+// *DestroyedError once the Comm has ended. It does not abort anything and may
 // be called at any time.
 func (c *Comm) AsyncError() error {
 	c.mu.Lock()
 	ended, cause := c.ended, c.cause
 	c.mu.Unlock()
 	if ended {
-		return &ClosedError{Func: fnCommGetAsyncError.String(), Rank: c.rank, Cause: cause}
+		return &DestroyedError{Func: fnCommGetAsyncError.String(), Rank: c.rank, Cause: cause}
 	}
 	return c.pollAsync()
 }
 
 // Abort aborts the communicator (ncclCommAbort): NCCL calls blocked on it
 // return, its pending work is dropped, and every later call on the Comm
-// returns a *ClosedError. It may be called from any goroutine while another
+// returns a *DestroyedError. It may be called from any goroutine while another
 // call is in flight, which is its purpose. Aborting an ended Comm does
 // nothing and returns nil. ncclCommAbort's own failure, or its not
 // returning within the abort grace, is the error.
@@ -442,7 +442,7 @@ func (c *Comm) take(ctx context.Context, name string) error {
 	c.mu.Unlock()
 	if ended {
 		<-c.turn
-		return &ClosedError{Func: name, Rank: c.rank, Cause: cause}
+		return &DestroyedError{Func: name, Rank: c.rank, Cause: cause}
 	}
 	return nil
 }

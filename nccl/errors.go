@@ -1,6 +1,8 @@
 package nccl
 
 import (
+	"github.com/gradcomp/gradcomp/comm"
+
 	"errors"
 	"fmt"
 	"strings"
@@ -16,8 +18,10 @@ var ErrNotFound = errors.New("nccl: libnccl.so.2 not found")
 var ErrNoCgo = errors.New("nccl: built without cgo (CGO_ENABLED=0), so libnccl.so.2 cannot be loaded; rebuild with CGO_ENABLED=1")
 
 // ErrClosed is matched (errors.Is) by every error of a call on a Comm that
-// Destroy or an abort has ended.
-var ErrClosed = errors.New("nccl: communicator destroyed or aborted")
+// Destroy or an abort has ended. It is comm.ErrClosed, the one sentinel of
+// a communicator that can no longer be used, so that a comm.DeviceComm
+// over this package (comm/ncclcomm) reports its end as every Comm does.
+var ErrClosed = comm.ErrClosed
 
 // dlError is a message from dlerror().
 type dlError string
@@ -138,16 +142,16 @@ func (e *AbortError) Unwrap() error { return e.Cause }
 // Is reports whether target is ErrClosed (when a communicator was aborted).
 func (e *AbortError) Is(target error) bool { return target == ErrClosed && e.Aborted }
 
-// ClosedError reports a call on a Comm that Destroy, Abort or an earlier
+// DestroyedError reports a call on a Comm that Destroy, Abort or an earlier
 // AbortError ended. errors.Is(err, ErrClosed) holds; it wraps the failure
 // that ended the Comm (nil after a clean Destroy).
-type ClosedError struct {
+type DestroyedError struct {
 	Func  string
 	Rank  int
 	Cause error
 }
 
-func (e *ClosedError) Error() string {
+func (e *DestroyedError) Error() string {
 	if e.Cause == nil {
 		return fmt.Sprintf("nccl: %s on rank %d: the communicator was destroyed", e.Func, e.Rank)
 	}
@@ -155,7 +159,7 @@ func (e *ClosedError) Error() string {
 }
 
 // Unwrap returns Cause.
-func (e *ClosedError) Unwrap() error { return e.Cause }
+func (e *DestroyedError) Unwrap() error { return e.Cause }
 
 // Is reports whether target is ErrClosed.
-func (e *ClosedError) Is(target error) bool { return target == ErrClosed }
+func (e *DestroyedError) Is(target error) bool { return target == ErrClosed }

@@ -542,7 +542,7 @@ func TestTimeoutAborts(t *testing.T) {
 	// The Comm has ended: every later call says so at once.
 	buf := alloc(t, 1, 4)[0].Ptr()
 	err = c.Run(t.Context(), nccl.AllReduce(buf, buf, 4, nccl.Float32, nccl.Sum, 0))
-	var ce *nccl.ClosedError
+	var ce *nccl.DestroyedError
 	if !errors.As(err, &ce) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("after the abort: %v", err)
 	}

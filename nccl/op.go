@@ -2,6 +2,7 @@ package nccl
 
 import (
 	"fmt"
+
 	"github.com/gradcomp/gradcomp/gpu"
 )
 

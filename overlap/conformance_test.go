@@ -1,8 +1,6 @@
 package overlap
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"bytes"
 	"context"
 	"errors"
@@ -17,6 +15,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // The engine conformance suite: one set of checks of what every backend ×
@@ -537,7 +536,7 @@ func checkCheckpoint(ctx context.Context, p peer) error {
 // checkNonFinite: a NaN on one rank is seen on every rank. Without
 // FailOnNonFinite the step succeeds, the bucket is flagged and holds the
 // NaN, its memory is unchanged and the other buckets are exact; with it,
-// every rank gets a *NonFiniteError naming the bucket, and the engine
+// every rank gets a *NonFiniteStepError naming the bucket, and the engine
 // goes on.
 func checkNonFinite(ctx context.Context, p peer) error {
 	const spec, bad, at = "int8", 0, 5
@@ -550,10 +549,10 @@ func checkNonFinite(ctx context.Context, p peer) error {
 		grads := stepGradients(p.size, 0, conformanceSizes)
 		grads[1][bad][at] = float32(math.NaN())
 		got, st, err := exchange(ctx, p, m, grads)
-		var nf *NonFiniteError
+		var nf *NonFiniteStepError
 		switch {
 		case fail && (!errors.As(err, &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != bad):
-			err = fmt.Errorf("FailOnNonFinite: Wait: %v, want a *NonFiniteError for bucket %d", err, bad)
+			err = fmt.Errorf("FailOnNonFinite: Wait: %v, want a *NonFiniteStepError for bucket %d", err, bad)
 		case fail:
 			err = nil
 		case err != nil:

@@ -278,7 +278,7 @@ func (c *core) Compressed() []bool {
 func (c *core) usable(call string) error {
 	switch {
 	case c.closed:
-		return &UsageError{Call: call, Err: ErrClosed}
+		return &UsageError{Call: call, Err: ErrEngineClosed}
 	case c.broken != nil:
 		return &BrokenError{Cause: c.broken}
 	}
@@ -391,7 +391,7 @@ func (c *core) ready(call string, i int, check func(b *bucket) error, encode fun
 // on error). Without a step it returns a *UsageError (ErrNoStep). If a
 // bucket was never made ready, it fails at once with ErrNotReady.
 //
-// Failures: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
+// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine usable;
 // any other error (a *StepError: a collective failed or timed out, a
 // payload did not decode, ctx ended; or ErrNotReady) breaks it, since the
 // ranks may be out of step. What a failed step leaves in error-feedback
@@ -442,7 +442,7 @@ func (c *core) close() error {
 	}
 	c.mu.Unlock()
 	if st != nil {
-		st.fail(&UsageError{Call: "Close", Err: ErrClosed, Detail: fmt.Sprintf("step %d abandoned", st.num)})
+		st.fail(&UsageError{Call: "Close", Err: ErrEngineClosed, Detail: fmt.Sprintf("step %d abandoned", st.num)})
 		c.finish(context.Background(), st)
 	}
 	c.mu.Lock()
@@ -465,11 +465,11 @@ func (c *core) finish(ctx context.Context, st *step) {
 				fatal = err
 			}
 		}
-		var nf *NonFiniteError
+		var nf *NonFiniteStepError
 		for _, r := range st.runs {
 			if r.outcome == pathSkipped {
 				if nf == nil {
-					nf = &NonFiniteError{Step: st.num}
+					nf = &NonFiniteStepError{Step: st.num}
 				}
 				nf.Buckets = append(nf.Buckets, r.b.idx)
 				nf.Details = append(nf.Details, r.fallback)

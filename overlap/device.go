@@ -1,8 +1,6 @@
 package overlap
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -127,7 +126,7 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // it dense; the device engine does not keep g), so a NaN-checking
 // optimizer (AMP) skips the step; its error-feedback memory keeps e. Wait
 // reports it in BucketStats (NonFinite, Reason), or returns a
-// *NonFiniteError with Config.FailOnNonFinite: then the caller skips the
+// *NonFiniteStepError with Config.FailOnNonFinite: then the caller skips the
 // step, and so does every bucket's memory (Engine instead keeps e + g);
 // the engine stays usable. Under SRA a bad part reaches the other ranks
 // through its owner's stage-2 status. A dense bucket whose average is
@@ -604,7 +603,7 @@ func (e *DeviceEngine) Done(s gpu.Stream) error {
 // aborted), then settles error-feedback memory and returns the step's
 // statistics (partial on error). Without a step it returns a *UsageError
 // (ErrNoStep); a bucket never made ready fails the step (ErrNotReady).
-// Errors: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
+// Errors: a *NonFiniteStepError (FailOnNonFinite) leaves the engine usable;
 // any other breaks it (see the type's doc).
 func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) { return e.core.Wait(ctx) }
 
@@ -686,7 +685,7 @@ func (e *DeviceEngine) settle(st *step, failed bool) {
 // for the engine's streams).
 func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, err error) {
 	if e.released {
-		return nil, nil, &UsageError{Call: call, Err: ErrClosed}
+		return nil, nil, &UsageError{Call: call, Err: ErrEngineClosed}
 	}
 	if e.mem1 != nil {
 		ef1 = compress.NewErrorFeedback(e.mem1)
@@ -766,7 +765,7 @@ func (e *DeviceEngine) install(ef1, ef2 *compress.ErrorFeedback) error {
 // is waited for, bounded by the DeviceComm's timeout), then the events and
 // streams are destroyed and the device memory freed. It closes neither
 // the DeviceComm nor the Device. Later calls return a *UsageError
-// (ErrClosed); closing twice returns nil.
+// (ErrEngineClosed); closing twice returns nil.
 func (e *DeviceEngine) Close() error { return e.close() }
 
 func (e *DeviceEngine) teardown() error {

@@ -3,8 +3,6 @@
 package overlap
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +16,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm/inproc"
 	"github.com/gradcomp/gradcomp/comm/ncclcomm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/nccl"
 )

@@ -1,8 +1,6 @@
 package overlap
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // devRig is one device engine per rank, each on its own fake device (its
@@ -270,7 +269,7 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 // exchanged as usual, and the bucket's memories skip the step (the saved
 // state before and after agree on it, and the next step matches the CPU
 // engine's, which discards it too). With FailOnNonFinite every rank's
-// Wait returns the same *NonFiniteError, every bucket's memory skips the
+// Wait returns the same *NonFiniteStepError, every bucket's memory skips the
 // step, and the engine stays usable. 2 ranks: allgather; 3 ranks: SRA,
 // where the NaN reaches the others through its owner's stage-2 status.
 func TestDeviceEngineNonFinite(t *testing.T) {
@@ -300,10 +299,10 @@ func TestDeviceEngineNonFinite(t *testing.T) {
 				}
 			}
 			for r := range ranks {
-				var nf *NonFiniteError
+				var nf *NonFiniteStepError
 				switch {
 				case fail && (!errors.As(errs[r], &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 0):
-					t.Fatalf("%d ranks, FailOnNonFinite, rank %d: %v, want a *NonFiniteError for bucket 0", ranks, r, errs[r])
+					t.Fatalf("%d ranks, FailOnNonFinite, rank %d: %v, want a *NonFiniteStepError for bucket 0", ranks, r, errs[r])
 				case !fail && errs[r] != nil:
 					t.Fatalf("%d ranks, rank %d: %v", ranks, r, errs[r])
 				}
@@ -447,7 +446,7 @@ func TestDeviceEngineUsage(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	want("Step after Close", e.Step(), ErrClosed)
+	want("Step after Close", e.Step(), ErrEngineClosed)
 }
 
 // TestDeviceEngineConfig checks the handshake and the configurations the

@@ -1,8 +1,6 @@
 package overlap
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 

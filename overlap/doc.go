@@ -84,7 +84,7 @@
 // had what. Its error-feedback memory is left as it was: a non-finite
 // value never enters it, and a step the caller skips (AMP's grad scaler)
 // loses nothing. With Config.FailOnNonFinite every rank's Wait instead
-// returns the same *NonFiniteError (the bucket is not exchanged further;
+// returns the same *NonFiniteStepError (the bucket is not exchanged further;
 // the engine stays usable). A dense bucket's result is checked after the
 // all-reduce, the same on every rank.
 //
@@ -147,7 +147,7 @@
 // of an unknown or already ready bucket, Wait without Step, Step during a
 // step) is a *UsageError that changes nothing. A failed step leaves every
 // compressed bucket's memory holding e + g — nothing of the step is lost —
-// and, unless it was a *NonFiniteError, breaks the engine: the ranks may be
+// and, unless it was a *NonFiniteStepError, breaks the engine: the ranks may be
 // out of step, so later calls return a *BrokenError; build a new engine on
 // a new Comm (comm/mpi: see its doc on abandoned collectives).
 //

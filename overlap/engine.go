@@ -187,7 +187,7 @@ func (e *Engine) launched(st *step) error {
 // on error). Without a step it returns a *UsageError (ErrNoStep). If a
 // bucket was never made ready, it fails at once with ErrNotReady.
 //
-// Failures: a *NonFiniteError (FailOnNonFinite) leaves the engine usable;
+// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine usable;
 // any other error (a *StepError: a collective failed or timed out, a
 // payload did not decode, ctx ended; or ErrNotReady) breaks it, since the
 // ranks may be out of step. After a failed step every compressed bucket's
@@ -199,7 +199,7 @@ func (e *Engine) Wait(ctx context.Context) (StepStats, error) { return e.core.Wa
 // Close ends the engine: a step in flight is abandoned (its Wait, if any,
 // returns an error; its buckets' memory holds e + g), and the stream
 // goroutines stop. It does not close the Comm. Save still works after
-// Close; other calls return a *UsageError (ErrClosed). Closing twice
+// Close; other calls return a *UsageError (ErrEngineClosed). Closing twice
 // returns nil.
 func (e *Engine) Close() error { return e.close() }
 

@@ -14,7 +14,7 @@ var (
 	ErrAlreadyReady  = errors.New("bucket already ready")
 	ErrNotReady      = errors.New("buckets not ready")
 	ErrWaiting       = errors.New("Wait has been called for this step")
-	ErrClosed        = errors.New("engine closed")
+	ErrEngineClosed  = errors.New("engine closed")
 	ErrLength        = errors.New("gradient length differs from the bucket size")
 )
 
@@ -96,17 +96,17 @@ func (e *BrokenError) Error() string {
 
 func (e *BrokenError) Unwrap() error { return e.Cause }
 
-// NonFiniteError reports a step that failed because a gradient held NaN or
+// NonFiniteStepError reports a step that failed because a gradient held NaN or
 // Inf, with Config.FailOnNonFinite. Every rank gets it for the same
 // buckets; the engine stays usable and the step's gradients stay in
 // error-feedback memory (see the package doc).
-type NonFiniteError struct {
+type NonFiniteStepError struct {
 	Step    uint64
 	Buckets []int    // ascending
 	Details []string // per bucket: who had what
 }
 
-func (e *NonFiniteError) Error() string {
+func (e *NonFiniteStepError) Error() string {
 	parts := make([]string, len(e.Buckets))
 	for i, b := range e.Buckets {
 		parts[i] = fmt.Sprintf("bucket %d (%s)", b, e.Details[i])

@@ -124,9 +124,9 @@ func TestFailOnNonFinite(t *testing.T) {
 			in := clone3(grads)
 			_, errs = runStep(engines, grads, inOrder(2))
 			for r, err := range errs {
-				var nf *NonFiniteError
+				var nf *NonFiniteStepError
 				if !errors.As(err, &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 1 || nf.Step != 1 {
-					t.Fatalf("rank %d: got %v, want a *NonFiniteError for bucket 1 of step 1", r, err)
+					t.Fatalf("rank %d: got %v, want a *NonFiniteStepError for bucket 1 of step 1", r, err)
 				}
 				if spec == "none" {
 					continue
@@ -267,7 +267,7 @@ func TestUsageErrors(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	check("Step after Close", e.Step(), ErrClosed)
+	check("Step after Close", e.Step(), ErrEngineClosed)
 	if err := e.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
@@ -336,7 +336,7 @@ func TestCloseDuringStep(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-waited; !errors.Is(err, ErrClosed) {
-		t.Errorf("Wait: %v, want ErrClosed", err)
+	if err := <-waited; !errors.Is(err, ErrEngineClosed) {
+		t.Errorf("Wait: %v, want ErrEngineClosed", err)
 	}
 }

@@ -64,7 +64,7 @@ func (s status) String() string {
 	return fmt.Sprintf("%s (%v) at element %d", what, s.value, s.index)
 }
 
-// statusOf maps a compression error to a slot status: a *NonFiniteError
+// statusOf maps a compression error to a slot status: a *NonFiniteStepError
 // becomes a status, anything else is returned as a failure.
 func statusOf(err error) (status, error) {
 	var nf *compress.NonFiniteError
@@ -127,7 +127,7 @@ func (p *parts) MaxEncodedLen(n int) int { return p.count * p.slotLen(n) }
 func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", p.inner.Spec(), p.count) }
 
 // Compress appends count slots to dst, each with status ok. A part's
-// *NonFiniteError comes back with Index counted in the whole bucket.
+// *NonFiniteStepError comes back with Index counted in the whole bucket.
 func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
 	return p.compress(dst, src, key, nil, nil)
 }

@@ -7,8 +7,8 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// Strategy is how a compressed bucket crosses the wire (DESIGN.md "Exchange
-// strategies"; the package doc gives each one's exact result).
+// Strategy is how a compressed bucket crosses the wire (docs/DESIGN.md,
+// "Strategies"; the package doc gives each one's exact result).
 type Strategy int
 
 // The strategies.

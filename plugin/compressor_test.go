@@ -21,7 +21,7 @@ func TestStatusOf(t *testing.T) {
 		{&compress.SpecError{}, errSpec},
 		{&compress.NonFiniteError{}, errNonFinite},
 		{&compress.SizeError{}, errSize},
-		{&compress.MismatchError{}, errMismatch},
+		{&compress.PayloadMismatchError{}, errMismatch},
 		{&compress.CorruptInputError{}, errCorrupt},
 		{&compress.ChecksumError{}, errCorrupt},
 		{&compress.VersionError{}, errCorrupt},
@@ -31,7 +31,7 @@ func TestStatusOf(t *testing.T) {
 		{kernels.ErrNoCUDA, errNoCUDA},
 		{fmt.Errorf("%w: device 0: %w", kernels.ErrNoDevice, &kernels.DriverError{Call: "cuInit"}), errNoDevice},
 		{fmt.Errorf("x: %w", &kernels.DriverError{Call: "cuLaunchKernel"}), errCUDA},
-		{&kernels.ArgError{Op: "Encode"}, errInvalid},
+		{&kernels.ArgumentError{Op: "Encode"}, errInvalid},
 		{errors.New("something else"), errInternal},
 	}
 	for _, c := range cases {

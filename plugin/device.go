@@ -1,14 +1,13 @@
 package main
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"bytes"
 	"errors"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 

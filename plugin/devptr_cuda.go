@@ -36,10 +36,9 @@ static const char *gc_cu_error_name(CUresult r) {
 import "C"
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"fmt"
 
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"bytes"
 	"context"
 	"errors"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 

@@ -7,11 +7,10 @@ package main
 import "C"
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // The device exports of gradcomp.h (ABI 1.2), documented there; their

@@ -7,13 +7,12 @@ package main
 import "C"
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"math"
 	"time"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 

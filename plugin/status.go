@@ -59,12 +59,12 @@ func statusOf(err error) status {
 		spec     *compress.SpecError
 		nonFin   *compress.NonFiniteError
 		size     *compress.SizeError
-		mismatch *compress.MismatchError
+		mismatch *compress.PayloadMismatchError
 		corrupt  *compress.CorruptInputError
 		checksum *compress.ChecksumError
 		ver      *compress.VersionError
 		driver   *kernels.DriverError
-		arg      *kernels.ArgError
+		arg      *kernels.ArgumentError
 	)
 	switch {
 	case errors.Is(err, kernels.ErrNoCUDA):
@@ -97,7 +97,7 @@ func engineStatus(err error) (st status, ok bool) {
 	var (
 		own      *statusError
 		broken   *overlap.BrokenError
-		nonFin   *overlap.NonFiniteError
+		nonFin   *overlap.NonFiniteStepError
 		usage    *overlap.UsageError
 		mismatch *overlap.ConfigMismatchError
 		config   *overlap.ConfigError
@@ -117,7 +117,7 @@ func engineStatus(err error) (st status, ok bool) {
 		return errNonFinite, true
 	case errors.As(err, &usage):
 		switch {
-		case errors.Is(err, overlap.ErrClosed):
+		case errors.Is(err, overlap.ErrEngineClosed):
 			return errClosed, true
 		case errors.Is(err, overlap.ErrLength):
 			return errSize, true

@@ -40,7 +40,7 @@ QUANT = {"int8": (8, 8), "int4": (4, 8), "int2": (2, 8), "sign": (1, 4)}
 
 def formula(spec, strategy, n, world):
     """Bytes one rank sends for a bucket of n float32 elements, by the
-    strategy's formula (DESIGN.md's table, with each codec's exact payload
+    strategy's formula (docs/DESIGN.md's section 3, with each codec's exact payload
     size: per-bucket scales, frames)."""
     codec = spec.split(":")[0]
     ring = 2 * (world - 1) / world

@@ -47,8 +47,6 @@
 package hosted
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +55,7 @@ import (
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // Op is one posted collective. With N ranks and n = Count:

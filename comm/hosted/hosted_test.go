@@ -1,8 +1,6 @@
 package hosted_test
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm/commtest"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/comm/inproc"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // servedGroup returns n hosted transports whose posts Go hosts carry out

@@ -24,12 +24,11 @@
 package ncclcomm
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"fmt"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/nccl"
 )
 

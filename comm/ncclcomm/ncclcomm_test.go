@@ -1,8 +1,6 @@
 package ncclcomm_test
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
 	"github.com/gradcomp/gradcomp/comm/ncclcomm"
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/internal/ncclmock"
 	"github.com/gradcomp/gradcomp/nccl"
 )
@@ -201,14 +200,15 @@ func TestBadArguments(t *testing.T) {
 }
 
 // TestHungPeer: a rank whose peer never joins a collective gets an abort
-// within the timeout, and the DeviceComm is closed afterwards.
+// within the timeout, and the DeviceComm is closed afterwards: the error
+// matches comm.ErrClosed, as every Comm's end does.
 func TestHungPeer(t *testing.T) {
 	comms := group(t, 2, nccl.WithTimeout(100*time.Millisecond))
 	buf := buffers(t, 1, 16)[0]
 	start := time.Now()
 	err := comms[0].AllReduce(t.Context(), ptr(buf), 4, 0)
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, nccl.ErrClosed) {
-		t.Fatalf("got %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, nccl.ErrClosed) || !errors.Is(err, comm.ErrClosed) {
+		t.Fatalf("got %v; want an abort matching context.DeadlineExceeded and comm.ErrClosed", err)
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("took %v", took)

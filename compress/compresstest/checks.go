@@ -273,7 +273,7 @@ func checkDecompressAdd(t *testing.T, e *env) {
 
 // checkBadInput feeds Decompress and DecompressAdd payloads they must reject:
 // a wrong destination length (*compress.SizeError), another codec's payload
-// (*compress.MismatchError), every truncation of a payload, every byte
+// (*compress.PayloadMismatchError), every truncation of a payload, every byte
 // flipped (a *compress.ChecksumError, or the *compress.CorruptInputError or
 // *compress.VersionError of the magic and version checks that precede it),
 // and every byte changed with the checksum recomputed (an error or a finite
@@ -303,10 +303,10 @@ func checkBadInput(t *testing.T, e *env) {
 		if err != nil {
 			t.Skipf("backend lacks %s: %v", other, err)
 		}
-		var me *compress.MismatchError
+		var me *compress.PayloadMismatchError
 		err = decodeUntouched(t, e.c, make([]float32, n), mustCompress(t, oc, wide(n, 7), key), other+" payload")
 		if !errors.As(err, &me) {
-			t.Errorf("%s payload: got %v, want a *compress.MismatchError", other, err)
+			t.Errorf("%s payload: got %v, want a *compress.PayloadMismatchError", other, err)
 		}
 	})
 

@@ -345,8 +345,8 @@ typedef struct gc_engine_config {
  * field and both values, on every rank. One engine per transport. */
 gc_status gc_engine_create(gc_hosted t, const gc_engine_config *cfg, const uint64_t *sizes, size_t nbuckets, gc_engine *out);
 
-/* Destroys e: a step in flight is abandoned (its buckets' memory keeps
- * e + g). The transport is not destroyed. */
+/* Destroys e: a step in flight is abandoned (its memory as after a
+ * failed step, see gc_engine_wait). The transport is not destroyed. */
 gc_status gc_engine_destroy(gc_engine e);
 
 /* Starts a step; GC_ERR_STATE while one is in flight. */
@@ -372,7 +372,9 @@ gc_status gc_engine_done(gc_engine e, gc_stream stream);
  * fail_on_nonfinite): a gradient held NaN/Inf; the message names the
  * buckets and ranks; the engine stays usable. GC_ERR_COMM: a collective
  * failed or timed out, the engine is broken; every error-feedback memory
- * holds e + g. The statistics of the step are readable after either. */
+ * of a host engine holds e + g (the step's gradients are kept), a device
+ * engine's keeps e (they are lost). The statistics of the step are
+ * readable after either. */
 gc_status gc_engine_wait(gc_engine e, double timeout_seconds);
 
 /* Statistics of one bucket in the last waited step. strategy and reason

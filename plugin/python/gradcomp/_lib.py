@@ -117,7 +117,8 @@ class ConfigError(Error, ValueError):
 class CommError(LibraryError):
     """GC_ERR_COMM: a collective failed or did not finish in time (an error
     in the host's communicator, a dead peer, a post nobody took): the engine
-    is broken, every error-feedback memory holds e + g."""
+    is broken; every error-feedback memory of a host engine holds e + g
+    (a device engine's keeps e)."""
 
 
 class ClosedError(LibraryError):
