@@ -2,134 +2,30 @@ package bench
 
 import (
 	"fmt"
-	"math"
-	"math/rand/v2"
-	"runtime"
-	"strings"
-	"sync"
+
+	"github.com/gradcomp/gradcomp/internal/synth"
 )
 
-// Scale is the typical magnitude of a synthetic gradient element (the Laplace
-// mean |x|). It keeps nearly every value in fp16's normal range, as real
-// gradients of a loss-scaled or fp32 model are.
-const Scale = 1e-3
+// Scale is the typical magnitude of a synthetic gradient element (the
+// Laplace mean |x|).
+const Scale = synth.Scale
 
-// genBlock is the number of elements drawn from one random stream. Each block
-// has its own stream keyed by (seed, block index), so Generate's output does
-// not depend on how many goroutines fill it.
-const genBlock = 1 << 16
+// Distribution is a law synthetic gradients are drawn from (package
+// internal/synth, which netbench and the tests share).
+type Distribution = synth.Distribution
 
-// Distribution is a law synthetic gradients are drawn from. The zero value is
-// not usable; take one from Distributions or DistributionByName.
-type Distribution struct {
-	name  string
-	about string
-	// fill draws len(dst) ≤ genBlock values from r, one block's worth.
-	fill func(dst []float32, r *rand.Rand)
-}
+// Distributions lists the built-in distributions; "mixture" is the CLI's
+// default.
+func Distributions() []Distribution { return synth.Distributions() }
 
-// Name returns the name DistributionByName accepts.
-func (d Distribution) Name() string { return d.name }
-
-// String returns the name and a one-line description.
-func (d Distribution) String() string { return d.name + ": " + d.about }
-
-// Distributions lists the built-in distributions. "mixture" is the default of
-// the gradcomp CLI: it looks most like a bucket of real layer gradients.
-func Distributions() []Distribution {
-	return []Distribution{
-		{"mixture", "Laplace whose scale varies ×10^±1 per 64Ki block (layers), plus 0.1% outliers at 30–300× the block scale", fillMixture},
-		{"laplace", "Laplace, mean |x| = Scale (excess kurtosis 3)", fillLaplace},
-		{"student-t", "Student-t with ν = 3 times Scale (infinite kurtosis)", fillStudentT},
-		{"normal", "Gaussian, σ = Scale: the light-tailed baseline", fillNormal},
-	}
-}
-
-// DistributionByName returns the built-in distribution called name, or an
-// error naming it and the valid names.
+// DistributionByName returns the built-in distribution called name.
 func DistributionByName(name string) (Distribution, error) {
-	var names []string
-	for _, d := range Distributions() {
-		if d.name == name {
-			return d, nil
-		}
-		names = append(names, d.name)
+	d, err := synth.ByName(name)
+	if err != nil {
+		return d, fmt.Errorf("bench: %w", err)
 	}
-	return Distribution{}, fmt.Errorf("bench: unknown distribution %q (want one of %s)", name, strings.Join(names, ", "))
+	return d, nil
 }
 
-// Generate returns n values drawn from d. The result is a function of (d, n,
-// seed) alone: the same arguments give the same values on every machine and
-// with any GOMAXPROCS, and a longer gradient starts with a shorter one's values.
-func Generate(d Distribution, n int, seed uint64) []float32 {
-	x := make([]float32, n)
-	blocks := (n + genBlock - 1) / genBlock
-	workers := min(runtime.GOMAXPROCS(0), blocks)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := w; b < blocks; b += workers {
-				r := rand.New(rand.NewPCG(seed, uint64(b)))
-				d.fill(x[b*genBlock:min((b+1)*genBlock, n)], r)
-			}
-		}()
-	}
-	wg.Wait()
-	return x
-}
-
-// laplace draws from the Laplace law with mean |x| = b.
-func laplace(r *rand.Rand, b float64) float64 {
-	v := r.ExpFloat64() * b
-	if r.Uint32()&1 == 0 {
-		return -v
-	}
-	return v
-}
-
-func fillLaplace(dst []float32, r *rand.Rand) {
-	for i := range dst {
-		dst[i] = float32(laplace(r, Scale))
-	}
-}
-
-func fillNormal(dst []float32, r *rand.Rand) {
-	for i := range dst {
-		dst[i] = float32(r.NormFloat64() * Scale)
-	}
-}
-
-// fillStudentT draws Z / sqrt(V/3) with Z standard normal and V a χ² with 3
-// degrees of freedom (the sum of three squared standard normals).
-func fillStudentT(dst []float32, r *rand.Rand) {
-	for i := range dst {
-		z := r.NormFloat64()
-		a, b, c := r.NormFloat64(), r.NormFloat64(), r.NormFloat64()
-		dst[i] = float32(Scale * z / math.Sqrt((a*a+b*b+c*c)/3))
-	}
-}
-
-// The mixture's outliers: the fraction of elements and their magnitude range
-// in multiples of the block scale.
-const (
-	outlierRate = 1e-3
-	outlierLo   = 30
-	outlierHi   = 300
-)
-
-func fillMixture(dst []float32, r *rand.Rand) {
-	s := Scale * math.Pow(10, 2*r.Float64()-1)
-	for i := range dst {
-		if r.Float64() < outlierRate {
-			m := s * (outlierLo + (outlierHi-outlierLo)*r.Float64())
-			if r.Uint32()&1 == 0 {
-				m = -m
-			}
-			dst[i] = float32(m)
-			continue
-		}
-		dst[i] = float32(laplace(r, s))
-	}
-}
+// Generate returns n values drawn from d, a function of (d, n, seed) alone.
+func Generate(d Distribution, n int, seed uint64) []float32 { return synth.Generate(d, n, seed) }

@@ -1,8 +1,9 @@
 package bench
 
 import (
-	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
+
+	"github.com/gradcomp/gradcomp/internal/outfile"
 )
 
 // WriteJSON writes results as an indented JSON array of Result objects (see

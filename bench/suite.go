@@ -48,7 +48,7 @@ type Config struct {
 // withDefaults returns c with its zero fields set to their defaults, or an
 // error for a value out of range.
 func (c Config) withDefaults() (Config, error) {
-	if c.Dist.fill == nil {
+	if !c.Dist.Valid() {
 		c.Dist = Distributions()[0]
 	}
 	if c.Workers == 0 {

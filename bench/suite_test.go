@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/internal/synth"
 )
 
 // quick is a Config that keeps suite tests fast: one short round per cell.
@@ -28,7 +29,8 @@ func requireCodecs(t *testing.T, names ...string) {
 }
 
 func TestRunDense(t *testing.T) {
-	sizes := []int{1000, genBlock + 3}
+	// The second size spans two of synth's 65536-element blocks.
+	sizes := []int{1000, 1<<16 + 3}
 	cfg := quick([]string{"none", "fp16", "bf16", "fp16:lossless=huff0"}, sizes...)
 	calls := 0
 	cfg.Progress = func(done, total int) {
@@ -113,12 +115,12 @@ func TestRunSampledTopKRecall(t *testing.T) {
 // TestRunCodecError feeds fp16 a value it cannot hold: the run goes on and
 // the failed cell carries the codec's error.
 func TestRunCodecError(t *testing.T) {
-	huge := Distribution{name: "huge", about: "one value beyond fp16", fill: func(dst []float32, r *rand.Rand) {
+	huge := synth.New("huge", "one value beyond fp16", func(dst []float32, r *rand.Rand) {
 		for i := range dst {
 			dst[i] = float32(r.NormFloat64())
 		}
 		dst[0] = 1e6
-	}}
+	})
 	cfg := quick([]string{"fp16", "none"}, 100)
 	cfg.Dist = huge
 	rs, err := Run(context.Background(), cfg)

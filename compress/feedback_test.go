@@ -14,16 +14,8 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
-
-func mustParse(t testing.TB, spec string, opts ...compress.Option) compress.Compressor {
-	t.Helper()
-	c, err := compress.Parse(spec, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 func ramp(n int, scale float32) []float32 {
 	x := make([]float32, n)
@@ -37,7 +29,7 @@ func ramp(n int, scale float32) []float32 {
 // 2, 7 and 40 (one of them empty) after a few steps.
 func primed(t testing.TB) *compress.ErrorFeedback {
 	t.Helper()
-	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	for step := range uint64(3) {
 		for bucket, n := range map[uint64]int{2: 33, 7: 1000, 40: 0} {
 			if _, err := f.Compress(nil, ramp(n, 1.001+float32(step)), compress.Key{Bucket: bucket, Step: step}); err != nil {
@@ -87,7 +79,7 @@ func save(t testing.TB, f *compress.ErrorFeedback) []byte {
 func TestFeedbackSaveLoad(t *testing.T) {
 	f := primed(t)
 	state := save(t, f)
-	g := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	g := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	if _, err := g.Compress(nil, ramp(5, 1), compress.Key{Bucket: 99}); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +102,7 @@ func TestFeedbackSaveLoad(t *testing.T) {
 		}
 	}
 	// An empty memory round-trips too.
-	empty := compress.NewErrorFeedback(mustParse(t, "none"))
+	empty := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
 	if err := g.Load(bytes.NewReader(save(t, empty))); err != nil || len(g.Buckets()) != 0 {
 		t.Errorf("loading an empty state: %v, buckets %v", err, g.Buckets())
 	}
@@ -122,7 +114,7 @@ func TestFeedbackSaveLoadValues(t *testing.T) {
 	vals := []float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32, math.MaxFloat32, -math.MaxFloat32, 1e-40}
 	// Compressing with none leaves a zero residual; build the state by hand.
 	state := efState(t, 1, efBucket{id: 5, vals: vals})
-	f := compress.NewErrorFeedback(mustParse(t, "none"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
 	if err := f.Load(bytes.NewReader(state)); err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +214,7 @@ func TestFeedbackLoadErrors(t *testing.T) {
 // leaves the memory unchanged.
 func TestFeedbackLoadTruncatedAndFlipped(t *testing.T) {
 	state := save(t, primed(t))
-	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	if _, err := f.Compress(nil, ramp(9, 1.5), compress.Key{Bucket: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +247,7 @@ func TestFeedbackLoadTruncatedAndFlipped(t *testing.T) {
 // read chunk, not the claimed 16 GiB.
 func TestFeedbackLoadHugeLength(t *testing.T) {
 	state := efState(t, 1, efBucket{id: 1, n: compress.MaxElements, vals: []float32{1, 2, 3}})
-	f := compress.NewErrorFeedback(mustParse(t, "none"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
 	var m0, m1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
@@ -273,7 +265,7 @@ func TestFeedbackLoadHugeLength(t *testing.T) {
 
 // TestFeedbackSizeError changes a bucket's length between calls.
 func TestFeedbackSizeError(t *testing.T) {
-	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	if _, err := f.Compress(nil, ramp(8, 1.1), compress.Key{Bucket: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +297,7 @@ func TestFeedbackSizeError(t *testing.T) {
 // -race it checks the locking, and the result equals a serial run.
 func TestFeedbackConcurrent(t *testing.T) {
 	const buckets, steps, n = 6, 8, 300
-	c := mustParse(t, "fp16", compress.WithWorkers(2), compress.WithMinParallel(1))
+	c := compresstest.MustParse(t, "fp16", compress.WithWorkers(2), compress.WithMinParallel(1))
 	f := compress.NewErrorFeedback(c)
 	var wg sync.WaitGroup
 	for b := range uint64(buckets) {
@@ -337,7 +329,7 @@ func TestFeedbackConcurrent(t *testing.T) {
 	})
 	wg.Wait()
 
-	serial := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	serial := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	for b := range uint64(buckets) {
 		for s := range uint64(steps) {
 			if _, err := serial.Compress(nil, ramp(n, float32(b+s)+0.3), compress.Key{Bucket: b, Step: s}); err != nil {
@@ -355,7 +347,7 @@ func TestFeedbackConcurrent(t *testing.T) {
 // TestFeedbackTwoPhase settles Begin each way and checks the residual
 // against its definition, bit for bit, with s = e + g rounded once.
 func TestFeedbackTwoPhase(t *testing.T) {
-	c := mustParse(t, "int4:bucket=16")
+	c := compresstest.MustParse(t, "int4:bucket=16")
 	const n = 100
 	g := ramp(n, 0.9)
 	for _, tc := range []struct {
@@ -415,7 +407,7 @@ func TestFeedbackTwoPhase(t *testing.T) {
 // TestFeedbackBeginHolds: a bucket with an unsettled Begin makes another
 // call on it wait; a failed Begin holds nothing and leaves memory as it was.
 func TestFeedbackBeginHolds(t *testing.T) {
-	f := compress.NewErrorFeedback(mustParse(t, "fp16"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "fp16"))
 	_, p, err := f.Begin(nil, ramp(8, 1.1), compress.Key{Bucket: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -454,7 +446,7 @@ func TestFeedbackBeginHolds(t *testing.T) {
 // TestFeedbackSetResidual checks that SetResidual installs an exact copy
 // that Save writes and the next Compress folds in, and refuses bad input.
 func TestFeedbackSetResidual(t *testing.T) {
-	f := compress.NewErrorFeedback(mustParse(t, "int8"))
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "int8"))
 	e := []float32{0.5, float32(math.Copysign(0, -1)), -3, 1e-30}
 	if err := f.SetResidual(7, e); err != nil {
 		t.Fatal(err)
@@ -468,7 +460,7 @@ func TestFeedbackSetResidual(t *testing.T) {
 	if err := f.Save(&saved); err != nil {
 		t.Fatal(err)
 	}
-	g := compress.NewErrorFeedback(mustParse(t, "int8"))
+	g := compress.NewErrorFeedback(compresstest.MustParse(t, "int8"))
 	if err := g.Load(bytes.NewReader(saved.Bytes())); err != nil {
 		t.Fatal(err)
 	}

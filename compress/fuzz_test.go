@@ -79,7 +79,7 @@ func FuzzResealedSign(f *testing.F)    { fuzzResealed(f, "FuzzResealedSign") }
 // Load reproduce exactly.
 func FuzzLoad(f *testing.F) {
 	f.Fuzz(func(t *testing.T, state []byte) {
-		ef := compress.NewErrorFeedback(mustParse(t, "none"))
+		ef := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
 		if err := ef.Load(bytes.NewReader(efState(t, 1, efBucket{id: 1, vals: []float32{0.5, -2}}))); err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ func FuzzLoad(f *testing.F) {
 			return
 		}
 		saved := save(t, ef)
-		again := compress.NewErrorFeedback(mustParse(t, "none"))
+		again := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
 		if err := again.Load(bytes.NewReader(saved)); err != nil {
 			t.Fatalf("reloading a saved state: %v", err)
 		}

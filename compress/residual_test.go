@@ -42,7 +42,7 @@ func TestCompressResidual(t *testing.T) {
 	}
 	for _, spec := range compresstest.DefaultSpecs {
 		for _, workers := range []int{1, 2, 3} {
-			c := mustParse(t, spec, compress.WithWorkers(workers), compress.WithMinParallel(4096))
+			c := compresstest.MustParse(t, spec, compress.WithWorkers(workers), compress.WithMinParallel(4096))
 			rc, ok := c.(compress.ResidualCompressor)
 			if !ok {
 				t.Fatalf("%s: Parse's compressor is not a ResidualCompressor", spec)
@@ -85,7 +85,7 @@ type opaque struct{ compress.Compressor }
 // residual's length either way.
 func TestCompressResidualFallback(t *testing.T) {
 	for _, spec := range []string{"int4", "topk:0.1", "fp16"} {
-		c := mustParse(t, spec)
+		c := compresstest.MustParse(t, spec)
 		src := residualInput(1000, 1)
 		key := compress.Key{Bucket: 1}
 		fused, plain := make([]float32, len(src)), make([]float32, len(src))

@@ -1,10 +1,9 @@
 package kernels
 
 import (
-	"unsafe"
-
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
 // Compressor is a compress.Compressor whose encoding and decoding run on
@@ -94,11 +93,6 @@ func (b *buffers) free(err *error) {
 	}
 }
 
-// bytesOf returns the memory of x as bytes.
-func bytesOf(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
-}
-
 func (c *Compressor) encode(body []byte, src []float32, key compress.Key) (err error) {
 	n := len(src)
 	if n == 0 {
@@ -118,7 +112,7 @@ func (c *Compressor) encode(body []byte, src []float32, key compress.Key) (err e
 			return err
 		}
 	}
-	if err := c.ctx.CopyIn(c.s, a.Grad, bytesOf(src)); err != nil {
+	if err := c.ctx.CopyIn(c.s, a.Grad, f32.Bytes(src)); err != nil {
 		return err
 	}
 	if err := c.codec.Encode(c.ctx, c.s, a); err != nil {
@@ -153,7 +147,7 @@ func (c *Compressor) decompress(dst []float32, payload []byte, add bool) (err er
 		return err
 	}
 	if add {
-		if err := c.ctx.CopyIn(c.s, d, bytesOf(dst)); err != nil {
+		if err := c.ctx.CopyIn(c.s, d, f32.Bytes(dst)); err != nil {
 			return err
 		}
 	}
@@ -161,7 +155,7 @@ func (c *Compressor) decompress(dst []float32, payload []byte, add bool) (err er
 		return err
 	}
 	out := make([]float32, len(dst)) // dst stays untouched unless everything succeeds
-	if err := c.ctx.CopyOut(c.s, bytesOf(out), d); err != nil {
+	if err := c.ctx.CopyOut(c.s, f32.Bytes(out), d); err != nil {
 		return err
 	}
 	copy(dst, out)

@@ -5,37 +5,21 @@ package kernels
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/compresstest"
 	"github.com/gradcomp/gradcomp/gpu"
-)
-
-var (
-	sharedOnce sync.Once
-	sharedCtx  *Context
-	sharedErr  error
+	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/gputest"
+	"github.com/gradcomp/gradcomp/internal/synth"
 )
 
 // device returns the context of device 0, or skips the test with the
 // reason when there is no usable GPU.
-func device(tb testing.TB) *Context {
-	tb.Helper()
-	sharedOnce.Do(func() { sharedCtx, sharedErr = Open(0) })
-	if errors.Is(sharedErr, ErrNoDevice) {
-		tb.Skipf("no CUDA device here: %v", sharedErr)
-	}
-	if sharedErr != nil {
-		tb.Fatal(sharedErr)
-	}
-	return sharedCtx
-}
+var device = gputest.Opener(func() (*Context, error) { return Open(0) }, ErrNoDevice)
 
 // TestDevice logs what the tests run on.
 func TestDevice(t *testing.T) {
@@ -64,7 +48,7 @@ func devBuf(tb testing.TB, ctx *Context, bytes int) gpu.Ptr {
 func upload(tb testing.TB, ctx *Context, x []float32) gpu.Ptr {
 	tb.Helper()
 	p := devBuf(tb, ctx, max(4*len(x), 4))
-	if err := ctx.CopyIn(0, p, bytesOf(x)); err != nil {
+	if err := ctx.CopyIn(0, p, f32.Bytes(x)); err != nil {
 		tb.Fatal(err)
 	}
 	return p
@@ -73,21 +57,8 @@ func upload(tb testing.TB, ctx *Context, x []float32) gpu.Ptr {
 func download(tb testing.TB, ctx *Context, p gpu.Ptr, n int) []float32 {
 	tb.Helper()
 	x := make([]float32, n)
-	if err := ctx.CopyOut(0, bytesOf(x), p); err != nil {
+	if err := ctx.CopyOut(0, f32.Bytes(x), p); err != nil {
 		tb.Fatal(err)
-	}
-	return x
-}
-
-// laplace returns n reproducible Laplace(0, 1) samples.
-func laplace(n int, seed uint64) []float32 {
-	r := rand.New(rand.NewPCG(seed, 1))
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(r.ExpFloat64())
-		if r.IntN(2) == 0 {
-			x[i] = -x[i]
-		}
 	}
 	return x
 }
@@ -108,7 +79,7 @@ func TestErrorFeedbackFused(t *testing.T) {
 				a.Work = devBuf(t, ctx, w)
 			}
 			for step := range uint64(3) {
-				g := laplace(n, step)
+				g := synth.UnitLaplace(n, step)
 				a.Grad, a.Key = upload(t, ctx, g), compress.Key{Bucket: 1, Step: step}
 				p, err := f.Compress(nil, g, a.Key)
 				if err != nil {
@@ -166,7 +137,7 @@ func TestDecodeAccumulate(t *testing.T) {
 		var bodies []gpu.Ptr
 		var payloads [][]byte
 		for p := range 11 {
-			pl, err := c.ref.Compress(nil, laplace(n, uint64(p)), key)
+			pl, err := c.ref.Compress(nil, synth.UnitLaplace(n, uint64(p)), key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,7 +147,7 @@ func TestDecodeAccumulate(t *testing.T) {
 			bodies, payloads = append(bodies, b), append(payloads, pl)
 		}
 		for _, add := range []bool{false, true} {
-			start := laplace(n, 99)
+			start := synth.UnitLaplace(n, 99)
 			want := append([]float32(nil), start...)
 			for p, pl := range payloads {
 				decode := c.ref.DecompressAdd
@@ -211,7 +182,7 @@ func TestTopKPaths(t *testing.T) {
 	if testing.Short() {
 		n = sampledMinLen + 5
 	}
-	ties := laplace(n, 5)
+	ties := synth.UnitLaplace(n, 5)
 	for i := range ties {
 		ties[i] = float32(math.Round(float64(ties[i]) * 2))
 	}
@@ -221,7 +192,7 @@ func TestTopKPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref, _ := compress.Parse(spec)
-		for name, x := range map[string][]float32{"laplace": laplace(n, 4), "ties": ties} {
+		for name, x := range map[string][]float32{"laplace": synth.UnitLaplace(n, 4), "ties": ties} {
 			got, err := dc.Compress(nil, x, compress.Key{})
 			if err != nil {
 				t.Fatal(err)

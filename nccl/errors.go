@@ -1,12 +1,12 @@
 package nccl
 
 import (
-	"github.com/gradcomp/gradcomp/comm"
-
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
 )
 
 // ErrNotFound is matched (errors.Is) by the *LoadError Open returns when no

@@ -6,7 +6,7 @@
 // # What is timed
 //
 // Each rank draws its own gradient of Config.Size float32s (rank r uses
-// bench.Generate(mixture, Size, Seed+r)). A timed run starts after a
+// synth.Generate(mixture, Size, Seed+r)). A timed run starts after a
 // barrier and ends when the rank average is in the rank's gradient buffer;
 // the run's time is that of the slowest rank. Setting an exchange up (the
 // engine's handshake, its cost-model probe) and refilling the gradient
@@ -32,8 +32,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gradcomp/gradcomp/bench"
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/internal/synth"
 )
 
 // Decision modes of a case: whether the exchange may fall back to dense.
@@ -178,7 +178,7 @@ func Run(ctx context.Context, c comm.Comm, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
-	m := &measurer{c: c, cfg: cfg, src: bench.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank())), grad: make([]float32, cfg.Size)}
+	m := &measurer{c: c, cfg: cfg, src: synth.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank())), grad: make([]float32, cfg.Size)}
 	baseline := &denseAllReduce{c: c, timeout: cfg.Timeout}
 	progress("dense all-reduce (the baseline)")
 	r, err := m.measure(ctx, Case{Codec: "none", Decision: Baseline}, baseline, nil, nil)
@@ -202,8 +202,8 @@ func Run(ctx context.Context, c comm.Comm, cfg Config) ([]Result, error) {
 }
 
 // mixture is the distribution the gradients are drawn from.
-var mixture = func() bench.Distribution {
-	d, err := bench.DistributionByName("mixture")
+var mixture = func() synth.Distribution {
+	d, err := synth.ByName("mixture")
 	if err != nil {
 		panic(err) // a built-in name: cannot happen
 	}

@@ -3,11 +3,12 @@ package netbench
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"slices"
 	"strconv"
 	"text/tabwriter"
+
+	"github.com/gradcomp/gradcomp/internal/outfile"
 )
 
 // WriteJSON writes results as an indented JSON array of Result objects,

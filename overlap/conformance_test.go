@@ -15,7 +15,9 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
 // The engine conformance suite: one set of checks of what every backend ×
@@ -292,7 +294,7 @@ func (m *deviceMember) Ready(i int, g []float32) error {
 	if i >= 0 && i < len(m.ptrs) && !m.given[i] {
 		p = m.ptrs[i]
 	}
-	if err := m.dev.CopyIn(m.s, p, unsafeBytes(g)); err != nil {
+	if err := m.dev.CopyIn(m.s, p, f32.Bytes(g)); err != nil {
 		return err
 	}
 	err := m.DeviceEngine.Ready(i, p, m.s)
@@ -307,7 +309,7 @@ func (m *deviceMember) Wait(ctx context.Context) ([][]float32, StepStats, error)
 	out := make([][]float32, len(m.sizes))
 	for i, n := range m.sizes {
 		out[i] = make([]float32, n)
-		if cerr := m.dev.CopyOut(m.s, unsafeBytes(out[i]), m.ptrs[i]); cerr != nil && err == nil {
+		if cerr := m.dev.CopyOut(m.s, f32.Bytes(out[i]), m.ptrs[i]); cerr != nil && err == nil {
 			err = cerr
 		}
 	}
@@ -337,7 +339,7 @@ func stepGradients(size, s int, sizes []int) [][][]float32 {
 // result).
 func refFor(p peer, spec string, m member, ef bool) *refModel {
 	st := m.Strategy()
-	if mustParse(p.t, spec).Codec() == compress.CodecRandomK {
+	if compresstest.MustParse(p.t, spec).Codec() == compress.CodecRandomK {
 		st = StrategySharedIndex
 	}
 	return newRef(p.t, spec, st, p.size, ef)
@@ -397,7 +399,7 @@ func compare(what string, got, want [][]float32, exact bool) error {
 // exactFor says whether spec's results must match the reference bit for
 // bit on p's transport: always, but where an all-reduce's order shows.
 func exactFor(p peer, spec string) bool {
-	c := mustParse(p.t, spec).Codec()
+	c := compresstest.MustParse(p.t, spec).Codec()
 	return p.exactSum || (c != compress.CodecNone && c != compress.CodecRandomK)
 }
 

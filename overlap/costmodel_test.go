@@ -11,6 +11,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
 func TestFitLine(t *testing.T) {
@@ -63,7 +64,7 @@ func TestCostModelFit(t *testing.T) {
 		!close(m.dec.b*1e9, tm.dec.b*1e9) || !close(m.avg.b*1e9, tm.avg.b*1e9) || m.mid.a != 0 || m.mid.b != 0 {
 		t.Errorf("fitted %+v from %+v", *m, *tm)
 	}
-	c := mustParse(t, cfg.Spec)
+	c := compresstest.MustParse(t, cfg.Spec)
 	for r, e := range engines {
 		if !slices.Equal(e.Compressed(), []bool{true, true}) {
 			t.Errorf("rank %d: decisions %v, want compressed", r, e.Compressed())
@@ -145,7 +146,7 @@ func nearly(a, b time.Duration) bool { return a-b <= time.Microsecond/10 && b-a 
 // the compute is the calibration's.
 func TestPredictKnownLink(t *testing.T) {
 	const n, world, bw, lat = 1 << 16, 4, 1e6, time.Millisecond
-	c := mustParse(t, "topk:0.01")
+	c := compresstest.MustParse(t, "topk:0.01")
 	link := Link{Bandwidth: bw, Latency: lat}
 	p, err := predictWith(c, StrategyQuantAllGather, n, world, link, fixedCalibration(predictCompute))
 	if err != nil {
@@ -170,7 +171,7 @@ func TestPredictKnownLink(t *testing.T) {
 // TestPredictCached: Predict calibrates once per (spec, strategy, world)
 // and answers the same afterwards.
 func TestPredictCached(t *testing.T) {
-	c := mustParse(t, "topk:0.01")
+	c := compresstest.MustParse(t, "topk:0.01")
 	link := Link{Bandwidth: 1e6, Latency: time.Millisecond}
 	p, err := Predict(c, StrategyQuantAllGather, 1<<16, 4, link)
 	if err != nil {
@@ -193,7 +194,7 @@ func TestPredictEveryCodec(t *testing.T) {
 	specs := []string{"fp16", "bf16", "topk:0.01", "randomk:0.01", "int8", "int4", "int2", "sign"}
 	const n = 1 << 18
 	for _, spec := range specs {
-		p, err := predictWith(mustParse(t, spec), StrategyQuantAllGather, n, 4, free, fixedCalibration(predictCompute))
+		p, err := predictWith(compresstest.MustParse(t, spec), StrategyQuantAllGather, n, 4, free, fixedCalibration(predictCompute))
 		switch {
 		case err != nil:
 			t.Errorf("%s: %v", spec, err)
@@ -201,7 +202,7 @@ func TestPredictEveryCodec(t *testing.T) {
 			t.Errorf("%s on a free link: %+v, want dense, with the calibration's encode and decode times", spec, p)
 		}
 	}
-	p, err := predictWith(mustParse(t, "none"), StrategyAuto, 1<<10, 2, free, fixedCalibration(predictCompute))
+	p, err := predictWith(compresstest.MustParse(t, "none"), StrategyAuto, 1<<10, 2, free, fixedCalibration(predictCompute))
 	if err != nil || p.Compress || p.Compressed != p.Dense || p.Strategy != StrategyDense || p.Encode != 0 {
 		t.Errorf("codec none: %+v, %v", p, err)
 	}
@@ -212,7 +213,7 @@ func TestPredictConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, spec := range []string{"topk:0.01", "randomk:0.01"} {
 		wg.Go(func() {
-			if _, err := Predict(mustParse(t, spec), StrategyQuantAllGather, 1<<12, 2, Link{Bandwidth: 1e9}); err != nil {
+			if _, err := Predict(compresstest.MustParse(t, spec), StrategyQuantAllGather, 1<<12, 2, Link{Bandwidth: 1e9}); err != nil {
 				t.Errorf("%s: %v", spec, err)
 			}
 		})
@@ -221,7 +222,7 @@ func TestPredictConcurrent(t *testing.T) {
 }
 
 func TestPredictErrors(t *testing.T) {
-	c := mustParse(t, "int8")
+	c := compresstest.MustParse(t, "int8")
 	ok := Link{Bandwidth: 1e9, Latency: time.Microsecond}
 	for _, tc := range []struct {
 		c     compress.Compressor

@@ -8,11 +8,11 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -700,7 +700,7 @@ func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, er
 		}
 		for _, m := range e.memories(bk, ef1, ef2) {
 			res := make([]float32, m.n)
-			if err := e.dev.CopyOut(e.enc, unsafeBytes(res), m.p); err != nil {
+			if err := e.dev.CopyOut(e.enc, f32.Bytes(res), m.p); err != nil {
 				return nil, nil, fmt.Errorf("overlap: %s on rank %d: reading bucket %d's %s memory from the device: %w", call, e.rank, i, m.tag, err)
 			}
 			if err := m.f.SetResidual(uint64(i), res); err != nil {
@@ -753,7 +753,7 @@ func (e *DeviceEngine) install(ef1, ef2 *compress.ErrorFeedback) error {
 			if res == nil {
 				res = make([]float32, m.n)
 			}
-			if err := e.dev.CopyIn(e.enc, m.p, unsafeBytes(res)); err != nil {
+			if err := e.dev.CopyIn(e.enc, m.p, f32.Bytes(res)); err != nil {
 				return fmt.Errorf("overlap: Load on rank %d: writing bucket %d's %s memory to the device: %w", e.rank, i, m.tag, err)
 			}
 		}
@@ -773,11 +773,6 @@ func (e *DeviceEngine) teardown() error {
 		return fmt.Errorf("overlap: DeviceEngine.Close on rank %d: %w", e.rank, err)
 	}
 	return nil
-}
-
-// unsafeBytes returns the memory of x as bytes.
-func unsafeBytes(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
 }
 
 // nonFinite reads run r's average status (kernels.Average's Out) and

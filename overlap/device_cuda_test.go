@@ -4,11 +4,9 @@ package overlap
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,55 +15,46 @@ import (
 	"github.com/gradcomp/gradcomp/comm/ncclcomm"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/gputest"
 	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/nccl"
 )
 
-var (
-	gpuOnce sync.Once
-	gpuCtx  *kernels.Context
-	gpuDC   comm.DeviceComm
-	gpuHost comm.Comm
-	gpuErr  error
-	gpuSkip string
-)
+// deviceRig is device 0's context and a one-rank NCCL communicator on it,
+// with its host Comm.
+type deviceRig struct {
+	ctx  *kernels.Context
+	dc   comm.DeviceComm
+	host comm.Comm
+}
 
-// testDevice returns device 0's context and a one-rank NCCL communicator on it
-// (one H200: NCCL refuses two ranks on one GPU), or skips the test with
-// the reason when there is no GPU or no libnccl.so.2 ($GRADCOMP_NCCL
-// names it; scripts/gpu-check sets it to the nvidia-nccl wheel's copy).
+// openRig opens the rig once per test binary (gputest.Opener): one H200,
+// and NCCL refuses two ranks on one GPU. $GRADCOMP_NCCL names libnccl.so.2
+// (scripts/gpu-check sets it to the nvidia-nccl wheel's copy).
+var openRig = gputest.Opener(func() (deviceRig, error) {
+	ctx, err := kernels.Open(0)
+	if err != nil {
+		return deviceRig{}, err
+	}
+	lib, err := nccl.Open()
+	if err != nil {
+		return deviceRig{}, fmt.Errorf("set %s: %w", nccl.EnvPath, err)
+	}
+	hosts, err := inproc.NewGroup(1)
+	if err != nil {
+		return deviceRig{}, err
+	}
+	dc, err := ncclcomm.New(context.Background(), lib, hosts[0], nccl.WithDevice(0), nccl.WithTimeout(30*time.Second))
+	return deviceRig{ctx, dc, hosts[0]}, err
+}, kernels.ErrNoDevice, nccl.ErrNotFound)
+
+// testDevice returns the rig's parts, or skips the test with the reason
+// when there is no GPU or no libnccl.so.2.
 func testDevice(tb testing.TB) (*kernels.Context, comm.DeviceComm, comm.Comm) {
 	tb.Helper()
-	gpuOnce.Do(func() {
-		if gpuCtx, gpuErr = kernels.Open(0); errors.Is(gpuErr, kernels.ErrNoDevice) {
-			gpuSkip = fmt.Sprintf("no CUDA device here: %v", gpuErr)
-			return
-		} else if gpuErr != nil {
-			return
-		}
-		lib, err := nccl.Open()
-		if errors.Is(err, nccl.ErrNotFound) {
-			gpuSkip = fmt.Sprintf("no NCCL here (set %s): %v", nccl.EnvPath, err)
-			return
-		} else if err != nil {
-			gpuErr = err
-			return
-		}
-		hosts, err := inproc.NewGroup(1)
-		if err != nil {
-			gpuErr = err
-			return
-		}
-		gpuHost = hosts[0]
-		gpuDC, gpuErr = ncclcomm.New(context.Background(), lib, gpuHost, nccl.WithDevice(0), nccl.WithTimeout(30*time.Second))
-	})
-	if gpuSkip != "" {
-		tb.Skip(gpuSkip)
-	}
-	if gpuErr != nil {
-		tb.Fatal(gpuErr)
-	}
-	return gpuCtx, gpuDC, gpuHost
+	r := openRig(tb)
+	return r.ctx, r.dc, r.host
 }
 
 // gpuBuffers allocates one device buffer per size, freed at cleanup.
@@ -122,7 +111,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i := range sizes {
-					if err := ctx.CopyIn(s, grads[i], unsafeBytes(hg[0][i])); err != nil {
+					if err := ctx.CopyIn(s, grads[i], f32.Bytes(hg[0][i])); err != nil {
 						t.Fatal(err)
 					}
 					if err := e.Ready(i, grads[i], s); err != nil {
@@ -144,7 +133,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 				}
 				for i, n := range sizes {
 					got := make([]float32, n)
-					if err := ctx.CopyOut(s, unsafeBytes(got), grads[i]); err != nil {
+					if err := ctx.CopyOut(s, f32.Bytes(got), grads[i]); err != nil {
 						t.Fatal(err)
 					}
 					if num == 2 && i == 1 {

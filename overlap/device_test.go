@@ -14,6 +14,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
 // devRig is one device engine per rank, each on its own fake device (its
@@ -99,7 +100,7 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 				return
 			}
 			for _, i := range order(r) {
-				d.CopyIn(s, g.grads[r][i], unsafeBytes(grads[r][i]))
+				d.CopyIn(s, g.grads[r][i], f32.Bytes(grads[r][i]))
 				if err := e.Ready(i, g.grads[r][i], s); err != nil {
 					errs[r] = err
 				}
@@ -114,7 +115,7 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 			}
 			for i, sz := range g.sizes {
 				x := make([]float32, sz)
-				d.CopyOut(s, unsafeBytes(x), g.grads[r][i])
+				d.CopyOut(s, f32.Bytes(x), g.grads[r][i])
 				out[r] = append(out[r], x)
 			}
 		})
@@ -230,7 +231,7 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 		}
 		d.enqueue(s, func() { <-gate }) // backward is still running
 		for i := range sizes {
-			d.CopyIn(s, g.grads[r][i], unsafeBytes(grads[r][i]))
+			d.CopyIn(s, g.grads[r][i], f32.Bytes(grads[r][i]))
 			if err := e.Ready(i, g.grads[r][i], s); err != nil {
 				t.Fatal(err)
 			}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
-	"github.com/gradcomp/gradcomp/compress"
 )
 
 // onRanks runs fn for every rank of comms concurrently and returns the
@@ -119,15 +118,6 @@ func reversedOnOdd(n int) func(int) []int {
 		}
 		return o
 	}
-}
-
-func mustParse(t testing.TB, spec string) compress.Compressor {
-	t.Helper()
-	c, err := compress.Parse(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // sameFloats reports the first index where got and want differ (== on

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
 func TestParseStrategy(t *testing.T) {
@@ -85,7 +86,7 @@ func TestBucketSizes(t *testing.T) {
 // the formulas of the package doc.
 func TestBytesSent(t *testing.T) {
 	const ranks, n = 4, 1000
-	slot := func(spec string, elems int) int64 { return int64(12 + mustParse(t, spec).MaxEncodedLen(elems)) }
+	slot := func(spec string, elems int) int64 { return int64(12 + compresstest.MustParse(t, spec).MaxEncodedLen(elems)) }
 	for _, tc := range []struct {
 		spec string
 		want int64

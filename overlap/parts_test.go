@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
 // TestSparsePartsSelect: parts over a sparse compressor are one for
@@ -23,7 +24,7 @@ func TestSparsePartsSelect(t *testing.T) {
 	key := compress.Key{Bucket: 2, Step: 5}
 	for _, spec := range []string{"topk:0.05", "randomk:0.05", "topk:0.05:lossless=zstd"} {
 		for _, count := range []int{1, 3} {
-			p := &parts{inner: mustParse(t, spec), count: count, stage: 1, ranks: count}
+			p := &parts{inner: compresstest.MustParse(t, spec), count: count, stage: 1, ranks: count}
 			sp, ok := p.forMemory().(compress.SparseCompressor)
 			if !ok {
 				t.Fatalf("%s in %d parts: forMemory is %T, not a compress.SparseCompressor", spec, count, p.forMemory())
@@ -54,7 +55,7 @@ func TestSparsePartsSelect(t *testing.T) {
 			}
 		}
 	}
-	dense := &parts{inner: mustParse(t, "int8"), count: 2, stage: 1, ranks: 2}
+	dense := &parts{inner: compresstest.MustParse(t, "int8"), count: 2, stage: 1, ranks: 2}
 	if _, ok := dense.forMemory().(compress.SparseCompressor); ok {
 		t.Errorf("int8 in 2 parts: forMemory is a compress.SparseCompressor")
 	}

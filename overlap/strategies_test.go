@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
 // The reference: a direct computation, with the compress package, of the
@@ -38,7 +39,7 @@ type refModel struct {
 }
 
 func newRef(t *testing.T, spec string, strategy Strategy, ranks int, ef bool) *refModel {
-	m := &refModel{t: t, c: mustParse(t, spec), strategy: strategy, ranks: ranks, ef: ef,
+	m := &refModel{t: t, c: compresstest.MustParse(t, spec), strategy: strategy, ranks: ranks, ef: ef,
 		e1: map[[2]int][]float32{}, e2: map[[2]int][]float32{}, parts: 1}
 	if strategy == StrategyQuantSRA || strategy == StrategyDense {
 		m.parts, m.sra = ranks, true

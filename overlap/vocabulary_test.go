@@ -9,6 +9,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
 // TestErrorVocabulary checks that errors keep their identity across
@@ -113,11 +114,11 @@ func TestErrorVocabulary(t *testing.T) {
 	})
 
 	t.Run("a payload of another spec is *compress.PayloadMismatchError, not *comm.MismatchError", func(t *testing.T) {
-		p, err := mustParse(t, "int8").Compress(nil, make([]float32, 100), compress.Key{})
+		p, err := compresstest.MustParse(t, "int8").Compress(nil, make([]float32, 100), compress.Key{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = mustParse(t, "int4").Decompress(make([]float32, 100), p)
+		err = compresstest.MustParse(t, "int4").Decompress(make([]float32, 100), p)
 		var pm *compress.PayloadMismatchError
 		var cm *comm.MismatchError
 		if !errors.As(err, &pm) || errors.As(err, &cm) {

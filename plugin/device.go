@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -247,7 +247,7 @@ func newDeviceBucket(host *compress.ErrorFeedback, id uint64, n int, dev *device
 			return nil, err
 		}
 	}
-	if err := dev.ctx.CopyIn(dev.own, b.e, floatBytes(e)); err != nil {
+	if err := dev.ctx.CopyIn(dev.own, b.e, f32.Bytes(e)); err != nil {
 		return nil, err
 	}
 	return b, dev.ctx.Synchronize(dev.own)
@@ -279,7 +279,7 @@ func (m *deviceMemory) residuals() (map[uint64][]float32, error) {
 			b.mu.Unlock()
 			continue
 		}
-		err := b.dev.ctx.CopyOut(b.dev.own, floatBytes(e), b.e)
+		err := b.dev.ctx.CopyOut(b.dev.own, f32.Bytes(e), b.e)
 		b.mu.Unlock()
 		if err != nil {
 			return nil, fmt.Errorf("copying bucket %d's residual from device %d: %w", id, b.dev.ordinal, err)
@@ -615,9 +615,4 @@ func (c *compressor) openPayload(slot []byte, n int, exact bool) (compress.Heade
 		return compress.Header{}, errorf(errInvalid, "the payload's body went through the %s stage; device decoding needs raw bodies", h.Lossless)
 	}
 	return h, nil
-}
-
-// floatBytes returns the memory of x as bytes.
-func floatBytes(x []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
 }

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"sync"
 	"testing"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/gputest"
+	"github.com/gradcomp/gradcomp/internal/synth"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -186,24 +187,8 @@ func TestStateWithoutDevice(t *testing.T) {
 
 // ---- GPU tests: they skip without a usable device. ----
 
-var (
-	gpuOnce sync.Once
-	gpuDev  *deviceContext
-	gpuErr  error
-)
-
 // testDevice returns device 0's context or skips the test, saying why.
-func testDevice(t testing.TB) *deviceContext {
-	t.Helper()
-	gpuOnce.Do(func() { gpuDev, gpuErr = openDevice(0) })
-	if errors.Is(gpuErr, kernels.ErrNoCUDA) || errors.Is(gpuErr, kernels.ErrNoDevice) {
-		t.Skipf("no GPU for the device calls: %v", gpuErr)
-	}
-	if gpuErr != nil {
-		t.Fatal(gpuErr)
-	}
-	return gpuDev
-}
+var testDevice = gputest.Opener(func() (*deviceContext, error) { return openDevice(0) }, kernels.ErrNoCUDA, kernels.ErrNoDevice)
 
 // devAlloc returns device memory freed when the test ends.
 func devAlloc(t testing.TB, d *deviceContext, bytes int) gpu.Ptr {
@@ -235,15 +220,6 @@ func download(t testing.TB, d *deviceContext, p gpu.Ptr, n int) []byte {
 	return b
 }
 
-func laplace(n int, seed uint64) []float32 {
-	r := rand.New(rand.NewPCG(seed, 7))
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(r.ExpFloat64() - r.ExpFloat64())
-	}
-	return x
-}
-
 // gpuSpecs are the specs the GPU tests run: the four, and the
 // other paths (unaligned buckets, sampled top-k, random-k, halves).
 var gpuSpecs = []string{"int8", "int4", "sign", "topk:0.01", "topk:0.01:sampled", "int2:bucket=100", "randomk:0.01", "fp16", "none"}
@@ -263,8 +239,8 @@ func TestGPUCompressMatchesHost(t *testing.T) {
 			hostPayload := make([]byte, need)
 			modes := []int{-1, settleCommit, settleRetain, settleDiscard, -1, -2}
 			for step, mode := range modes {
-				g := laplace(n, uint64(step))
-				upload(t, d, grad, floatBytes(g))
+				g := synth.UnitLaplace(n, uint64(step))
+				upload(t, d, grad, f32.Bytes(g))
 				key := compress.Key{Bucket: 5, Step: uint64(step)}
 				flags := uint32(flagFeedback)
 				switch mode {
@@ -306,23 +282,23 @@ func TestGPUCompressMatchesHost(t *testing.T) {
 				}
 			}
 			// Decoding: one payload, added; then 3 slots with padding.
-			want := laplace(n, 99)
+			want := synth.UnitLaplace(n, 99)
 			if err := host.decompress(hostPayload[:need], want, true); err != nil {
 				t.Fatal(err)
 			}
 			out := devAlloc(t, d, 4*n)
-			upload(t, d, out, floatBytes(laplace(n, 99)))
+			upload(t, d, out, f32.Bytes(synth.UnitLaplace(n, 99)))
 			if err := dev.decompressDevice(dst, uint64(need), 1, true, out, n, true, d.own); err != nil {
 				t.Fatal(err)
 			}
-			if got := download(t, d, out, 4*n); !bytes.Equal(got, floatBytes(want)) {
+			if got := download(t, d, out, 4*n); !bytes.Equal(got, f32.Bytes(want)) {
 				t.Fatal("gc_decompress_add_device differs from gc_decompress_add")
 			}
 			slot := (need + 64) &^ 3
 			slots := devAlloc(t, d, 3*slot)
 			sum := make([]float32, n)
 			for i := range 3 {
-				g := laplace(n, uint64(10+i))
+				g := synth.UnitLaplace(n, uint64(10+i))
 				m, err := host.compress(compress.Key{Bucket: 9, Step: 1}, 0, g, hostPayload)
 				if err != nil {
 					t.Fatal(err)
@@ -340,7 +316,7 @@ func TestGPUCompressMatchesHost(t *testing.T) {
 			if err := dev.decompressDevice(slots, uint64(slot), 3, false, out, n, false, d.own); err != nil {
 				t.Fatal(err)
 			}
-			if got := download(t, d, out, 4*n); !bytes.Equal(got, floatBytes(sum)) {
+			if got := download(t, d, out, 4*n); !bytes.Equal(got, f32.Bytes(sum)) {
 				t.Fatal("gc_decompress_slots_device differs from gc_decompress + gc_decompress_add")
 			}
 		})
@@ -357,14 +333,14 @@ func TestGPUBadInput(t *testing.T) {
 	c, ref := mustCompressor(t, "int8"), mustCompressor(t, "int8")
 	need := c.c.MaxEncodedLen(n)
 	grad, dst := devAlloc(t, d, 4*n), devAlloc(t, d, need+64)
-	g := laplace(n, 1)
-	upload(t, d, grad, floatBytes(g))
+	g := synth.UnitLaplace(n, 1)
+	upload(t, d, grad, f32.Bytes(g))
 	if _, err := c.compressDevice(compress.Key{Bucket: 1}, flagFeedback, grad, n, dst, uint64(need), d.own); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := c.state()
 	g[77] = float32(math.NaN())
-	upload(t, d, grad, floatBytes(g))
+	upload(t, d, grad, f32.Bytes(g))
 	_, err := c.compressDevice(compress.Key{Bucket: 1, Step: 1}, flagFeedback|flagDefer, grad, n, dst, uint64(need), d.own)
 	var nf *compress.NonFiniteError
 	if !errors.As(err, &nf) || nf.Index != 77 {
@@ -383,25 +359,25 @@ func TestGPUBadInput(t *testing.T) {
 		t.Fatalf("host compress of a device bucket: %v, want GC_ERR_STATE", err)
 	}
 	// A corrupt payload: dst untouched.
-	upload(t, d, grad, floatBytes(laplace(n, 2)))
+	upload(t, d, grad, f32.Bytes(synth.UnitLaplace(n, 2)))
 	m, err := c.compressDevice(compress.Key{}, 0, grad, n, dst, uint64(need), d.own)
 	if err != nil {
 		t.Fatal(err)
 	}
 	upload(t, d, dst+100, []byte{0xff})
 	out := devAlloc(t, d, 4*n)
-	upload(t, d, out, floatBytes(laplace(n, 3)))
+	upload(t, d, out, f32.Bytes(synth.UnitLaplace(n, 3)))
 	if err := c.decompressDevice(dst, uint64(m), 1, true, out, n, false, d.own); statusOf(err) != errCorrupt {
 		t.Fatalf("corrupt payload: %v, want GC_ERR_CORRUPT", err)
 	}
 	if err := c.decompressDevice(dst, uint64(m+4), 1, true, out, n, false, d.own); statusOf(err) != errCorrupt {
 		t.Fatalf("padded payload: %v, want GC_ERR_CORRUPT", err)
 	}
-	if got := download(t, d, out, 4*n); !bytes.Equal(got, floatBytes(laplace(n, 3))) {
+	if got := download(t, d, out, 4*n); !bytes.Equal(got, f32.Bytes(synth.UnitLaplace(n, 3))) {
 		t.Fatal("a refused decompress wrote dst")
 	}
 	// Resume: ref's state loaded into c; both continue on host and device.
-	hg := laplace(n, 4)
+	hg := synth.UnitLaplace(n, 4)
 	if _, err := ref.compress(compress.Key{Bucket: 2}, flagFeedback, hg, make([]byte, need)); err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +386,8 @@ func TestGPUBadInput(t *testing.T) {
 		t.Fatalf("loadState: %v with %d device buckets left", err, liveBuckets(c))
 	}
 	hp := make([]byte, need)
-	upload(t, d, grad, floatBytes(laplace(n, 5)))
-	if _, err := ref.compress(compress.Key{Bucket: 2, Step: 1}, flagFeedback, laplace(n, 5), hp); err != nil {
+	upload(t, d, grad, f32.Bytes(synth.UnitLaplace(n, 5)))
+	if _, err := ref.compress(compress.Key{Bucket: 2, Step: 1}, flagFeedback, synth.UnitLaplace(n, 5), hp); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.compressDevice(compress.Key{Bucket: 2, Step: 1}, flagFeedback, grad, n, dst, uint64(need), d.own); err != nil {

@@ -3,7 +3,6 @@ package train
 import (
 	"encoding/csv"
 	"fmt"
-	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/gradcomp/gradcomp/internal/outfile"
 )
 
 // WriteTable writes one row per result: the strategy, the final test accuracy, its

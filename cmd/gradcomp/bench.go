@@ -4,13 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/gradcomp/gradcomp/bench"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 )
 
 // runBench is "gradcomp bench": it measures the compressor suite, prints

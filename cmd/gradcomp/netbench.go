@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/gradcomp/gradcomp/internal/outfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/bench"
 	"github.com/gradcomp/gradcomp/comm/mpi"
+	"github.com/gradcomp/gradcomp/internal/outfile"
 	"github.com/gradcomp/gradcomp/netbench"
 )
 

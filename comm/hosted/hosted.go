@@ -52,10 +52,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
 // Op is one posted collective. With N ranks and n = Count:
@@ -95,19 +95,7 @@ func (op Op) String() string {
 
 // Float32s returns b viewed as float32s (no copy): the element view of an
 // AllReduce or ReduceScatter buffer. len(b) must be a multiple of 4.
-func Float32s(b []byte) []float32 {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
-}
-
-func bytesOf(x []float32) []byte {
-	if len(x) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
-}
+func Float32s(b []byte) []float32 { return f32.Floats(b) }
 
 // ErrClosed is matched (errors.Is) by Take and Complete after Close, and
 // by the errors of collectives that Close ended.
@@ -381,7 +369,7 @@ func (h hostComm) Rank() int { return h.t.rank }
 func (h hostComm) Size() int { return h.t.size }
 
 func (h hostComm) AllReduce(ctx context.Context, buf []float32) error {
-	b := bytesOf(buf)
+	b := f32.Bytes(buf)
 	return h.t.collective(ctx, Op{Kind: comm.OpAllReduce, Count: len(buf), Send: b, Recv: b, SendBytes: len(b), RecvBytes: len(b)})
 }
 
@@ -396,7 +384,7 @@ func (h hostComm) ReduceScatter(ctx context.Context, dst, src []float32) error {
 	if len(src) != h.t.size*len(dst) {
 		return h.t.argError(comm.OpReduceScatter, "len(src) = %d, want Size() × len(dst) = %d × %d", len(src), h.t.size, len(dst))
 	}
-	return h.t.collective(ctx, Op{Kind: comm.OpReduceScatter, Count: len(dst), Send: bytesOf(src), Recv: bytesOf(dst), SendBytes: 4 * len(src), RecvBytes: 4 * len(dst)})
+	return h.t.collective(ctx, Op{Kind: comm.OpReduceScatter, Count: len(dst), Send: f32.Bytes(src), Recv: f32.Bytes(dst), SendBytes: 4 * len(src), RecvBytes: 4 * len(dst)})
 }
 
 func (h hostComm) AllToAll(ctx context.Context, dst, src []byte) error {

@@ -184,3 +184,14 @@ func mustDecompress(t *testing.T, c compress.Compressor, p []byte, n int) []floa
 	}
 	return d
 }
+
+// MustParse returns compress.Parse(spec, opts...), or fails tb with the
+// spec's error.
+func MustParse(tb testing.TB, spec string, opts ...compress.Option) compress.Compressor {
+	tb.Helper()
+	c, err := compress.Parse(spec, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}

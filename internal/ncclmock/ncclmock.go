@@ -12,8 +12,6 @@
 package ncclmock
 
 import (
-	"github.com/gradcomp/gradcomp/gpu"
-
 	_ "embed"
 	"errors"
 	"fmt"
@@ -24,6 +22,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/nccl"
 )
 

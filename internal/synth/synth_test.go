@@ -1,4 +1,4 @@
-package bench
+package synth
 
 import (
 	"math"
@@ -75,7 +75,7 @@ func TestGenerateTails(t *testing.T) {
 		{"mixture", 10, math.Inf(1), 0.5 * Scale, 5 * Scale},
 	}
 	for _, c := range cases {
-		d, err := DistributionByName(c.name)
+		d, err := ByName(c.name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,12 +90,12 @@ func TestGenerateTails(t *testing.T) {
 	}
 }
 
-func TestDistributionByName(t *testing.T) {
+func TestByName(t *testing.T) {
 	if len(Distributions()) == 0 || Distributions()[0].Name() != "mixture" {
 		t.Fatalf("the first (default) distribution is not mixture: %v", Distributions())
 	}
-	_, err := DistributionByName("cauchy")
+	_, err := ByName("cauchy")
 	if err == nil || !strings.Contains(err.Error(), "cauchy") || !strings.Contains(err.Error(), "laplace") {
-		t.Fatalf("DistributionByName(cauchy) error %v: want it to name the input and the valid names", err)
+		t.Fatalf("ByName(cauchy) error %v: want it to name the input and the valid names", err)
 	}
 }
