@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/commtest"
 	"github.com/gradcomp/gradcomp/comm/inproc"
 	"github.com/gradcomp/gradcomp/comm/ncclcomm"
 	"github.com/gradcomp/gradcomp/gpu"
@@ -232,4 +233,15 @@ func TestBootstrapFailure(t *testing.T) {
 	if _, err := ncclcomm.New(ctx, lib, boot[0]); err == nil {
 		t.Fatal("New over a closed group succeeded")
 	}
+}
+
+// TestConformance runs comm/commtest's suite on 4 DeviceComms over the
+// mock (commtest.RunDevice): every collective at every length of the
+// suite, on "device" buffers.
+func TestConformance(t *testing.T) {
+	comms := group(t, 4)
+	var mem ncclmock.Memory
+	each(t, comms, "commtest.RunDevice", func(r int, c *ncclcomm.Comm) error {
+		return commtest.RunDevice(t.Context(), c, &mem, 0, commtest.Options{})
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -113,3 +114,77 @@ func (b *Buffer) Float32s() []float32 {
 
 // Free unmaps the buffer.
 func (b *Buffer) Free() error { return syscall.Munmap(b.mem[:cap(b.mem)]) }
+
+// Memory is the mock's "device" memory as a conformance suite uses it
+// (commtest.Memory): buffers from Alloc, copies that complete at once, and
+// streams that are always done. It is safe for concurrent use.
+type Memory struct {
+	mu   sync.Mutex
+	bufs map[gpu.Ptr]*Buffer
+}
+
+// Alloc returns a buffer of n bytes.
+func (m *Memory) Alloc(n int) (gpu.Ptr, error) {
+	b, err := Alloc(n)
+	if err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bufs == nil {
+		m.bufs = map[gpu.Ptr]*Buffer{}
+	}
+	m.bufs[b.Ptr()] = b
+	return b.Ptr(), nil
+}
+
+// buffer returns the buffer p starts, or an error naming p.
+func (m *Memory) buffer(p gpu.Ptr) (*Buffer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b, ok := m.bufs[p]; ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("ncclmock: %#x is not a buffer of this Memory", uintptr(p))
+}
+
+// Free releases the buffer p.
+func (m *Memory) Free(p gpu.Ptr) error {
+	b, err := m.buffer(p)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.bufs, p)
+	m.mu.Unlock()
+	return b.Free()
+}
+
+// CopyIn copies src to the start of buffer dst.
+func (m *Memory) CopyIn(_ gpu.Stream, dst gpu.Ptr, src []byte) error {
+	b, err := m.buffer(dst)
+	if err == nil && len(src) > len(b.mem) {
+		err = fmt.Errorf("ncclmock: CopyIn of %d bytes into a buffer of %d", len(src), len(b.mem))
+	}
+	if err != nil {
+		return err
+	}
+	copy(b.mem, src)
+	return nil
+}
+
+// CopyOut copies the start of buffer src to dst.
+func (m *Memory) CopyOut(_ gpu.Stream, dst []byte, src gpu.Ptr) error {
+	b, err := m.buffer(src)
+	if err == nil && len(dst) > len(b.mem) {
+		err = fmt.Errorf("ncclmock: CopyOut of %d bytes from a buffer of %d", len(dst), len(b.mem))
+	}
+	if err != nil {
+		return err
+	}
+	copy(dst, b.mem)
+	return nil
+}
+
+// Synced reports true: every mock operation completes before it returns.
+func (m *Memory) Synced(gpu.Stream) (bool, error) { return true, nil }
