@@ -5,7 +5,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"image/png"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -14,6 +13,8 @@ import (
 
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/gradcomp/gradcomp/internal/imagetest"
 )
 
 func ptr(v float64) *float64 { return &v }
@@ -176,18 +177,7 @@ func TestWritePlots(t *testing.T) {
 		if filepath.Base(p) != want[i] {
 			t.Errorf("path %d is %s, want %s", i, p, want[i])
 		}
-		f, err := os.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		img, err := png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		if b := img.Bounds(); b.Dx() < 300 || b.Dy() < 200 {
-			t.Errorf("%s is only %v", p, b)
-		}
+		imagetest.CheckPNG(t, p, 300, 200)
 	}
 }
 

@@ -31,7 +31,7 @@ func TestDevice(t *testing.T) {
 // among its checks, byte-identical payloads against the CPU reference.
 func TestConformance(t *testing.T) {
 	ctx := device(t)
-	compresstest.Run(t, func(spec string) (compress.Compressor, error) { return NewCompressor(ctx, spec) })
+	compresstest.Run(t, func(spec string) (compress.Compressor, error) { return newTestCompressor(ctx, spec) })
 }
 
 // devBuf is a device buffer freed at the end of the test.
@@ -187,7 +187,7 @@ func TestTopKPaths(t *testing.T) {
 		ties[i] = float32(math.Round(float64(ties[i]) * 2))
 	}
 	for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "topk:0.001:sampled", "topk:0.1:sampled"} {
-		dc, err := NewCompressor(ctx, spec)
+		dc, err := newTestCompressor(ctx, spec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func FuzzDifferential(f *testing.F) {
 		for i := range x {
 			x[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		}
-		dc, err := NewCompressor(ctx, spec)
+		dc, err := newTestCompressor(ctx, spec)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,11 +17,11 @@ func TestNoCUDA(t *testing.T) {
 	if !errors.Is(err, ErrNoCUDA) || ctx != nil {
 		t.Fatalf("Open: %v, %v; want nil, ErrNoCUDA", ctx, err)
 	}
-	if _, err := NewCompressor(ctx, "int8"); !errors.Is(err, ErrNoCUDA) {
-		t.Errorf("NewCompressor: %v, want ErrNoCUDA", err)
+	if _, err := newTestCompressor(ctx, "int8"); !errors.Is(err, ErrNoCUDA) {
+		t.Errorf("newTestCompressor: %v, want ErrNoCUDA", err)
 	}
-	if _, err := NewCompressor(ctx, "int9"); errors.Is(err, ErrNoCUDA) || err == nil {
-		t.Errorf("NewCompressor with a bad spec: %v, want the spec error first", err)
+	if _, err := newTestCompressor(ctx, "int9"); errors.Is(err, ErrNoCUDA) || err == nil {
+		t.Errorf("newTestCompressor with a bad spec: %v, want the spec error first", err)
 	}
 	c, err := codecOf("topk:0.01")
 	if err != nil {

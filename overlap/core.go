@@ -83,9 +83,9 @@ type backend interface {
 	settle(st *step, failed bool)
 	// memory returns the error-feedback memories the state holds (copies
 	// of device memory), or why they cannot be read.
-	memory(call string) (ef1, ef2 *compress.ErrorFeedback, err error)
+	memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error)
 	// install replaces the memories with ones Load validated.
-	install(ef1, ef2 *compress.ErrorFeedback) error
+	install(gradEF, partEF *compress.ErrorFeedback) error
 	// teardown releases the backend's resources.
 	teardown() error
 }

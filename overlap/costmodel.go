@@ -176,7 +176,7 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy},
 		c: &loopback{rank: e.rank, size: e.size}}
 	if s.comp != nil {
-		s.x = s.newExchanger()
+		s.exchanger = s.newExchanger()
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	grad := make([]float32, ns[len(ns)-1])
@@ -186,8 +186,8 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	st := &step{ctx: context.Background()}
 	for i, n := range ns {
 		b := &bucket{idx: i, n: n, compressed: true}
-		if s.x != nil {
-			s.x.setup(b)
+		if s.exchanger != nil {
+			s.exchanger.setup(b)
 		}
 		r := &run{b: b, hostRun: hostRun{grad: make([]float32, n)}}
 		var runs [4][]float64 // per stage, one time per timed run
@@ -198,8 +198,8 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 			var sum [4]float64
 			copy(r.grad, grad)
 			r.key = compress.Key{Bucket: uint64(i), Step: uint64(reps)}
-			if s.x != nil {
-				if err := timeCompressed(s.x, st, r, &sum); err != nil {
+			if s.exchanger != nil {
+				if err := timeCompressed(s.exchanger, st, r, &sum); err != nil {
 					return times, err
 				}
 			}
@@ -286,7 +286,7 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 		bw = fmt.Sprintf("%.3g GB/s", 1e-9/m.perByte)
 	}
 	for i, b := range e.buckets {
-		p := m.predict(e.x, e.size, b.n)
+		p := m.predict(e.exchanger, e.size, b.n)
 		b.predDense, b.predComp = p.Dense, p.Compressed
 		if p.Compress {
 			choice[i] = 1
@@ -397,7 +397,7 @@ func predictWith(c compress.Compressor, s Strategy, n, world int, link Link, cal
 	}
 	m := calib.model
 	m.alpha, m.perByte = link.Latency.Seconds(), 1/link.Bandwidth
-	p := m.predict(calib.x, world, n)
+	p := m.predict(calib.exchanger, world, n)
 	p.Strategy = strategy
 	return p, nil
 }
@@ -406,8 +406,8 @@ func predictWith(c compress.Compressor, s Strategy, n, world int, link Link, cal
 // fitted compute lines, and the compressed path (nil for codec none),
 // whose memory-free exchanger gives the collectives' volumes.
 type calibration struct {
-	model costModel // compute lines only
-	x     exchanger
+	model     costModel // compute lines only
+	exchanger exchanger
 }
 
 type calibrationKey struct {
@@ -457,8 +457,8 @@ func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (c
 	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec().String(), strategy: strategy}}
 	if c.Codec() != compress.CodecNone {
 		e.comp = c
-		e.x = e.newExchanger()
-		e.x.useMemory(nil, nil)
+		e.exchanger = e.newExchanger()
+		e.exchanger.useMemory(nil, nil)
 	}
 	var ns []int
 	for _, n := range []int{1 << 12, 1 << 15, 1 << 18} {
@@ -478,16 +478,16 @@ func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (c
 	}
 	var cal calibration
 	cal.model.fitCompute(ns, v)
-	cal.x = e.x
+	cal.exchanger = e.exchanger
 	return cal, nil
 }
 
 // linkCost is the time of the bucket's collectives on the link.
-func (g *gatherX) linkCost(m *costModel, n int) float64 {
+func (g *gatherExchanger) linkCost(m *costModel, n int) float64 {
 	return m.link(allGatherVolume(g.e.size, g.c.p.slotLen(n)))
 }
 
-func (s *sraX) linkCost(m *costModel, n int) float64 {
+func (s *sraExchanger) linkCost(m *costModel, n int) float64 {
 	N, slot := s.e.size, s.c1.p.slotLen(n)
 	return m.link(allToAllVolume(N, N*slot)) + m.link(allGatherVolume(N, slot))
 }

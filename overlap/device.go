@@ -612,7 +612,7 @@ func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) { return e.c
 // first, so that the event covers everything enqueued.
 func (e *DeviceEngine) wait(ctx context.Context, st *step) error {
 	if st.failure() != nil || st.cursor < len(st.runs) {
-		if err := e.seal(); err != nil {
+		if err := e.recordEnd(); err != nil {
 			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err})
 		}
 	}
@@ -683,22 +683,22 @@ func (e *DeviceEngine) settle(st *step, failed bool) {
 
 // memory copies the error-feedback memories from the device (which waits
 // for the engine's streams).
-func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, err error) {
+func (e *DeviceEngine) memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error) {
 	if e.released {
 		return nil, nil, &UsageError{Call: call, Err: ErrEngineClosed}
 	}
 	if e.mem1 != nil {
-		ef1 = compress.NewErrorFeedback(e.mem1)
+		gradEF = compress.NewErrorFeedback(e.mem1)
 	}
 	if e.mem2 != nil {
-		ef2 = compress.NewErrorFeedback(e.mem2)
+		partEF = compress.NewErrorFeedback(e.mem2)
 	}
 	for i, bk := range e.buckets {
 		b := e.bufs[i]
 		if b.send == 0 {
 			continue // never compressed: no memory
 		}
-		for _, m := range e.memories(bk, ef1, ef2) {
+		for _, m := range e.memories(bk, gradEF, partEF) {
 			res := make([]float32, m.n)
 			if err := e.dev.CopyOut(e.enc, f32.Bytes(res), m.p); err != nil {
 				return nil, nil, fmt.Errorf("overlap: %s on rank %d: reading bucket %d's %s memory from the device: %w", call, e.rank, i, m.tag, err)
@@ -708,7 +708,7 @@ func (e *DeviceEngine) memory(call string) (ef1, ef2 *compress.ErrorFeedback, er
 			}
 		}
 	}
-	return ef1, ef2, nil
+	return gradEF, partEF, nil
 }
 
 // devMemory is one of a bucket's memories on the device.
@@ -719,13 +719,13 @@ type devMemory struct {
 	tag string
 }
 
-// memories returns bucket bk's memories on the device, paired with ef1
-// and ef2; ones that do not exist or are empty are left out.
-func (e *DeviceEngine) memories(bk *bucket, ef1, ef2 *compress.ErrorFeedback) []devMemory {
+// memories returns bucket bk's memories on the device, paired with gradEF
+// and partEF; ones that do not exist or are empty are left out.
+func (e *DeviceEngine) memories(bk *bucket, gradEF, partEF *compress.ErrorFeedback) []devMemory {
 	b := e.bufs[bk.idx]
 	lo, hi := e.part.bounds(bk.n, e.rank)
 	var out []devMemory
-	for _, m := range []devMemory{{ef1, b.resid, bk.n, "stage-1"}, {ef2, b.resid2, hi - lo, "stage-2"}} {
+	for _, m := range []devMemory{{gradEF, b.resid, bk.n, "stage-1"}, {partEF, b.resid2, hi - lo, "stage-2"}} {
 		if m.f != nil && m.p != 0 && m.n > 0 {
 			out = append(out, m)
 		}
@@ -737,18 +737,18 @@ func (e *DeviceEngine) memories(bk *bucket, ef1, ef2 *compress.ErrorFeedback) []
 // hold none for a bucket), ordered before the next step's compression. A
 // bucket never compressed gets its buffers now if the state holds memory
 // for it, so that nothing loaded is lost.
-func (e *DeviceEngine) install(ef1, ef2 *compress.ErrorFeedback) error {
+func (e *DeviceEngine) install(gradEF, partEF *compress.ErrorFeedback) error {
 	for i, bk := range e.buckets {
 		holds := func(f *compress.ErrorFeedback) bool { return f != nil && f.Residual(uint64(i)) != nil }
 		if e.bufs[i].send == 0 {
-			if !holds(ef1) && !holds(ef2) {
+			if !holds(gradEF) && !holds(partEF) {
 				continue
 			}
 			if err := e.prepare(bk); err != nil {
 				return fmt.Errorf("overlap: Load on rank %d: preparing bucket %d: %w", e.rank, i, err)
 			}
 		}
-		for _, m := range e.memories(bk, ef1, ef2) {
+		for _, m := range e.memories(bk, gradEF, partEF) {
 			res := m.f.Residual(uint64(i))
 			if res == nil {
 				res = make([]float32, m.n)
@@ -811,10 +811,10 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 	return "", nil
 }
 
-// seal records the ends of the encode and wire streams and makes the
+// recordEnd records the ends of the encode and wire streams and makes the
 // decode stream wait for them before the done event, so that the done
 // event covers everything enqueued, launched or not.
-func (e *DeviceEngine) seal() error {
+func (e *DeviceEngine) recordEnd() error {
 	for k, s := range []gpu.Stream{e.enc, e.wire} {
 		if err := e.dev.Record(e.drained[k], s); err != nil {
 			return err

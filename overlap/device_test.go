@@ -577,8 +577,8 @@ func saveResiduals(t *testing.T, g *devRig, twins []*Engine) [][][]float32 {
 		}
 		for i := range g.sizes {
 			res := residuals(twins[r], i)
-			if twins[r].ef2 != nil {
-				res = append(res, twins[r].ef2.Residual(uint64(i))...)
+			if twins[r].partEF != nil {
+				res = append(res, twins[r].partEF.Residual(uint64(i))...)
 			}
 			out[r] = append(out[r], res)
 		}

@@ -23,9 +23,12 @@ import (
 // the engine is open.
 type Engine struct {
 	*core
-	c        comm.Comm
-	x        exchanger // the compressed path; nil for codec none
-	ef1, ef2 *compress.ErrorFeedback
+	c         comm.Comm
+	exchanger exchanger // the compressed path; nil for codec none
+	// gradEF is the error-feedback memory of this rank's gradient (the
+	// first compression of every strategy); partEF that of the reduced
+	// part this rank owns under SRA (its second compression), else nil.
+	gradEF, partEF *compress.ErrorFeedback
 	// compute encodes, wire runs the collectives, decode decodes and
 	// averages.
 	compute, wire, decode *stream
@@ -77,7 +80,7 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	e := &Engine{core: core, c: c}
 	core.be = e
 	if local == nil && e.comp != nil {
-		e.x = e.newExchanger()
+		e.exchanger = e.newExchanger()
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
@@ -109,8 +112,8 @@ func (e *Engine) newExchanger() exchanger {
 	stage1, stage2 := stageParts(e.comp, e.strategy, e.rank, e.size)
 	c1 := coder{p: stage1}
 	if e.cfg.ErrorFeedback {
-		e.ef1 = compress.NewErrorFeedback(stage1.forMemory())
-		c1.ef = e.ef1
+		e.gradEF = compress.NewErrorFeedback(stage1.forMemory())
+		c1.ef = e.gradEF
 	}
 	switch e.strategy {
 	case StrategySharedIndex:
@@ -118,12 +121,12 @@ func (e *Engine) newExchanger() exchanger {
 	case StrategyDense, StrategyQuantSRA:
 		c2 := coder{p: stage2}
 		if e.cfg.ErrorFeedback {
-			e.ef2 = compress.NewErrorFeedback(stage2.forMemory())
-			c2.ef = e.ef2
+			e.partEF = compress.NewErrorFeedback(stage2.forMemory())
+			c2.ef = e.partEF
 		}
-		return &sraX{e: e, c1: c1, c2: c2}
+		return &sraExchanger{e: e, c1: c1, c2: c2}
 	}
-	return &gatherX{e: e, c: c1}
+	return &gatherExchanger{e: e, c: c1}
 }
 
 // costModel is DecideAuto's decision: the cost model measures, decides
@@ -143,7 +146,7 @@ func (e *Engine) costModel(ctx context.Context) (*costModel, error) {
 // path.
 func (e *Engine) prepare(b *bucket) error {
 	if b.send == nil {
-		e.x.setup(b)
+		e.exchanger.setup(b)
 	}
 	return nil
 }
@@ -260,9 +263,9 @@ func (e *Engine) settle(st *step, failed bool) {
 		case !failed:
 		case r.pend1 != nil:
 			r.pend1.Retain()
-		case r.grad != nil && r.compressed && !r.begun && e.ef1 != nil:
+		case r.grad != nil && r.compressed && !r.begun && e.gradEF != nil:
 			// Never compressed: fold g in now. A non-finite g stays out.
-			if _, p, err := e.x.first().begin(r.b.send[:0], r.grad, r.key); err == nil {
+			if _, p, err := e.exchanger.first().begin(r.b.send[:0], r.grad, r.key); err == nil {
 				p.Retain()
 			}
 		}
@@ -290,7 +293,7 @@ func (e *Engine) encodeTask(st *step, r *run) {
 	}
 	t := time.Now()
 	r.begun = true
-	err := e.x.encode(r)
+	err := e.exchanger.encode(r)
 	r.stats.Compress += time.Since(t)
 	if err != nil {
 		st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "encode", Err: err})
@@ -310,7 +313,7 @@ func (e *Engine) exchangeTask(st *step, r *run) {
 		}
 		return
 	}
-	sts, err := e.x.exchange(st, r)
+	sts, err := e.exchanger.exchange(st, r)
 	if err != nil {
 		st.fail(err)
 		return
@@ -352,7 +355,7 @@ func (e *Engine) decodeTask(st *step, r *run) {
 		bad = average(r.grad, e.size)
 	} else {
 		var err error
-		if bad, err = e.x.decode(r); err != nil {
+		if bad, err = e.exchanger.decode(r); err != nil {
 			st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "decode", Err: err})
 			return
 		}
@@ -445,14 +448,14 @@ func (e *Engine) allToAll(st *step, r *run, stage string, dst, src []byte) error
 }
 
 // memory returns the live memories: Save runs with no step in flight.
-func (e *Engine) memory(string) (ef1, ef2 *compress.ErrorFeedback, err error) {
-	return e.ef1, e.ef2, nil
+func (e *Engine) memory(string) (gradEF, partEF *compress.ErrorFeedback, err error) {
+	return e.gradEF, e.partEF, nil
 }
 
-func (e *Engine) install(ef1, ef2 *compress.ErrorFeedback) error {
-	e.ef1, e.ef2 = ef1, ef2
-	if e.x != nil {
-		e.x.useMemory(ef1, ef2)
+func (e *Engine) install(gradEF, partEF *compress.ErrorFeedback) error {
+	e.gradEF, e.partEF = gradEF, partEF
+	if e.exchanger != nil {
+		e.exchanger.useMemory(gradEF, partEF)
 	}
 	return nil
 }

@@ -14,10 +14,10 @@ import (
 // exchange on the wire stream and decode on the decode stream, one bucket
 // at a time per stream.
 type exchanger interface {
-	// first returns the stage-1 coder (error-feedback memory ef1).
+	// first returns the stage-1 coder (error-feedback memory gradEF).
 	first() coder
 	// useMemory makes the coders use these memories (nil: none).
-	useMemory(ef1, ef2 *compress.ErrorFeedback)
+	useMemory(gradEF, partEF *compress.ErrorFeedback)
 	// setup allocates b's buffers.
 	setup(b *bucket)
 	// encode compresses r.grad into the send buffer, setting r.local and
@@ -67,36 +67,36 @@ func readStatuses(buf []byte, count int) ([]status, error) {
 	return sts, nil
 }
 
-// gatherX is sparse-gather and quantized all-gather: every rank's payload
+// gatherExchanger is sparse-gather and quantized all-gather: every rank's payload
 // of the whole bucket is all-gathered, and every rank decodes and adds
 // them in rank order, then divides by N.
-type gatherX struct {
+type gatherExchanger struct {
 	e *Engine
 	c coder
 }
 
-func (g *gatherX) first() coder                             { return g.c }
-func (g *gatherX) useMemory(ef1, _ *compress.ErrorFeedback) { g.c.ef = ef1 }
+func (g *gatherExchanger) first() coder                                { return g.c }
+func (g *gatherExchanger) useMemory(gradEF, _ *compress.ErrorFeedback) { g.c.ef = gradEF }
 
-func (g *gatherX) setup(b *bucket) {
+func (g *gatherExchanger) setup(b *bucket) {
 	b.slot = g.c.p.slotLen(b.n)
 	b.send = make([]byte, b.slot)
 	b.recv = make([]byte, g.e.size*b.slot)
 }
 
-func (g *gatherX) encode(r *run) (err error) {
+func (g *gatherExchanger) encode(r *run) (err error) {
 	r.pend1, r.local, err = encodeInto(g.c, r.b.send, r.grad, r.key)
 	return err
 }
 
-func (g *gatherX) exchange(st *step, r *run) ([]status, error) {
+func (g *gatherExchanger) exchange(st *step, r *run) ([]status, error) {
 	if err := g.e.allGather(st, r, g.e.strategy.String()+" AllGather", r.b.recv, r.b.send); err != nil {
 		return nil, err
 	}
 	return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size)
 }
 
-func (g *gatherX) decode(r *run) (int, error) {
+func (g *gatherExchanger) decode(r *run) (int, error) {
 	b := r.b
 	clear(r.grad)
 	for q := range g.e.size {
@@ -117,7 +117,7 @@ func (g *gatherX) decode(r *run) (int, error) {
 // merges the N index lists and averages each index once, in one ascending
 // sweep, so the first non-finite average it meets is the lowest. Merging
 // costs O(N) per index: beyond maxMergeRanks the full pass is cheaper.
-func (g *gatherX) averageTouched(r *run) (int, error) {
+func (g *gatherExchanger) averageTouched(r *run) (int, error) {
 	b, n := r.b, g.e.size
 	if n > maxMergeRanks {
 		return average(r.grad, n), nil
@@ -158,20 +158,22 @@ func (g *gatherX) averageTouched(r *run) (int, error) {
 // maxMergeRanks is the most ranks whose top-k indices averageTouched merges.
 const maxMergeRanks = 8
 
-// sraX is scatter-reduce-allgather: the bucket is cut into N parts; rank
-// j owns part j. Stage 1 compresses every part (memory ef1) and an
+// sraExchanger is scatter-reduce-allgather: the bucket is cut into N parts; rank
+// j owns part j. Stage 1 compresses every part (memory gradEF) and an
 // all-to-all sends part j to rank j; rank j decodes and adds the N
 // payloads of its part in rank order, divides by N, compresses the result
-// again (memory ef2), and an all-gather gives every rank every part.
-type sraX struct {
+// again (memory partEF), and an all-gather gives every rank every part.
+type sraExchanger struct {
 	e      *Engine
 	c1, c2 coder
 }
 
-func (s *sraX) first() coder                               { return s.c1 }
-func (s *sraX) useMemory(ef1, ef2 *compress.ErrorFeedback) { s.c1.ef, s.c2.ef = ef1, ef2 }
+func (s *sraExchanger) first() coder { return s.c1 }
+func (s *sraExchanger) useMemory(gradEF, partEF *compress.ErrorFeedback) {
+	s.c1.ef, s.c2.ef = gradEF, partEF
+}
 
-func (s *sraX) setup(b *bucket) {
+func (s *sraExchanger) setup(b *bucket) {
 	n := s.e.size
 	b.slot = s.c1.p.slotLen(b.n)
 	b.send, b.recv = make([]byte, n*b.slot), make([]byte, n*b.slot)
@@ -180,12 +182,12 @@ func (s *sraX) setup(b *bucket) {
 	b.send2, b.recv2 = make([]byte, b.slot), make([]byte, n*b.slot)
 }
 
-func (s *sraX) encode(r *run) (err error) {
+func (s *sraExchanger) encode(r *run) (err error) {
 	r.pend1, r.local, err = encodeInto(s.c1, r.b.send, r.grad, r.key)
 	return err
 }
 
-func (s *sraX) exchange(st *step, r *run) ([]status, error) {
+func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 	b, e := r.b, s.e
 	if err := e.allToAll(st, r, e.strategy.String()+" AllToAll", b.recv, b.send); err != nil {
 		return nil, err
@@ -221,7 +223,7 @@ func (s *sraX) exchange(st *step, r *run) ([]status, error) {
 	return stepStatuses(st, r, "AllGather", b.recv2, e.size)
 }
 
-func (s *sraX) decode(r *run) (int, error) {
+func (s *sraExchanger) decode(r *run) (int, error) {
 	b := r.b
 	for j := range s.e.size {
 		lo, hi := s.c1.p.bounds(b.n, j)
@@ -242,8 +244,8 @@ type sharedX struct {
 	c coder
 }
 
-func (s *sharedX) first() coder                             { return s.c }
-func (s *sharedX) useMemory(ef1, _ *compress.ErrorFeedback) { s.c.ef = ef1 }
+func (s *sharedX) first() coder                                { return s.c }
+func (s *sharedX) useMemory(gradEF, _ *compress.ErrorFeedback) { s.c.ef = gradEF }
 
 func (s *sharedX) k(n int) int {
 	return (s.e.comp.MaxEncodedLen(n) - s.e.comp.MaxEncodedLen(0)) / 4

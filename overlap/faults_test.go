@@ -36,10 +36,10 @@ func stepGrads(ranks, step int, sizes []int) [][][]float32 {
 }
 
 func residuals(e *Engine, bucket int) []float32 {
-	if e.ef1 == nil {
+	if e.gradEF == nil {
 		return nil
 	}
-	return e.ef1.Residual(uint64(bucket))
+	return e.gradEF.Residual(uint64(bucket))
 }
 
 // TestNonFiniteFallsBackDense: a NaN in one rank's bucket makes every rank

@@ -86,7 +86,9 @@ func TestBucketSizes(t *testing.T) {
 // the formulas of the package doc.
 func TestBytesSent(t *testing.T) {
 	const ranks, n = 4, 1000
-	slot := func(spec string, elems int) int64 { return int64(12 + compresstest.MustParse(t, spec).MaxEncodedLen(elems)) }
+	slot := func(spec string, elems int) int64 {
+		return int64(12 + compresstest.MustParse(t, spec).MaxEncodedLen(elems))
+	}
 	for _, tc := range []struct {
 		spec string
 		want int64
@@ -220,10 +222,10 @@ func TestWarmup(t *testing.T) {
 				}
 			}
 			if s < warm {
-				if n := len(engines[r].ef1.Buckets()); n != 0 {
+				if n := len(engines[r].gradEF.Buckets()); n != 0 {
 					t.Fatalf("step %d rank %d: error-feedback memory holds %d buckets after warm-up steps, want none", s, r, n)
 				}
-			} else if n := len(engines[r].ef1.Buckets()); n != len(sizes) {
+			} else if n := len(engines[r].gradEF.Buckets()); n != len(sizes) {
 				t.Fatalf("after the first compressed step rank %d's memory holds %d buckets, want %d", r, n, len(sizes))
 			}
 		}

@@ -40,7 +40,7 @@ func (e *core) Save(w io.Writer) error {
 	if e.cur != nil {
 		return &UsageError{Call: "Save", Err: ErrStepInFlight, Detail: fmt.Sprintf("step %d: call Wait first", e.cur.num)}
 	}
-	ef1, ef2, err := e.be.memory("Save")
+	gradEF, partEF, err := e.be.memory("Save")
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func (e *core) Save(w io.Writer) error {
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
 	}
-	for _, f := range []*compress.ErrorFeedback{ef1, ef2} {
+	for _, f := range []*compress.ErrorFeedback{gradEF, partEF} {
 		bw.WriteByte(boolByte(f != nil))
 		if f == nil {
 			continue

@@ -114,7 +114,7 @@ func TestLoadOtherWorldSize(t *testing.T) {
 	if err := two[0].Save(&buf); err != nil {
 		t.Fatal(err)
 	}
-	if len(two[0].ef2.Buckets()) != 1 {
+	if len(two[0].partEF.Buckets()) != 1 {
 		t.Fatalf("no second memory to save")
 	}
 	four := newEngines(t, 4, sizes, cfg)
@@ -124,7 +124,7 @@ func TestLoadOtherWorldSize(t *testing.T) {
 	if i := sameFloats(residuals(four[0], 0), residuals(two[0], 0)); i >= 0 {
 		t.Errorf("stage-1 memory differs at %d", i)
 	}
-	if got := four[0].ef2.Buckets(); len(got) != 0 {
+	if got := four[0].partEF.Buckets(); len(got) != 0 {
 		t.Errorf("second memory has buckets %v, want none", got)
 	}
 	if four[0].next != 1 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"image/png"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
+	"github.com/gradcomp/gradcomp/internal/imagetest"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -296,15 +296,7 @@ func TestReports(t *testing.T) {
 		t.Errorf("results.csv:\n%s", summary)
 	}
 	for _, name := range []string{FileAccuracy, FileLoss} {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
+		imagetest.CheckPNG(t, filepath.Join(dir, name), 1, 1)
 	}
 }
 

@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gradcomp/gradcomp/internal/imagetest"
 )
 
 // gradcomp runs the CLI in-process and returns its exit status and output.
@@ -47,15 +48,7 @@ func gradcompJSON(t *testing.T, dir string, args ...string) (printed int, saved 
 func checkPNGs(t *testing.T, dir string, names ...string) {
 	t.Helper()
 	for _, name := range names {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
+		imagetest.CheckPNG(t, filepath.Join(dir, name), 1, 1)
 	}
 }
 

@@ -69,7 +69,7 @@ func TestConformance(t *testing.T) {
 }
 
 // post starts c's AllReduce of buf on a goroutine and returns its result.
-func post(c comm.Comm, ctx context.Context, buf []float32) <-chan error {
+func post(ctx context.Context, c comm.Comm, buf []float32) <-chan error {
 	ch := make(chan error, 1)
 	go func() { ch <- c.AllReduce(ctx, buf) }()
 	return ch
@@ -101,7 +101,7 @@ func mustPoisoned(t *testing.T, tr *hosted.Transport, cause any) {
 func TestOpContents(t *testing.T) {
 	tr, _ := hosted.New(1, 3)
 	buf := []float32{1, 2, 3}
-	res := post(tr.Host(), context.Background(), buf)
+	res := post(context.Background(), tr.Host(), buf)
 	op := take(t, tr)
 	if op.ID != 1 || op.Kind != comm.OpAllReduce || op.Count != 3 || op.SendBytes != 12 || op.RecvBytes != 12 || op.Device {
 		t.Fatalf("op = %v", op)
@@ -155,7 +155,7 @@ func TestFailures(t *testing.T) {
 	})
 	t.Run("host error", func(t *testing.T) {
 		tr, _ := hosted.New(0, 2)
-		res := post(tr.Host(), context.Background(), make([]float32, 4))
+		res := post(context.Background(), tr.Host(), make([]float32, 4))
 		op := take(t, tr)
 		if err := tr.Complete(op.ID, 0, errors.New("gloo: connection reset by peer")); err != nil {
 			t.Fatal(err)
@@ -178,7 +178,7 @@ func TestFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, _ := hosted.New(0, 2)
-			res := post(tr.Host(), context.Background(), make([]float32, 4))
+			res := post(context.Background(), tr.Host(), make([]float32, 4))
 			op := take(t, tr)
 			err := tr.Complete(tc.id(op), tc.n, nil)
 			var pe *hosted.ProtocolError
@@ -193,7 +193,7 @@ func TestFailures(t *testing.T) {
 	}
 	t.Run("completed twice", func(t *testing.T) {
 		tr, _ := hosted.New(0, 1)
-		res := post(tr.Host(), context.Background(), make([]float32, 1))
+		res := post(context.Background(), tr.Host(), make([]float32, 1))
 		op := take(t, tr)
 		if err := tr.Complete(op.ID, 4, nil); err != nil {
 			t.Fatal(err)
@@ -209,7 +209,7 @@ func TestFailures(t *testing.T) {
 	})
 	t.Run("close", func(t *testing.T) {
 		tr, _ := hosted.New(0, 2)
-		res := post(tr.Host(), context.Background(), make([]float32, 4))
+		res := post(context.Background(), tr.Host(), make([]float32, 4))
 		op := take(t, tr)
 		taking := make(chan error, 1)
 		go func() { _, err := tr.Take(context.Background()); taking <- err }()
@@ -232,7 +232,7 @@ func TestFailures(t *testing.T) {
 	})
 	t.Run("busy", func(t *testing.T) {
 		tr, _ := hosted.New(0, 2)
-		res := post(tr.Host(), context.Background(), make([]float32, 4))
+		res := post(context.Background(), tr.Host(), make([]float32, 4))
 		op := take(t, tr)
 		var be *comm.BusyError
 		if err := tr.Host().Barrier(context.Background()); !errors.As(err, &be) {

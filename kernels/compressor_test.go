@@ -6,23 +6,23 @@ import (
 	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
-// Compressor is a compress.Compressor whose encoding and decoding run on
+// testCompressor is a compress.Compressor whose encoding and decoding run on
 // the device: each call copies its host input to device memory, runs the
 // kernels on the compressor's own stream, waits for them and copies the
 // result back. Its payloads are byte-identical to compress.Parse(spec)'s,
 // which frames and validates them (compress.EncodePayload and
-// DecodePayload). It serves host code and the conformance suite; a GPU
-// training loop calls Codec.Encode and Decode on device buffers instead. It
-// is safe for concurrent use.
-type Compressor struct {
+// DecodePayload). It is the tests' adapter: it runs compresstest's
+// conformance suite on the device; gradcomp itself calls Codec.Encode and
+// Decode on device buffers. It is safe for concurrent use.
+type testCompressor struct {
 	codec *Codec
 	ctx   *Context
 	s     gpu.Stream
 }
 
-// NewCompressor returns the device compressor of spec on ctx, with a new
+// newTestCompressor returns the device compressor of spec on ctx, with a new
 // stream. Close releases the stream.
-func NewCompressor(ctx *Context, spec string) (*Compressor, error) {
+func newTestCompressor(ctx *Context, spec string) (*testCompressor, error) {
 	codec, err := codecOf(spec)
 	if err != nil {
 		return nil, err
@@ -31,29 +31,26 @@ func NewCompressor(ctx *Context, spec string) (*Compressor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Compressor{codec: codec, ctx: ctx, s: s}, nil
+	return &testCompressor{codec: codec, ctx: ctx, s: s}, nil
 }
 
 // Close destroys the compressor's stream; later calls fail.
-func (c *Compressor) Close() error { return c.ctx.DestroyStream(c.s) }
+func (c *testCompressor) Close() error { return c.ctx.DestroyStream(c.s) }
 
-// DeviceCodec returns the device codec behind the compressor.
-func (c *Compressor) DeviceCodec() *Codec { return c.codec }
-
-// Spec returns the canonical spec string.
-func (c *Compressor) Spec() compress.Spec { return c.codec.Spec() }
+// Spec returns the compressor's configuration.
+func (c *testCompressor) Spec() compress.Spec { return c.codec.Spec() }
 
 // Codec returns the codec this compressor writes.
-func (c *Compressor) Codec() compress.Codec { return c.codec.codec }
+func (c *testCompressor) Codec() compress.Codec { return c.codec.codec }
 
 // MaxEncodedLen returns the largest payload for n elements, as the CPU
 // reference's.
-func (c *Compressor) MaxEncodedLen(n int) int { return c.codec.ref.MaxEncodedLen(n) }
+func (c *testCompressor) MaxEncodedLen(n int) int { return c.codec.ref.MaxEncodedLen(n) }
 
 // Compress appends the payload of src under key to dst, as
 // compress.Compressor documents (a NaN or ±Inf is a *compress.NonFiniteError
 // and dst comes back unchanged).
-func (c *Compressor) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
+func (c *testCompressor) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
 	return compress.EncodePayload(c.codec.ref, dst, len(src), key, func(body []byte) error {
 		return c.encode(body, src, key)
 	})
@@ -61,12 +58,12 @@ func (c *Compressor) Compress(dst []byte, src []float32, key compress.Key) ([]by
 
 // Decompress validates payload on the host and sets dst to its values,
 // decoded on the device; on error dst is untouched.
-func (c *Compressor) Decompress(dst []float32, payload []byte) error {
+func (c *testCompressor) Decompress(dst []float32, payload []byte) error {
 	return c.decompress(dst, payload, false)
 }
 
 // DecompressAdd is Decompress adding the values to dst.
-func (c *Compressor) DecompressAdd(dst []float32, payload []byte) error {
+func (c *testCompressor) DecompressAdd(dst []float32, payload []byte) error {
 	return c.decompress(dst, payload, true)
 }
 
@@ -93,7 +90,7 @@ func (b *buffers) free(err *error) {
 	}
 }
 
-func (c *Compressor) encode(body []byte, src []float32, key compress.Key) (err error) {
+func (c *testCompressor) encode(body []byte, src []float32, key compress.Key) (err error) {
 	n := len(src)
 	if n == 0 {
 		return nil
@@ -128,7 +125,7 @@ func (c *Compressor) encode(body []byte, src []float32, key compress.Key) (err e
 	return c.ctx.CopyOut(c.s, body, a.Body)
 }
 
-func (c *Compressor) decompress(dst []float32, payload []byte, add bool) (err error) {
+func (c *testCompressor) decompress(dst []float32, payload []byte, add bool) (err error) {
 	h, body, err := compress.DecodePayload(c.codec.ref, payload, len(dst))
 	if err != nil || len(dst) == 0 {
 		return err
