@@ -180,7 +180,13 @@ type Pending struct {
 
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
 // as Begin computed it.
-func (p *Pending) Commit() {
+func (p *Pending) Commit() { p.CommitMasked(nil) }
+
+// CommitMasked is Commit that also zeroes u at the indices the payload
+// kept, for a SparseCompressor (momentum factor masking: the velocity of
+// the coordinates sent starts again from zero); for any other compressor
+// it is Commit and u is untouched. u is the bucket's length.
+func (p *Pending) CommitMasked(u []float32) {
 	p.settle(func(r *residual) {
 		if !p.sparse {
 			r.e, r.dec = r.dec, r.e
@@ -188,6 +194,11 @@ func (p *Pending) Commit() {
 		}
 		for _, i := range r.sel {
 			r.sum[i] = 0
+		}
+		if u != nil {
+			for _, i := range r.sel {
+				u[i] = 0
+			}
 		}
 		r.e, r.sum = r.sum, r.e
 	})

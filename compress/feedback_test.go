@@ -478,3 +478,51 @@ func TestFeedbackSetResidual(t *testing.T) {
 		t.Fatalf("a refused SetResidual changed the memory to %v", r)
 	}
 }
+
+// TestCommitMasked: for a sparse compressor, CommitMasked zeroes u exactly
+// at the indices the payload kept and commits as Commit does; for a dense
+// one it leaves u alone.
+func TestCommitMasked(t *testing.T) {
+	g := ramp(64, 1)
+	for _, spec := range []string{"topk:0.125", "randomk:0.125", "int8"} {
+		f := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+		ref := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+		key := compress.Key{Bucket: 1, Step: 3}
+		p1, pend, err := f.Begin(nil, g, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := make([]float32, len(g))
+		for i := range u {
+			u[i] = 1
+		}
+		pend.CommitMasked(u)
+		p2, err := ref.Compress(nil, g, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p1, p2) || !slices.Equal(f.Residual(1), ref.Residual(1)) {
+			t.Errorf("%s: CommitMasked committed differently from Compress", spec)
+		}
+		d := make([]float32, len(g))
+		if err := f.Compressor().Decompress(d, p1); err != nil {
+			t.Fatal(err)
+		}
+		zeroed := 0
+		for i := range u {
+			kept := d[i] != 0
+			if spec == "int8" {
+				kept = false // a dense payload masks nothing
+			}
+			if kept != (u[i] == 0) {
+				t.Fatalf("%s: element %d: decoded %v, u %v", spec, i, d[i], u[i])
+			}
+			if u[i] == 0 {
+				zeroed++
+			}
+		}
+		if spec != "int8" && zeroed != 8 {
+			t.Errorf("%s: %d elements of u zeroed, want k = 8", spec, zeroed)
+		}
+	}
+}

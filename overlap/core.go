@@ -13,8 +13,9 @@ import (
 )
 
 // Config configures an Engine or a DeviceEngine. Spec, Strategy,
-// ErrorFeedback, Decision, FailOnNonFinite and Warmup must be equal on
-// every rank (the handshake checks them); Timeout and Workers are local.
+// ErrorFeedback, Decision, FailOnNonFinite, Warmup and Momentum must be
+// equal on every rank (the handshake checks them); Timeout and Workers are
+// local.
 type Config struct {
 	Spec            string        // compressor spec (compress.Parse), e.g. "topk:0.01"; no lossless stage
 	Strategy        Strategy      // default StrategyAuto
@@ -24,6 +25,16 @@ type Config struct {
 	FailOnNonFinite bool          // false: a bucket with NaN/Inf on any rank is exchanged dense that step; true: the step fails on every rank
 	Warmup          int           // steps numbered below it exchange every bucket dense (error feedback untouched); verification starts after them
 	Workers         int           // goroutines per compressor call (compress.WithWorkers); default GOMAXPROCS
+	// Momentum is the optimizer's momentum m in [0, 1) for momentum
+	// correction (DGC, Lin et al. 2018), 0 for none; Engine only. Every
+	// step, every bucket's gradient g becomes u ← m·u + g before its
+	// exchange, so the average the engine returns already carries the
+	// momentum (run the optimizer without its own), and error feedback
+	// accumulates u: its residual is DGC's v. After a compressed payload
+	// of a sparse codec (top-k, random-k) was delivered, u is zeroed at
+	// the coordinates it sent (momentum factor masking). u is part of the
+	// engine's state; a gradient with NaN or Inf leaves it unchanged.
+	Momentum float64
 }
 
 // DefaultTimeout is Config.Timeout's default.
@@ -86,6 +97,11 @@ type backend interface {
 	memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error)
 	// install replaces the memories with ones Load validated.
 	install(gradEF, partEF *compress.ErrorFeedback) error
+	// velocity returns bucket i's momentum-correction velocity u (nil:
+	// none yet, or no momentum correction); setVelocity replaces every
+	// bucket's with ones Load validated (nil: zero).
+	velocity(i int) []float32
+	setVelocity(us [][]float32)
 	// teardown releases the backend's resources.
 	teardown() error
 }
@@ -529,6 +545,8 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Workers %d is negative", cfg.Workers)
 	case cfg.Warmup < 0:
 		return fmt.Errorf("Warmup %d is negative", cfg.Warmup)
+	case !(cfg.Momentum >= 0 && cfg.Momentum < 1):
+		return fmt.Errorf("Momentum %v is not in [0, 1)", cfg.Momentum)
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case len(sizes) == 0:

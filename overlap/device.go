@@ -198,6 +198,9 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
+	case cfg.Momentum != 0:
+		// Before any collective: every rank with this Config returns it.
+		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Momentum %v: momentum correction runs on the Engine (host buckets) only", cfg.Momentum)}
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only
 	core, local := newCore(host, cfg, sizes, clockTiming{}, deviceStrategy)
@@ -810,6 +813,11 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 	}
 	return "", nil
 }
+
+// velocity and setVelocity: a device engine has no momentum correction
+// (NewDevice refuses Config.Momentum), so no bucket has a velocity.
+func (e *DeviceEngine) velocity(int) []float32  { return nil }
+func (e *DeviceEngine) setVelocity([][]float32) {}
 
 // recordEnd records the ends of the encode and wire streams and makes the
 // decode stream wait for them before the done event, so that the done

@@ -44,6 +44,7 @@ type hostBuffers struct {
 	mid        []float32 // SRA: this rank's part, summed
 	vals       []float32 // shared-index: statuses then values
 	picks      []uint32  // shared-index: the indices
+	mom, next  []float32 // momentum correction: u, and the step's m·u + g until settle installs it
 }
 
 // hostRun is the host backend's part of a run.
@@ -55,14 +56,15 @@ type hostRun struct {
 	local        status // this rank's stage-1 status
 	pend1, pend2 *compress.Pending
 	seed         uint64 // shared-index: the payload's seed
+	momentum     bool   // next holds this step's finite u, for settle to install
 }
 
 // New builds an engine over c for buckets of the given element counts
 // (bucket i has sizes[i] float32s) and runs the handshake: every rank sends
 // its protocol version, canonical spec, strategy, error-feedback flag,
-// decision mode, FailOnNonFinite, warm-up steps and bucket layout, and a
-// difference is a *ConfigMismatchError on every rank naming the field and
-// both values; a rank whose configuration is invalid gets its own error
+// decision mode, FailOnNonFinite, warm-up steps, momentum and bucket
+// layout, and a difference is a *ConfigMismatchError on every rank naming
+// the field and both values; a rank whose configuration is invalid gets its own error
 // and the others a *ConfigError naming it. With DecideAuto and a
 // compressed path it then probes the link and measures the compressor
 // (see the package doc) to decide each bucket, identically on every rank.
@@ -164,6 +166,9 @@ func (e *Engine) Ready(i int, grad []float32) error {
 		return nil
 	}, func(st *step, r *run) error {
 		r.grad = grad
+		if e.cfg.Momentum != 0 {
+			e.compute.enqueue(func() { e.momentumTask(r) })
+		}
 		e.compute.enqueue(func() { e.encodeTask(st, r) })
 		r.encoded = e.compute.record()
 		return nil
@@ -255,8 +260,17 @@ func (e *Engine) drain() {
 // compressed, and discards the second memory's.
 func (e *Engine) settle(st *step, failed bool) {
 	for _, r := range st.runs {
+		if r.momentum {
+			// u ← m·u + g whatever the outcome (a failed step keeps
+			// e + u in error feedback: nothing was sent).
+			r.b.mom, r.b.next = r.b.next, r.b.mom
+			r.momentum = false
+		}
 		switch {
 		case !failed && r.outcome == pathCompressed:
+			if r.pend1 != nil && r.b.mom != nil {
+				r.pend1.CommitMasked(r.b.mom)
+			}
 			commit(r.pend1)
 			commit(r.pend2)
 			continue
@@ -271,6 +285,34 @@ func (e *Engine) settle(st *step, failed bool) {
 		}
 		discard(r.pend1)
 		discard(r.pend2)
+	}
+}
+
+// momentumTask runs on the compute stream before the encode: the gradient
+// becomes u' = m·u + g, kept in next for settle (when finite).
+func (e *Engine) momentumTask(r *run) {
+	b := r.b
+	if b.mom == nil {
+		b.mom, b.next = make([]float32, b.n), make([]float32, b.n)
+	}
+	m := float32(e.cfg.Momentum)
+	finite := true
+	for i, g := range r.grad[:b.n] {
+		v := m*b.mom[i] + g
+		finite = finite && v-v == 0
+		b.next[i], r.grad[i] = v, v
+	}
+	r.momentum = finite
+}
+
+func (e *Engine) velocity(i int) []float32 { return e.buckets[i].mom }
+
+func (e *Engine) setVelocity(us [][]float32) {
+	for i, b := range e.buckets {
+		b.mom, b.next = us[i], nil
+		if us[i] != nil {
+			b.next = make([]float32, b.n)
+		}
 	}
 }
 

@@ -40,6 +40,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		{"decision", e.cfg.Decision.String()},
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
 		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
+		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// The engine state format, version 1, little-endian:
+// The engine state format, version 2, little-endian:
 //
 //	"GCOV", version (1 byte)
 //	world size (uint32), rank (uint32), next step (uint64)
@@ -18,10 +19,15 @@ import (
 //	bucket count (uint32), per bucket its element count (uint64)
 //	per memory (stage 1, then SRA's stage 2): present (1 byte), then, if
 //	  1, the memory as compress.ErrorFeedback.Save writes it
+//	momentum (float64, Config.Momentum); per bucket: present (1 byte),
+//	  then, if 1, its momentum-correction velocity u (element count ×
+//	  float32)
 //	CRC32C of every byte before it (uint32)
+//
+// Version 1 is version 2 without the momentum part; Load reads both.
 const (
 	stateMagic   = "GCOV"
-	stateVersion = 1
+	stateVersion = 2
 	maxSpecLen   = 1 << 12
 )
 
@@ -72,6 +78,14 @@ func (e *core) Save(w io.Writer) error {
 		}
 		if err := f.Save(io.MultiWriter(w, crc)); err != nil {
 			return fmt.Errorf("overlap: saving engine state: %w", err)
+		}
+	}
+	put64(math.Float64bits(e.cfg.Momentum))
+	for i := range e.buckets {
+		u := e.be.velocity(i)
+		bw.WriteByte(boolByte(u != nil))
+		for _, v := range u {
+			put32(math.Float32bits(v))
 		}
 	}
 	if err := bw.Flush(); err != nil {
@@ -134,8 +148,8 @@ func (e *core) Load(r io.Reader) error {
 	if string(hdr[:4]) != stateMagic {
 		return &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", hdr[:4], stateMagic)}
 	}
-	if hdr[4] != stateVersion {
-		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads version %d", hdr[4], stateVersion)}
+	if hdr[4] != 1 && hdr[4] != stateVersion {
+		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 and %d", hdr[4], stateVersion)}
 	}
 	size, rank, next := int(get32()), int(get32()), get64()
 	specLen := get32()
@@ -187,6 +201,16 @@ func (e *core) Load(r io.Reader) error {
 		}
 		mem[stage] = fresh
 	}
+	momentum, velocity, err := e.readVelocity(hdr[4], get64, read)
+	if rerr != nil {
+		return rerr
+	}
+	if err != nil {
+		return err
+	}
+	if momentum != e.cfg.Momentum {
+		return &StateError{Reason: fmt.Sprintf("saved with momentum %v, this engine has %v", momentum, e.cfg.Momentum)}
+	}
 	want := crc.Sum32()
 	if _, err := io.ReadFull(r, b[:4]); err != nil {
 		return &StateError{Reason: "truncated before its checksum", Err: err}
@@ -218,8 +242,42 @@ func (e *core) Load(r io.Reader) error {
 	if err := e.be.install(mem[0], mem[1]); err != nil {
 		return err
 	}
+	e.be.setVelocity(velocity)
 	e.next = next
 	return nil
+}
+
+// readVelocity reads the momentum part of a version-2 state (version 1:
+// momentum 0, no velocities): the momentum and, per bucket, its velocity
+// or nil. A non-finite velocity is a *StateError.
+func (e *core) readVelocity(version byte, get64 func() uint64, read func([]byte) bool) (float64, [][]float32, error) {
+	velocity := make([][]float32, len(e.buckets))
+	if version == 1 {
+		return 0, velocity, nil
+	}
+	momentum := math.Float64frombits(get64())
+	for i, bk := range e.buckets {
+		var present [1]byte
+		if !read(present[:]) {
+			return 0, nil, nil
+		}
+		if present[0] == 0 {
+			continue
+		}
+		raw := make([]byte, 4*bk.n)
+		if !read(raw) {
+			return 0, nil, nil
+		}
+		u := make([]float32, bk.n)
+		for j := range u {
+			u[j] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*j:]))
+			if u[j]-u[j] != 0 {
+				return 0, nil, &StateError{Reason: fmt.Sprintf("momentum velocity of bucket %d holds %v at element %d", i, u[j], j)}
+			}
+		}
+		velocity[i] = u
+	}
+	return momentum, velocity, nil
 }
 
 // checkMemory checks that every residual of f belongs to a bucket and has
@@ -262,8 +320,8 @@ func InspectState(b []byte) (StateInfo, error) {
 	if string(b[:4]) != stateMagic {
 		return info, &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", b[:4], stateMagic)}
 	}
-	if b[4] != stateVersion {
-		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads version %d", b[4], stateVersion)}
+	if b[4] != 1 && b[4] != stateVersion {
+		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 and %d", b[4], stateVersion)}
 	}
 	body := b[:len(b)-4]
 	if got, want := binary.LittleEndian.Uint32(b[len(b)-4:]), crc32.Checksum(body, castagnoli); got != want {

@@ -96,9 +96,9 @@ type engineConfig struct {
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
-func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int) (engineConfig, error) {
+func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int, momentum float64) (engineConfig, error) {
 	c := engineConfig{device: device}
-	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = spec, ef, failNonFinite, warmup, workers
+	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers, c.Momentum = spec, ef, failNonFinite, warmup, workers, momentum
 	var err error
 	if strategy != "" {
 		if c.Strategy, err = overlap.ParseStrategy(strategy); err != nil {

@@ -33,7 +33,8 @@ type cOp struct {
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (56 bytes).
+// cEngineConfig mirrors gc_engine_config (64 bytes; ABI 2.0's, without
+// Momentum, 56).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -41,7 +42,12 @@ type cEngineConfig struct {
 	FailOnNonFinite, Warmup  int32
 	Timeout                  float64
 	Workers, Device          int32
+	Momentum                 float64 // since ABI 2.1
 }
+
+// engineConfigSize20 is sizeof(gc_engine_config) in ABI 2.0, which a
+// caller built against that header passes.
+const engineConfigSize20 = 56
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
 type cBucketStats struct {
@@ -191,8 +197,12 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		return C.int(fail(errInvalid, fn, "%d buckets: at most %d", uint64(nbuckets), uint64(math.MaxUint32)))
 	}
 	c := (*cEngineConfig)(cfg)
-	if c.Size < uint32(unsafe.Sizeof(cEngineConfig{})) {
-		return C.int(fail(errInvalid, fn, "cfg->size %d: this library needs sizeof(gc_engine_config) = %d (set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{})))
+	if c.Size < engineConfigSize20 {
+		return C.int(fail(errInvalid, fn, "cfg->size %d: want sizeof(gc_engine_config), %d (ABI 2.0: %d; set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{}), engineConfigSize20))
+	}
+	momentum := 0.0
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+		momentum = c.Momentum // a 2.0 caller's struct ends before it
 	}
 	if c.Spec == nil {
 		return C.int(fail(errInvalid, fn, "null cfg->spec"))
@@ -204,7 +214,7 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		return C.GoString(p)
 	}
 	conf, err := parseEngineConfig(C.GoString(c.Spec), str(c.Strategy), str(c.Decision), c.ErrorFeedback != 0,
-		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device))
+		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device), momentum)
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}

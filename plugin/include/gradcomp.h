@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 0
+#define GRADCOMP_ABI_MINOR 1
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -322,8 +322,9 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later
  * versions append fields). spec, strategy, decision, error_feedback,
- * fail_on_nonfinite and warmup must be equal on every rank (the handshake
- * checks them and the bucket layout); timeout and workers are local. */
+ * fail_on_nonfinite, warmup and momentum must be equal on every rank (the
+ * handshake checks them and the bucket layout); timeout and workers are
+ * local. */
 typedef struct gc_engine_config {
 	uint32_t size;             /* sizeof(gc_engine_config) */
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
@@ -335,6 +336,10 @@ typedef struct gc_engine_config {
 	double timeout_seconds;    /* per collective; 0: 60 s */
 	int32_t workers;           /* compressor threads; 0: all CPUs */
 	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
+	double momentum;           /* since 2.1: momentum correction, the optimizer's momentum in [0, 1) (0: off;
+	                            * host buckets only): each bucket becomes u = m·u + g before its exchange, so
+	                            * run the optimizer without momentum; top-k/random-k zero u where they sent.
+	                            * A 2.0 caller's size (56) means 0. */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

@@ -31,7 +31,7 @@
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
-_Static_assert(sizeof(gc_engine_config) == 56, "gc_engine_config is 56 bytes");
+_Static_assert(sizeof(gc_engine_config) == 64, "gc_engine_config is 64 bytes");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
 
 #define GOLDEN "tests/golden/testdata"
@@ -454,6 +454,13 @@ static void test_untaken(void) {
 	double took = now() - t0;
 	CHECK(took < 5, "gc_engine_create with nobody taking returned after %.2f s, timeout 0.5 s", took);
 	CHECK(e == 0, "a failed create set the engine handle");
+	/* An ABI 2.0 caller's config (56 bytes, no momentum) is accepted (the
+	 * create then fails for want of a host, not of a field); a shorter
+	 * one is refused. */
+	cfg.size = 56;
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
+	cfg.size = 48;
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_INVALID, "cfg->size 48");
 	OK(gc_hosted_destroy(t));
 	printf("untaken post: gc_engine_create failed with GC_ERR_COMM after %.2f s (timeout 0.5 s): %s\n", took,
 	       gc_last_error());

@@ -68,9 +68,26 @@ class OneRank(unittest.TestCase):
         with self.assertRaises(ValueError) as cm:
             gct.State("topk:7")
         self.assertIn("topk:7", str(cm.exception))  # the library's message
-        for kw in [dict(decision="guess"), dict(on_nonfinite="ignore"), dict(strategy="ring"), dict(timeout=0)]:
+        for kw in [dict(decision="guess"), dict(on_nonfinite="ignore"), dict(strategy="ring"), dict(timeout=0),
+                   dict(momentum=1.0), dict(momentum=-0.1), dict(momentum=float("nan")), dict(momentum=True)]:
             with self.subTest(**kw), self.assertRaises(ValueError):
                 gct.State("int8", **kw)
+
+    def test_momentum_correction_carries_the_velocity(self):
+        # From the engine's first step (hook step 2) the bucket becomes
+        # u = m·u + g: with g = 1 every step, u = 1, 1.5, 1.75.
+        state = self.state("none", momentum=0.5)
+        outs = []
+        for _ in range(5):
+            outs.append(float(gct.hook(state, workers.FakeBucket(torch.ones(8))).wait()[0]))
+        self.assertEqual(outs, [1.0, 1.0, 1.0, 1.5, 1.75])
+        sd = state.state_dict()
+        other = self.state("none", momentum=0.9)
+        with self.assertRaises(ValueError) as cm:
+            other.load_state_dict(sd)  # applied when its engine is made: refused then, or now
+            for _ in range(3):
+                gct.hook(other, workers.FakeBucket(torch.ones(8))).wait()
+        self.assertIn("momentum", str(cm.exception))
 
     def test_exact_codec_returns_the_gradient(self):
         state = self.state("none")

@@ -335,14 +335,17 @@ class Engine:
     sending the bucket dense. ``warmup``: engine steps below it exchange
     every bucket dense. ``timeout``: seconds per collective. ``device``: -1
     host buckets, else the CUDA device of the buckets (libgradcomp_cuda.so).
-    Spec, strategy, decision, error feedback, fail_on_nonfinite, warmup and
-    the sizes must be equal on every rank: the handshake (run here, through
+    ``momentum``: momentum correction (host buckets), the optimizer's
+    momentum in [0, 1): each bucket becomes u = m·u + g before its exchange
+    (run the optimizer without momentum); 0 is off. Spec, strategy,
+    decision, error feedback, fail_on_nonfinite, warmup, momentum and the
+    sizes must be equal on every rank: the handshake (run here, through
     the host, blocking) raises ConfigError (a ValueError) on every rank
     otherwise.
     """
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
-                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1):
+                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0):
         import torch.distributed as dist
 
         if decision not in _DECISIONS:
@@ -366,6 +369,7 @@ class Engine:
         cfg.timeout_seconds = float(timeout)
         cfg.workers = int(workers)
         cfg.device = int(device)
+        cfg.momentum = float(momentum)
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -224,6 +224,7 @@ class EngineConfig(ctypes.Structure):
         ("timeout_seconds", ctypes.c_double),
         ("workers", ctypes.c_int32),
         ("device", ctypes.c_int32),
+        ("momentum", ctypes.c_double),  # since ABI 2.1
     ]
 
 

@@ -148,10 +148,19 @@ class State:
     return from the hook while the exchange runs (True) or wait in the
     step's last bucket (False). ``model``: the module DDP wraps, optional,
     to refuse a checkpoint of another model in :meth:`load_state_dict`.
+    ``momentum``: momentum correction (DGC), the momentum m in [0, 1) the
+    optimizer would use, 0 for none: from the engine's first step every
+    bucket becomes u = m·u + g before its exchange, top-k and random-k zero
+    u where they sent, and u is checkpointed with the error feedback. Pair
+    it with an optimizer WITHOUT momentum, e.g. ``SGD(params, lr,
+    momentum=0)`` with ``State(..., momentum=0.9)`` instead of
+    ``SGD(params, lr, momentum=0.9)``. (Steps 0 and 1, before the engine
+    exists, are plain all-reduces without momentum.)
     """
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
-                 on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None):
+                 on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
+                 momentum=0.0):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -167,6 +176,8 @@ class State:
             raise ValueError("gradcomp.torch.State: timeout=%r: want seconds > 0" % (timeout,))
         if not isinstance(spec, str):
             raise TypeError("gradcomp.torch.State: spec must be a str, got %s" % type(spec).__name__)
+        if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
+            raise ValueError("gradcomp.torch.State: momentum=%r: want a number in [0, 1)" % (momentum,))
         with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
             #: The canonical spec.
             self.spec = c.spec
@@ -179,6 +190,8 @@ class State:
         self.process_group = process_group
         self.workers = int(workers)
         self.overlap = bool(overlap)
+        #: Momentum correction's momentum (0: off).
+        self.momentum = float(momentum)
         self._params = None
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -475,14 +488,14 @@ class State:
             eng = Engine(self.spec, sizes, process_group=self.process_group, strategy=self.strategy,
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
-                         timeout=self.timeout, workers=self.workers, device=device)
+                         timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
-                                 "on_nonfinite=%r) and buckets %s" % (
+                                 "on_nonfinite=%r, momentum=%r) and buckets %s" % (
                                      e.message, dist.get_rank(self.process_group), self.spec, self.strategy,
                                      self.decision, self.warmup_steps, PLAIN_STEPS, self.error_feedback,
-                                     self.on_nonfinite, sizes))
+                                     self.on_nonfinite, self.momentum, sizes))
             self._broken = e
             raise e
         except BaseException as e:

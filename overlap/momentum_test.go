@@ -1,0 +1,234 @@
+package overlap
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/gradcomp/gradcomp/comm"
+)
+
+// momentumRef is the reference of momentum correction: per rank and
+// bucket u ← m·u + g (float32, one rounding per operation, as the engine),
+// the exchange of u through the strategy's reference, then, for sparse
+// codecs, u zeroed where the payload sent: where the committed residual
+// is exactly zero (the reference's gradients never sum to an exact zero).
+type momentumRef struct {
+	m      float32
+	u      map[[2]int][]float32
+	ref    *refModel
+	sparse bool
+}
+
+func (mr *momentumRef) step(s int, grads [][][]float32) [][]float32 {
+	out := make([][]float32, len(grads[0]))
+	for b := range out {
+		in := make([][]float32, len(grads))
+		for r := range grads {
+			u := mr.u[[2]int{r, b}]
+			if u == nil {
+				u = make([]float32, len(grads[r][b]))
+			}
+			next := make([]float32, len(u))
+			for i, g := range grads[r][b] {
+				next[i] = mr.m*u[i] + g
+			}
+			mr.u[[2]int{r, b}] = next
+			in[r] = next
+		}
+		out[b] = mr.ref.step(s, b, in)
+		if mr.sparse {
+			for r := range grads {
+				e, u := mr.ref.e1[[2]int{r, b}], mr.u[[2]int{r, b}]
+				for i := range u {
+					if e[i] == 0 {
+						u[i] = 0
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestMomentumCorrection runs the engine with Config.Momentum against the
+// reference for a dense, a sparse and a quantizing codec, bit for bit.
+func TestMomentumCorrection(t *testing.T) {
+	const ranks, steps = 3, 4
+	sizes := []int{500, 37}
+	for _, c := range []struct {
+		spec   string
+		sparse bool
+	}{{"none", false}, {"topk:0.05", true}, {"randomk:0.1", true}, {"int8", false}} {
+		t.Run(c.spec, func(t *testing.T) {
+			cfg := Config{Spec: c.spec, ErrorFeedback: c.spec != "none", Decision: DecideCompressed, Momentum: 0.9}
+			engines := newEngines(t, ranks, sizes, cfg)
+			ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse,
+				ref: newRef(t, c.spec, engines[0].Strategy(), ranks, cfg.ErrorFeedback)}
+			for s := range steps {
+				grads := make([][][]float32, ranks)
+				for r := range grads {
+					for b, n := range sizes {
+						grads[r] = append(grads[r], gradient(r, s, b, n))
+					}
+				}
+				want := ref.step(s, clone3(grads))
+				_, errs := runStep(engines, grads, inOrder(len(sizes)))
+				mustNoErrors(t, "step", errs)
+				for r := range grads {
+					for b := range sizes {
+						if i := sameFloats(grads[r][b], want[b]); i >= 0 {
+							t.Fatalf("step %d rank %d bucket %d element %d: %v, want %v", s, r, b, i, grads[r][b][i], want[b][i])
+						}
+					}
+				}
+			}
+			for r, e := range engines {
+				for b := range sizes {
+					if i := sameFloats(e.buckets[b].mom, ref.u[[2]int{r, b}]); i >= 0 {
+						t.Fatalf("rank %d bucket %d: velocity element %d is %v, want %v", r, b, i, e.buckets[b].mom[i], ref.u[[2]int{r, b}][i])
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestMomentumCheckpoint: a state saved mid-run resumes bit-exact; states
+// of another momentum, a version-1 state into a momentum engine, and a
+// non-finite velocity are refused with the engine unchanged; the version-1
+// state of tests/golden (before momentum) still loads.
+func TestMomentumCheckpoint(t *testing.T) {
+	sizes := []int{300}
+	cfg := Config{Spec: "topk:0.05", ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5}
+	run := func(es []*Engine, s int) [][][]float32 {
+		grads := [][][]float32{{gradient(0, s, 0, 300)}, {gradient(1, s, 0, 300)}}
+		_, errs := runStep(es, grads, inOrder(1))
+		mustNoErrors(t, "step", errs)
+		return grads
+	}
+	a := newEngines(t, 2, sizes, cfg)
+	run(a, 0)
+	run(a, 1)
+	saved := make([][]byte, 2)
+	for r, e := range a {
+		var buf bytes.Buffer
+		if err := e.Save(&buf); err != nil {
+			t.Fatal(err)
+		}
+		saved[r] = buf.Bytes()
+	}
+	b := newEngines(t, 2, sizes, cfg)
+	for r, e := range b {
+		if err := e.Load(bytes.NewReader(saved[r])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, got := run(a, 2), run(b, 2)
+	if i := sameFloats(got[0][0], want[0][0]); i >= 0 {
+		t.Fatalf("resumed step 2 differs at %d: %v, want %v", i, got[0][0][i], want[0][0][i])
+	}
+
+	refuse := func(e *Engine, state []byte, why string) {
+		t.Helper()
+		var before, after bytes.Buffer
+		e.Save(&before)
+		err := e.Load(bytes.NewReader(state))
+		var se *StateError
+		if !errors.As(err, &se) || !strings.Contains(err.Error(), why) {
+			t.Errorf("Load = %v; want a *StateError saying %q", err, why)
+		}
+		e.Save(&after)
+		if !bytes.Equal(before.Bytes(), after.Bytes()) {
+			t.Errorf("a refused Load (%s) changed the engine", why)
+		}
+	}
+	other := newEngines(t, 1, sizes, Config{Spec: "topk:0.05", ErrorFeedback: true, Momentum: 0.9})[0]
+	refuse(other, saved[0], "saved with momentum 0.5, this engine has 0.9")
+
+	v1, err := os.ReadFile("testdata/state-v1-int8-sra-rank0.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := newEngines(t, 4, []int{1000, 37}, Config{Spec: "int8", Strategy: StrategyQuantSRA, ErrorFeedback: true})[0]
+	if err := plain.Load(bytes.NewReader(v1)); err != nil {
+		t.Errorf("a version-1 state does not load: %v", err)
+	}
+	withMomentum := newEngines(t, 4, []int{1000, 37}, Config{Spec: "int8", Strategy: StrategyQuantSRA, ErrorFeedback: true, Momentum: 0.9})[0]
+	refuse(withMomentum, v1, "saved with momentum 0, this engine has 0.9")
+
+	// A NaN in a velocity, checksum made good again.
+	bad := append([]byte(nil), saved[0]...)
+	at := len(bad) - 4 - 4*300 // the velocity's first element
+	copy(bad[at:], []byte{0, 0, 0xc0, 0x7f})
+	fixCRC(bad)
+	refuse(b[0], bad, "momentum velocity of bucket 0 holds NaN")
+}
+
+// TestMomentumNonFinite: a gradient with NaN leaves that rank's velocity
+// as it was; the other ranks' advance.
+func TestMomentumNonFinite(t *testing.T) {
+	sizes := []int{64}
+	engines := newEngines(t, 2, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5})
+	grads := [][][]float32{{gradient(0, 0, 0, 64)}, {gradient(1, 0, 0, 64)}}
+	_, errs := runStep(engines, grads, inOrder(1))
+	mustNoErrors(t, "step 0", errs)
+	before := [][]float32{append([]float32(nil), engines[0].buckets[0].mom...), append([]float32(nil), engines[1].buckets[0].mom...)}
+	grads = [][][]float32{{gradient(0, 1, 0, 64)}, {gradient(1, 1, 0, 64)}}
+	grads[0][0][5] = float32(math.NaN())
+	_, errs = runStep(engines, grads, inOrder(1))
+	mustNoErrors(t, "step 1", errs)
+	if i := sameFloats(engines[0].buckets[0].mom, before[0]); i >= 0 {
+		t.Errorf("rank 0's velocity changed at %d after a NaN gradient", i)
+	}
+	if sameFloats(engines[1].buckets[0].mom, before[1]) < 0 {
+		t.Error("rank 1's velocity did not advance")
+	}
+}
+
+// TestMomentumConfig: a momentum outside [0, 1) is refused on every rank,
+// ranks that differ in it fail the handshake, and the device engine
+// refuses momentum correction.
+func TestMomentumConfig(t *testing.T) {
+	for _, m := range []float64{-0.1, 1, 1.5, math.NaN(), math.Inf(1)} {
+		errs := onRanks(group(t, 2), func(r int, c comm.Comm) error {
+			_, err := New(t.Context(), c, []int{10}, Config{Spec: "int8", Momentum: m})
+			return err
+		})
+		for r, err := range errs {
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), "Momentum") {
+				t.Errorf("momentum %v, rank %d: %v; want a *ConfigError naming Momentum", m, r, err)
+			}
+		}
+	}
+	errs := onRanks(group(t, 2), func(r int, c comm.Comm) error {
+		_, err := New(t.Context(), c, []int{10}, Config{Spec: "int8", Momentum: 0.5 + 0.4*float64(r)})
+		return err
+	})
+	for r, err := range errs {
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || !strings.Contains(err.Error(), "momentum") {
+			t.Errorf("rank %d: %v; want a *ConfigMismatchError on momentum", r, err)
+		}
+	}
+	dev := newFakeDevice()
+	defer dev.close()
+	host := group(t, 1)[0]
+	_, err := NewDevice(t.Context(), dev, newFakeDeviceComm(group(t, 1)[0], dev, fakeTimeout), host, []int{10}, Config{Spec: "int8", Momentum: 0.9})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "host buckets") {
+		t.Errorf("NewDevice with momentum: %v; want a *ConfigError", err)
+	}
+}
+
+// fixCRC rewrites the trailing CRC32C of a saved state after an edit.
+func fixCRC(state []byte) {
+	body := state[:len(state)-4]
+	binary.LittleEndian.PutUint32(state[len(state)-4:], crc32.Checksum(body, castagnoli))
+}
