@@ -232,3 +232,19 @@ func fixCRC(state []byte) {
 	body := state[:len(state)-4]
 	binary.LittleEndian.PutUint32(state[len(state)-4:], crc32.Checksum(body, castagnoli))
 }
+
+// TestRandomKAdvice: a random-k ratio below RandomKMinRatio is run, with
+// a caution in every bucket's reason; one at it is not cautioned.
+func TestRandomKAdvice(t *testing.T) {
+	for _, c := range []struct {
+		spec string
+		warn bool
+	}{{"randomk:0.01", true}, {"randomk:0.25", false}, {"topk:0.01", false}} {
+		e := newEngines(t, 1, []int{64}, Config{Spec: c.spec, ErrorFeedback: true, Decision: DecideCompressed})[0]
+		stats, errs := runStep([]*Engine{e}, [][][]float32{{gradient(0, 0, 0, 64)}}, inOrder(1))
+		mustNoErrors(t, c.spec, errs)
+		if got := strings.Contains(stats[0].Buckets[0].Reason, "caution: random-k"); got != c.warn {
+			t.Errorf("%s: reason %q; caution %v, want %v", c.spec, stats[0].Buckets[0].Reason, got, c.warn)
+		}
+	}
+}

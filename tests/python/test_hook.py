@@ -89,6 +89,12 @@ class OneRank(unittest.TestCase):
                 gct.hook(other, workers.FakeBucket(torch.ones(8))).wait()
         self.assertIn("momentum", str(cm.exception))
 
+    def test_random_k_below_the_safe_ratio_warns(self):
+        state = self.state("randomk:0.01")
+        with self.assertLogs("gradcomp", "WARNING") as cm:
+            self.run_steps(state, lambda: torch.randn(1000), 3)
+        self.assertTrue(any("caution: random-k 0.01" in line for line in cm.output), cm.output)
+
     def test_exact_codec_returns_the_gradient(self):
         state = self.state("none")
         given, out = self.run_steps(state, lambda: torch.randn(1000), 4)

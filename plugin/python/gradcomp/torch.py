@@ -207,6 +207,7 @@ class State:
         self._broken = None  # the error that ended this State's engine
         self._cur = None
         self._decided = {}  # bucket -> (strategy, decided_compressed) last logged
+        self._cautioned = False
         self._lock = threading.Lock()
         self._counts = collections.Counter()
         #: The engine's StepStats of the last waited step (None before).
@@ -592,6 +593,9 @@ class State:
             if prev == key and not b.switched:
                 continue
             self._decided[b.bucket] = key
+            if prev is None and "caution:" in b.reason and not self._cautioned:
+                self._cautioned = True  # the engine's caution about the configuration, once per State
+                logger.warning("%s: %s", self.spec, b.reason[b.reason.index("caution:"):].split(";")[0])
             logger.info(
                 "bucket %d (%d elements): %s, %s%s; predicted dense %s, compressed %s; measured dense %s, "
                 "compressed %s; %s", b.bucket, b.elements, b.strategy,
