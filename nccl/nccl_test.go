@@ -513,19 +513,19 @@ func TestMismatchedCalls(t *testing.T) {
 }
 
 // hangs runs a collective on a world of mode with the options and returns
-// its error and how long Run took.
-func hangs(t *testing.T, ctx context.Context, mode string, opts ...nccl.Option) (*nccl.Comm, error, time.Duration) {
+// the Comm, how long Run took and its error.
+func hangs(t *testing.T, ctx context.Context, mode string, opts ...nccl.Option) (*nccl.Comm, time.Duration, error) {
 	t.Helper()
 	l := open(t)
 	c := world(t, l, 1, mode, opts...)[0]
 	buf := alloc(t, 1, 4)[0].Ptr()
 	start := time.Now()
 	err := c.Run(ctx, nccl.AllReduce(buf, buf, 4, nccl.Float32, nccl.Sum, 0))
-	return c, err, time.Since(start)
+	return c, time.Since(start), err
 }
 
 func TestTimeoutAborts(t *testing.T) {
-	c, err, took := hangs(t, t.Context(), ncclmock.ModeHang, nccl.WithTimeout(100*time.Millisecond), nccl.WithAbortGrace(5*time.Second))
+	c, took, err := hangs(t, t.Context(), ncclmock.ModeHang, nccl.WithTimeout(100*time.Millisecond), nccl.WithAbortGrace(5*time.Second))
 	var ae *nccl.AbortError
 	if !errors.As(err, &ae) || !ae.Aborted || !ae.Returned || ae.AbortErr != nil || ae.Func != "ncclAllReduce" {
 		t.Fatalf("got %#v (%v)", err, err)
@@ -557,7 +557,7 @@ func TestTimeoutAborts(t *testing.T) {
 func TestCancelAborts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 80*time.Millisecond)
 	defer cancel()
-	_, err, _ := hangs(t, ctx, ncclmock.ModeHang)
+	_, _, err := hangs(t, ctx, ncclmock.ModeHang)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, nccl.ErrClosed) {
 		t.Fatalf("got %v", err)
 	}
@@ -566,7 +566,7 @@ func TestCancelAborts(t *testing.T) {
 // TestStuckCallLeftBehind: a call that does not return after the abort is
 // left behind after the grace; Run still returns.
 func TestStuckCallLeftBehind(t *testing.T) {
-	_, err, took := hangs(t, t.Context(), ncclmock.ModeStuck, nccl.WithTimeout(50*time.Millisecond), nccl.WithAbortGrace(50*time.Millisecond))
+	_, took, err := hangs(t, t.Context(), ncclmock.ModeStuck, nccl.WithTimeout(50*time.Millisecond), nccl.WithAbortGrace(50*time.Millisecond))
 	var ae *nccl.AbortError
 	if !errors.As(err, &ae) || ae.Returned || !ae.Aborted {
 		t.Fatalf("got %v", err)
@@ -580,7 +580,7 @@ func TestStuckCallLeftBehind(t *testing.T) {
 }
 
 func TestAsyncErrorAborts(t *testing.T) {
-	_, err, _ := hangs(t, t.Context(), ncclmock.ModeAsync)
+	_, _, err := hangs(t, t.Context(), ncclmock.ModeAsync)
 	var ae *nccl.AbortError
 	var ne *nccl.Error
 	if !errors.As(err, &ae) || !errors.As(ae.Cause, &ne) {
