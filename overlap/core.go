@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +37,49 @@ type Config struct {
 	// the coordinates it sent (momentum factor masking). u is part of the
 	// engine's state; a gradient with NaN or Inf leaves it unchanged.
 	Momentum float64
+	// Schedule is a compression warm-up: after the Warmup steps, phase 0
+	// compresses its Steps steps with its Spec, then phase 1, and so on;
+	// Spec is used from the step after the last phase. Every phase keeps
+	// the strategy Spec takes (e.g. top-k ratios 0.25 → 0.0625 → 0.016
+	// before Spec topk:0.004, or int8 → int4 before int2), and error
+	// feedback carries its memory across phases. It needs Decision
+	// DecideCompressed or DecideDense (the cost model decides for one
+	// spec); Engine only. ParseSchedule reads it from a string.
+	Schedule []Phase
+}
+
+// Phase is one stage of a Config.Schedule: Steps steps compressed with
+// Spec.
+type Phase struct {
+	Steps int
+	Spec  string
+}
+
+// ParseSchedule reads a schedule written STEPS@SPEC[,STEPS@SPEC...], e.g.
+// "100@topk:0.25,100@topk:0.0625"; "" is no schedule.
+func ParseSchedule(s string) ([]Phase, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []Phase
+	for i, item := range strings.Split(s, ",") {
+		steps, spec, ok := strings.Cut(item, "@")
+		n, err := strconv.Atoi(steps)
+		if !ok || err != nil || n < 1 || spec == "" {
+			return nil, fmt.Errorf("overlap: schedule %q: phase %d (%q) is not STEPS@SPEC with STEPS ≥ 1", s, i, item)
+		}
+		out = append(out, Phase{Steps: n, Spec: spec})
+	}
+	return out, nil
+}
+
+// FormatSchedule writes phases as ParseSchedule reads them.
+func FormatSchedule(phases []Phase) string {
+	parts := make([]string, len(phases))
+	for i, p := range phases {
+		parts[i] = strconv.Itoa(p.Steps) + "@" + p.Spec
+	}
+	return strings.Join(parts, ",")
 }
 
 // RandomKMinRatio is the least random-k ratio this project measured to
@@ -62,7 +107,9 @@ type core struct {
 	rank, size int
 	spec       string              // the canonical spec
 	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
-	comp       compress.Compressor // nil for codec none
+	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none
+	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
+	active     int                 // the phase comp, mem1 and mem2 are of
 	strategy   Strategy
 	// The compressors whose error-feedback memories the state holds: stage
 	// 1 and SRA's stage 2 (nil: no such memory).
@@ -112,8 +159,21 @@ type backend interface {
 	// bucket's with ones Load validated (nil: zero).
 	velocity(i int) []float32
 	setVelocity(us [][]float32)
+	// usePhase moves to the schedule phase the core just made active
+	// (comp, mem1, mem2): the compressed path's compressors and buffers
+	// change, error-feedback memory carries over.
+	usePhase()
 	// teardown releases the backend's resources.
 	teardown() error
+}
+
+// phase is a schedule phase as the core runs it: steps numbered below end
+// use comp, whose memories' compressors are mem1 and mem2.
+type phase struct {
+	end        uint64
+	spec       string // canonical
+	comp       compress.Compressor
+	mem1, mem2 compress.Compressor
 }
 
 // bucket is one bucket's decision and, on the host backend, its buffers.
@@ -229,24 +289,81 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 		c.buckets[i] = &bucket{idx: i, n: n}
 	}
 	if comp.Codec() == compress.CodecNone {
+		if len(cfg.Schedule) > 0 {
+			return fmt.Errorf("a Schedule leads to a compressing Spec, not %s", comp.Spec())
+		}
 		for _, b := range c.buckets {
 			b.reason = "codec none: dense all-reduce"
 		}
 		return nil
+	}
+	if err := c.configurePhases(comp, strategyFor); err != nil {
+		return err
 	}
 	c.comp = comp
 	if s := comp.Spec(); s.Codec == compress.CodecRandomK && s.Ratio < RandomKMinRatio {
 		c.advice = fmt.Sprintf("caution: random-k %v keeps fewer than %v of each bucket, unscaled; "+
 			"accuracy at the same step budget suffers (see RandomKMinRatio)", s.Ratio, RandomKMinRatio)
 	}
-	if cfg.ErrorFeedback {
-		s1, s2 := stageParts(comp, c.strategy, c.rank, c.size)
-		c.mem1 = s1.forMemory()
-		if s2 != nil {
-			c.mem2 = s2.forMemory()
-		}
+	c.mem1, c.mem2 = c.memories(comp)
+	if c.phases != nil {
+		c.comp, c.mem1, c.mem2 = c.phases[0].comp, c.phases[0].mem1, c.phases[0].mem2
 	}
 	return nil
+}
+
+// memories returns the compressors of comp's error-feedback memories
+// (nil without error feedback).
+func (c *core) memories(comp compress.Compressor) (mem1, mem2 compress.Compressor) {
+	if !c.cfg.ErrorFeedback {
+		return nil, nil
+	}
+	s1, s2 := stageParts(comp, c.strategy, c.rank, c.size)
+	mem1 = s1.forMemory()
+	if s2 != nil {
+		mem2 = s2.forMemory()
+	}
+	return mem1, mem2
+}
+
+// configurePhases builds the Schedule's phases, then target's: each a
+// compressor of the target's strategy, no lossless stage.
+func (c *core) configurePhases(target compress.Compressor, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) error {
+	if len(c.cfg.Schedule) == 0 {
+		return nil
+	}
+	end := uint64(c.cfg.Warmup)
+	for i, p := range c.cfg.Schedule {
+		comp, err := compress.Parse(p.Spec, compress.WithWorkers(c.cfg.Workers))
+		if err != nil {
+			return fmt.Errorf("schedule phase %d: %w", i, err)
+		}
+		st, err := strategyFor(c.cfg.Strategy, comp.Codec(), c.size)
+		switch {
+		case err != nil:
+			return fmt.Errorf("schedule phase %d (%s): %w", i, comp.Spec(), err)
+		case comp.Codec() == compress.CodecNone || comp.Spec().Lossless != compress.LosslessNone:
+			return fmt.Errorf("schedule phase %d (%s): a phase compresses, without a lossless stage", i, comp.Spec())
+		case st != c.strategy:
+			return fmt.Errorf("schedule phase %d (%s) takes strategy %v, Spec %s takes %v: a schedule keeps one strategy", i, comp.Spec(), st, target.Spec(), c.strategy)
+		}
+		end += uint64(p.Steps)
+		mem1, mem2 := c.memories(comp)
+		c.phases = append(c.phases, phase{end: end, spec: comp.Spec().String(), comp: comp, mem1: mem1, mem2: mem2})
+	}
+	mem1, mem2 := c.memories(target)
+	c.phases = append(c.phases, phase{end: math.MaxUint64, spec: target.Spec().String(), comp: target, mem1: mem1, mem2: mem2})
+	return nil
+}
+
+// phaseAt returns the phase of step num (warm-up steps: the first).
+func (c *core) phaseAt(num uint64) int {
+	for i, p := range c.phases {
+		if num < p.end {
+			return i
+		}
+	}
+	return len(c.phases) - 1
 }
 
 // decide sets every bucket's path, pinned or, with DecideAuto, from
@@ -332,6 +449,11 @@ func (c *core) Step() error {
 	st := &step{num: c.next, ready: make([]bool, len(c.buckets)), ctx: ctx, cancel: cancel,
 		start: time.Now(), failed: make(chan struct{}), runs: make([]*run, len(c.buckets))}
 	st.warmup = st.num < uint64(c.cfg.Warmup)
+	if p := c.phaseAt(st.num); c.phases != nil && p != c.active {
+		ph := c.phases[p]
+		c.comp, c.mem1, c.mem2, c.active = ph.comp, ph.mem1, ph.mem2, p
+		c.be.usePhase()
+	}
 	trial := !st.warmup && c.verify != nil && c.verify.trial()
 	trialPath := trial && c.trialPath()
 	for i, b := range c.buckets {
@@ -350,6 +472,9 @@ func (c *core) Step() error {
 				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
 		if c.advice != "" {
 			st.runs[i].stats.Reason += "; " + c.advice
+		}
+		if c.phases != nil && !st.warmup {
+			st.runs[i].stats.Reason += fmt.Sprintf("; schedule phase %d of %d: %s", c.active+1, len(c.phases), c.phases[c.active].spec)
 		}
 		switch {
 		case trial:
@@ -564,6 +689,8 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Warmup %d is negative", cfg.Warmup)
 	case !(cfg.Momentum >= 0 && cfg.Momentum < 1):
 		return fmt.Errorf("Momentum %v is not in [0, 1)", cfg.Momentum)
+	case len(cfg.Schedule) > 0 && cfg.Decision == DecideAuto:
+		return fmt.Errorf("a Schedule needs Decision compressed or dense: the cost model decides for one spec")
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case len(sizes) == 0:
@@ -574,6 +701,11 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 	for i, n := range sizes {
 		if n < 1 || n > compress.MaxElements {
 			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
+		}
+	}
+	for i, p := range cfg.Schedule {
+		if p.Steps < 1 {
+			return fmt.Errorf("schedule phase %d (%s) has %d steps, want at least 1", i, p.Spec, p.Steps)
 		}
 	}
 	return nil

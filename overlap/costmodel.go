@@ -492,6 +492,6 @@ func (s *sraExchanger) linkCost(m *costModel, n int) float64 {
 	return m.link(allToAllVolume(N, N*slot)) + m.link(allGatherVolume(N, slot))
 }
 
-func (s *sharedX) linkCost(m *costModel, n int) float64 {
+func (s *sharedExchanger) linkCost(m *costModel, n int) float64 {
 	return m.link(allReduceVolume(s.e.size, 4*(s.e.size+s.k(n))))
 }

@@ -198,6 +198,8 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
+	case len(cfg.Schedule) > 0:
+		return nil, &ConfigError{Rank: host.Rank(), Reason: "Schedule: a compression warm-up runs on the Engine (host buckets) only"}
 	case cfg.Momentum != 0:
 		// Before any collective: every rank with this Config returns it.
 		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Momentum %v: momentum correction runs on the Engine (host buckets) only", cfg.Momentum)}
@@ -818,6 +820,9 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 // (NewDevice refuses Config.Momentum), so no bucket has a velocity.
 func (e *DeviceEngine) velocity(int) []float32  { return nil }
 func (e *DeviceEngine) setVelocity([][]float32) {}
+
+// usePhase is never called: NewDevice refuses a Schedule.
+func (e *DeviceEngine) usePhase() {}
 
 // recordEnd records the ends of the encode and wire streams and makes the
 // decode stream wait for them before the done event, so that the done

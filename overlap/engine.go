@@ -119,7 +119,7 @@ func (e *Engine) newExchanger() exchanger {
 	}
 	switch e.strategy {
 	case StrategySharedIndex:
-		return &sharedX{e: e, c: c1}
+		return &sharedExchanger{e: e, c: c1}
 	case StrategyDense, StrategyQuantSRA:
 		c2 := coder{p: stage2}
 		if e.cfg.ErrorFeedback {
@@ -303,6 +303,31 @@ func (e *Engine) momentumTask(r *run) {
 		b.next[i], r.grad[i] = v, v
 	}
 	r.momentum = finite
+}
+
+// usePhase rebuilds the compressed path for the core's active phase: the
+// exchanger and its memories (the residuals carried over, which do not
+// depend on the codec), and the buffers of every prepared bucket.
+func (e *Engine) usePhase() {
+	gradEF, partEF := e.gradEF, e.partEF
+	e.exchanger = e.newExchanger()
+	carry(gradEF, e.gradEF)
+	carry(partEF, e.partEF)
+	for _, b := range e.buckets {
+		if b.send != nil {
+			e.exchanger.setup(b)
+		}
+	}
+}
+
+// carry copies every residual of from into to (either may be nil).
+func carry(from, to *compress.ErrorFeedback) {
+	if from == nil || to == nil {
+		return
+	}
+	for _, id := range from.Buckets() {
+		to.SetResidual(id, from.Residual(id)) // finite and in range: from holds it
+	}
 }
 
 func (e *Engine) velocity(i int) []float32 { return e.buckets[i].mom }

@@ -234,31 +234,31 @@ func (s *sraExchanger) decode(r *run) (int, error) {
 	return -1, nil // decoded values are finite: the decoder checks them
 }
 
-// sharedX is shared-index: every rank compresses with random-k under the
+// sharedExchanger is shared-index: every rank compresses with random-k under the
 // same key, so the k indices agree, and the k values are all-reduced in
 // fp32, preceded by one status per rank (rank q writes element q: 0 ok, 1
 // unrepresentable, 2 non-finite). Every rank then divides the sums by N
 // and scatters them to the indices.
-type sharedX struct {
+type sharedExchanger struct {
 	e *Engine
 	c coder
 }
 
-func (s *sharedX) first() coder                                { return s.c }
-func (s *sharedX) useMemory(gradEF, _ *compress.ErrorFeedback) { s.c.ef = gradEF }
+func (s *sharedExchanger) first() coder                                { return s.c }
+func (s *sharedExchanger) useMemory(gradEF, _ *compress.ErrorFeedback) { s.c.ef = gradEF }
 
-func (s *sharedX) k(n int) int {
+func (s *sharedExchanger) k(n int) int {
 	return (s.e.comp.MaxEncodedLen(n) - s.e.comp.MaxEncodedLen(0)) / 4
 }
 
-func (s *sharedX) setup(b *bucket) {
+func (s *sharedExchanger) setup(b *bucket) {
 	b.slot = s.c.p.slotLen(b.n)
 	b.send = make([]byte, b.slot)
 	b.vals = make([]float32, s.e.size+s.k(b.n))
 	b.picks = make([]uint32, 0, s.k(b.n))
 }
 
-func (s *sharedX) encode(r *run) error {
+func (s *sharedExchanger) encode(r *run) error {
 	b, n := r.b, s.e.size
 	var err error
 	if r.pend1, r.local, err = encodeInto(s.c, b.send, r.grad, r.key); err != nil {
@@ -285,7 +285,7 @@ func (s *sharedX) encode(r *run) error {
 	return nil
 }
 
-func (s *sharedX) exchange(st *step, r *run) ([]status, error) {
+func (s *sharedExchanger) exchange(st *step, r *run) ([]status, error) {
 	b, n := r.b, s.e.size
 	if err := s.e.allReduce(st, r, "shared-index AllReduce", b.vals); err != nil {
 		return nil, err
@@ -302,7 +302,7 @@ func (s *sharedX) exchange(st *step, r *run) ([]status, error) {
 	return sts, nil
 }
 
-func (s *sharedX) decode(r *run) (int, error) {
+func (s *sharedExchanger) decode(r *run) (int, error) {
 	b, n := r.b, s.e.size
 	vals := b.vals[n:]
 	idx, err := compress.RandomKIndices(b.picks[:0], b.n, len(vals), r.seed, r.key)

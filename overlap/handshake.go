@@ -41,6 +41,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
 		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
 		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
+		{"schedule", schedule(e)},
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {
@@ -166,4 +167,17 @@ func orNone(s string) string {
 		return "nothing"
 	}
 	return s
+}
+
+// schedule is the handshake's view of the compression warm-up: the phases
+// with canonical specs ("none" without one).
+func schedule(e *core) string {
+	if e.phases == nil {
+		return "none"
+	}
+	ps := make([]Phase, len(e.phases)-1)
+	for i := range ps {
+		ps[i] = Phase{Steps: e.cfg.Schedule[i].Steps, Spec: e.phases[i].spec}
+	}
+	return FormatSchedule(ps)
 }

@@ -96,10 +96,13 @@ type engineConfig struct {
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
-func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int, momentum float64) (engineConfig, error) {
+func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int, momentum float64, schedule string) (engineConfig, error) {
 	c := engineConfig{device: device}
 	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers, c.Momentum = spec, ef, failNonFinite, warmup, workers, momentum
 	var err error
+	if c.Schedule, err = overlap.ParseSchedule(schedule); err != nil {
+		return c, errorf(errInvalid, "schedule: %v", err)
+	}
 	if strategy != "" {
 		if c.Strategy, err = overlap.ParseStrategy(strategy); err != nil {
 			return c, errorf(errInvalid, "strategy: %v", err)

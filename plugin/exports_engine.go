@@ -33,8 +33,8 @@ type cOp struct {
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (64 bytes; ABI 2.0's, without
-// Momentum, 56).
+// cEngineConfig mirrors gc_engine_config (72 bytes; ABI 2.0's, without
+// Momentum and Schedule, 56).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -43,6 +43,7 @@ type cEngineConfig struct {
 	Timeout                  float64
 	Workers, Device          int32
 	Momentum                 float64 // since ABI 2.1
+	Schedule                 *C.char // since ABI 2.1
 }
 
 // engineConfigSize20 is sizeof(gc_engine_config) in ABI 2.0, which a
@@ -200,21 +201,21 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 	if c.Size < engineConfigSize20 {
 		return C.int(fail(errInvalid, fn, "cfg->size %d: want sizeof(gc_engine_config), %d (ABI 2.0: %d; set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{}), engineConfigSize20))
 	}
-	momentum := 0.0
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
-		momentum = c.Momentum // a 2.0 caller's struct ends before it
-	}
-	if c.Spec == nil {
-		return C.int(fail(errInvalid, fn, "null cfg->spec"))
-	}
 	str := func(p *C.char) string {
 		if p == nil {
 			return ""
 		}
 		return C.GoString(p)
 	}
+	momentum, schedule := 0.0, ""
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) { // a 2.0 caller's struct ends before them
+		momentum, schedule = c.Momentum, str(c.Schedule)
+	}
+	if c.Spec == nil {
+		return C.int(fail(errInvalid, fn, "null cfg->spec"))
+	}
 	conf, err := parseEngineConfig(C.GoString(c.Spec), str(c.Strategy), str(c.Decision), c.ErrorFeedback != 0,
-		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device), momentum)
+		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device), momentum, schedule)
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}

@@ -7,7 +7,8 @@ and initialization as tests/python/test_digits.py) under torch's default
 all-reduce with SGD(lr 0.05, momentum 0.9), and under gradcomp's hook
 (decision pinned to compressed, 10 warm-up steps) for top-k 1 % and sign,
 each with the optimizer's momentum (SGD momentum 0.9) and with momentum
-correction instead (State(momentum=0.9), SGD momentum 0). Prints one line
+correction instead (State(momentum=0.9), SGD momentum 0), and top-k with
+a compression warm-up (RAMP) too. Prints one line
 of test accuracies per seed, then the mean and spread per configuration.
 """
 
@@ -20,13 +21,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "plugin", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
-#: (name, spec, State momentum, SGD momentum); spec None: the default hook.
+#: DGC's warm-up for top-k 1 %, shortened to this run's ~110 steps.
+RAMP = [(10, "topk:0.25"), (10, "topk:0.0625"), (10, "topk:0.016")]
+
+#: (name, spec, State momentum, SGD momentum, schedule); spec None: the
+#: default hook.
 CONFIGS = [
-    ("default", None, 0.0, 0.9),
-    ("topk:0.01", "topk:0.01", 0.0, 0.9),
-    ("topk:0.01+mc", "topk:0.01", 0.9, 0.0),
-    ("sign", "sign", 0.0, 0.9),
-    ("sign+mc", "sign", 0.9, 0.0),
+    ("default", None, 0.0, 0.9, None),
+    ("topk:0.01", "topk:0.01", 0.0, 0.9, None),
+    ("topk:0.01+mc", "topk:0.01", 0.9, 0.0, None),
+    ("topk:0.01+ramp", "topk:0.01", 0.0, 0.9, RAMP),
+    ("topk:0.01+mc+ramp", "topk:0.01", 0.9, 0.0, RAMP),
+    ("sign", "sign", 0.0, 0.9, None),
+    ("sign+mc", "sign", 0.9, 0.0, None),
 ]
 
 
@@ -38,8 +45,8 @@ def run(rank, world, seed, epochs):
 
     x, y, xt, yt = digits()
     out = {}
-    for name, spec, mc, sgd_momentum in CONFIGS:
-        kw = dict(warmup_steps=10, decision="compressed", momentum=mc) if spec else {}
+    for name, spec, mc, sgd_momentum, schedule in CONFIGS:
+        kw = dict(warmup_steps=10, decision="compressed", momentum=mc, schedule=schedule) if spec else {}
         ddp, state = make_ddp(mlp(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=sgd_momentum)
         for epoch in range(epochs):

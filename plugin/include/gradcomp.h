@@ -322,7 +322,7 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later
  * versions append fields). spec, strategy, decision, error_feedback,
- * fail_on_nonfinite, warmup and momentum must be equal on every rank (the
+ * fail_on_nonfinite, warmup, momentum and schedule must be equal on every rank (the
  * handshake checks them and the bucket layout); timeout and workers are
  * local. */
 typedef struct gc_engine_config {
@@ -340,6 +340,9 @@ typedef struct gc_engine_config {
 	                            * host buckets only): each bucket becomes u = m·u + g before its exchange, so
 	                            * run the optimizer without momentum; top-k/random-k zero u where they sent.
 	                            * A 2.0 caller's size (56) means 0. */
+	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
+	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
+	                            * keep spec's strategy; needs decision "compressed" or "dense"; host buckets. */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

@@ -31,7 +31,7 @@
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
-_Static_assert(sizeof(gc_engine_config) == 64, "gc_engine_config is 64 bytes");
+_Static_assert(sizeof(gc_engine_config) == 72, "gc_engine_config is 72 bytes");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
 
 #define GOLDEN "tests/golden/testdata"

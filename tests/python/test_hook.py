@@ -89,6 +89,22 @@ class OneRank(unittest.TestCase):
                 gct.hook(other, workers.FakeBucket(torch.ones(8))).wait()
         self.assertIn("momentum", str(cm.exception))
 
+    def test_schedule_ramps_to_the_target(self):
+        # Hook steps 0-1 plain, engine step 0 (hook step 2) and 1 in phase 1
+        # (topk:0.25), then the target topk:0.02, as the engine's stats say.
+        state = self.state("topk:0.02", schedule=[(2, "topk:0.25")])
+        reasons = []
+        for _ in range(6):
+            gct.hook(state, workers.FakeBucket(torch.randn(1000))).wait()
+            if state.last_step is not None:
+                reasons.append(state.last_step.buckets[0].reason)
+        self.assertIn("schedule phase 1 of 2: topk:0.25", reasons[0])
+        self.assertIn("schedule phase 2 of 2: topk:0.02", reasons[-1])
+        with self.assertRaises(ValueError):
+            gct.State("topk:0.02", schedule=[(0, "topk:0.25")])
+        with self.assertRaises(TypeError):
+            gct.State("topk:0.02", schedule=[5])
+
     def test_random_k_below_the_safe_ratio_warns(self):
         state = self.state("randomk:0.01")
         with self.assertLogs("gradcomp", "WARNING") as cm:

@@ -323,6 +323,24 @@ class TorchHost:
         return not self._thread.is_alive()
 
 
+def format_schedule(schedule):
+    """A schedule as gc_engine_config.schedule takes it: "" for none, a
+    str as it is, or a list of (steps, spec) pairs as "STEPS@SPEC,..."
+    (TypeError or ValueError for anything else)."""
+    if schedule is None or isinstance(schedule, str):
+        return schedule or ""
+    parts = []
+    for phase in schedule:
+        try:
+            steps, spec = phase
+        except (TypeError, ValueError):
+            raise TypeError("gradcomp: schedule phase %r is not a (steps, spec) pair" % (phase,))
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or not isinstance(spec, str):
+            raise ValueError("gradcomp: schedule phase %r: want (steps ≥ 1, spec str)" % (phase,))
+        parts.append("%d@%s" % (steps, spec))
+    return ",".join(parts)
+
+
 class Engine:
     """gradcomp's engine (gc_engine) for buckets of ``sizes`` float32
     elements, exchanging over ``process_group`` (None: torch.distributed's
@@ -335,7 +353,10 @@ class Engine:
     sending the bucket dense. ``warmup``: engine steps below it exchange
     every bucket dense. ``timeout``: seconds per collective. ``device``: -1
     host buckets, else the CUDA device of the buckets (libgradcomp_cuda.so).
-    ``momentum``: momentum correction (host buckets), the optimizer's
+    ``schedule``: a compression warm-up after ``warmup``, as a list of
+    (steps, spec) phases or the C ABI's "STEPS@SPEC,..." string, then
+    ``spec`` (same strategy; decision "compressed" or "dense"; host
+    buckets). ``momentum``: momentum correction (host buckets), the optimizer's
     momentum in [0, 1): each bucket becomes u = m·u + g before its exchange
     (run the optimizer without momentum); 0 is off. Spec, strategy,
     decision, error feedback, fail_on_nonfinite, warmup, momentum and the
@@ -345,12 +366,13 @@ class Engine:
     """
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
-                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0):
+                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule=""):
         import torch.distributed as dist
 
         if decision not in _DECISIONS:
             raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
         cspec, cstrategy = _lib.cstring("spec", spec), _lib.cstring("strategy", strategy)
+        cschedule = _lib.cstring("schedule", format_schedule(schedule))
         self.sizes = [int(n) for n in sizes]
         self.spec = spec
         self.timeout = float(timeout)
@@ -370,6 +392,7 @@ class Engine:
         cfg.workers = int(workers)
         cfg.device = int(device)
         cfg.momentum = float(momentum)
+        cfg.schedule = cschedule
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

@@ -225,6 +225,7 @@ class EngineConfig(ctypes.Structure):
         ("workers", ctypes.c_int32),
         ("device", ctypes.c_int32),
         ("momentum", ctypes.c_double),  # since ABI 2.1
+        ("schedule", ctypes.c_char_p),  # since ABI 2.1
     ]
 
 

@@ -91,7 +91,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._compressor import Compressor, has_cuda
-from ._engine import Engine
+from ._engine import Engine, format_schedule
 
 __all__ = ["State", "hook"]
 
@@ -156,11 +156,18 @@ class State:
     momentum=0)`` with ``State(..., momentum=0.9)`` instead of
     ``SGD(params, lr, momentum=0.9)``. (Steps 0 and 1, before the engine
     exists, are plain all-reduces without momentum.)
+    ``schedule``: a compression warm-up (DGC's sparsity ramp; int8 → int4
+    → int2): a list of (steps, spec) phases run after ``warmup_steps``,
+    then ``spec``; every phase keeps ``spec``'s strategy; needs
+    ``decision="compressed"`` or ``"dense"``; the handshake compares it and
+    a checkpoint resumes it where it was. E.g. ``State("topk:0.004",
+    decision="compressed", schedule=[(100, "topk:0.25"), (100, "topk:0.0625"),
+    (100, "topk:0.016")])``.
     """
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
                  on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
-                 momentum=0.0):
+                 momentum=0.0, schedule=None):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -192,6 +199,8 @@ class State:
         self.overlap = bool(overlap)
         #: Momentum correction's momentum (0: off).
         self.momentum = float(momentum)
+        #: The compression warm-up, as gc_engine_config takes it ("" for none).
+        self.schedule = format_schedule(schedule)
         self._params = None
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -489,14 +498,15 @@ class State:
             eng = Engine(self.spec, sizes, process_group=self.process_group, strategy=self.strategy,
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
-                         timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum)
+                         timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum,
+                         schedule=self.schedule)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
-                                 "on_nonfinite=%r, momentum=%r) and buckets %s" % (
+                                 "on_nonfinite=%r, momentum=%r, schedule=%r) and buckets %s" % (
                                      e.message, dist.get_rank(self.process_group), self.spec, self.strategy,
                                      self.decision, self.warmup_steps, PLAIN_STEPS, self.error_feedback,
-                                     self.on_nonfinite, self.momentum, sizes))
+                                     self.on_nonfinite, self.momentum, self.schedule, sizes))
             self._broken = e
             raise e
         except BaseException as e:
