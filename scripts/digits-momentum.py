@@ -5,7 +5,7 @@
 For each seed, trains tests/python's digits MLP (the same data, shards
 and initialization as tests/python/test_digits.py) under torch's default
 all-reduce with SGD(lr 0.05, momentum 0.9), and under gradcomp's hook
-(decision pinned to compressed, 10 warm-up steps) for top-k 1 % and sign,
+(decision pinned to compressed, 10 warm-up steps) for top-k 1 %, int4 and sign,
 each with the optimizer's momentum (SGD momentum 0.9) and with momentum
 correction instead (State(momentum=0.9), SGD momentum 0), and top-k with
 a compression warm-up (RAMP) too. Prints one line
@@ -32,6 +32,7 @@ CONFIGS = [
     ("topk:0.01+mc", "topk:0.01", 0.9, 0.0, None),
     ("topk:0.01+ramp", "topk:0.01", 0.0, 0.9, RAMP),
     ("topk:0.01+mc+ramp", "topk:0.01", 0.9, 0.0, RAMP),
+    ("int4", "int4", 0.0, 0.9, None),
     ("sign", "sign", 0.0, 0.9, None),
     ("sign+mc", "sign", 0.9, 0.0, None),
 ]
