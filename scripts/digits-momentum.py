@@ -1,9 +1,10 @@
 """Digits accuracy with and without momentum correction, 4 gloo ranks.
 
-    /usr/bin/python3 scripts/digits-momentum.py [--seeds 1,2,3] [--epochs 10]
+    /usr/bin/python3 scripts/digits-momentum.py [--seeds 1,2,3] [--epochs 10] [--model mlp|cnn]
 
 For each seed, trains tests/python's digits MLP (the same data, shards
-and initialization as tests/python/test_digits.py) under torch's default
+and initialization as tests/python/test_digits.py), or with --model cnn a
+small CNN on the same 8×8 images, under torch's default
 all-reduce with SGD(lr 0.05, momentum 0.9), and under gradcomp's hook
 (10 warm-up steps) for top-k 1 %, int4 and sign: decision pinned to
 compressed, with the optimizer's momentum (SGD momentum 0.9) or momentum
@@ -47,17 +48,33 @@ CONFIGS = [
 ]
 
 
-def run(rank, world, seed, epochs):
-    """One rank: every configuration for one seed; returns accuracies."""
+def cnn(seed):
+    """A small CNN on the 8×8 digits: two 3×3 convolutions (16, 32
+    channels), a 2×2 max-pool, a linear layer; initialized from seed."""
+    import torch
+
+    torch.manual_seed(seed)
+    n = torch.nn
+    return n.Sequential(
+        n.Unflatten(1, (1, 8, 8)), n.Conv2d(1, 16, 3, padding=1), n.ReLU(), n.Conv2d(16, 32, 3, padding=1), n.ReLU(),
+        n.MaxPool2d(2), n.Flatten(), n.Linear(32 * 16, 10),
+    )
+
+
+def run(rank, world, seed, epochs, model):
+    """One rank: every configuration for one seed and model ("mlp" or
+    "cnn"); returns per configuration [accuracy, compressed, bucket-steps]."""
     import torch
 
     from workers import batches, digits, make_ddp, mlp, train_step
+
+    make_model = {"mlp": mlp, "cnn": cnn}[model]
 
     x, y, xt, yt = digits()
     out = {}
     for name, spec, state_kw, sgd_momentum in CONFIGS:
         kw = dict(dict(warmup_steps=10, decision="compressed"), **state_kw) if spec else {}
-        ddp, state = make_ddp(mlp(seed), spec, **kw)
+        ddp, state = make_ddp(make_model(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=sgd_momentum)
         for epoch in range(epochs):
             for xb, yb in batches(rank, world, x, y, epoch, seed):
@@ -75,13 +92,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
     a = p.parse_args()
     import ranks
 
     table = {name: [] for name, *_ in CONFIGS}
     sent = {name: [0, 0] for name in table}
     for seed in (int(s) for s in a.seeds.split(",")):
-        res = ranks.run(run, 4, seed, a.epochs, timeout=600)[0]
+        res = ranks.run(run, 4, seed, a.epochs, a.model, timeout=900)[0]
         print("seed %d: %s" % (seed, ", ".join("%s %.4f" % (n, res[n][0]) for n in table)), flush=True)
         for n in table:
             table[n].append(res[n][0])
