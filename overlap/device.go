@@ -345,8 +345,8 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		{&nb.send2, nb.slot2, sra},
 		{&nb.recv2, e.size * nb.slot2, sra},
 		{&nb.work2, ws, sra && ws > 0},
-		{&nb.resid2, 4 * max(mine, 1), sra && ef},
-		{&nb.out2, 4 * max(mine, 1), sra && ef},
+		{&nb.resid2, 4 * max(mine, 1), sra && e.mem2 != nil},
+		{&nb.out2, 4 * max(mine, 1), sra && e.mem2 != nil},
 	} {
 		if !x.need {
 			continue
@@ -523,7 +523,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error {
 				a := kernels.EncodeArgs{Body: b.send2 + kernels.StatusLen, Grad: b.mid, Work: b.work2, Status: b.send2,
 					N: hi - lo, Key: e.key2(st.num, i)}
-				if e.cfg.ErrorFeedback {
+				if e.mem2 != nil {
 					a.Resid, a.ResidOut = b.resid2, b.out2
 				}
 				return e.dev.Encode(e.codec, e.dec, a)

@@ -53,7 +53,8 @@
 //	                   an all-to-all brings part j of every rank to rank
 //	                   j, which computes a_j = sum_r D(C(x_r[part j])) / N
 //	                   and sends D(C(y_j)) of y_j = a_j (+ its second
-//	                   error-feedback memory) to everyone by an all-gather
+//	                   error-feedback memory; none for sign) to everyone
+//	                   by an all-gather
 //
 // where x_r = e_r + g_r with error feedback (e_r the rank's memory of the
 // bucket, updated e_r ← x_r − D(C(x_r)) when the step succeeds) and

@@ -122,8 +122,8 @@ func (e *Engine) newExchanger() exchanger {
 		return &sharedExchanger{e: e, c: c1}
 	case StrategyDense, StrategyQuantSRA:
 		c2 := coder{p: stage2}
-		if e.cfg.ErrorFeedback {
-			e.partEF = compress.NewErrorFeedback(stage2.forMemory())
+		if e.mem2 != nil {
+			e.partEF = compress.NewErrorFeedback(e.mem2)
 			c2.ef = e.partEF
 		}
 		return &sraExchanger{e: e, c1: c1, c2: c2}

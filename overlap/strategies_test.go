@@ -134,6 +134,9 @@ func (m *refModel) step(step, bucket int, grads [][]float32) []float32 {
 		}
 		divide(mid, N)
 		s, e := m.feed(m.e2, j, bucket, mid)
+		if m.c.Codec() == compress.CodecSign { // no second memory for sign (core.memories)
+			s, e = mid, nil
+		}
 		_, d := m.compress(s, refKey(bucket, step, j, 0, N, 2, false))
 		for i := range e {
 			e[i] = s[i] - d[i]
