@@ -10,17 +10,19 @@ import (
 // EngineExchanger is the NewExchanger of the overlap engine: overlap.New
 // over c with the scheme's spec, error feedback and strategy (StrategyAuto:
 // top-k → sparse-gather, int8/4/2 and sign → quantized SRA, none →
-// dense), compression pinned on every bucket
+// dense), momentum correction with momentum (0: none), compression pinned
+// on every bucket
 // (DecideCompressed) so that the run shows each scheme's effect on training
 // whatever the cost model would choose on this link, and one compressor
 // goroutine per call (the ranks already share the cores).
-func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme) (Exchanger, error) {
+func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme, momentum float64) (Exchanger, error) {
 	e, err := overlap.New(ctx, c, bucketSizes, overlap.Config{
 		Spec:          s.Spec,
 		ErrorFeedback: s.ErrorFeedback,
 		Strategy:      s.Strategy,
 		Decision:      overlap.DecideCompressed,
 		Workers:       1,
+		Momentum:      momentum,
 	})
 	if err != nil {
 		return nil, err

@@ -18,9 +18,9 @@ type averager struct {
 	stepped bool
 }
 
-func newAverager(_ context.Context, c comm.Comm, sizes []int, s Scheme) (Exchanger, error) {
-	if s.Spec != "none" {
-		return nil, fmt.Errorf("averager: scheme %s, only none", s)
+func newAverager(_ context.Context, c comm.Comm, sizes []int, s Scheme, momentum float64) (Exchanger, error) {
+	if s.Spec != "none" || momentum != 0 {
+		return nil, fmt.Errorf("averager: scheme %s, momentum %v: only none without momentum correction", s, momentum)
 	}
 	return &averager{c: c, sizes: sizes, ready: make([][]float32, len(sizes))}, nil
 }

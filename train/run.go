@@ -37,9 +37,10 @@ type StepStats struct {
 }
 
 // NewExchanger builds a rank's Exchanger over c for buckets of the given
-// element counts, compressing as scheme says. Every rank of c calls it with
-// the same arguments.
-type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, scheme Scheme) (Exchanger, error)
+// element counts, compressing as scheme says, with momentum correction's
+// momentum (overlap.Config.Momentum; 0 for none). Every rank of c calls it
+// with the same arguments.
+type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, scheme Scheme, momentum float64) (Exchanger, error)
 
 // Scheme is one compression setting the demo compares: a compressor spec
 // (compress.Parse), whether error feedback is on, and the exchange strategy
@@ -48,11 +49,15 @@ type Scheme struct {
 	Spec          string
 	ErrorFeedback bool
 	Strategy      overlap.Strategy
+	// MomentumCorrection moves SGD's momentum into the exchange
+	// (overlap.Config.Momentum = Config.Momentum) and runs SGD without it.
+	MomentumCorrection bool
 }
 
 // Markers of a scheme's name.
 const (
 	efSuffix       = "+ef"
+	mcSuffix       = "+mc"
 	strategyMarker = "@"
 )
 
@@ -64,6 +69,9 @@ func (s Scheme) String() string {
 	if s.ErrorFeedback {
 		name += efSuffix
 	}
+	if s.MomentumCorrection {
+		name += mcSuffix
+	}
 	if s.Strategy != overlap.StrategyAuto {
 		name += strategyMarker + s.Strategy.String()
 	}
@@ -71,7 +79,8 @@ func (s Scheme) String() string {
 }
 
 // ParseScheme reads a scheme name: a compressor spec, optionally followed
-// by "+ef" for error feedback, then optionally by "@" and a strategy name
+// by "+ef" for error feedback, then by "+mc" for momentum correction, then
+// optionally by "@" and a strategy name
 // (overlap.ParseStrategy): "topk:0.01+ef", "int4+ef@allgather". The spec
 // must parse (compress.Parse) and the strategy must be known; their errors
 // are returned otherwise. Error feedback on the codec none is an error
@@ -88,6 +97,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Strategy, rest = st, rest[:i]
 	}
+	rest, s.MomentumCorrection = strings.CutSuffix(rest, mcSuffix)
 	rest, s.ErrorFeedback = strings.CutSuffix(rest, efSuffix)
 	c, err := compress.Parse(rest)
 	if err != nil {
@@ -248,7 +258,8 @@ func RunRank(ctx context.Context, c comm.Comm, job Job) (*Result, error) {
 	if err := model.BindGrads(views); err != nil {
 		return nil, err
 	}
-	ex, err := job.NewExchanger(ctx, c, bucketElems, job.Scheme)
+	_, mc := job.momenta()
+	ex, err := job.NewExchanger(ctx, c, bucketElems, job.Scheme, mc)
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +282,15 @@ const (
 // layoutBuckets lays the gradients out in one buffer, bucket after bucket,
 // each bucket's parameters contiguous in the bucket's order; it returns each
 // bucket's slice and each parameter's view.
+// momenta returns SGD's momentum and momentum correction's: Config.Momentum
+// goes to the exchange for a "+mc" scheme, to SGD otherwise.
+func (j Job) momenta() (sgd float32, mc float64) {
+	if j.Scheme.MomentumCorrection {
+		return 0, j.Momentum
+	}
+	return float32(j.Momentum), 0
+}
+
 func layoutBuckets(paramSizes []int, buckets [][]int) (grads, views [][]float32) {
 	total := 0
 	for _, n := range paramSizes {
@@ -292,6 +312,7 @@ func layoutBuckets(paramSizes []int, buckets [][]int) (grads, views [][]float32)
 
 // trainLoop runs the epochs of job on one rank.
 func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, job Job, buckets [][]int, grads [][]float32) (*Result, error) {
+	sgd, _ := job.momenta()
 	res := &Result{Scheme: job.Scheme.String(), Spec: job.Scheme.Spec, ErrorFeedback: job.Scheme.ErrorFeedback, Ranks: ranks}
 	bucketOf := make([]int, len(model.ParamSizes()))
 	for b, params := range buckets {
@@ -369,7 +390,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 			for p, theta := range params {
 				v := velocity[p]
 				for i, gi := range g[p] {
-					v[i] = float32(job.Momentum)*v[i] + gi
+					v[i] = sgd*v[i] + gi
 					theta[i] -= lr * v[i]
 				}
 			}

@@ -128,11 +128,11 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 	var mu sync.Mutex
 	var orders [][]int
 	var sizes []int
-	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme) (Exchanger, error) {
+	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme, momentum float64) (Exchanger, error) {
 		mu.Lock()
 		sizes = s
 		mu.Unlock()
-		ex, err := newAverager(ctx, cm, s, sc)
+		ex, err := newAverager(ctx, cm, s, sc, momentum)
 		return &recorder{averager: ex.(*averager), mu: &mu, orders: &orders}, err
 	}
 	// A cap of 300 floats: {b2, W2, b1} (10+160+16, as W1 would overflow
@@ -172,8 +172,8 @@ func (f *failing) Ready(i int, g []float32) error {
 
 func TestFailingRankEndsRun(t *testing.T) {
 	c := smallConfig()
-	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme) (Exchanger, error) {
-		ex, err := newAverager(ctx, cm, s, sc)
+	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme, momentum float64) (Exchanger, error) {
+		ex, err := newAverager(ctx, cm, s, sc, momentum)
 		step := -1
 		if cm.Rank() == 1 {
 			step = 3
@@ -241,11 +241,15 @@ func TestParseSchemes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []Scheme{{"sign", true, overlap.StrategyQuantAllGather}, {"int4", false, overlap.StrategyQuantSRA}, {"topk:0.01", false, overlap.StrategyAuto}}; !slices.Equal(s, want) {
+	if want := []Scheme{{"sign", true, overlap.StrategyQuantAllGather, false}, {"int4", false, overlap.StrategyQuantSRA, false}, {"topk:0.01", false, overlap.StrategyAuto, false}}; !slices.Equal(s, want) {
 		t.Errorf("schemes %v, want %v", s, want)
 	}
 	if s[0].String() != "sign+ef@allgather" || s[2].String() != "topk:0.01" {
 		t.Errorf("names %s, %s", s[0], s[2])
+	}
+	mc, err := ParseScheme("topk:0.01+ef+mc@sparse-gather")
+	if err != nil || !mc.ErrorFeedback || !mc.MomentumCorrection || mc.String() != "topk:0.01+ef+mc@sparse-gather" {
+		t.Errorf("ParseScheme(topk:0.01+ef+mc@sparse-gather) = %+v, %v", mc, err)
 	}
 	for _, bad := range []string{"", "nope", "topk:2+ef", "none+ef", "int4+ef,int4+ef", "topk:0.01+EF", "int4@nope", "int4@", "int4@sra+ef", "none,"} {
 		if _, err := ParseSchemes(bad); err == nil {
