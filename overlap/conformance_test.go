@@ -322,18 +322,6 @@ func (m *deviceMember) Close() error {
 	return err
 }
 
-// stepGradients is every rank's gradient of every bucket in step s:
-// [rank][bucket].
-func stepGradients(size, s int, sizes []int) [][][]float32 {
-	out := make([][][]float32, size)
-	for r := range out {
-		for b, n := range sizes {
-			out[r] = append(out[r], gradient(r, s, b, n))
-		}
-	}
-	return out
-}
-
 // refFor is the reference of m's exchange: its strategy, and for random-k
 // the shared key (the device's gather under it gives shared-index's
 // result).
@@ -416,7 +404,7 @@ func checkResults(ctx context.Context, p peer) error {
 		}
 		ref := refFor(p, spec, m, ef)
 		for s := range 3 {
-			grads := stepGradients(p.size, s, conformanceSizes)
+			grads := stepGrads(p.size, s, conformanceSizes)
 			got, st, err := exchange(ctx, p, m, grads)
 			if err != nil {
 				m.Close()
@@ -452,7 +440,7 @@ func checkWarmup(ctx context.Context, p peer) error {
 	defer m.Close()
 	dense, ref := newRef(p.t, "none", StrategyDense, p.size, false), refFor(p, spec, m, true)
 	for s := range 4 {
-		grads := stepGradients(p.size, s, conformanceSizes)
+		grads := stepGrads(p.size, s, conformanceSizes)
 		got, st, err := exchange(ctx, p, m, grads)
 		if err != nil {
 			return fmt.Errorf("step %d: %w", s, err)
@@ -485,7 +473,7 @@ func checkCheckpoint(ctx context.Context, p peer) error {
 	}
 	ref := refFor(p, spec, m, true)
 	run := func(m member, s int) error {
-		grads := stepGradients(p.size, s, conformanceSizes)
+		grads := stepGrads(p.size, s, conformanceSizes)
 		got, _, err := exchange(ctx, p, m, grads)
 		if err != nil {
 			return fmt.Errorf("step %d: %w", s, err)
@@ -548,7 +536,7 @@ func checkNonFinite(ctx context.Context, p peer) error {
 			return err
 		}
 		ref := refFor(p, spec, m, true)
-		grads := stepGradients(p.size, 0, conformanceSizes)
+		grads := stepGrads(p.size, 0, conformanceSizes)
 		grads[1][bad][at] = float32(math.NaN())
 		got, st, err := exchange(ctx, p, m, grads)
 		var nf *NonFiniteStepError
@@ -567,13 +555,13 @@ func checkNonFinite(ctx context.Context, p peer) error {
 		if err == nil && !fail {
 			// The bucket's memory did not take the step: step 1 matches a
 			// reference that skipped it.
-			grads := stepGradients(p.size, 1, conformanceSizes)
+			grads := stepGrads(p.size, 1, conformanceSizes)
 			if got, _, err = exchange(ctx, p, m, grads); err == nil {
 				err = compare("step 1", got, ref.want(1, grads, nil), true)
 			}
 		}
 		if err == nil && fail {
-			_, _, err = exchange(ctx, p, m, stepGradients(p.size, 1, conformanceSizes))
+			_, _, err = exchange(ctx, p, m, stepGrads(p.size, 1, conformanceSizes))
 		}
 		m.Close()
 		if err != nil {
@@ -652,7 +640,7 @@ func checkMisuse(ctx context.Context, p peer) error {
 	if err := usage("Ready of bucket 99", m.Ready(99, g), ErrUnknownBucket); err != nil {
 		return err
 	}
-	grads := stepGradients(p.size, 0, conformanceSizes)
+	grads := stepGrads(p.size, 0, conformanceSizes)
 	for b := range conformanceSizes {
 		if err := m.Ready(b, grads[p.rank][b]); err != nil {
 			return err

@@ -25,16 +25,6 @@ func denseAverage(grads [][][]float32, bucket int) []float32 {
 	return out
 }
 
-func stepGrads(ranks, step int, sizes []int) [][][]float32 {
-	grads := make([][][]float32, ranks)
-	for r := range grads {
-		for b, n := range sizes {
-			grads[r] = append(grads[r], gradient(r, step, b, n))
-		}
-	}
-	return grads
-}
-
 func residuals(e *Engine, bucket int) []float32 {
 	if e.gradEF == nil {
 		return nil

@@ -70,9 +70,20 @@ func gradient(rank, step, bucket, n int) []float32 {
 	return g
 }
 
-// step runs one step on every engine: Ready in the order given (per rank)
-// then Wait. It returns each rank's gradients (now averages), stats and
-// error.
+// stepGrads is every rank's gradient of every bucket in step step:
+// [rank][bucket].
+func stepGrads(ranks, step int, sizes []int) [][][]float32 {
+	grads := make([][][]float32, ranks)
+	for r := range grads {
+		for b, n := range sizes {
+			grads[r] = append(grads[r], gradient(r, step, b, n))
+		}
+	}
+	return grads
+}
+
+// runStep runs one step on every engine: Ready in the order given (per rank)
+// then Wait. It returns each rank's stats and error.
 func runStep(engines []*Engine, grads [][][]float32, order func(r int) []int) ([]StepStats, []error) {
 	stats := make([]StepStats, len(engines))
 	errs := make([]error, len(engines))

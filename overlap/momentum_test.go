@@ -71,12 +71,7 @@ func TestMomentumCorrection(t *testing.T) {
 			ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse,
 				ref: newRef(t, c.spec, engines[0].Strategy(), ranks, cfg.ErrorFeedback)}
 			for s := range steps {
-				grads := make([][][]float32, ranks)
-				for r := range grads {
-					for b, n := range sizes {
-						grads[r] = append(grads[r], gradient(r, s, b, n))
-					}
-				}
+				grads := stepGrads(ranks, s, sizes)
 				want := ref.step(s, clone3(grads))
 				_, errs := runStep(engines, grads, inOrder(len(sizes)))
 				mustNoErrors(t, "step", errs)

@@ -17,12 +17,7 @@ func scheduleSteps(t *testing.T, engines []*Engine, sizes []int, from, steps int
 	var results [][][][]float32
 	var stats []StepStats
 	for s := from; s < from+steps; s++ {
-		grads := make([][][]float32, len(engines))
-		for r := range grads {
-			for b, n := range sizes {
-				grads[r] = append(grads[r], gradient(r, s, b, n))
-			}
-		}
+		grads := stepGrads(len(engines), s, sizes)
 		st, errs := runStep(engines, grads, inOrder(len(sizes)))
 		mustNoErrors(t, "step", errs)
 		results = append(results, grads)
@@ -62,12 +57,7 @@ func TestSchedule(t *testing.T) {
 			results, stats := scheduleSteps(t, engines, sizes, 0, steps)
 			var sent []int64
 			for s := range steps {
-				grads := make([][][]float32, ranks)
-				for r := range grads {
-					for b, n := range sizes {
-						grads[r] = append(grads[r], gradient(r, s, b, n))
-					}
-				}
+				grads := stepGrads(ranks, s, sizes)
 				var want [][]float32
 				if s < cfg.Warmup {
 					want = newRef(t, "none", StrategyDense, ranks, false).want(s, grads, nil)
