@@ -119,6 +119,35 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	return out, &Pending{r: r, sparse: sparse}, nil
 }
 
+// Flush is Begin for a gradient that goes uncompressed together with
+// everything the bucket's memory holds: it sets grad[i] = s[i] with
+// s = e + g (rounded once, as Begin's sum) and returns a Pending whose
+// Commit empties the memory (e ← 0: all of s was delivered), Retain keeps
+// e ← s and Discard leaves e as it was. A NaN or ±Inf in s is a
+// *NonFiniteError for its lowest index; on any error grad, the memory and
+// the Pending (nil) are as Begin leaves them.
+func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
+	r, err := f.bucket(key.Bucket, len(grad))
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	if len(r.sum) != len(grad) {
+		r.sum = make([]float32, len(grad))
+	}
+	for i, g := range grad {
+		r.sum[i] = r.e[i] + g
+	}
+	for i, v := range r.sum {
+		if v-v != 0 {
+			r.mu.Unlock()
+			return nil, &NonFiniteError{Index: i, Value: v}
+		}
+	}
+	copy(grad, r.sum)
+	return &Pending{r: r, flush: true}, nil
+}
+
 // SparseCompressor is a Compressor whose decoded payload is its input at
 // the indices it keeps and +0 everywhere else (top-k, random-k), so that
 // what error feedback keeps of an input s is s itself with +0 at those
@@ -176,6 +205,7 @@ type Pending struct {
 	once   sync.Once
 	r      *residual
 	sparse bool // Begin kept the residual in place (SparseCompressor)
+	flush  bool // a Flush: the payload is all of s
 }
 
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
@@ -188,6 +218,10 @@ func (p *Pending) Commit() { p.CommitMasked(nil) }
 // it is Commit and u is untouched. u is the bucket's length.
 func (p *Pending) CommitMasked(u []float32) {
 	p.settle(func(r *residual) {
+		if p.flush {
+			clear(r.e)
+			return
+		}
 		if !p.sparse {
 			r.e, r.dec = r.dec, r.e
 			return
@@ -202,6 +236,35 @@ func (p *Pending) CommitMasked(u []float32) {
 		}
 		r.e, r.sum = r.sum, r.e
 	})
+}
+
+// HeldBack returns the Euclidean norm of the residual Commit would
+// install, s − D(c) (a Flush's is 0), in float64: the squares summed in
+// increasing index order, for a SparseCompressor those of all of s less
+// those of the kept indices. The same inputs give the same bits. It reads
+// the bucket without settling it.
+func (p *Pending) HeldBack() float64 {
+	r := p.r
+	var sum float64
+	switch {
+	case p.flush:
+		return 0
+	case p.sparse:
+		// s with +0 at the kept indices.
+		for _, v := range r.sum {
+			sum += float64(v) * float64(v)
+		}
+		for _, i := range r.sel {
+			v := float64(r.sum[i])
+			sum -= v * v
+		}
+		sum = max(sum, 0)
+	default:
+		for _, v := range r.dec {
+			sum += float64(v) * float64(v)
+		}
+	}
+	return math.Sqrt(sum)
 }
 
 // Retain records that the payload was lost: e ← s = e + g, so the whole

@@ -526,3 +526,101 @@ func TestCommitMasked(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackFlush: Flush hands e + g to the caller; Commit empties the
+// memory, Retain keeps e + g, Discard keeps e; a non-finite sum leaves
+// grad and memory untouched and holds nothing.
+func TestFeedbackFlush(t *testing.T) {
+	const n = 100
+	for _, spec := range []string{"topk:0.05", "int4:bucket=16"} {
+		for _, tc := range []struct {
+			name   string
+			settle func(p *compress.Pending)
+			want   func(e, s []float32) []float32
+		}{
+			{"commit", (*compress.Pending).Commit, func(e, _ []float32) []float32 { return make([]float32, len(e)) }},
+			{"commit masked", func(p *compress.Pending) { p.CommitMasked(make([]float32, n)) }, func(e, _ []float32) []float32 { return make([]float32, len(e)) }},
+			{"retain", (*compress.Pending).Retain, func(_, s []float32) []float32 { return s }},
+			{"discard", (*compress.Pending).Discard, func(e, _ []float32) []float32 { return e }},
+		} {
+			t.Run(spec+"/"+tc.name, func(t *testing.T) {
+				f := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+				if _, err := f.Compress(nil, ramp(n, 1.7), compress.Key{Bucket: 3}); err != nil {
+					t.Fatal(err)
+				}
+				e := f.Residual(3)
+				g := ramp(n, 0.9)
+				s := make([]float32, n)
+				for i := range s {
+					s[i] = e[i] + g[i]
+				}
+				p, err := f.Flush(g, compress.Key{Bucket: 3, Step: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.HeldBack() != 0 {
+					t.Errorf("a flush holds back %v, want 0", p.HeldBack())
+				}
+				if !slices.Equal(g, s) {
+					t.Fatal("Flush did not leave e + g in grad")
+				}
+				tc.settle(p)
+				if got, want := f.Residual(3), tc.want(e, s); !slices.Equal(got, want) {
+					t.Fatalf("residual after %s: %v, want %v", tc.name, got[:4], want[:4])
+				}
+			})
+		}
+	}
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "topk:0.05"))
+	if _, err := f.Compress(nil, ramp(n, 1.7), compress.Key{Bucket: 0}); err != nil {
+		t.Fatal(err)
+	}
+	e := f.Residual(0)
+	g := ramp(n, 0.5)
+	g[7], g[9] = float32(math.Inf(1)), float32(math.NaN())
+	before := slices.Clone(g)
+	p, err := f.Flush(g, compress.Key{Bucket: 0, Step: 1})
+	var nf *compress.NonFiniteError
+	if !errors.As(err, &nf) || nf.Index != 7 || p != nil {
+		t.Fatalf("Flush of a gradient with Inf at 7: %v, %v; want a *NonFiniteError at 7 and no Pending", p, err)
+	}
+	if !slices.Equal(math32bits(g), math32bits(before)) || !slices.Equal(f.Residual(0), e) {
+		t.Fatal("a refused Flush changed grad or the memory")
+	}
+	if _, err := f.Flush(make([]float32, n+1), compress.Key{Bucket: 0}); err == nil {
+		t.Fatal("Flush of another length: no error")
+	}
+}
+
+// TestHeldBack: Pending.HeldBack is the norm of the residual Commit
+// installs, for dense and sparse codecs.
+func TestHeldBack(t *testing.T) {
+	for _, spec := range []string{"topk:0.1", "randomk:0.1", "int8", "sign", "fp16"} {
+		f := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+		g := ramp(257, 1.3)
+		_, p, err := f.Begin(nil, g, compress.Key{Bucket: 2, Step: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := p.HeldBack()
+		p.Commit()
+		var sum float64
+		for _, v := range f.Residual(2) {
+			sum += float64(v) * float64(v)
+		}
+		if want := math.Sqrt(sum); math.Abs(got-want) > 1e-12*max(want, 1) {
+			t.Errorf("%s: HeldBack %v, the committed residual's norm %v", spec, got, want)
+		}
+		if spec != "fp16" && got == 0 {
+			t.Errorf("%s: HeldBack 0 for a lossy codec", spec)
+		}
+	}
+}
+
+func math32bits(x []float32) []uint32 {
+	out := make([]uint32, len(x))
+	for i, v := range x {
+		out[i] = math.Float32bits(v)
+	}
+	return out
+}

@@ -46,6 +46,19 @@ type Config struct {
 	// DecideCompressed or DecideDense (the cost model decides for one
 	// spec); Engine only. ParseSchedule reads it from a string.
 	Schedule []Phase
+	// Guard is the accuracy guard's threshold, 0 for none; it needs
+	// ErrorFeedback; Engine only. Every rank measures, for each bucket it
+	// compresses, ρ = ‖e‖/‖g‖: what error feedback holds back after the
+	// step against the step's gradient (after momentum correction), and
+	// sends ρ in the status its payload carries anyway. When the largest
+	// ρ of a bucket over the ranks exceeds Guard, the bucket's next
+	// compressed step goes dense with everything its memory holds (e + g:
+	// a flush, which empties the memory), on every rank alike.
+	// BucketStats.HeldBack and Guarded report it and Reason says why.
+	// Each codec's ρ settles at a level of its own (the README's accuracy
+	// section gives measured ones): set Guard above that level, to catch
+	// a memory that keeps growing.
+	Guard float64
 }
 
 // Phase is one stage of a Config.Schedule: Steps steps compressed with
@@ -186,6 +199,9 @@ type bucket struct {
 	predComp   time.Duration
 	measDense  time.Duration // verification's latest measurements (DecideAuto), 0 until then
 	measComp   time.Duration
+	// guard is why the accuracy guard flushes the bucket's next
+	// compressed step ("": it does not); part of the engine's state.
+	guard string
 	hostBuffers
 }
 
@@ -200,7 +216,9 @@ const (
 // run is one bucket in one step.
 type run struct {
 	b          *bucket
-	compressed bool // the path this step takes (b's decision, dense in warm-up, the other in a verification trial)
+	compressed bool    // the path this step takes (b's decision, dense in warm-up, the other in a verification trial)
+	flush      bool    // dense with the residual: the accuracy guard tripped (Config.Guard)
+	heldBack   float64 // the largest ρ of the ranks' compressed payloads (Config.Guard), from their statuses
 	key        compress.Key
 
 	outcome   int
@@ -465,15 +483,19 @@ func (c *core) Step() error {
 		if trial {
 			path = trialPath
 		}
+		flush := path && b.guard != ""
 		if path {
 			if err := c.be.prepare(b); err != nil {
 				cancel()
 				return &StepError{Step: st.num, Bucket: i, Stage: "prepare", Err: err}
 			}
 		}
-		st.runs[i] = &run{b: b, compressed: path, key: compress.Key{Bucket: uint64(i), Step: st.num},
-			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: c.strategy, Reason: b.reason, Trial: trial,
+		st.runs[i] = &run{b: b, compressed: path && !flush, flush: flush, key: compress.Key{Bucket: uint64(i), Step: st.num},
+			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: c.strategy, Reason: b.reason, Trial: trial, Guarded: flush,
 				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
+		if flush {
+			st.runs[i].stats.Reason += "; accuracy guard: dense with the residual (" + b.guard + ")"
+		}
 		if c.advice != "" {
 			st.runs[i].stats.Reason += "; " + c.advice
 		}
@@ -638,6 +660,9 @@ func (c *core) finish(ctx context.Context, st *step) {
 			}
 		}
 		c.be.settle(st, fatal != nil || nf != nil)
+		if fatal == nil && nf == nil {
+			c.guardStep(st)
+		}
 		if fatal == nil && c.verify != nil && !st.warmup {
 			if err := c.verifyStep(ctx, st); err != nil {
 				fatal = err
@@ -648,6 +673,7 @@ func (c *core) finish(ctx context.Context, st *step) {
 		for i, r := range st.runs {
 			s := r.stats
 			s.Compressed = r.outcome == pathCompressed
+			s.HeldBack = r.heldBack
 			s.NonFinite = r.nonFinite
 			if r.fallback != "" {
 				s.Reason += "; " + r.fallback
@@ -673,6 +699,25 @@ func (c *core) finish(ctx context.Context, st *step) {
 	})
 }
 
+// guardStep updates the accuracy guard after a step that succeeded: a
+// bucket flushed is done with it, a compressed one whose ρ passed
+// Config.Guard on some rank flushes next time. Every rank sees the same
+// outcomes and ρ, so they decide alike.
+func (c *core) guardStep(st *step) {
+	if c.cfg.Guard == 0 {
+		return
+	}
+	for _, r := range st.runs {
+		switch {
+		case r.flush && r.outcome == pathDense && !r.nonFinite:
+			r.b.guard = ""
+		case r.outcome == pathCompressed && r.heldBack > c.cfg.Guard:
+			r.b.guard = fmt.Sprintf("step %d held back ‖e‖ = %.3g·‖g‖ > %g", st.num, r.heldBack, c.cfg.Guard)
+			r.stats.Reason += "; accuracy guard: " + r.b.guard + ", the next compressed step flushes"
+		}
+	}
+}
+
 // The bytes one rank sends in each collective, by the usual ring and
 // pairwise algorithms (NCCL's accounting): an all-reduce of S bytes
 // 2(N−1)/N·S, an all-gather of s bytes per rank (N−1)·s, an all-to-all of
@@ -693,6 +738,10 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Warmup %d is negative", cfg.Warmup)
 	case !(cfg.Momentum >= 0 && cfg.Momentum < 1):
 		return fmt.Errorf("Momentum %v is not in [0, 1)", cfg.Momentum)
+	case !(cfg.Guard >= 0 && cfg.Guard <= math.MaxFloat32):
+		return fmt.Errorf("Guard %v is not a finite threshold ≥ 0", cfg.Guard)
+	case cfg.Guard > 0 && !cfg.ErrorFeedback:
+		return fmt.Errorf("Guard %v needs ErrorFeedback: without it nothing is held back", cfg.Guard)
 	case len(cfg.Schedule) > 0 && cfg.Decision == DecideAuto:
 		return fmt.Errorf("a Schedule needs Decision compressed or dense: the cost model decides for one spec")
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:

@@ -203,6 +203,8 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	case cfg.Momentum != 0:
 		// Before any collective: every rank with this Config returns it.
 		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Momentum %v: momentum correction runs on the Engine (host buckets) only", cfg.Momentum)}
+	case cfg.Guard != 0:
+		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Guard %v: the accuracy guard runs on the Engine (host buckets) only", cfg.Guard)}
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only
 	core, local := newCore(host, cfg, sizes, clockTiming{}, deviceStrategy)

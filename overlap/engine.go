@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -255,9 +256,10 @@ func (e *Engine) drain() {
 }
 
 // settle ends every error-feedback Begin of st. A successful step commits
-// what was delivered compressed and discards the rest (delivered dense); a
-// failed one retains e + g, folding in the gradients that were never
-// compressed, and discards the second memory's.
+// what was delivered compressed, and the flushes of the accuracy guard
+// (their memory went dense with the gradient), and discards the rest
+// (delivered dense); a failed one retains e + g, folding in the gradients
+// that were never compressed, and discards the second memory's.
 func (e *Engine) settle(st *step, failed bool) {
 	for _, r := range st.runs {
 		if r.momentum {
@@ -274,10 +276,13 @@ func (e *Engine) settle(st *step, failed bool) {
 			commit(r.pend1)
 			commit(r.pend2)
 			continue
+		case !failed && r.flush && !r.nonFinite:
+			commit(r.pend1) // the memory went with the gradient: e ← 0
+			continue
 		case !failed:
 		case r.pend1 != nil:
 			r.pend1.Retain()
-		case r.grad != nil && r.compressed && !r.begun && e.gradEF != nil:
+		case r.grad != nil && (r.compressed || r.flush) && !r.begun && e.gradEF != nil:
 			// Never compressed: fold g in now. A non-finite g stays out.
 			if _, p, err := e.exchanger.first().begin(r.b.send[:0], r.grad, r.key); err == nil {
 				p.Retain()
@@ -355,7 +360,14 @@ func discard(p *compress.Pending) {
 
 // encodeTask runs on the compute stream: stage-1 compression.
 func (e *Engine) encodeTask(st *step, r *run) {
-	if st.failure() != nil || !r.compressed {
+	if st.failure() != nil {
+		return
+	}
+	if r.flush {
+		e.flushTask(st, r)
+		return
+	}
+	if !r.compressed {
 		return
 	}
 	t := time.Now()
@@ -364,6 +376,22 @@ func (e *Engine) encodeTask(st *step, r *run) {
 	r.stats.Compress += time.Since(t)
 	if err != nil {
 		st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "encode", Err: err})
+	}
+}
+
+// flushTask runs on the compute stream, for a bucket the accuracy guard
+// flushes (Config.Guard): the gradient becomes e + g, to go dense. A
+// non-finite sum leaves the gradient and the memory as they were; the
+// dense path reports it.
+func (e *Engine) flushTask(st *step, r *run) {
+	r.begun = true
+	p, err := e.gradEF.Flush(r.grad, r.key)
+	var nf *compress.NonFiniteError
+	switch {
+	case err == nil:
+		r.pend1 = p
+	case !errors.As(err, &nf):
+		st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "guard flush", Err: err})
 	}
 }
 
@@ -395,6 +423,7 @@ func (e *Engine) exchangeTask(st *step, r *run) {
 	}
 	if bad == nil {
 		r.outcome = pathCompressed
+		r.heldBack = maxHeldBack(sts)
 		return
 	}
 	r.nonFinite = nonFinite

@@ -37,21 +37,53 @@ type exchanger interface {
 
 // encodeInto runs c.begin into send (exactly c's slots) and turns a
 // gradient it cannot compress into a status, which it writes to every slot
-// header and returns.
-func encodeInto(c coder, send []byte, grad []float32, key compress.Key) (*compress.Pending, status, error) {
+// header and returns. With guard (Config.Guard), an ok status carries the
+// gradient's ρ (heldBack) in its value.
+func encodeInto(c coder, send []byte, grad []float32, key compress.Key, guard bool) (*compress.Pending, status, error) {
 	_, p, err := c.begin(send[:0], grad, key)
-	if err == nil {
-		return p, status{}, nil
-	}
-	s, err := statusOf(err)
-	if err != nil {
-		return nil, s, err
+	var s status
+	switch {
+	case err == nil && (!guard || p == nil):
+		return p, s, nil
+	case err == nil:
+		s.value = heldBack(p, grad)
+	default:
+		if s, err = statusOf(err); err != nil {
+			return nil, s, err
+		}
 	}
 	stride := len(send) / c.p.count
 	for j := range c.p.count {
 		s.put(send[j*stride:])
 	}
-	return nil, s, nil
+	return p, s, nil
+}
+
+// heldBack is the accuracy guard's ρ of a gradient whose compression p
+// holds (Config.Guard): ‖what p's Commit keeps‖ / ‖grad‖, +Inf for a zero
+// gradient with something held back.
+func heldBack(p *compress.Pending, grad []float32) float32 {
+	var g float64
+	for _, v := range grad {
+		g += float64(v) * float64(v)
+	}
+	h := p.HeldBack()
+	if h == 0 {
+		return 0
+	}
+	return float32(h / math.Sqrt(g))
+}
+
+// maxHeldBack is the largest ρ the ok statuses sts carry (0 without the
+// guard).
+func maxHeldBack(sts []status) float64 {
+	m := 0.0
+	for _, s := range sts {
+		if v := float64(s.value); v > m {
+			m = v
+		}
+	}
+	return m
 }
 
 // readStatuses decodes the headers of the count slots in buf.
@@ -85,7 +117,7 @@ func (g *gatherExchanger) setup(b *bucket) {
 }
 
 func (g *gatherExchanger) encode(r *run) (err error) {
-	r.pend1, r.local, err = encodeInto(g.c, r.b.send, r.grad, r.key)
+	r.pend1, r.local, err = encodeInto(g.c, r.b.send, r.grad, r.key, g.e.cfg.Guard > 0)
 	return err
 }
 
@@ -183,7 +215,7 @@ func (s *sraExchanger) setup(b *bucket) {
 }
 
 func (s *sraExchanger) encode(r *run) (err error) {
-	r.pend1, r.local, err = encodeInto(s.c1, r.b.send, r.grad, r.key)
+	r.pend1, r.local, err = encodeInto(s.c1, r.b.send, r.grad, r.key, s.e.cfg.Guard > 0)
 	return err
 }
 
@@ -206,7 +238,7 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 	average(b.mid, e.size)
 	r.stats.Decompress += time.Since(t)
 	t = time.Now()
-	pend, local, err := encodeInto(s.c2, b.send2[:s.c2.p.slotLen(len(b.mid))], b.mid, r.key)
+	pend, local, err := encodeInto(s.c2, b.send2[:s.c2.p.slotLen(len(b.mid))], b.mid, r.key, false)
 	r.stats.Compress += time.Since(t)
 	if err != nil {
 		return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "sra re-encode", Err: err}
@@ -214,8 +246,11 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 	if local.code != statusOK {
 		lo, _ := s.c1.p.bounds(b.n, e.rank)
 		local.index += uint32(lo)
-		local.put(b.send2)
+	} else {
+		// Stage 1's ρ of every rank, which every owner saw alike.
+		local.value = float32(maxHeldBack(sts))
 	}
+	local.put(b.send2)
 	r.pend2 = pend
 	if err := e.allGather(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2); err != nil {
 		return nil, err
@@ -237,8 +272,9 @@ func (s *sraExchanger) decode(r *run) (int, error) {
 // sharedExchanger is shared-index: every rank compresses with random-k under the
 // same key, so the k indices agree, and the k values are all-reduced in
 // fp32, preceded by one status per rank (rank q writes element q: 0 ok, 1
-// unrepresentable, 2 non-finite). Every rank then divides the sums by N
-// and scatters them to the indices.
+// unrepresentable, 2 non-finite) and, with the accuracy guard, one ρ per
+// rank (rank q writes element N + q). Every rank then divides the sums by
+// N and scatters them to the indices.
 type sharedExchanger struct {
 	e *Engine
 	c coder
@@ -251,25 +287,37 @@ func (s *sharedExchanger) k(n int) int {
 	return (s.e.comp.MaxEncodedLen(n) - s.e.comp.MaxEncodedLen(0)) / 4
 }
 
+// head is the number of elements before the values: the statuses, and
+// with the accuracy guard the ρ.
+func (s *sharedExchanger) head() int {
+	if s.e.cfg.Guard > 0 {
+		return 2 * s.e.size
+	}
+	return s.e.size
+}
+
 func (s *sharedExchanger) setup(b *bucket) {
 	b.slot = s.c.p.slotLen(b.n)
 	b.send = make([]byte, b.slot)
-	b.vals = make([]float32, s.e.size+s.k(b.n))
+	b.vals = make([]float32, s.head()+s.k(b.n))
 	b.picks = make([]uint32, 0, s.k(b.n))
 }
 
 func (s *sharedExchanger) encode(r *run) error {
-	b, n := r.b, s.e.size
+	b, n, head := r.b, s.e.size, s.head()
 	var err error
-	if r.pend1, r.local, err = encodeInto(s.c, b.send, r.grad, r.key); err != nil {
+	if r.pend1, r.local, err = encodeInto(s.c, b.send, r.grad, r.key, head > n); err != nil {
 		return err
 	}
-	clear(b.vals[:n])
-	vals := b.vals[n:]
+	clear(b.vals[:head])
+	vals := b.vals[head:]
 	if r.local.code != statusOK {
 		b.vals[s.e.rank] = float32(r.local.code)
 		clear(vals)
 		return nil
+	}
+	if head > n {
+		b.vals[n+s.e.rank] = r.local.value
 	}
 	h, body, err := compress.ParseHeader(b.send[slotHeaderLen : slotHeaderLen+s.e.comp.MaxEncodedLen(b.n)])
 	if err != nil {
@@ -293,7 +341,11 @@ func (s *sharedExchanger) exchange(st *step, r *run) ([]status, error) {
 	sts := make([]status, n)
 	for q, v := range b.vals[:n] {
 		switch v {
-		case statusOK, statusUnrepresentable, statusNonFinite:
+		case statusOK:
+			if s.head() > n {
+				sts[q].value = b.vals[n+q]
+			}
+		case statusUnrepresentable, statusNonFinite:
 			sts[q] = status{code: uint8(v), index: noIndex, value: float32(math.NaN())}
 		default:
 			return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "shared-index AllReduce", Err: fmt.Errorf("rank %d's status is %v", q, v)}
@@ -304,7 +356,7 @@ func (s *sharedExchanger) exchange(st *step, r *run) ([]status, error) {
 
 func (s *sharedExchanger) decode(r *run) (int, error) {
 	b, n := r.b, s.e.size
-	vals := b.vals[n:]
+	vals := b.vals[s.head():]
 	idx, err := compress.RandomKIndices(b.picks[:0], b.n, len(vals), r.seed, r.key)
 	if err != nil {
 		return -1, err

@@ -42,6 +42,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
 		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
 		{"schedule", schedule(e)},
+		{"accuracy guard", strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {

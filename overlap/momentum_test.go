@@ -159,7 +159,7 @@ func TestMomentumCheckpoint(t *testing.T) {
 
 	// A NaN in a velocity, checksum made good again.
 	bad := append([]byte(nil), saved[0]...)
-	at := len(bad) - 4 - 4*300 // the velocity's first element
+	at := len(bad) - 4 - 2 - 4*300 // the velocity's first element (before the guard part and the checksum)
 	copy(bad[at:], []byte{0, 0, 0xc0, 0x7f})
 	fixCRC(bad)
 	refuse(b[0], bad, "momentum velocity of bucket 0 holds NaN")

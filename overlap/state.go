@@ -22,13 +22,17 @@ import (
 //	momentum (float64, Config.Momentum); per bucket: present (1 byte),
 //	  then, if 1, its momentum-correction velocity u (element count ×
 //	  float32)
+//	per bucket: the accuracy guard's pending flush (Config.Guard): the
+//	  length of its reason (uint16, 0: none), the reason (UTF-8)
 //	CRC32C of every byte before it (uint32)
 //
-// Version 1 is version 2 without the momentum part; Load reads both.
+// Version 2 is version 3 without the guard part, version 1 version 2
+// without the momentum part; Load reads all three.
 const (
 	stateMagic   = "GCOV"
-	stateVersion = 2
+	stateVersion = 3
 	maxSpecLen   = 1 << 12
+	maxGuardLen  = 1 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -87,6 +91,11 @@ func (e *core) Save(w io.Writer) error {
 		for _, v := range u {
 			put32(math.Float32bits(v))
 		}
+	}
+	for _, bk := range e.buckets {
+		binary.LittleEndian.PutUint16(b[:2], uint16(len(bk.guard)))
+		bw.Write(b[:2])
+		bw.WriteString(bk.guard)
 	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("overlap: saving engine state: %w", err)
@@ -148,8 +157,8 @@ func (e *core) Load(r io.Reader) error {
 	if string(hdr[:4]) != stateMagic {
 		return &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", hdr[:4], stateMagic)}
 	}
-	if hdr[4] != 1 && hdr[4] != stateVersion {
-		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 and %d", hdr[4], stateVersion)}
+	if hdr[4] < 1 || hdr[4] > stateVersion {
+		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 to %d", hdr[4], stateVersion)}
 	}
 	size, rank, next := int(get32()), int(get32()), get64()
 	specLen := get32()
@@ -208,6 +217,13 @@ func (e *core) Load(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	guards, err := e.readGuards(hdr[4], read)
+	if rerr != nil {
+		return rerr
+	}
+	if err != nil {
+		return err
+	}
 	if momentum != e.cfg.Momentum {
 		return &StateError{Reason: fmt.Sprintf("saved with momentum %v, this engine has %v", momentum, e.cfg.Momentum)}
 	}
@@ -243,8 +259,40 @@ func (e *core) Load(r io.Reader) error {
 		return err
 	}
 	e.be.setVelocity(velocity)
+	for i, bk := range e.buckets {
+		bk.guard = ""
+		if e.cfg.Guard > 0 {
+			bk.guard = guards[i]
+		}
+	}
 	e.next = next
 	return nil
+}
+
+// readGuards reads the accuracy guard's part of a version-3 state (older
+// versions: no flush pending): per bucket the reason of its pending
+// flush, or "".
+func (e *core) readGuards(version byte, read func([]byte) bool) ([]string, error) {
+	guards := make([]string, len(e.buckets))
+	if version < 3 {
+		return guards, nil
+	}
+	for i := range guards {
+		var l [2]byte
+		if !read(l[:]) {
+			return nil, nil
+		}
+		n := binary.LittleEndian.Uint16(l[:])
+		if n > maxGuardLen {
+			return nil, &StateError{Reason: fmt.Sprintf("bucket %d's accuracy-guard reason has %d bytes, more than %d", i, n, maxGuardLen)}
+		}
+		reason := make([]byte, n)
+		if !read(reason) {
+			return nil, nil
+		}
+		guards[i] = string(reason)
+	}
+	return guards, nil
 }
 
 // readVelocity reads the momentum part of a version-2 state (version 1:
@@ -320,8 +368,8 @@ func InspectState(b []byte) (StateInfo, error) {
 	if string(b[:4]) != stateMagic {
 		return info, &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", b[:4], stateMagic)}
 	}
-	if b[4] != 1 && b[4] != stateVersion {
-		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 and %d", b[4], stateVersion)}
+	if b[4] < 1 || b[4] > stateVersion {
+		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 to %d", b[4], stateVersion)}
 	}
 	body := b[:len(b)-4]
 	if got, want := binary.LittleEndian.Uint32(b[len(b)-4:]), crc32.Checksum(body, castagnoli); got != want {

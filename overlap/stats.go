@@ -39,6 +39,14 @@ type BucketStats struct {
 	// NonFinite is true when some rank's gradient held NaN or Inf (or the
 	// average overflowed) this step.
 	NonFinite bool
+	// HeldBack is the accuracy guard's measure (Config.Guard) of a bucket
+	// that went compressed: the largest over the ranks of ‖e‖/‖g‖, the
+	// norm of what error feedback holds back after the step against the
+	// norm of the step's gradient; 0 without the guard.
+	HeldBack float64
+	// Guarded is true when the accuracy guard sent the bucket dense with
+	// its residual this step (a flush, which empties the memory).
+	Guarded bool
 }
 
 // StepStats describes one step on this rank.
