@@ -95,35 +95,49 @@ type engineConfig struct {
 	device int // -1: host buckets
 }
 
+// rawEngineConfig is gc_engine_config's fields in Go types, before
+// parseEngineConfig checks them (zero values: a field the caller's ABI
+// version lacks).
+type rawEngineConfig struct {
+	spec, strategy, decision string
+	ef, failNonFinite        bool
+	warmup, workers, device  int
+	timeout                  float64 // seconds
+	momentum                 float64 // since ABI 2.1
+	schedule                 string  // since ABI 2.1
+	guard                    float64 // since ABI 2.2
+}
+
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
-func parseEngineConfig(spec, strategy, decision string, ef, failNonFinite bool, warmup int, timeout float64, workers, device int, momentum float64, schedule string) (engineConfig, error) {
-	c := engineConfig{device: device}
-	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers, c.Momentum = spec, ef, failNonFinite, warmup, workers, momentum
+func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
+	c := engineConfig{device: r.device}
+	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = r.spec, r.ef, r.failNonFinite, r.warmup, r.workers
+	c.Momentum, c.Guard = r.momentum, r.guard
 	var err error
-	if c.Schedule, err = overlap.ParseSchedule(schedule); err != nil {
+	if c.Schedule, err = overlap.ParseSchedule(r.schedule); err != nil {
 		return c, errorf(errInvalid, "schedule: %v", err)
 	}
-	if strategy != "" {
-		if c.Strategy, err = overlap.ParseStrategy(strategy); err != nil {
+	if r.strategy != "" {
+		if c.Strategy, err = overlap.ParseStrategy(r.strategy); err != nil {
 			return c, errorf(errInvalid, "strategy: %v", err)
 		}
 	}
-	if decision != "" {
-		if c.Decision, err = overlap.ParseDecision(decision); err != nil {
+	if r.decision != "" {
+		if c.Decision, err = overlap.ParseDecision(r.decision); err != nil {
 			return c, errorf(errInvalid, "decision: %v", err)
 		}
 	}
 	switch {
-	case !(timeout >= 0 && timeout <= 86400):
-		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", timeout)
-	case warmup < 0:
-		return c, errorf(errInvalid, "warmup %d is negative", warmup)
-	case workers < 0:
-		return c, errorf(errInvalid, "workers %d is negative", workers)
-	case device < -1:
-		return c, errorf(errInvalid, "device %d: want -1 (host buckets) or a CUDA device ordinal", device)
+	case !(r.timeout >= 0 && r.timeout <= 86400):
+		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", r.timeout)
+	case r.warmup < 0:
+		return c, errorf(errInvalid, "warmup %d is negative", r.warmup)
+	case r.workers < 0:
+		return c, errorf(errInvalid, "workers %d is negative", r.workers)
+	case r.device < -1:
+		return c, errorf(errInvalid, "device %d: want -1 (host buckets) or a CUDA device ordinal", r.device)
 	}
-	c.Timeout = time.Duration(timeout * float64(time.Second))
+	c.Timeout = time.Duration(r.timeout * float64(time.Second))
 	return c, nil
 }
 

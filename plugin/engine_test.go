@@ -26,8 +26,9 @@ func TestMirrorLayouts(t *testing.T) {
 		{"sizeof(gc_op)", unsafe.Sizeof(cOp{}), 72},
 		{"offsetof(gc_op, count)", unsafe.Offsetof(cOp{}.Count), 24},
 		{"offsetof(gc_op, stream)", unsafe.Offsetof(cOp{}.Stream), 64},
-		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), 72},
+		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), 80},
 		{"offsetof(gc_engine_config, momentum) (ABI 2.0 size)", unsafe.Offsetof(cEngineConfig{}.Momentum), engineConfigSize20},
+		{"offsetof(gc_engine_config, guard) (ABI 2.1 size)", unsafe.Offsetof(cEngineConfig{}.Guard), engineConfigSize21},
 		{"offsetof(gc_engine_config, timeout_seconds)", unsafe.Offsetof(cEngineConfig{}.Timeout), 40},
 		{"offsetof(gc_engine_config, device)", unsafe.Offsetof(cEngineConfig{}.Device), 52},
 		{"sizeof(gc_bucket_stats)", unsafe.Sizeof(cBucketStats{}), 640},
@@ -66,7 +67,7 @@ func TestEngineOverHosted(t *testing.T) {
 		{"int8", "sra"}, {"topk:0.05", "sparse-gather"}, {"randomk:0.1", "shared-index"}, {"sign", "allgather"}, {"none", "auto"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
-			conf, err := parseEngineConfig(tc.spec, tc.strategy, "compressed", true, false, 0, 10, 1, -1, 0, "")
+			conf, err := parseEngineConfig(rawEngineConfig{spec: tc.spec, strategy: tc.strategy, decision: "compressed", ef: true, timeout: 10, workers: 1, device: -1})
 			if err != nil {
 				t.Fatal(err)
 			}

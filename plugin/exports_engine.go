@@ -33,8 +33,8 @@ type cOp struct {
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (72 bytes; ABI 2.0's, without
-// Momentum and Schedule, 56).
+// cEngineConfig mirrors gc_engine_config (80 bytes; ABI 2.0's, without
+// Momentum and Schedule, 56; ABI 2.1's, without Guard, 72).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -44,17 +44,21 @@ type cEngineConfig struct {
 	Workers, Device          int32
 	Momentum                 float64 // since ABI 2.1
 	Schedule                 *C.char // since ABI 2.1
+	Guard                    float64 // since ABI 2.2
 }
 
-// engineConfigSize20 is sizeof(gc_engine_config) in ABI 2.0, which a
-// caller built against that header passes.
-const engineConfigSize20 = 56
+// engineConfigSize20 and engineConfigSize21 are sizeof(gc_engine_config)
+// in ABI 2.0 and 2.1, which a caller built against those headers passes.
+const (
+	engineConfigSize20 = 56
+	engineConfigSize21 = 72
+)
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
 type cBucketStats struct {
 	Elements, BytesSent                    uint64
 	Compressed, NonFinite, Trial, Switched int32
-	DecidedCompressed, Reserved            int32
+	DecidedCompressed, Guarded             int32
 	Compress, Exchange, Decompress         float64
 	PredictedDense, PredictedCompressed    float64
 	MeasuredDense, MeasuredCompressed      float64
@@ -207,15 +211,19 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		}
 		return C.GoString(p)
 	}
-	momentum, schedule := 0.0, ""
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) { // a 2.0 caller's struct ends before them
-		momentum, schedule = c.Momentum, str(c.Schedule)
-	}
 	if c.Spec == nil {
 		return C.int(fail(errInvalid, fn, "null cfg->spec"))
 	}
-	conf, err := parseEngineConfig(C.GoString(c.Spec), str(c.Strategy), str(c.Decision), c.ErrorFeedback != 0,
-		c.FailOnNonFinite != 0, int(c.Warmup), float64(c.Timeout), int(c.Workers), int(c.Device), momentum, schedule)
+	raw := rawEngineConfig{spec: C.GoString(c.Spec), strategy: str(c.Strategy), decision: str(c.Decision),
+		ef: c.ErrorFeedback != 0, failNonFinite: c.FailOnNonFinite != 0, warmup: int(c.Warmup),
+		timeout: float64(c.Timeout), workers: int(c.Workers), device: int(c.Device)}
+	if c.Size >= engineConfigSize21 { // an older caller's struct ends before them
+		raw.momentum, raw.schedule = c.Momentum, str(c.Schedule)
+	}
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+		raw.guard = c.Guard
+	}
+	conf, err := parseEngineConfig(raw)
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
@@ -330,6 +338,28 @@ func gc_engine_wait(h C.uint64_t, timeout C.double) (st C.int) {
 	return C.int(statusOK)
 }
 
+//export gc_engine_held_back
+func gc_engine_held_back(h C.uint64_t, bucket C.size_t, out *C.double) (st C.int) {
+	const fn = "gc_engine_held_back"
+	defer guard(fn, &st)
+	if out == nil {
+		return C.int(fail(errInvalid, fn, "null out"))
+	}
+	e, err := lookupEngine(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	s, _, err := e.stats()
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if uint64(bucket) >= uint64(len(s.Buckets)) {
+		return C.int(fail(errInvalid, fn, "bucket %d: the engine has buckets 0 to %d", uint64(bucket), len(s.Buckets)-1))
+	}
+	*out = C.double(s.Buckets[bucket].HeldBack)
+	return C.int(statusOK)
+}
+
 //export gc_engine_stats
 func gc_engine_stats(h C.uint64_t, bucket C.size_t, out unsafe.Pointer, step, bytesSent *C.uint64_t, total, exposed *C.double) (st C.int) {
 	const fn = "gc_engine_stats"
@@ -373,8 +403,8 @@ func toCBucketStats(b overlap.BucketStats, decided bool) cBucketStats {
 	}
 	c := cBucketStats{Elements: uint64(b.Elements), BytesSent: uint64(max(b.BytesSent, 0)),
 		Compressed: flag(b.Compressed), NonFinite: flag(b.NonFinite), Trial: flag(b.Trial), Switched: flag(b.Switched),
-		DecidedCompressed: flag(decided),
-		Compress:          b.Compress.Seconds(), Exchange: b.Exchange.Seconds(), Decompress: b.Decompress.Seconds(),
+		DecidedCompressed: flag(decided), Guarded: flag(b.Guarded),
+		Compress: b.Compress.Seconds(), Exchange: b.Exchange.Seconds(), Decompress: b.Decompress.Seconds(),
 		PredictedDense: b.PredictedDense.Seconds(), PredictedCompressed: b.PredictedCompressed.Seconds(),
 		MeasuredDense: b.MeasuredDense.Seconds(), MeasuredCompressed: b.MeasuredCompressed.Seconds()}
 	putCString(c.Strategy[:], b.Strategy.String())

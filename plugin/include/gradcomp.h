@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 1
+#define GRADCOMP_ABI_MINOR 2
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -322,9 +322,9 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later
  * versions append fields). spec, strategy, decision, error_feedback,
- * fail_on_nonfinite, warmup, momentum and schedule must be equal on every rank (the
- * handshake checks them and the bucket layout); timeout and workers are
- * local. */
+ * fail_on_nonfinite, warmup, momentum, schedule and guard must be equal on
+ * every rank (the handshake checks them and the bucket layout); timeout and
+ * workers are local. */
 typedef struct gc_engine_config {
 	uint32_t size;             /* sizeof(gc_engine_config) */
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
@@ -343,6 +343,11 @@ typedef struct gc_engine_config {
 	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
 	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
 	                            * keep spec's strategy; needs decision "compressed" or "dense"; host buckets. */
+	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback; host
+	                            * buckets): a bucket whose error feedback holds back more than guard times the
+	                            * norm of its gradient, on some rank, goes dense with its residual on its next
+	                            * compressed step, emptying the memory (gc_bucket_stats.guarded, the reason, and
+	                            * gc_engine_held_back report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over
@@ -395,7 +400,8 @@ typedef struct gc_bucket_stats {
 	int32_t trial;              /* 1: a verification trial step */
 	int32_t switched;           /* 1: verification changed the decision with this step */
 	int32_t decided_compressed; /* 1: the decision for the steps to come is compressed */
-	int32_t reserved;
+	int32_t guarded;            /* since 2.2 (reserved, 0, before): 1: the accuracy guard sent the bucket dense
+	                             * with its residual this step */
 	double compress_seconds, exchange_seconds, decompress_seconds;
 	double predicted_dense_seconds, predicted_compressed_seconds;
 	double measured_dense_seconds, measured_compressed_seconds;
@@ -408,6 +414,13 @@ typedef struct gc_bucket_stats {
  * (out may be NULL). GC_ERR_STATE before any step was waited for. */
 gc_status gc_engine_stats(gc_engine e, size_t bucket, gc_bucket_stats *out,
                           uint64_t *step, uint64_t *bytes_sent, double *total_seconds, double *exposed_seconds);
+
+/* The accuracy guard's measure of bucket in the last waited step (since
+ * 2.2): the largest over the ranks of ‖e‖/‖g‖, what error feedback held
+ * back after the step against the step's gradient; 0 when the bucket did
+ * not go compressed or the engine has no guard. GC_ERR_STATE before any
+ * step was waited for. */
+gc_status gc_engine_held_back(gc_engine e, size_t bucket, double *held_back);
 
 /* The engine's state (error-feedback memories, next step number, spec,
  * strategy, bucket layout, world size and rank; versioned, checksummed):

@@ -31,7 +31,7 @@
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
-_Static_assert(sizeof(gc_engine_config) == 72, "gc_engine_config is 72 bytes");
+_Static_assert(sizeof(gc_engine_config) == 80, "gc_engine_config is 80 bytes");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
 
 #define GOLDEN "tests/golden/testdata"
@@ -417,9 +417,10 @@ static void on(struct member *ms, int n, unsigned mask, void *(*fn)(void *)) {
 		if (mask >> r & 1) pthread_join(th[r], NULL);
 }
 
-/* pair makes a 2-rank engine of spec (group timeout group_s). */
+/* pair makes a 2-rank engine of spec (group timeout group_s) with the
+ * accuracy guard's threshold guard (0: none). */
 static int pair(struct member ms[2], struct host hs[2], struct group *g, const char *spec, double timeout,
-                double group_s) {
+                double group_s, double guard) {
 	group_init(g, 2, group_s);
 	hosts_start(hs, g, 2);
 	for (int r = 0; r < 2; r++) {
@@ -427,6 +428,7 @@ static int pair(struct member ms[2], struct host hs[2], struct group *g, const c
 		ms[r].h = &hs[r];
 		ms[r].cfg = config(spec, "auto");
 		ms[r].cfg.timeout_seconds = timeout;
+		ms[r].cfg.guard = guard;
 		for (int b = 0; b < NBUCKETS; b++) fill(ms[r].g[b], sizes[b], (uint64_t)(10 * r + b + 1));
 	}
 	on(ms, 2, 3, create_main);
@@ -454,9 +456,11 @@ static void test_untaken(void) {
 	double took = now() - t0;
 	CHECK(took < 5, "gc_engine_create with nobody taking returned after %.2f s, timeout 0.5 s", took);
 	CHECK(e == 0, "a failed create set the engine handle");
-	/* An ABI 2.0 caller's config (56 bytes, no momentum) is accepted (the
-	 * create then fails for want of a host, not of a field); a shorter
-	 * one is refused. */
+	/* An ABI 2.0 caller's config (56 bytes, no momentum) and a 2.1
+	 * caller's (72, no guard) are accepted (the create then fails for
+	 * want of a host, not of a field); a shorter one is refused. */
+	cfg.size = 72;
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
 	cfg.size = 56;
 	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
 	cfg.size = 48;
@@ -466,6 +470,46 @@ static void test_untaken(void) {
 	       gc_last_error());
 }
 
+/* The accuracy guard through the ABI: top-k 5 % with threshold 1.2 on 2
+ * ranks; a step whose held_back passes it is followed by a guarded one
+ * (dense with the residual, held_back 0), alike on both ranks. */
+static void test_guard(void) {
+	struct member ms[2];
+	struct host hs[2];
+	struct group g;
+	int tripped = -1, guarded = -1;
+	double rho[2] = {0, 0};
+	if (pair(ms, hs, &g, "topk:0.05", 10, 10, 1.2)) {
+		FAILS(gc_engine_held_back(ms[0].e, 0, &rho[0]), GC_ERR_STATE, "");
+		for (int s = 0; s < 16 && guarded < 0 && failures == 0; s++) {
+			for (int r = 0; r < 2; r++)
+				for (int b = 0; b < NBUCKETS; b++) fill(ms[r].g[b], sizes[b], (uint64_t)(1000 * s + 10 * r + b + 1));
+			on(ms, 2, 3, step_main);
+			gc_bucket_stats bs[2];
+			for (int r = 0; r < 2; r++) {
+				CHECK(ms[r].st == GC_OK, "guard step %d rank %d: %d (%s)", s, r, ms[r].st, ms[r].msg);
+				OK(gc_engine_stats(ms[r].e, 0, &bs[r], NULL, NULL, NULL, NULL));
+				OK(gc_engine_held_back(ms[r].e, 0, &rho[r]));
+			}
+			CHECK(bs[0].guarded == bs[1].guarded && rho[0] == rho[1],
+			      "step %d: the ranks disagree: guarded %d/%d, held back %g/%g", s, bs[0].guarded, bs[1].guarded, rho[0], rho[1]);
+			if (bs[0].guarded) {
+				guarded = s;
+				CHECK(tripped == s - 1 && rho[0] == 0 && !bs[0].compressed && strstr(bs[0].reason, "accuracy guard"),
+				      "step %d guarded after a trip at %d: held back %g, compressed %d, reason %s", s, tripped, rho[0],
+				      bs[0].compressed, bs[0].reason);
+			} else if (rho[0] > 1.2) {
+				tripped = s;
+			}
+		}
+		CHECK(guarded > 0, "no step was guarded in 16 (last held back %g)", rho[0]);
+		FAILS(gc_engine_held_back(ms[0].e, 0, NULL), GC_ERR_INVALID, "null out");
+		FAILS(gc_engine_held_back(ms[0].e, 7, &rho[0]), GC_ERR_INVALID, "bucket 7");
+	}
+	unpair(ms, hs, &g);
+	printf("accuracy guard: held back past 1.2 at step %d, step %d guarded\n", tripped, guarded);
+}
+
 /* A fault of rank 0's host in the step's first collective: rank 0's step
  * fails with GC_ERR_COMM saying want0; rank 1's, whose host then waits in
  * vain for rank 0's, fails too; both engines are broken. */
@@ -473,7 +517,7 @@ static void test_fault(enum fault f, const char *name, gc_status want_complete, 
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "int8", 10, 3)) {
+	if (pair(ms, hs, &g, "int8", 10, 3, 0)) {
 		hs[0].fault = f;
 		__atomic_store_n(&hs[0].armed, 1, __ATOMIC_RELEASE);
 		double t0 = now();
@@ -499,7 +543,7 @@ static void test_dead_peer(void) {
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "topk:0.05", 2, 4)) {
+	if (pair(ms, hs, &g, "topk:0.05", 2, 4, 0)) {
 		__atomic_store_n(&hs[0].paused, 1, __ATOMIC_RELEASE); /* rank 0's host stops taking */
 		double t0 = now();
 		on(ms, 2, 3, step_main);
@@ -558,7 +602,7 @@ static void test_misuse_and_states(void) {
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "int8", 5, 5)) {
+	if (pair(ms, hs, &g, "int8", 5, 5, 0)) {
 		gc_engine e = ms[0].e;
 		float *g0 = ms[0].g[0];
 		FAILS(gc_engine_ready(e, 0, g0, sizes[0]), GC_ERR_STATE, "");
@@ -632,6 +676,7 @@ int main(void) {
 	CHECK(live == 0, "%zu live handles at start", live);
 	test_golden();
 	test_untaken();
+	test_guard();
 	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
 	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
 	test_fault(FAULT_UNKNOWN_ID, "unknown id", GC_ERR_STATE, "");

@@ -69,7 +69,9 @@ class OneRank(unittest.TestCase):
             gct.State("topk:7")
         self.assertIn("topk:7", str(cm.exception))  # the library's message
         for kw in [dict(decision="guess"), dict(on_nonfinite="ignore"), dict(strategy="ring"), dict(timeout=0),
-                   dict(momentum=1.0), dict(momentum=-0.1), dict(momentum=float("nan")), dict(momentum=True)]:
+                   dict(momentum=1.0), dict(momentum=-0.1), dict(momentum=float("nan")), dict(momentum=True),
+                   dict(guard=-1.0), dict(guard=float("nan")), dict(guard=float("inf")), dict(guard=True),
+                   dict(guard=2.0, error_feedback=False)]:
             with self.subTest(**kw), self.assertRaises(ValueError):
                 gct.State("int8", **kw)
 
@@ -88,6 +90,29 @@ class OneRank(unittest.TestCase):
             for _ in range(3):
                 gct.hook(other, workers.FakeBucket(torch.ones(8))).wait()
         self.assertIn("momentum", str(cm.exception))
+
+    def test_accuracy_guard_flushes_after_a_trip(self):
+        # Top-k 5 % of fresh random buckets: what error feedback holds back
+        # grows past 1.2·|g| within a few steps; the next step goes dense
+        # with the residual (held_back 0), is counted and logged.
+        state = self.state("topk:0.05", guard=1.2)
+        torch.manual_seed(3)
+        held, guarded = [], []
+        with self.assertLogs("gradcomp", "INFO") as cm:
+            for _ in range(16):
+                gct.hook(state, workers.FakeBucket(torch.randn(1000))).wait()
+                if state.last_step is not None:
+                    b = state.last_step.buckets[0]
+                    held.append(b.held_back)
+                    guarded.append(b.guarded)
+        self.assertIn(True, guarded, held)
+        first = guarded.index(True)
+        self.assertGreater(first, 0)
+        self.assertGreater(held[first - 1], 1.2)
+        self.assertEqual(held[first], 0.0)
+        self.assertTrue(all(h <= 1.2 for h in held[:first - 1]), held)
+        self.assertEqual(state.stats["guarded"], guarded.count(True))
+        self.assertTrue(any("accuracy guard: dense with the residual" in line for line in cm.output), cm.output)
 
     def test_schedule_ramps_to_the_target(self):
         # Hook steps 0-1 plain, engine step 0 (hook step 2) and 1 in phase 1
@@ -257,6 +282,7 @@ class Ranks(unittest.TestCase):
             [dict(on_nonfinite="raise"), dict(on_nonfinite="dense")],
             [dict(strategy="sra"), dict(strategy="allgather")],
             [dict(error_feedback=True), dict(error_feedback=False)],
+            [dict(guard=2.0), dict(guard=3.0)],
         ]
         results = ranks.run(workers.mismatched_configs, WORLD, variants, timeout=150)
         for rank, per_variant in enumerate(results):
@@ -274,6 +300,7 @@ class Ranks(unittest.TestCase):
         self.assertIn("decision", results[0][2]["message"])
         self.assertIn("strategy", results[0][4]["message"])
         self.assertIn("error feedback", results[0][5]["message"])
+        self.assertIn("accuracy guard", results[0][6]["message"])
 
     def test_nan_bucket_goes_dense_or_raises(self):
         results = ranks.run(workers.nonfinite_bucket, WORLD, "topk:0.01", 1, timeout=150)

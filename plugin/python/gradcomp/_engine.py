@@ -47,8 +47,12 @@ BucketStats = collections.namedtuple(
     "BucketStats",
     "bucket elements bytes_sent compressed nonfinite trial switched decided_compressed "
     "compress_seconds exchange_seconds decompress_seconds predicted_dense_seconds "
-    "predicted_compressed_seconds measured_dense_seconds measured_compressed_seconds strategy reason",
+    "predicted_compressed_seconds measured_dense_seconds measured_compressed_seconds strategy reason "
+    "guarded held_back",
 )
+BucketStats.__doc__ += (
+    ": guarded is True when the accuracy guard sent the bucket dense with its residual this step; held_back is "
+    "the guard's measure, the largest over the ranks of |e|/|g| after a compressed step (0 without the guard)")
 
 #: The last waited step (gc_engine_stats): its number, this rank's bytes
 #: on the wire, wall and exposed seconds, and one BucketStats per bucket.
@@ -358,15 +362,19 @@ class Engine:
     ``spec`` (same strategy; decision "compressed" or "dense"; host
     buckets). ``momentum``: momentum correction (host buckets), the optimizer's
     momentum in [0, 1): each bucket becomes u = m·u + g before its exchange
-    (run the optimizer without momentum); 0 is off. Spec, strategy,
-    decision, error feedback, fail_on_nonfinite, warmup, momentum and the
-    sizes must be equal on every rank: the handshake (run here, through
-    the host, blocking) raises ConfigError (a ValueError) on every rank
-    otherwise.
+    (run the optimizer without momentum); 0 is off. ``guard``: the accuracy
+    guard's threshold (0: off; needs error feedback; host buckets): a
+    bucket whose error feedback holds back more than ``guard`` times its
+    gradient's norm on some rank goes dense with its residual on its next
+    compressed step. Spec, strategy, decision, error feedback,
+    fail_on_nonfinite, warmup, momentum, schedule, guard and the sizes must
+    be equal on every rank: the handshake (run here, through the host,
+    blocking) raises ConfigError (a ValueError) on every rank otherwise.
     """
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
-                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule=""):
+                 fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
+                 guard=0.0):
         import torch.distributed as dist
 
         if decision not in _DECISIONS:
@@ -393,6 +401,7 @@ class Engine:
         cfg.device = int(device)
         cfg.momentum = float(momentum)
         cfg.schedule = cschedule
+        cfg.guard = float(guard)
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:
@@ -447,16 +456,19 @@ class Engine:
         step, sent = ctypes.c_uint64(), ctypes.c_uint64()
         total, exposed = ctypes.c_double(), ctypes.c_double()
         buckets = []
+        held = ctypes.c_double()
         for i in range(len(self.sizes)):
             b = _lib.BucketStatsC()
             _lib.call("gc_engine_stats", h, i, ctypes.byref(b), ctypes.byref(step), ctypes.byref(sent),
                       ctypes.byref(total), ctypes.byref(exposed))
+            if _lib.has("gc_engine_held_back"):  # ABI 2.2
+                _lib.call("gc_engine_held_back", h, i, ctypes.byref(held))
             buckets.append(BucketStats(
                 i, b.elements, b.bytes_sent, bool(b.compressed), bool(b.nonfinite), bool(b.trial), bool(b.switched),
                 bool(b.decided_compressed), b.compress_seconds, b.exchange_seconds, b.decompress_seconds,
                 b.predicted_dense_seconds, b.predicted_compressed_seconds, b.measured_dense_seconds,
                 b.measured_compressed_seconds, b.strategy.decode("utf-8", "replace"),
-                b.reason.decode("utf-8", "replace"),
+                b.reason.decode("utf-8", "replace"), bool(b.guarded), held.value,
             ))
         if not buckets:
             _lib.call("gc_engine_stats", h, 0, None, ctypes.byref(step), ctypes.byref(sent), ctypes.byref(total),

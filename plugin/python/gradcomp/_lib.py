@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -226,6 +226,7 @@ class EngineConfig(ctypes.Structure):
         ("device", ctypes.c_int32),
         ("momentum", ctypes.c_double),  # since ABI 2.1
         ("schedule", ctypes.c_char_p),  # since ABI 2.1
+        ("guard", ctypes.c_double),  # since ABI 2.2
     ]
 
 
@@ -240,7 +241,7 @@ class BucketStatsC(ctypes.Structure):
         ("trial", ctypes.c_int32),
         ("switched", ctypes.c_int32),
         ("decided_compressed", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("guarded", ctypes.c_int32),  # since ABI 2.2 (0 before)
         ("compress_seconds", ctypes.c_double),
         ("exchange_seconds", ctypes.c_double),
         ("decompress_seconds", ctypes.c_double),
@@ -300,7 +301,9 @@ _PROTOTYPES.update({
 })
 
 # Functions added after ABI 2.0: name -> (minor version, restype, argtypes).
-_OPTIONAL = {}
+_OPTIONAL = {
+    "gc_engine_held_back": (2, ctypes.c_int, [_u64, ctypes.c_size_t, _double_p]),
+}
 
 _lock = threading.Lock()
 _lib = None

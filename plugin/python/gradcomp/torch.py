@@ -163,11 +163,19 @@ class State:
     a checkpoint resumes it where it was. E.g. ``State("topk:0.004",
     decision="compressed", schedule=[(100, "topk:0.25"), (100, "topk:0.0625"),
     (100, "topk:0.016")])``.
+    ``guard``: the accuracy guard's threshold, 0 for none (needs
+    ``error_feedback``; CPU buckets): every rank measures, for each bucket
+    it compresses, how much error feedback holds back against the
+    gradient (|e|/|g|, ``BucketStats.held_back``); when the largest over
+    the ranks passes ``guard``, the bucket's next compressed step goes
+    dense with everything held back, emptying the memory. Each flush is
+    logged (INFO), counted in ``stats["guarded"]``, and the last step's
+    ``BucketStats.guarded`` and reason say so; the handshake compares it.
     """
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
                  on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
-                 momentum=0.0, schedule=None):
+                 momentum=0.0, schedule=None, guard=0.0):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -185,6 +193,11 @@ class State:
             raise TypeError("gradcomp.torch.State: spec must be a str, got %s" % type(spec).__name__)
         if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
             raise ValueError("gradcomp.torch.State: momentum=%r: want a number in [0, 1)" % (momentum,))
+        if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
+            raise ValueError("gradcomp.torch.State: guard=%r: want a finite number ≥ 0 (0: off)" % (guard,))
+        if guard and not error_feedback:
+            raise ValueError("gradcomp.torch.State: guard=%r needs error_feedback=True: without it nothing is "
+                             "held back" % (guard,))
         with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
             #: The canonical spec.
             self.spec = c.spec
@@ -201,6 +214,8 @@ class State:
         self.momentum = float(momentum)
         #: The compression warm-up, as gc_engine_config takes it ("" for none).
         self.schedule = format_schedule(schedule)
+        #: The accuracy guard's threshold (0: off).
+        self.guard = float(guard)
         self._params = None
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -232,14 +247,15 @@ class State:
     @property
     def stats(self):
         """Counters: "steps" (hook steps), "plain_steps" (torch's all-reduce),
-        "engine_steps", bucket-steps "compressed", "dense" and "nonfinite",
+        "engine_steps", bucket-steps "compressed", "dense", "nonfinite" and
+        "guarded" (sent dense with their residual by the accuracy guard),
         "bytes_sent" (this rank's bytes on the wire in the last step: the
         engine's count, or for a plain step a ring all-reduce's 2(N−1)/N·4S)
         and "bytes_sent_total"."""
         with self._lock:
             out = dict(self._counts)
         out["steps"] = self.iter
-        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "bytes_sent",
+        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "guarded", "bytes_sent",
                   "bytes_sent_total"):
             out.setdefault(k, 0)
         return out
@@ -499,7 +515,7 @@ class State:
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                          timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum,
-                         schedule=self.schedule)
+                         schedule=self.schedule, guard=self.guard)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
@@ -593,6 +609,11 @@ class State:
             for b in s.buckets:
                 c["compressed" if b.compressed else "dense"] += 1
                 c["nonfinite"] += int(b.nonfinite)
+                c["guarded"] += int(b.guarded)
+        for b in s.buckets:
+            if b.guarded:
+                logger.info("hook step %d (engine step %d): bucket %d: %s", hook_step, s.step, b.bucket,
+                            b.reason[b.reason.index("accuracy guard:"):])
         bad = [b.bucket for b in s.buckets if b.nonfinite]
         if bad:
             logger.warning("hook step %d (engine step %d): NaN/Inf in bucket(s) %s (%s)", hook_step, s.step, bad,
