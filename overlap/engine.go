@@ -270,7 +270,7 @@ func (e *Engine) settle(st *step, failed bool) {
 		}
 		switch {
 		case !failed && r.outcome == pathCompressed:
-			if r.pend1 != nil && r.b.mom != nil {
+			if r.pend1 != nil && r.b.mom != nil && e.cfg.MomentumMasking {
 				r.pend1.CommitMasked(r.b.mom)
 			}
 			commit(r.pend1)

@@ -41,6 +41,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
 		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
 		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
+		{"momentum masking", onOff(e.cfg.MomentumMasking)},
 		{"schedule", schedule(e)},
 		{"accuracy guard", strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
 		{"buckets", strconv.Itoa(len(sizes))},

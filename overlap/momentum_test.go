@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"math"
 	"os"
@@ -16,13 +17,14 @@ import (
 // momentumRef is the reference of momentum correction: per rank and
 // bucket u ← m·u + g (float32, one rounding per operation, as the engine),
 // the exchange of u through the strategy's reference, then, for sparse
-// codecs, u zeroed where the payload sent: where the committed residual
-// is exactly zero (the reference's gradients never sum to an exact zero).
+// codecs with masking (Config.MomentumMasking), u zeroed where the
+// payload sent: where the committed residual is exactly zero (the
+// reference's gradients never sum to an exact zero).
 type momentumRef struct {
 	m      float32
 	u      map[[2]int][]float32
 	ref    *refModel
-	sparse bool
+	sparse bool // and masking
 }
 
 func (mr *momentumRef) step(s int, grads [][][]float32) [][]float32 {
@@ -56,19 +58,22 @@ func (mr *momentumRef) step(s int, grads [][][]float32) [][]float32 {
 	return out
 }
 
-// TestMomentumCorrection runs the engine with Config.Momentum against the
-// reference for a dense, a sparse and a quantizing codec, bit for bit.
+// TestMomentumCorrection runs the engine with Config.Momentum, with and
+// without masking, against the reference for a dense, a sparse and a
+// quantizing codec, bit for bit.
 func TestMomentumCorrection(t *testing.T) {
 	const ranks, steps = 3, 4
 	sizes := []int{500, 37}
 	for _, c := range []struct {
-		spec   string
-		sparse bool
-	}{{"none", false}, {"topk:0.05", true}, {"randomk:0.1", true}, {"int8", false}} {
-		t.Run(c.spec, func(t *testing.T) {
-			cfg := Config{Spec: c.spec, ErrorFeedback: c.spec != "none", Decision: DecideCompressed, Momentum: 0.9}
+		spec          string
+		sparse, masks bool
+	}{{"none", false, false}, {"topk:0.05", true, true}, {"topk:0.05", true, false}, {"randomk:0.1", true, true},
+		{"randomk:0.1", true, false}, {"int8", false, true}} {
+		t.Run(fmt.Sprintf("%s/masking=%v", c.spec, c.masks), func(t *testing.T) {
+			cfg := Config{Spec: c.spec, ErrorFeedback: c.spec != "none", Decision: DecideCompressed, Momentum: 0.9,
+				MomentumMasking: c.masks}
 			engines := newEngines(t, ranks, sizes, cfg)
-			ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse,
+			ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse && c.masks,
 				ref: newRef(t, c.spec, engines[0].Strategy(), ranks, cfg.ErrorFeedback)}
 			for s := range steps {
 				grads := stepGrads(ranks, s, sizes)
@@ -210,6 +215,26 @@ func TestMomentumConfig(t *testing.T) {
 		var me *ConfigMismatchError
 		if !errors.As(err, &me) || !strings.Contains(err.Error(), "momentum") {
 			t.Errorf("rank %d: %v; want a *ConfigMismatchError on momentum", r, err)
+		}
+	}
+	errs = onRanks(group(t, 2), func(r int, c comm.Comm) error {
+		_, err := New(t.Context(), c, []int{10}, Config{Spec: "int8", MomentumMasking: true})
+		return err
+	})
+	for r, err := range errs {
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "MomentumMasking needs Momentum") {
+			t.Errorf("masking without momentum, rank %d: %v; want a *ConfigError", r, err)
+		}
+	}
+	errs = onRanks(group(t, 2), func(r int, c comm.Comm) error {
+		_, err := New(t.Context(), c, []int{10}, Config{Spec: "topk:0.1", Momentum: 0.9, MomentumMasking: r == 0})
+		return err
+	})
+	for r, err := range errs {
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || !strings.Contains(err.Error(), "momentum masking") {
+			t.Errorf("rank %d: %v; want a *ConfigMismatchError on momentum masking", r, err)
 		}
 	}
 	dev := newFakeDevice()

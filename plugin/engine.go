@@ -106,13 +106,14 @@ type rawEngineConfig struct {
 	momentum                 float64 // since ABI 2.1
 	schedule                 string  // since ABI 2.1
 	guard                    float64 // since ABI 2.2
+	momentumMasking          bool    // since ABI 2.2
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
 func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 	c := engineConfig{device: r.device}
 	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = r.spec, r.ef, r.failNonFinite, r.warmup, r.workers
-	c.Momentum, c.Guard = r.momentum, r.guard
+	c.Momentum, c.MomentumMasking, c.Guard = r.momentum, r.momentumMasking, r.guard
 	var err error
 	if c.Schedule, err = overlap.ParseSchedule(r.schedule); err != nil {
 		return c, errorf(errInvalid, "schedule: %v", err)

@@ -33,8 +33,9 @@ type cOp struct {
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (80 bytes; ABI 2.0's, without
-// Momentum and Schedule, 56; ABI 2.1's, without Guard, 72).
+// cEngineConfig mirrors gc_engine_config (88 bytes; ABI 2.0's, without
+// Momentum and Schedule, 56; ABI 2.1's, without Guard and
+// MomentumMasking, 72).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -45,6 +46,8 @@ type cEngineConfig struct {
 	Momentum                 float64 // since ABI 2.1
 	Schedule                 *C.char // since ABI 2.1
 	Guard                    float64 // since ABI 2.2
+	MomentumMasking          int32   // since ABI 2.2
+	_                        int32
 }
 
 // engineConfigSize20 and engineConfigSize21 are sizeof(gc_engine_config)
@@ -221,7 +224,7 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		raw.momentum, raw.schedule = c.Momentum, str(c.Schedule)
 	}
 	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
-		raw.guard = c.Guard
+		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
 	}
 	conf, err := parseEngineConfig(raw)
 	if err != nil {

@@ -45,6 +45,17 @@ CONFIGS = [
     ("sign+mc", "sign", dict(momentum=0.9), 0.0),
     ("sign-ef", "sign", dict(error_feedback=False), 0.9),
     ("sign auto", "sign", dict(decision="auto"), 0.9),
+    ("topk:0.01+guard20", "topk:0.01", dict(guard=20), 0.9),
+    ("topk:0.01+guard40", "topk:0.01", dict(guard=40), 0.9),
+    ("topk:0.01+mc+guard20", "topk:0.01", dict(momentum=0.9, guard=20), 0.0),
+    ("topk:0.01+ramp+guard20", "topk:0.01", dict(schedule=RAMP, guard=20), 0.9),
+    ("sign+guard5", "sign", dict(guard=5), 0.9),
+    ("sign+guard10", "sign", dict(guard=10), 0.9),
+    ("topk:0.01+mc+longramp", "topk:0.01", dict(momentum=0.9, schedule=[(20, "topk:0.25"), (20, "topk:0.0625"), (20, "topk:0.016")]), 0.0),
+    ("topk:0.01+longramp", "topk:0.01", dict(schedule=[(20, "topk:0.25"), (20, "topk:0.0625"), (20, "topk:0.016")]), 0.9),
+    ("topk:0.01 measure", "topk:0.01", dict(guard=1e30), 0.9),
+    ("sign measure", "sign", dict(guard=1e30), 0.9),
+    ("int4 measure", "int4", dict(guard=1e30), 0.9),
 ]
 
 
@@ -61,9 +72,11 @@ def cnn(seed):
     )
 
 
-def run(rank, world, seed, epochs, model):
-    """One rank: every configuration for one seed and model ("mlp" or
-    "cnn"); returns per configuration [accuracy, compressed, bucket-steps]."""
+def run(rank, world, seed, epochs, model, configs):
+    """One rank: the configurations for one seed and model ("mlp" or
+    "cnn"); returns per configuration its test accuracy, bucket-step
+    counts (compressed, all, guarded), bytes sent per step (rank 0's, the
+    engine's count) and the accuracy guard's measures."""
     import torch
 
     from workers import batches, digits, make_ddp, mlp, train_step
@@ -72,20 +85,37 @@ def run(rank, world, seed, epochs, model):
 
     x, y, xt, yt = digits()
     out = {}
-    for name, spec, state_kw, sgd_momentum in CONFIGS:
+    for name, spec, state_kw, sgd_momentum in configs:
         kw = dict(dict(warmup_steps=10, decision="compressed"), **state_kw) if spec else {}
         ddp, state = make_ddp(make_model(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=sgd_momentum)
+        held, steps = [], 0
         for epoch in range(epochs):
             for xb, yb in batches(rank, world, x, y, epoch, seed):
                 train_step(ddp, opt, xb, yb)
+                steps += 1
+                if state and state.last_step is not None:
+                    held += [b.held_back for b in state.last_step.buckets if b.held_back > 0]
         with torch.no_grad():
             accuracy = (ddp.module(xt).argmax(1) == yt).float().mean().item()
-        stats = state.stats if state else {}
-        out[name] = [accuracy, stats.get("compressed", 0), stats.get("compressed", 0) + stats.get("dense", 0)]
+        if state:
+            stats = state.stats
+            per_step = stats["bytes_sent_total"] / steps
+        else:
+            stats, per_step = {}, _plain_bytes(ddp, world)
+        out[name] = {"accuracy": accuracy, "compressed": stats.get("compressed", 0),
+                     "bucket_steps": stats.get("compressed", 0) + stats.get("dense", 0),
+                     "guarded": stats.get("guarded", 0), "bytes_per_step": per_step, "held_back": held}
         if state:
             state.close()
     return out
+
+
+def _plain_bytes(ddp, world):
+    """A ring all-reduce's bytes per rank for the model's gradients:
+    2(N−1)/N · 4 · parameters."""
+    n = sum(p.numel() for p in ddp.module.parameters() if p.requires_grad)
+    return 2 * (world - 1) * 4 * n // world
 
 
 def main():
@@ -93,22 +123,33 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    p.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
     a = p.parse_args()
     import ranks
 
-    table = {name: [] for name, *_ in CONFIGS}
-    sent = {name: [0, 0] for name in table}
+    only = [n for n in a.only.split(",") if n]
+    unknown = set(only) - {name for name, *_ in CONFIGS}
+    if unknown:
+        p.error("unknown configurations %s" % sorted(unknown))
+    configs = [c for c in CONFIGS if not only or c[0] in only]
+    runs = {name: [] for name, *_ in configs}
     for seed in (int(s) for s in a.seeds.split(",")):
-        res = ranks.run(run, 4, seed, a.epochs, a.model, timeout=900)[0]
-        print("seed %d: %s" % (seed, ", ".join("%s %.4f" % (n, res[n][0]) for n in table)), flush=True)
-        for n in table:
-            table[n].append(res[n][0])
-            sent[n][0] += res[n][1]
-            sent[n][1] += res[n][2]
-    for n, v in table.items():
-        c, t = sent[n]
-        print("%-18s mean %.4f, min %.4f, max %.4f; %d of %d bucket-steps compressed"
-              % (n, statistics.mean(v), min(v), max(v), c, t))
+        res = ranks.run(run, 4, seed, a.epochs, a.model, configs, timeout=900)[0]
+        print("seed %d: %s" % (seed, ", ".join("%s %.4f" % (n, res[n]["accuracy"]) for n in runs)), flush=True)
+        for n in runs:
+            runs[n].append(res[n])
+    base = statistics.mean(r["accuracy"] for r in runs["default"]) if "default" in runs else None
+    print("| configuration | mean | Δ | min–max | compressed | guarded | bytes/step | held back (median, max) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, rs in runs.items():
+        acc = [r["accuracy"] for r in rs]
+        held = sorted(h for r in rs for h in r["held_back"])
+        print("| %s | %.4f | %s | %.4f–%.4f | %s | %d | %.0f | %s |" % (
+            n, statistics.mean(acc), "%+.2f" % (100 * (statistics.mean(acc) - base)) if base is not None else "—",
+            min(acc), max(acc),
+            "%d / %d" % (sum(r["compressed"] for r in rs), sum(r["bucket_steps"] for r in rs)) if n != "default" else "—",
+            sum(r["guarded"] for r in rs), statistics.mean(r["bytes_per_step"] for r in rs),
+            "%.2f, %.2f" % (held[len(held) // 2], held[-1]) if held else "—"))
     return 0
 
 

@@ -321,10 +321,9 @@ gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
 gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *message, uint64_t recv_bytes);
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later
- * versions append fields). spec, strategy, decision, error_feedback,
- * fail_on_nonfinite, warmup, momentum, schedule and guard must be equal on
- * every rank (the handshake checks them and the bucket layout); timeout and
- * workers are local. */
+ * versions append fields). Every field but timeout_seconds, workers and
+ * device must be equal on every rank (the handshake checks them and the
+ * bucket layout). */
 typedef struct gc_engine_config {
 	uint32_t size;             /* sizeof(gc_engine_config) */
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
@@ -338,8 +337,8 @@ typedef struct gc_engine_config {
 	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
 	double momentum;           /* since 2.1: momentum correction, the optimizer's momentum in [0, 1) (0: off;
 	                            * host buckets only): each bucket becomes u = m·u + g before its exchange, so
-	                            * run the optimizer without momentum; top-k/random-k zero u where they sent.
-	                            * A 2.0 caller's size (56) means 0. */
+	                            * run the optimizer without momentum. (2.1 always masked, see
+	                            * momentum_masking.) A 2.0 caller's size (56) means 0. */
 	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
 	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
 	                            * keep spec's strategy; needs decision "compressed" or "dense"; host buckets. */
@@ -348,6 +347,8 @@ typedef struct gc_engine_config {
 	                            * norm of its gradient, on some rank, goes dense with its residual on its next
 	                            * compressed step, emptying the memory (gc_bucket_stats.guarded, the reason, and
 	                            * gc_engine_held_back report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */
+	int32_t momentum_masking;  /* since 2.2: 1: DGC's momentum factor masking (needs momentum): top-k/random-k
+	                            * zero u where they sent. 0 (and before 2.2): u is never masked. */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

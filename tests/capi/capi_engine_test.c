@@ -31,7 +31,8 @@
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
-_Static_assert(sizeof(gc_engine_config) == 80, "gc_engine_config is 80 bytes");
+_Static_assert(sizeof(gc_engine_config) == 88, "gc_engine_config is 88 bytes");
+_Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
 
 #define GOLDEN "tests/golden/testdata"

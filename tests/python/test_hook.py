@@ -71,7 +71,7 @@ class OneRank(unittest.TestCase):
         for kw in [dict(decision="guess"), dict(on_nonfinite="ignore"), dict(strategy="ring"), dict(timeout=0),
                    dict(momentum=1.0), dict(momentum=-0.1), dict(momentum=float("nan")), dict(momentum=True),
                    dict(guard=-1.0), dict(guard=float("nan")), dict(guard=float("inf")), dict(guard=True),
-                   dict(guard=2.0, error_feedback=False)]:
+                   dict(guard=2.0, error_feedback=False), dict(momentum_masking=True)]:
             with self.subTest(**kw), self.assertRaises(ValueError):
                 gct.State("int8", **kw)
 

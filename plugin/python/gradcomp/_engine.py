@@ -362,19 +362,22 @@ class Engine:
     ``spec`` (same strategy; decision "compressed" or "dense"; host
     buckets). ``momentum``: momentum correction (host buckets), the optimizer's
     momentum in [0, 1): each bucket becomes u = m·u + g before its exchange
-    (run the optimizer without momentum); 0 is off. ``guard``: the accuracy
+    (run the optimizer without momentum); 0 is off. ``momentum_masking``:
+    DGC's momentum factor masking (top-k and random-k zero u where they
+    sent). ``guard``: the accuracy
     guard's threshold (0: off; needs error feedback; host buckets): a
     bucket whose error feedback holds back more than ``guard`` times its
     gradient's norm on some rank goes dense with its residual on its next
     compressed step. Spec, strategy, decision, error feedback,
-    fail_on_nonfinite, warmup, momentum, schedule, guard and the sizes must
+    fail_on_nonfinite, warmup, momentum and its masking, schedule, guard and
+    the sizes must
     be equal on every rank: the handshake (run here, through the host,
     blocking) raises ConfigError (a ValueError) on every rank otherwise.
     """
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0):
+                 guard=0.0, momentum_masking=False):
         import torch.distributed as dist
 
         if decision not in _DECISIONS:
@@ -402,6 +405,7 @@ class Engine:
         cfg.momentum = float(momentum)
         cfg.schedule = cschedule
         cfg.guard = float(guard)
+        cfg.momentum_masking = 1 if momentum_masking else 0
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

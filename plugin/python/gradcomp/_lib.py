@@ -227,6 +227,7 @@ class EngineConfig(ctypes.Structure):
         ("momentum", ctypes.c_double),  # since ABI 2.1
         ("schedule", ctypes.c_char_p),  # since ABI 2.1
         ("guard", ctypes.c_double),  # since ABI 2.2
+        ("momentum_masking", ctypes.c_int32),  # since ABI 2.2
     ]
 
 

@@ -150,8 +150,10 @@ class State:
     to refuse a checkpoint of another model in :meth:`load_state_dict`.
     ``momentum``: momentum correction (DGC), the momentum m in [0, 1) the
     optimizer would use, 0 for none: from the engine's first step every
-    bucket becomes u = m·u + g before its exchange, top-k and random-k zero
-    u where they sent, and u is checkpointed with the error feedback. Pair
+    bucket becomes u = m·u + g before its exchange, and u is checkpointed
+    with the error feedback; ``momentum_masking=True`` adds DGC's momentum
+    factor masking (top-k and random-k zero u where they sent; off by
+    default, it cost accuracy in this project's runs, see the README). Pair
     it with an optimizer WITHOUT momentum, e.g. ``SGD(params, lr,
     momentum=0)`` with ``State(..., momentum=0.9)`` instead of
     ``SGD(params, lr, momentum=0.9)``. (Steps 0 and 1, before the engine
@@ -175,7 +177,7 @@ class State:
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
                  on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
-                 momentum=0.0, schedule=None, guard=0.0):
+                 momentum=0.0, schedule=None, guard=0.0, momentum_masking=False):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -195,6 +197,8 @@ class State:
             raise ValueError("gradcomp.torch.State: momentum=%r: want a number in [0, 1)" % (momentum,))
         if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
             raise ValueError("gradcomp.torch.State: guard=%r: want a finite number ≥ 0 (0: off)" % (guard,))
+        if momentum_masking and not momentum:
+            raise ValueError("gradcomp.torch.State: momentum_masking=True needs momentum > 0")
         if guard and not error_feedback:
             raise ValueError("gradcomp.torch.State: guard=%r needs error_feedback=True: without it nothing is "
                              "held back" % (guard,))
@@ -212,6 +216,8 @@ class State:
         self.overlap = bool(overlap)
         #: Momentum correction's momentum (0: off).
         self.momentum = float(momentum)
+        #: DGC's momentum factor masking (with momentum).
+        self.momentum_masking = bool(momentum_masking)
         #: The compression warm-up, as gc_engine_config takes it ("" for none).
         self.schedule = format_schedule(schedule)
         #: The accuracy guard's threshold (0: off).
@@ -515,7 +521,7 @@ class State:
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                          timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum,
-                         schedule=self.schedule, guard=self.guard)
+                         schedule=self.schedule, guard=self.guard, momentum_masking=self.momentum_masking)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
