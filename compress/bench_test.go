@@ -64,6 +64,9 @@ func forSizes(b *testing.B, body func(b *testing.B, n int)) {
 }
 
 // copyBuffers returns two buffers of 4·n bytes, cached, pages faulted in.
+// The source is written before it is read: a never-written source maps
+// the kernel's zero page, which a copy reads from cache (seen: 29–35 GB/s
+// for 256 MiB against 10 GB/s from written memory on the same machine).
 func copyBuffers(n int) (dst, src []byte) {
 	gradMu.Lock()
 	defer gradMu.Unlock()
@@ -71,6 +74,9 @@ func copyBuffers(n int) (dst, src []byte) {
 		return b[0], b[1]
 	}
 	dst, src = make([]byte, 4*n), make([]byte, 4*n)
+	for i := range src {
+		src[i] = byte(i)
+	}
 	copy(dst, src)
 	copyCache[n] = [2][]byte{dst, src}
 	return dst, src
