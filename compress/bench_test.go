@@ -184,3 +184,28 @@ func relL2(x, y []float32) float64 {
 	}
 	return math.Sqrt(num / den)
 }
+
+// BenchmarkFeedback times ErrorFeedback.Compress (Begin and Commit: e + g,
+// the payload and the new residual) of the quantizers and sign, one
+// goroutine, paired with a copy like BenchmarkCodec.
+func BenchmarkFeedback(b *testing.B) {
+	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign"} {
+		b.Run(spec, func(b *testing.B) {
+			forSizes(b, func(b *testing.B, n int) {
+				g := benchGradient(n)
+				f := NewErrorFeedback(mustParse(b, spec, WithWorkers(1)))
+				key := Key{Bucket: 3}
+				payload, err := f.Compress(nil, g, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(4 * n))
+				timePaired(b, n, func() error {
+					key.Step++
+					payload, err = f.Compress(payload[:0], g, key)
+					return err
+				})
+			})
+		})
+	}
+}

@@ -120,13 +120,19 @@ func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) err
 // encodeResidual is encode that, with res != nil, also sets res to src
 // minus its decoded values, bucket by bucket while they are in cache.
 func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
+	return q.encodeFeedback(body, nil, nil, src, key, res, run)
+}
+
+// encodeFeedback implements feedbackCodec; with e == nil it is
+// encodeResidual of src.
+func (q *quantCodec) encodeFeedback(body []byte, e, g, src []float32, key Key, res []float32, run runner) error {
 	n := len(src)
 	nb := numBuckets(n, q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
 	keys := lanes32(NewRandomStream(q.rngSeed, key, DomainRound).base)
 	var fe firstError
 	run(n, 8*q.bucket, func(from, to int) {
-		fe.set(from, q.encodeRange(hdr, codes, src, res, from, to, keys))
+		fe.set(from, q.encodeRange(hdr, codes, e, g, src, res, from, to, keys))
 	})
 	if fe.err != nil {
 		return fe.err
@@ -135,12 +141,16 @@ func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []f
 	return nil
 }
 
-// encodeRange encodes the buckets of src[from:to], and sets their residual
-// in res unless res is nil; from is a multiple of 8·B, so the range starts
-// on a bucket and a byte boundary.
-func (q *quantCodec) encodeRange(hdr, codes []byte, src, res []float32, from, to int, keys laneKeys) error {
+// encodeRange encodes the buckets of src[from:to], first setting each to
+// e + g unless e is nil, and sets their residual in res unless res is nil;
+// from is a multiple of 8·B, so the range starts on a bucket and a byte
+// boundary.
+func (q *quantCodec) encodeRange(hdr, codes []byte, e, g, src, res []float32, from, to int, keys laneKeys) error {
 	for s := from; s < to; s += q.bucket {
 		x := src[s:min(s+q.bucket, to)]
+		if e != nil {
+			addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
+		}
 		lo, hi, err := bucketRange(x, s)
 		if err != nil {
 			return err

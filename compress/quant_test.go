@@ -707,6 +707,15 @@ func TestKernels(t *testing.T) {
 				}
 			}
 
+			a, b := input(n, trial%4), input(n, 0)
+			s1, s2 := make([]float32, n+1), make([]float32, n+1)
+			s1[n], s2[n] = 7, 7 // a sentinel past the sum
+			addKernel(s1[:n], a, b)
+			addGeneric(s2[:n], a, b)
+			if !same(s1, s2) || s1[n] != 7 {
+				t.Fatalf("add n=%d: kernels differ or wrote past the end", n)
+			}
+
 			s := input(m, trial%4)
 			for i := range s {
 				if r.IntN(8) == 0 {

@@ -22,6 +22,7 @@ func init() {
 	dequantKernel = dequantAVX2
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
+	addKernel = addAVX2
 }
 
 // cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
@@ -113,4 +114,18 @@ func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
 	}
 	_ = bits[len(out)/8-1] // the length unsignAsm trusts
 	unsignAsm(out, bits, sb, add)
+}
+
+// addAsm is addGeneric for len(dst) a positive multiple of 8.
+//
+//go:noescape
+func addAsm(dst, a, b []float32)
+
+func addAVX2(dst, a, b []float32) {
+	m := len(dst) &^ 7
+	if m > 0 {
+		_, _ = a[m-1], b[m-1] // the lengths addAsm trusts
+		addAsm(dst[:m], a, b)
+	}
+	addGeneric(dst[m:], a[m:], b[m:])
 }

@@ -326,6 +326,25 @@ dq8:
 	VZEROUPPER
 	RET
 
+// func addAsm(dst, a, b []float32)
+TEXT ·addAsm(SB), NOSPLIT, $0-72
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ a_base+24(FP), SI
+	MOVQ b_base+48(FP), DX
+
+aloop:
+	VMOVUPS (SI), Y0
+	VADDPS  (DX), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JNZ     aloop
+	VZEROUPPER
+	RET
+
 // func signAsm(bits []byte, x []float32, acc *[8]float64)
 TEXT ·signAsm(SB), NOSPLIT, $0-56
 	MOVQ      bits_base+0(FP), DI
