@@ -51,8 +51,9 @@ func DecodePayload(c Compressor, payload []byte, n int) (Header, []byte, error) 
 }
 
 // StreamBase returns the 64-bit base of NewRandomStream(seed, key, domain): draw
-// i is mix64(base + (i+1)·0x9e3779b97f4a7c15), which is how a backend that
-// draws on its own computes the same bits (see rng.go).
+// i is mix64(base + (i+1)·0x9e3779b97f4a7c15) and draw32(i) is keyed by
+// uint32(base) and uint32(base >> 32), which is how a backend that draws on
+// its own computes the same bits (see rng.go).
 func StreamBase(seed uint64, key Key, domain uint64) uint64 {
 	return NewRandomStream(seed, key, domain).base
 }

@@ -78,7 +78,8 @@ func TestPayloadHooksErrors(t *testing.T) {
 }
 
 // TestStreamBase checks StreamBase against the definition in rng.go: draw i
-// is mix64(base + (i+1)·golden).
+// is mix64(base + (i+1)·golden), and draw32 takes its keys k0 and k1 from
+// the low and high halves of base.
 func TestStreamBase(t *testing.T) {
 	mix64 := func(z uint64) uint64 {
 		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
@@ -88,9 +89,15 @@ func TestStreamBase(t *testing.T) {
 	key := compress.Key{Bucket: 2, Step: 3}
 	for _, domain := range []uint64{compress.DomainRound, compress.DomainRandomK} {
 		base, st := compress.StreamBase(7, key, domain), compress.NewRandomStream(7, key, domain)
-		for _, i := range []uint64{0, 1, 511, 1 << 40} {
+		for _, i := range []uint64{0, 1, 511, 1 << 31} {
 			if got, want := mix64(base+(i+1)*0x9e3779b97f4a7c15), st.Draw(i); got != want {
 				t.Errorf("domain %#x draw %d from StreamBase: %#x, want %#x", domain, i, got, want)
+			}
+			x := uint32(i)*0x9e3779b9 + uint32(base)
+			x = (x ^ x>>16) * 0x7feb352d
+			x = (x ^ x>>15 ^ uint32(base>>32)) * 0x846ca68b
+			if got, want := x^x>>16, st.Draw32(uint32(i)); got != want {
+				t.Errorf("domain %#x draw32 %d from StreamBase: %#x, want %#x", domain, i, got, want)
 			}
 		}
 	}

@@ -64,6 +64,9 @@ func forSizes(b *testing.B, body func(b *testing.B, n int)) {
 }
 
 // copyBuffers returns two buffers of 4·n bytes, cached, pages faulted in.
+// The source is written before it is read: a never-written source maps
+// the kernel's zero page, which a copy reads from cache (seen: 29–35 GB/s
+// for 256 MiB against 10 GB/s from written memory on the same machine).
 func copyBuffers(n int) (dst, src []byte) {
 	gradMu.Lock()
 	defer gradMu.Unlock()
@@ -71,6 +74,9 @@ func copyBuffers(n int) (dst, src []byte) {
 		return b[0], b[1]
 	}
 	dst, src = make([]byte, 4*n), make([]byte, 4*n)
+	for i := range src {
+		src[i] = byte(i)
+	}
 	copy(dst, src)
 	copyCache[n] = [2][]byte{dst, src}
 	return dst, src
@@ -177,4 +183,29 @@ func relL2(x, y []float32) float64 {
 		den += float64(x[i]) * float64(x[i])
 	}
 	return math.Sqrt(num / den)
+}
+
+// BenchmarkFeedback times ErrorFeedback.Compress (Begin and Commit: e + g,
+// the payload and the new residual) of the quantizers and sign, one
+// goroutine, paired with a copy like BenchmarkCodec.
+func BenchmarkFeedback(b *testing.B) {
+	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign"} {
+		b.Run(spec, func(b *testing.B) {
+			forSizes(b, func(b *testing.B, n int) {
+				g := benchGradient(n)
+				f := NewErrorFeedback(mustParse(b, spec, WithWorkers(1)))
+				key := Key{Bucket: 3}
+				payload, err := f.Compress(nil, g, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(4 * n))
+				timePaired(b, n, func() error {
+					key.Step++
+					payload, err = f.Compress(payload[:0], g, key)
+					return err
+				})
+			})
+		})
+	}
 }

@@ -82,3 +82,14 @@ func nonFinite(x []float32, base int) error {
 	}
 	return nil
 }
+
+// addKernel sets dst[i] = a[i] + b[i] (float32) for the length of dst; a
+// and b are at least as long. Error feedback's e + g.
+var addKernel = addGeneric
+
+func addGeneric(dst, a, b []float32) {
+	a, b = a[:len(dst)], b[:len(dst)]
+	for i := range dst {
+		dst[i] = a[i] + b[i]
+	}
+}

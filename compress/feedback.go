@@ -94,10 +94,15 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	if len(r.sum) != len(grad) {
 		r.sum = make([]float32, len(grad))
 	}
-	for i, g := range grad {
-		r.sum[i] = r.e[i] + g
+	out, fused, err := r.compressFused(f.c, dst, grad, key)
+	if fused {
+		if err != nil {
+			r.mu.Unlock()
+			return dst, nil, err
+		}
+		return out, &Pending{r: r}, nil
 	}
-	var out []byte
+	addKernel(r.sum, r.e, grad)
 	sc, sparse := f.c.(SparseCompressor)
 	if sparse {
 		// The residual is s with +0 at the kept indices: Commit writes
@@ -135,9 +140,7 @@ func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
 	if len(r.sum) != len(grad) {
 		r.sum = make([]float32, len(grad))
 	}
-	for i, g := range grad {
-		r.sum[i] = r.e[i] + g
-	}
+	addKernel(r.sum, r.e, grad)
 	for i, v := range r.sum {
 		if v-v != 0 {
 			r.mu.Unlock()
@@ -146,6 +149,26 @@ func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
 	}
 	copy(grad, r.sum)
 	return &Pending{r: r, flush: true}, nil
+}
+
+// compressFused is Begin's compression for a compressor made by Parse
+// whose codec folds s = e + g into its first pass (feedbackCodec: the
+// quantizers and sign): it sets r.sum to s, r.dec to the residual, and
+// appends the payload. fused reports whether c is such a compressor.
+func (r *residual) compressFused(c Compressor, dst []byte, grad []float32, key Key) (out []byte, fused bool, err error) {
+	impl, err := backendOf(c)
+	if err != nil {
+		return dst, false, nil // not made by Parse: the general path
+	}
+	fc, ok := impl.impl.(feedbackCodec)
+	if !ok {
+		return dst, false, nil
+	}
+	if len(r.dec) != len(grad) {
+		r.dec = make([]float32, len(grad))
+	}
+	out, err = impl.compressFeedback(fc, dst, r.e, grad, r.sum, key, r.dec)
+	return out, true, err
 }
 
 // SparseCompressor is a Compressor whose decoded payload is its input at

@@ -46,6 +46,7 @@ func init() {
 //
 //	t    = float32(float32(x − lo) · inv)                 0 ≤ t ≤ L·(1+2^-22)
 //	r    = NewRandomStream(S, key, DomainRound).Uniform(i)      stochastic
+//	       (uniform(i) of rng.go: 24 bits of the 32-bit lane stream)
 //	       0.5                                            nearest
 //	code = min(trunc(float32(t + r)), L)                  t + r ≥ 0: trunc is floor
 //
@@ -70,9 +71,9 @@ func init() {
 //
 // Parallel runs split the input at multiples of 8·B elements, which are
 // bucket and byte boundaries, so they write the same bytes as a serial run.
-// The inner loops (drawKernel, minMaxKernel, quantKernel, dequantKernel)
-// have AVX2 and AVX-512 twins on amd64 (simd_amd64.go) that compute the
-// same bits.
+// The inner loops (minMaxKernel, quantKernel, which draws the random
+// numbers itself, and dequantKernel) have AVX2 twins on amd64
+// (simd_amd64.go) that compute the same bits.
 type quantCodec struct {
 	codec   Codec
 	bits    uint // 8, 4 or 2
@@ -119,13 +120,19 @@ func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) err
 // encodeResidual is encode that, with res != nil, also sets res to src
 // minus its decoded values, bucket by bucket while they are in cache.
 func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
+	return q.encodeFeedback(body, nil, nil, src, key, res, run)
+}
+
+// encodeFeedback implements feedbackCodec; with e == nil it is
+// encodeResidual of src.
+func (q *quantCodec) encodeFeedback(body []byte, e, g, src []float32, key Key, res []float32, run runner) error {
 	n := len(src)
 	nb := numBuckets(n, q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
-	base := NewRandomStream(q.rngSeed, key, DomainRound).base
+	keys := lanes32(NewRandomStream(q.rngSeed, key, DomainRound).base)
 	var fe firstError
 	run(n, 8*q.bucket, func(from, to int) {
-		fe.set(from, q.encodeRange(hdr, codes, src, res, from, to, base))
+		fe.set(from, q.encodeRange(hdr, codes, e, g, src, res, from, to, keys))
 	})
 	if fe.err != nil {
 		return fe.err
@@ -134,13 +141,16 @@ func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []f
 	return nil
 }
 
-// encodeRange encodes the buckets of src[from:to], and sets their residual
-// in res unless res is nil; from is a multiple of 8·B, so the range starts
-// on a bucket and a byte boundary.
-func (q *quantCodec) encodeRange(hdr, codes []byte, src, res []float32, from, to int, base uint64) error {
-	draws := new([quantBlock]uint32)
+// encodeRange encodes the buckets of src[from:to], first setting each to
+// e + g unless e is nil, and sets their residual in res unless res is nil;
+// from is a multiple of 8·B, so the range starts on a bucket and a byte
+// boundary.
+func (q *quantCodec) encodeRange(hdr, codes []byte, e, g, src, res []float32, from, to int, keys laneKeys) error {
 	for s := from; s < to; s += q.bucket {
 		x := src[s:min(s+q.bucket, to)]
+		if e != nil {
+			addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
+		}
 		lo, hi, err := bucketRange(x, s)
 		if err != nil {
 			return err
@@ -158,7 +168,7 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, src, res []float32, from, to
 		h := hdr[8*(s/q.bucket):]
 		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
 		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
-		q.quantize(codes, x, s, lo, inv, base, draws)
+		q.quantize(codes, x, s, lo, inv, keys)
 		if res != nil {
 			r := res[s : s+len(x)]
 			dequantBucket(r, codes, s, lo, scale, q.bits, false)
@@ -172,81 +182,57 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, src, res []float32, from, to
 // sets of the accelerated ones (see simd_amd64.go).
 var kernelSet = "generic"
 
-// quantBlock is how many elements quantize draws and codes at a time.
-const quantBlock = 512
-
-// halfDraws holds the draws of nearest rounding: 2^23, for r = 0.5.
-var halfDraws = func() (h [quantBlock]uint32) {
-	for i := range h {
-		h[i] = 1 << 23
-	}
-	return h
-}()
-
 // quantize writes the codes of the bucket x, whose first element has index
-// s, with the bucket's lo and inv and the DomainRound stream base; draws is
-// scratch space.
-func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, base uint64, draws *[quantBlock]uint32) {
+// s, with the bucket's lo and inv and the keys of the DomainRound stream.
+func (q *quantCodec) quantize(codes []byte, x []float32, s int, lo, inv float32, keys laneKeys) {
 	levels, bits := q.levels(), q.bits
-	ctr := base + uint64(s+1)*golden // the counter of draw s
-	for b := 0; b < len(x); b += quantBlock {
-		xs := x[b:min(b+quantBlock, len(x))]
-		u := halfDraws[:len(xs)]
-		if !q.nearest {
-			u = draws[:len(xs)]
-			ctr = drawKernel(u, ctr)
-		}
-		i := s + b
-		head, end := groupSpan(i, len(xs))
-		for k := range head {
-			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
-		}
-		quantKernel(codes[(i+head)*int(bits)/8:], xs[head:end], u[head:end], lo, inv, levels, bits)
-		for k := end; k < len(xs); k++ {
-			putCode(codes, i+k, bits, quantCode(xs[k], lo, inv, u[k], levels))
-		}
+	head, end := groupSpan(s, len(x))
+	for k := range head {
+		putCode(codes, s+k, bits, quantCode(x[k], lo, inv, q.uniformBits(keys, s+k), levels))
+	}
+	quantKernel(codes[(s+head)*int(bits)/8:], x[head:end], lo, inv, levels, bits, keys.counter(uint32(s+head)), keys.k1, q.nearest)
+	for k := end; k < len(x); k++ {
+		putCode(codes, s+k, bits, quantCode(x[k], lo, inv, q.uniformBits(keys, s+k), levels))
 	}
 }
 
-// quantKernel writes the codes quantCode(x[i], lo, inv, u[i], levels) of
+// uniformBits returns u = r·2^24 for element i: draw32(i) >> 8, or 2^23
+// (r = 0.5) under nearest rounding.
+func (q *quantCodec) uniformBits(keys laneKeys, i int) uint32 {
+	if q.nearest {
+		return 1 << 23
+	}
+	return keys.draw(uint32(i)) >> 8
+}
+
+// quantKernel writes the codes quantCode(x[i], lo, inv, u_i, levels) of
 // len(x) elements, a multiple of 8, packed at bits per code (see storeGroup)
-// to the start of out; len(u) ≥ len(x).
+// to the start of out, where u_i = 2^23 if nearest, else
+// hash32(ctr + i·0x9e3779b9, k1) >> 8: with ctr = laneKeys.counter(j) for
+// the global index j of x[0], that is the uniform bits of draw32(j + i)
+// (rng.go).
 var quantKernel = quantGeneric
 
-func quantGeneric(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint) {
-	u = u[:len(x)]
+func quantGeneric(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
+	u := [8]uint32{1 << 23, 1 << 23, 1 << 23, 1 << 23, 1 << 23, 1 << 23, 1 << 23, 1 << 23}
 	for i := 0; i+8 <= len(x); i += 8 {
-		g, ug := (*[8]float32)(x[i:i+8]), (*[8]uint32)(u[i:i+8])
-		w := quantCode(g[0], lo, inv, ug[0], levels) |
-			quantCode(g[1], lo, inv, ug[1], levels)<<8 |
-			quantCode(g[2], lo, inv, ug[2], levels)<<16 |
-			quantCode(g[3], lo, inv, ug[3], levels)<<24 |
-			quantCode(g[4], lo, inv, ug[4], levels)<<32 |
-			quantCode(g[5], lo, inv, ug[5], levels)<<40 |
-			quantCode(g[6], lo, inv, ug[6], levels)<<48 |
-			quantCode(g[7], lo, inv, ug[7], levels)<<56
+		g := (*[8]float32)(x[i : i+8])
+		if !nearest {
+			w := uint32(lane32Weyl)
+			c := ctr + uint32(i)*w
+			u = [8]uint32{hash32(c, k1) >> 8, hash32(c+w, k1) >> 8, hash32(c+2*w, k1) >> 8, hash32(c+3*w, k1) >> 8,
+				hash32(c+4*w, k1) >> 8, hash32(c+5*w, k1) >> 8, hash32(c+6*w, k1) >> 8, hash32(c+7*w, k1) >> 8}
+		}
+		w := quantCode(g[0], lo, inv, u[0], levels) |
+			quantCode(g[1], lo, inv, u[1], levels)<<8 |
+			quantCode(g[2], lo, inv, u[2], levels)<<16 |
+			quantCode(g[3], lo, inv, u[3], levels)<<24 |
+			quantCode(g[4], lo, inv, u[4], levels)<<32 |
+			quantCode(g[5], lo, inv, u[5], levels)<<40 |
+			quantCode(g[6], lo, inv, u[6], levels)<<48 |
+			quantCode(g[7], lo, inv, u[7], levels)<<56
 		out = storeGroup(out, bits, w)
 	}
-}
-
-// drawKernel fills u with the top 24 bits of the draws whose counters are
-// ctr, ctr + golden, … and returns the counter after the last: u[i]·2^-24
-// is RandomStream.Uniform. mix64's last step z ^ z>>31 leaves those bits
-// unchanged, so it is skipped.
-var drawKernel = drawBits
-
-// drawBits is the generic drawKernel. (Inlined into quantize, its loop
-// would share registers with the caller's and spill ctr on every draw.)
-//
-//go:noinline
-func drawBits(u []uint32, ctr uint64) uint64 {
-	for i := range u {
-		z := (ctr ^ ctr>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		u[i] = uint32(z >> 40)
-		ctr += golden
-	}
-	return ctr
 }
 
 // quantCode returns min(trunc(float32(t + r)), L) with

@@ -108,7 +108,7 @@ func refQuantBody(x []float32, bucket int, bits uint, nearest bool, seed uint64,
 			t := float32(float32(v-lo) * inv)
 			r := float32(0.5)
 			if !nearest {
-				r = st.Uniform(uint64(i))
+				r = st.Uniform(uint32(i))
 			}
 			c := int(float32(t + r))
 			if c > levels {
@@ -263,21 +263,6 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-// TestDrawBits checks drawBits, which skips a step of mix64, against
-// RandomStream.Uniform.
-func TestDrawBits(t *testing.T) {
-	u := make([]uint32, 1<<16)
-	for _, seed := range []uint64{0, 1, math.MaxUint64} {
-		st := NewRandomStream(seed, Key{Bucket: 5, Step: seed}, DomainRound)
-		drawBits(u, st.base+golden)
-		for i, v := range u {
-			if got, want := float32(v)*0x1p-24, st.Uniform(uint64(i)); got != want {
-				t.Fatalf("seed %d draw %d: %v, Uniform says %v", seed, i, got, want)
-			}
-		}
-	}
-}
-
 // TestQuantGolden pins the bytes of fixed inputs, so that a change to the
 // definition (here and in the reference alike) fails loudly: other backends
 // and stored payloads depend on it.
@@ -285,9 +270,9 @@ func TestQuantGolden(t *testing.T) {
 	x := []float32{-1.5, -0.25, 0, 0.1, 0.2, 0.3, 1.75, 2, -0.75, 0.5, 3e-3, -1e-3, 0.625}
 	key := Key{Bucket: 3, Step: 17}
 	cases := []struct{ spec, body string }{
-		{"int8:bucket=8:seed=99", "0000c0bfe1e0603c000040bfb1b0b03b005b6d757c83ecff00e88c8bff"},
-		{"int4:bucket=8:seed=99", "0000c0bfefee6e3e000040bfbcbbbb3d507688fde0890f"},
-		{"int2:bucket=8:seed=99", "0000c0bf5555953f000040bfabaaea3e94eaac03"},
+		{"int8:bucket=8:seed=99", "0000c0bfe1e0603c000040bfb1b0b03b005b6d757c84edff00e88b8aff"},
+		{"int4:bucket=8:seed=99", "0000c0bfefee6e3e000040bfbcbbbb3d507687fee0880f"},
+		{"int2:bucket=8:seed=99", "0000c0bf5555953f000040bfabaaea3e94f95c03"},
 		// Worked by hand: lo −1.5, scale 3.5/15, codes 0 5 6 7 7 8 14 15;
 		// lo −0.75, scale 1.375/15, codes 0 14 8 8 15.
 		{"int4:bucket=8:round=nearest", "0000c0bfefee6e3e000040bfbcbbbb3d507687fee0880f"},
@@ -616,7 +601,7 @@ func TestQuantClamp(t *testing.T) {
 		c := mustParse(t, spec)
 		levels := c.(*compressor).impl.(*quantCodec).levels()
 		i := 0
-		for int32(float32(float32(levels)+st.Uniform(uint64(i)))) <= levels {
+		for int32(float32(float32(levels)+st.Uniform(uint32(i)))) <= levels {
 			i++
 		}
 		x := make([]float32, i+2)
@@ -631,7 +616,7 @@ func TestQuantClamp(t *testing.T) {
 		}
 		for k, v := range dec {
 			if v != x[k] {
-				t.Fatalf("%s: element %d = %v decodes to %v (draw %v)", spec, k, x[k], v, st.Uniform(uint64(i)))
+				t.Fatalf("%s: element %d = %v decodes to %v (draw %v)", spec, k, x[k], v, st.Uniform(uint32(i)))
 			}
 		}
 	}
@@ -667,19 +652,19 @@ func TestKernels(t *testing.T) {
 		}
 		return len(a) == len(b)
 	}
-	for _, n := range []int{1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 511, 512, 1000} {
+	// Lengths around the vector width (8) and the default bucket (512),
+	// ±1, then random ones.
+	lengths := []int{1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1000, 1023, 1024, 1025}
+	for range 8 {
+		lengths = append(lengths, 8*r.IntN(300)+r.IntN(3))
+	}
+	for _, n := range lengths {
 		for trial := range 20 {
 			x := input(n, trial%4)
 			lo1, hi1, f1 := minMaxKernel(x)
 			lo2, hi2, f2 := minMaxGeneric(x)
 			if f1 != f2 || f1 && (lo1 != lo2 || hi1 != hi2) {
 				t.Fatalf("minMax n=%d %v: (%v %v %v), generic (%v %v %v)", n, x, lo1, hi1, f1, lo2, hi2, f2)
-			}
-
-			ctr := r.Uint64()
-			u1, u2 := make([]uint32, n), make([]uint32, n)
-			if c1, c2 := drawKernel(u1, ctr), drawBits(u2, ctr); c1 != c2 || !bytes.Equal(u32bytes(u1), u32bytes(u2)) {
-				t.Fatalf("draw n=%d ctr=%#x: kernels differ", n, ctr)
 			}
 
 			m := n &^ 7
@@ -691,12 +676,25 @@ func TestKernels(t *testing.T) {
 			for _, bits := range []uint{8, 4, 2} {
 				levels := int32(1)<<bits - 1
 				inv := float32(float64(levels) / (float64(hi) - float64(lo)))
-				o1, o2 := make([]byte, m*int(bits)/8), make([]byte, m*int(bits)/8)
-				quantKernel(o1, y, u1, lo, inv, levels, bits)
-				quantGeneric(o2, y, u1, lo, inv, levels, bits)
-				if !bytes.Equal(o1, o2) {
-					t.Fatalf("quant n=%d bits=%d: kernels differ at byte %d", m, bits, firstDiff(o1, o2))
+				ctr, k1 := r.Uint32(), r.Uint32()
+				if trial == 0 {
+					ctr = -uint32(m / 2) // the counter wraps mid-slice
 				}
+				nearest := trial%3 == 2
+				// 8 sentinel bytes past the codes: the kernels must not write there.
+				o1, o2 := make([]byte, m*int(bits)/8+8), make([]byte, m*int(bits)/8+8)
+				for i := range o1 {
+					o1[i], o2[i] = 0xa5, 0xa5
+				}
+				quantKernel(o1[:m*int(bits)/8], y, lo, inv, levels, bits, ctr, k1, nearest)
+				quantGeneric(o2[:m*int(bits)/8], y, lo, inv, levels, bits, ctr, k1, nearest)
+				if !bytes.Equal(o1, o2) {
+					t.Fatalf("quant n=%d bits=%d nearest=%v: kernels differ at byte %d", m, bits, nearest, firstDiff(o1, o2))
+				}
+				if !bytes.Equal(o1[m*int(bits)/8:], bytes.Repeat([]byte{0xa5}, 8)) {
+					t.Fatalf("quant n=%d bits=%d: wrote past the end of out", m, bits)
+				}
+				o1 = o1[:m*int(bits)/8]
 				scale := float32(r.NormFloat64())
 				for _, add := range []bool{false, true} {
 					d1, d2 := input(m, 0), make([]float32, m)
@@ -707,6 +705,15 @@ func TestKernels(t *testing.T) {
 						t.Fatalf("dequant n=%d bits=%d add=%v: kernels differ", m, bits, add)
 					}
 				}
+			}
+
+			a, b := input(n, trial%4), input(n, 0)
+			s1, s2 := make([]float32, n+1), make([]float32, n+1)
+			s1[n], s2[n] = 7, 7 // a sentinel past the sum
+			addKernel(s1[:n], a, b)
+			addGeneric(s2[:n], a, b)
+			if !same(s1, s2) || s1[n] != 7 {
+				t.Fatalf("add n=%d: kernels differ or wrote past the end", n)
 			}
 
 			s := input(m, trial%4)
@@ -740,12 +747,4 @@ func TestKernels(t *testing.T) {
 			}
 		}
 	}
-}
-
-func u32bytes(u []uint32) []byte {
-	b := make([]byte, 0, 4*len(u))
-	for _, v := range u {
-		b = binary.LittleEndian.AppendUint32(b, v)
-	}
-	return b
 }

@@ -112,3 +112,37 @@ func TestCompressResidualFallback(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackFused: error feedback over a quantizer or sign, which folds
+// e + g into its first pass, gives the payloads and residuals of the
+// general path (opaque hides the codec), step after step, serial and
+// parallel, and a non-finite e + g leaves the residual as it was on both.
+func TestFeedbackFused(t *testing.T) {
+	for _, spec := range []string{"int8", "int4:bucket=13", "int2:round=nearest", "sign:bucket=100", "int8:lossless=huff0"} {
+		for _, workers := range []int{1, 2} {
+			c := compresstest.MustParse(t, spec, compress.WithWorkers(workers), compress.WithMinParallel(1))
+			fused, plain := compress.NewErrorFeedback(c), compress.NewErrorFeedback(opaque{c})
+			for step := range uint64(4) {
+				g := residualInput(3001, step+1)
+				if step == 2 {
+					g[1234] = float32(math.Inf(1))
+				}
+				key := compress.Key{Bucket: 9, Step: step}
+				p1, err1 := fused.Compress(nil, g, key)
+				p2, err2 := plain.Compress(nil, g, key)
+				if !bytes.Equal(p1, p2) || (err1 == nil) != (err2 == nil) {
+					t.Fatalf("%s w=%d step %d: payloads or errors differ (%v, %v)", spec, workers, step, err1, err2)
+				}
+				if step == 2 && err1 == nil {
+					t.Fatalf("%s step 2: no error for an Inf", spec)
+				}
+				e1, e2 := fused.Residual(9), plain.Residual(9)
+				for i := range e1 {
+					if math.Float32bits(e1[i]) != math.Float32bits(e2[i]) {
+						t.Fatalf("%s w=%d step %d: residual[%d] = %v fused, %v plain", spec, workers, step, i, e1[i], e2[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -58,7 +58,13 @@ func (c *signCodec) encode(body []byte, src []float32, key Key, run runner) erro
 
 // encodeResidual is encode that, with res != nil, also sets res to src
 // minus its decoded values, bucket by bucket while they are in cache.
-func (c *signCodec) encodeResidual(body []byte, src []float32, _ Key, res []float32, run runner) error {
+func (c *signCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
+	return c.encodeFeedback(body, nil, nil, src, key, res, run)
+}
+
+// encodeFeedback implements feedbackCodec; with e == nil it is
+// encodeResidual of src.
+func (c *signCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res []float32, run runner) error {
 	n := len(src)
 	nh := c.scalesLen(n)
 	hdr, bits := body[:nh], body[nh:]
@@ -66,6 +72,9 @@ func (c *signCodec) encodeResidual(body []byte, src []float32, _ Key, res []floa
 	run(n, 8*c.bucket, func(from, to int) {
 		for s := from; s < to; s += c.bucket {
 			x := src[s:min(s+c.bucket, to)]
+			if e != nil {
+				addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
+			}
 			scale, err := signBucket(bits, x, s)
 			if err != nil {
 				fe.set(from, err)

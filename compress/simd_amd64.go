@@ -5,14 +5,15 @@ package compress
 import "math"
 
 // AVX2 versions of the codecs' inner loops, used when the CPU and the OS
-// support AVX2, and an AVX-512 version of the random draws (build with
-// -tags purego to keep the generic Go loops). Each computes exactly what its
+// support AVX2 and FMA (build with -tags purego to keep the generic Go
+// loops); an AVX-512 CPU runs them too. Each computes exactly what its
 // generic twin computes, bit for bit: the same IEEE single-precision
-// operations lane by lane, rounded to nearest even, never fused, and the
-// same integer arithmetic. TestKernels runs every pair on the same inputs.
+// operations lane by lane, rounded to nearest even, and the same integer
+// arithmetic. The one fused multiply-add, t + u·2^-24 in quantAsm, has an
+// exact product, so it rounds once as the generic addition does.
+// TestKernels runs every pair on the same inputs.
 func init() {
-	avx2, avx512 := cpuFeatures()
-	if !avx2 {
+	if !cpuFeatures() {
 		return
 	}
 	kernelSet = "avx2"
@@ -21,28 +22,23 @@ func init() {
 	dequantKernel = dequantAVX2
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
-	if avx512 {
-		kernelSet = "avx2+avx512"
-		drawKernel = drawAVX512
-	}
+	addKernel = addAVX2
 }
 
-// cpuFeatures reports whether the CPU has AVX2, and AVX-512 F and DQ, with
-// the OS saving the YMM (and ZMM and opmask) state.
-func cpuFeatures() (avx2, avx512 bool) {
+// cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
+// the YMM state.
+func cpuFeatures() bool {
 	if maxID, _, _, _ := cpuid(0, 0); maxID < 7 {
-		return false, false
+		return false
 	}
-	const osxsave, avx = 1 << 27, 1 << 28
-	if _, _, ecx, _ := cpuid(1, 0); ecx&osxsave == 0 || ecx&avx == 0 {
-		return false, false
+	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
+	if _, _, ecx, _ := cpuid(1, 0); ecx&fma == 0 || ecx&osxsave == 0 || ecx&avx == 0 {
+		return false
 	}
 	xcr0, _ := xgetbv()
 	_, ebx, _, _ := cpuid(7, 0)
-	const avx2Bit, avx512F, avx512DQ = 1 << 5, 1 << 16, 1 << 17
-	avx2 = xcr0&0x06 == 0x06 && ebx&avx2Bit != 0                                // XMM, YMM state
-	avx512 = avx2 && xcr0&0xe6 == 0xe6 && ebx&avx512F != 0 && ebx&avx512DQ != 0 // and opmask, ZMM state
-	return avx2, avx512
+	const avx2Bit = 1 << 5
+	return xcr0&0x06 == 0x06 && ebx&avx2Bit != 0 // XMM and YMM state
 }
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -71,14 +67,14 @@ func minMaxAVX2(x []float32) (lo, hi float32, finite bool) {
 // quantAsm is quantGeneric for len(x) a positive multiple of 8.
 //
 //go:noescape
-func quantAsm(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint)
+func quantAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 
-func quantAVX2(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint) {
+func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
 	if len(x) == 0 {
 		return
 	}
-	_, _ = out[len(x)*int(bits)/8-1], u[len(x)-1] // the lengths quantAsm trusts
-	quantAsm(out, x, u, lo, inv, levels, bits)
+	_ = out[len(x)*int(bits)/8-1] // the length quantAsm trusts
+	quantAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
 }
 
 // dequantAsm is dequantGeneric for len(out) a positive multiple of 8.
@@ -120,16 +116,16 @@ func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
 	unsignAsm(out, bits, sb, add)
 }
 
-// drawAsm512 is drawBits for len(u) a positive multiple of 8.
+// addAsm is addGeneric for len(dst) a positive multiple of 8.
 //
 //go:noescape
-func drawAsm512(u []uint32, ctr uint64)
+func addAsm(dst, a, b []float32)
 
-func drawAVX512(u []uint32, ctr uint64) uint64 {
-	m := len(u) &^ 7
+func addAVX2(dst, a, b []float32) {
+	m := len(dst) &^ 7
 	if m > 0 {
-		drawAsm512(u[:m], ctr)
-		ctr += uint64(m) * golden
+		_, _ = a[m-1], b[m-1] // the lengths addAsm trusts
+		addAsm(dst[:m], a, b)
 	}
-	return drawBits(u[m:], ctr)
+	addGeneric(dst[m:], a[m:], b[m:])
 }

@@ -64,80 +64,165 @@ reduce:
 	VZEROUPPER
 	RET
 
-// func quantAsm(out []byte, x []float32, u []uint32, lo, inv float32, levels int32, bits uint)
+// func quantAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 //
-// Each group of 8 elements becomes 8 codes, one per byte of X3 (QUANT8),
-// then 8, 4 or 2 bytes of out by the width.
-TEXT ·quantAsm(SB), NOSPLIT, $0-96
+// Each group of 8 elements becomes 8 codes, one per byte of X3 (QPRE, then
+// QRAND or QHALF, then QPOST), then 8, 4 or 2 bytes of out by the width:
+// one loop per width and rounding mode.
+TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	MOVQ         out_base+0(FP), DI
 	MOVQ         x_base+24(FP), SI
 	MOVQ         x_len+32(FP), CX
-	MOVQ         u_base+48(FP), DX
-	VBROADCASTSS lo+72(FP), Y0
-	VBROADCASTSS twoPow24<>(SB), Y8
-	VBROADCASTSS inv+76(FP), Y1
-	MOVL         levels+80(FP), AX
+	VBROADCASTSS lo+48(FP), Y0
+	VBROADCASTSS inv+52(FP), Y1
+	MOVL         levels+56(FP), AX
 	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
-	MOVQ         bits+88(FP), AX
-	CMPQ         AX, $8
-	JEQ          loop8
+	MOVL         ctr+72(FP), AX
+	VMOVD        AX, X10
+	VPBROADCASTD X10, Y10
+	VPADDD       laneWeyl<>(SB), Y10, Y10 // ctr + k·0x9e3779b9 in lane k
+	MOVL         k1+76(FP), AX
+	VMOVD        AX, X11
+	VPBROADCASTD X11, Y11
+	VPBROADCASTD lane32M1<>(SB), Y12
+	VPBROADCASTD lane32M2<>(SB), Y13
+	VPBROADCASTD laneWeyl8<>(SB), Y14
 	VMOVDQU      packNibbles<>(SB), X5
-	CMPQ         AX, $4
-	JEQ          loop4
 	VMOVDQU      packCrumbs<>(SB), X6
 	VMOVDQU      packCrumbPairs<>(SB), X7
-	JMP          loop2
+	MOVQ         bits+64(FP), AX
+	MOVBLZX      nearest+80(FP), DX
+	TESTL        DX, DX
+	JNZ          nearest
+	VBROADCASTSS twoPow24<>(SB), Y8
+	CMPQ         AX, $8
+	JEQ          rand8
+	CMPQ         AX, $4
+	JEQ          rand4
+	JMP          rand2
 
-// QUANT8 sets the low 8 bytes of X3 to the codes of the 8 elements at SI
-// with their draws at DX, and advances SI and DX: x − lo, times inv, plus
-// r = u·2^-24, truncated, clamped to L, narrowed to bytes.
-#define QUANT8 \
-	VMOVUPS      (SI), Y3; \
-	VSUBPS       Y0, Y3, Y3; \
-	VMULPS       Y1, Y3, Y3; \
-	VCVTDQ2PS    (DX), Y9; \
-	VMULPS       Y8, Y9, Y9; \
-	VADDPS       Y9, Y3, Y3; \
+nearest:
+	VBROADCASTSS half<>(SB), Y8
+	CMPQ         AX, $8
+	JEQ          half8
+	CMPQ         AX, $4
+	JEQ          half4
+	JMP          half2
+
+// QPRE sets Y3 to t = (x − lo)·inv of the 8 elements at SI and advances SI.
+#define QPRE \
+	VMOVUPS (SI), Y3; \
+	VSUBPS  Y0, Y3, Y3; \
+	VMULPS  Y1, Y3, Y3; \
+	ADDQ    $32, SI
+
+// QRAND adds r = u·2^-24 to Y3, u the top 24 bits of draw32 of the
+// counters x = i·0x9e3779b9 + k0 in Y10 (rng.go's hash32), and advances the
+// counters by 8·0x9e3779b9.
+// The product u·2^-24 is exact, so the fused add rounds as an add does.
+#define QRAND \
+	VPSRLD      $16, Y10, Y9; \
+	VPXOR       Y10, Y9, Y9; \
+	VPMULLD     Y12, Y9, Y9; \
+	VPSRLD      $15, Y9, Y15; \
+	VPXOR       Y15, Y9, Y9; \
+	VPXOR       Y11, Y9, Y9; \
+	VPMULLD     Y13, Y9, Y9; \
+	VPSRLD      $16, Y9, Y15; \
+	VPXOR       Y15, Y9, Y9; \
+	VPSRLD      $8, Y9, Y9; \
+	VCVTDQ2PS   Y9, Y9; \
+	VFMADD231PS Y8, Y9, Y3; \
+	VPADDD      Y14, Y10, Y10
+
+// QHALF adds r = 0.5 to Y3.
+#define QHALF \
+	VADDPS Y8, Y3, Y3
+
+// QPOST truncates Y3, clamps to L and narrows the 8 codes to the low 8
+// bytes of X3.
+#define QPOST \
 	VCVTTPS2DQ   Y3, Y3; \
 	VPMINSD      Y2, Y3, Y3; \
 	VEXTRACTI128 $1, Y3, X4; \
 	VPACKUSDW    X4, X3, X3; \
-	VPACKUSWB    X3, X3, X3; \
-	ADDQ         $32, SI; \
-	ADDQ         $32, DX
+	VPACKUSWB    X3, X3, X3
 
-loop8:
-	QUANT8
-	VMOVQ X3, (DI)
-	ADDQ  $8, DI
+// ST8, ST4 and ST2 store the codes in X3 at 8, 4 or 2 bits each and loop.
+#define ST8 \
+	VMOVQ X3, (DI); \
+	ADDQ  $8, DI; \
 	SUBQ  $8, CX
-	JNZ   loop8
+
+#define ST4 \
+	VPMADDUBSW X5, X3, X3; \
+	VPACKUSWB  X3, X3, X3; \
+	VMOVD      X3, (DI); \
+	ADDQ       $4, DI; \
+	SUBQ       $8, CX
+
+#define ST2 \
+	VPMADDUBSW X6, X3, X3; \
+	VPMADDWD   X7, X3, X3; \
+	VPACKUSDW  X3, X3, X3; \
+	VPACKUSWB  X3, X3, X3; \
+	VMOVD      X3, AX; \
+	MOVW       AX, (DI); \
+	ADDQ       $2, DI; \
+	SUBQ       $8, CX
+
+rand8:
+	QPRE
+	QRAND
+	QPOST
+	ST8
+	JNZ rand8
 	VZEROUPPER
 	RET
 
-loop4:
-	QUANT8
-	VPMADDUBSW X5, X3, X3 // c0 + 16·c1, … as words
-	VPACKUSWB  X3, X3, X3
-	VMOVD      X3, (DI)
-	ADDQ       $4, DI
-	SUBQ       $8, CX
-	JNZ        loop4
+rand4:
+	QPRE
+	QRAND
+	QPOST
+	ST4
+	JNZ rand4
 	VZEROUPPER
 	RET
 
-loop2:
-	QUANT8
-	VPMADDUBSW X6, X3, X3 // c0 + 4·c1, … as words
-	VPMADDWD   X7, X3, X3 // (c0 + 4·c1) + 16·(c2 + 4·c3), … as dwords
-	VPACKUSDW  X3, X3, X3
-	VPACKUSWB  X3, X3, X3
-	VMOVD      X3, AX
-	MOVW       AX, (DI)
-	ADDQ       $2, DI
-	SUBQ       $8, CX
-	JNZ        loop2
+rand2:
+	QPRE
+	QRAND
+	QPOST
+	ST2
+	JNZ rand2
+	VZEROUPPER
+	RET
+
+half8:
+	QPRE
+	QHALF
+	QPOST
+	ST8
+	JNZ half8
+	VZEROUPPER
+	RET
+
+half4:
+	QPRE
+	QHALF
+	QPOST
+	ST4
+	JNZ half4
+	VZEROUPPER
+	RET
+
+half2:
+	QPRE
+	QHALF
+	QPOST
+	ST2
+	JNZ half2
 	VZEROUPPER
 	RET
 
@@ -154,6 +239,26 @@ DATA packCrumbPairs<>+8(SB)/8, $0x0010000100100001
 GLOBL packCrumbPairs<>(SB), RODATA|NOPTR, $16
 DATA twoPow24<>+0(SB)/4, $0x33800000 // float32 2^-24
 GLOBL twoPow24<>(SB), RODATA|NOPTR, $4
+DATA half<>+0(SB)/4, $0x3f000000 // float32 0.5
+GLOBL half<>(SB), RODATA|NOPTR, $4
+
+// The constants of draw32 (rng.go): the counter offsets k·0x9e3779b9 of
+// lanes k = 0..7, the step 8·0x9e3779b9, the two multipliers.
+DATA laneWeyl<>+0(SB)/4, $0x00000000
+DATA laneWeyl<>+4(SB)/4, $0x9e3779b9
+DATA laneWeyl<>+8(SB)/4, $0x3c6ef372
+DATA laneWeyl<>+12(SB)/4, $0xdaa66d2b
+DATA laneWeyl<>+16(SB)/4, $0x78dde6e4
+DATA laneWeyl<>+20(SB)/4, $0x1715609d
+DATA laneWeyl<>+24(SB)/4, $0xb54cda56
+DATA laneWeyl<>+28(SB)/4, $0x5384540f
+GLOBL laneWeyl<>(SB), RODATA|NOPTR, $32
+DATA laneWeyl8<>+0(SB)/4, $0xf1bbcdc8
+GLOBL laneWeyl8<>(SB), RODATA|NOPTR, $4
+DATA lane32M1<>+0(SB)/4, $0x7feb352d
+GLOBL lane32M1<>(SB), RODATA|NOPTR, $4
+DATA lane32M2<>+0(SB)/4, $0x846ca68b
+GLOBL lane32M2<>(SB), RODATA|NOPTR, $4
 
 // DEQSTORE turns the 8 codes in the dwords of Y3 into lo + c·scale (Y0,
 // Y1), adds the 8 floats at DI if R9 (add) is set, stores them at DI and
@@ -218,6 +323,25 @@ dq8:
 	ADDQ      $8, SI
 	SUBQ      $8, CX
 	JNZ       dq8
+	VZEROUPPER
+	RET
+
+// func addAsm(dst, a, b []float32)
+TEXT ·addAsm(SB), NOSPLIT, $0-72
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ a_base+24(FP), SI
+	MOVQ b_base+48(FP), DX
+
+aloop:
+	VMOVUPS (SI), Y0
+	VADDPS  (DX), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JNZ     aloop
 	VZEROUPPER
 	RET
 
@@ -318,49 +442,3 @@ DATA signShifts<>+28(SB)/4, $24
 GLOBL signShifts<>(SB), RODATA|NOPTR, $32
 DATA signMask<>+0(SB)/4, $0x80000000
 GLOBL signMask<>(SB), RODATA|NOPTR, $4
-
-// Constants of the draws: the counter offsets k·golden of lanes k = 0..7,
-// then the step 8·golden and mix64's two multipliers.
-DATA drawOffsets<>+0(SB)/8, $0x0000000000000000
-DATA drawOffsets<>+8(SB)/8, $0x9e3779b97f4a7c15
-DATA drawOffsets<>+16(SB)/8, $0x3c6ef372fe94f82a
-DATA drawOffsets<>+24(SB)/8, $0xdaa66d2c7ddf743f
-DATA drawOffsets<>+32(SB)/8, $0x78dde6e5fd29f054
-DATA drawOffsets<>+40(SB)/8, $0x1715609f7c746c69
-DATA drawOffsets<>+48(SB)/8, $0xb54cda58fbbee87e
-DATA drawOffsets<>+56(SB)/8, $0x538454127b096493
-GLOBL drawOffsets<>(SB), RODATA|NOPTR, $64
-DATA drawConsts<>+0(SB)/8, $0xf1bbcdcbfa53e0a8
-DATA drawConsts<>+8(SB)/8, $0xbf58476d1ce4e5b9
-DATA drawConsts<>+16(SB)/8, $0x94d049bb133111eb
-GLOBL drawConsts<>(SB), RODATA|NOPTR, $24
-
-// func drawAsm512(u []uint32, ctr uint64)
-//
-// Lane k of Z0 holds the counter of draw k of the next 8; each step applies
-// mix64 up to its last multiply and keeps bits 40-63.
-TEXT ·drawAsm512(SB), NOSPLIT, $0-32
-	MOVQ         u_base+0(FP), DI
-	MOVQ         u_len+8(FP), CX
-	MOVQ         ctr+24(FP), AX
-	VPBROADCASTQ AX, Z0
-	VPADDQ       drawOffsets<>(SB), Z0, Z0
-	VPBROADCASTQ drawConsts<>+0(SB), Z1
-	VPBROADCASTQ drawConsts<>+8(SB), Z2
-	VPBROADCASTQ drawConsts<>+16(SB), Z3
-
-drawloop:
-	VPSRLQ  $30, Z0, Z4
-	VPXORQ  Z0, Z4, Z4
-	VPMULLQ Z2, Z4, Z4
-	VPSRLQ  $27, Z4, Z5
-	VPXORQ  Z5, Z4, Z4
-	VPMULLQ Z3, Z4, Z4
-	VPSRLQ  $40, Z4, Z4
-	VPMOVQD Z4, (DI)
-	VPADDQ  Z1, Z0, Z0
-	ADDQ    $32, DI
-	SUBQ    $8, CX
-	JNZ     drawloop
-	VZEROUPPER
-	RET

@@ -140,6 +140,19 @@ type residualCodec interface {
 	encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error
 }
 
+// feedbackCodec is implemented by the bucketed codecs (quantizers, sign),
+// which fold error feedback's sum into their first pass: each bucket of
+// e + g is summed into sum right before the bucket's range (or scale) is
+// taken, while it is in cache, so that ErrorFeedback.Begin reads e and g
+// once and writes sum, the residual and the codes in that same pass,
+// instead of a pass that writes sum and a second that reads it back.
+type feedbackCodec interface {
+	// encodeFeedback is encodeResidual of src = sum, where it first sets
+	// sum[i] = e[i] + g[i] (one float32 addition), bucket by bucket. All
+	// four slices have the same length; sum overlaps none of them.
+	encodeFeedback(body []byte, e, g, sum []float32, key Key, res []float32, run runner) error
+}
+
 // sparseCodec is a codec whose decoded body is its input at the indices
 // the body selects and +0 everywhere else (top-k, random-k).
 type sparseCodec interface {
@@ -233,6 +246,16 @@ func (c *compressor) compress(dst []byte, src []float32, key Key, res []float32)
 		c.impl.decode(res, body, &h, false, run)
 		subtractFrom(res, src, run)
 		return nil
+	})
+}
+
+// compressFeedback is CompressResidual of sum = e + g through c's codec
+// fc, which sets sum too.
+func (c *compressor) compressFeedback(fc feedbackCodec, dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error) {
+	n := len(g)
+	run := c.runner(n)
+	return c.encodeWith(dst, n, key, func(body []byte) error {
+		return fc.encodeFeedback(body, e, g, sum, key, res, run)
 	})
 }
 

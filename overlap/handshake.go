@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+
+	"github.com/gradcomp/gradcomp/compress"
 )
 
 // protocolVersion names the engine's exchange protocol (slot format,
@@ -34,6 +36,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 	f := []field{
 		{"invalid", reason},
 		{"protocol version", strconv.Itoa(protocolVersion)},
+		{"random stream", compress.RandomStreamVersion}, // stochastic rounding's draws
 		{"spec", spec},
 		{"strategy", e.strategy.String()},
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},

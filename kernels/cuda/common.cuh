@@ -23,8 +23,20 @@ __device__ __forceinline__ u64 mix64(u64 z) {
   return z ^ (z >> 31);
 }
 
-// draw returns draw i of the stream whose base is base (CPU: Stream.Draw).
+// draw returns the 64-bit draw i of the stream whose base is base (CPU:
+// RandomStream.Draw).
 __device__ __forceinline__ u64 draw(u64 base, u64 i) { return mix64(base + (i + 1) * GOLDEN); }
+
+// draw32 returns the 32-bit lane draw i of the stream whose base is base:
+// lowbias32 of the Weyl sequence i·0x9e3779b9 + k0, k1 xored between its
+// rounds, k0 and k1 the halves of base (CPU: RandomStream.Draw32, the
+// definition in compress/rng.go; RandomStreamVersion "2").
+__device__ __forceinline__ u32 draw32(u64 base, u32 i) {
+  u32 x = i * 0x9e3779b9u + (u32)base;
+  x = (x ^ (x >> 16)) * 0x7feb352du;
+  x = (x ^ (x >> 15) ^ (u32)(base >> 32)) * 0x846ca68bu;
+  return x ^ (x >> 16);
+}
 
 // key returns the magnitude key of x (CPU: magKey).
 __device__ __forceinline__ u32 magkey(float x) { return __float_as_uint(x) & SIGN_MASK; }

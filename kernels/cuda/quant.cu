@@ -95,7 +95,7 @@ __device__ __forceinline__ u8 quant_byte(u64 j, const float *g, const float *e, 
       inv = invs[b];
     }
     float x = gsum(g, e, i);
-    u32 u = nearest ? (1u << 23) : (u32)(draw(base, i) >> 40);
+    u32 u = nearest ? (1u << 23) : draw32(base, (u32)i) >> 8; // CPU: quantCodec.uniformBits
     u32 c = quant_code(x, lo, inv, u, L);
     byte |= c << (q * bits);
     if (eout) eout[i] = __fsub_rn(x, dequant(c, lo, scale));
