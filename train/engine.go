@@ -10,12 +10,20 @@ import (
 // EngineExchanger is the NewExchanger of the overlap engine: overlap.New
 // over c with the scheme's spec, error feedback and strategy (StrategyAuto:
 // top-k → sparse-gather, int8/4/2 and sign → quantized SRA, none →
-// dense), momentum correction with momentum (0: none), compression pinned
+// dense), momentum correction with momentum (0: none), the scheme's ramp
+// (overlap.Ramp) and accuracy guard, compression pinned
 // on every bucket
 // (DecideCompressed) so that the run shows each scheme's effect on training
 // whatever the cost model would choose on this link, and one compressor
 // goroutine per call (the ranks already share the cores).
 func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme, momentum float64) (Exchanger, error) {
+	var schedule []overlap.Phase
+	if s.Ramp > 0 {
+		var err error
+		if schedule, err = overlap.Ramp(s.Spec, s.Ramp); err != nil {
+			return nil, err
+		}
+	}
 	e, err := overlap.New(ctx, c, bucketSizes, overlap.Config{
 		Spec:          s.Spec,
 		ErrorFeedback: s.ErrorFeedback,
@@ -23,6 +31,8 @@ func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Sche
 		Decision:      overlap.DecideCompressed,
 		Workers:       1,
 		Momentum:      momentum,
+		Schedule:      schedule,
+		Guard:         s.Guard,
 	})
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 func TestEngineSchemes(t *testing.T) {
 	c := smallConfig()
 	c.Epochs = 2
-	schemes, err := ParseSchemes(DefaultSchemes + ",sign+ef@allgather")
+	schemes, err := ParseSchemes(DefaultSchemes + ",sign+ef@allgather,topk:0.01+ef+mc+ramp=5+guard=30")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestEngineSchemes(t *testing.T) {
 		t.Fatalf("%d results for %d schemes", len(results), len(schemes))
 	}
 	wantStrategy := map[string]string{"none": "dense", "topk:0.01+ef": "sparse-gather", "topk:0.01": "sparse-gather",
-		"int4+ef": "sra", "sign+ef": "sra", "sign+ef@allgather": "allgather"}
+		"int4+ef": "sra", "sign+ef": "sra", "sign+ef@allgather": "allgather", "topk:0.01+ef+mc+ramp=5+guard=30": "sparse-gather"}
 	none := results[0]
 	for _, r := range results {
 		t.Logf("%-18s %-13s accuracy %.3f, %6.0f bytes/step", r.Scheme, r.Strategy, r.FinalAccuracy, r.BytesPerStep)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,8 +44,9 @@ type StepStats struct {
 type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, scheme Scheme, momentum float64) (Exchanger, error)
 
 // Scheme is one compression setting the demo compares: a compressor spec
-// (compress.Parse), whether error feedback is on, and the exchange strategy
-// (overlap.StrategyAuto: the codec's own).
+// (compress.Parse), whether error feedback is on, the exchange strategy
+// (overlap.StrategyAuto: the codec's own), and the engine's accuracy
+// options.
 type Scheme struct {
 	Spec          string
 	ErrorFeedback bool
@@ -52,25 +54,41 @@ type Scheme struct {
 	// MomentumCorrection moves SGD's momentum into the exchange
 	// (overlap.Config.Momentum = Config.Momentum) and runs SGD without it.
 	MomentumCorrection bool
+	// Ramp is a compression warm-up, overlap.Ramp(Spec, Ramp): phases of
+	// Ramp steps each from milder settings to Spec; 0 for none.
+	Ramp int
+	// Guard is the accuracy guard's threshold (overlap.Config.Guard); 0
+	// for none.
+	Guard float64
 }
 
 // Markers of a scheme's name.
 const (
-	efSuffix       = "+ef"
-	mcSuffix       = "+mc"
+	optionMarker   = "+"
 	strategyMarker = "@"
+	efOption       = "ef"
+	mcOption       = "mc"
+	rampOption     = "ramp="
+	guardOption    = "guard="
 )
 
-// String returns the scheme's name: the spec, then "+ef" with error
-// feedback, then "@" and the strategy unless it is auto
-// ("sign+ef@allgather"). ParseScheme reads it back.
+// String returns the scheme's name: the spec, then its options in this
+// order, "+ef" with error feedback, "+mc" with momentum correction,
+// "+ramp=N" and "+guard=G", then "@" and the strategy unless it is auto
+// ("sign+ef+ramp=20@allgather"). ParseScheme reads it back.
 func (s Scheme) String() string {
 	name := s.Spec
 	if s.ErrorFeedback {
-		name += efSuffix
+		name += optionMarker + efOption
 	}
 	if s.MomentumCorrection {
-		name += mcSuffix
+		name += optionMarker + mcOption
+	}
+	if s.Ramp > 0 {
+		name += optionMarker + rampOption + strconv.Itoa(s.Ramp)
+	}
+	if s.Guard > 0 {
+		name += optionMarker + guardOption + strconv.FormatFloat(s.Guard, 'g', -1, 64)
 	}
 	if s.Strategy != overlap.StrategyAuto {
 		name += strategyMarker + s.Strategy.String()
@@ -78,35 +96,73 @@ func (s Scheme) String() string {
 	return name
 }
 
-// ParseScheme reads a scheme name: a compressor spec, optionally followed
-// by "+ef" for error feedback, then by "+mc" for momentum correction, then
-// optionally by "@" and a strategy name
-// (overlap.ParseStrategy): "topk:0.01+ef", "int4+ef@allgather". The spec
-// must parse (compress.Parse) and the strategy must be known; their errors
-// are returned otherwise. Error feedback on the codec none is an error
-// (there is nothing to feed back). Whether the strategy suits the codec is
-// the engine's to say, when it starts.
+// ParseScheme reads a scheme name: a compressor spec, then options in any
+// order, each once: "+ef" for error feedback, "+mc" for momentum
+// correction, "+ramp=N" for a compression warm-up of N steps per phase,
+// "+guard=G" for the accuracy guard; then optionally "@" and a strategy
+// name (overlap.ParseStrategy): "topk:0.01+ef", "topk:0.01+ef+mc+ramp=20",
+// "int4+ef@allgather". The spec must parse (compress.Parse) and the
+// strategy must be known; their errors are returned otherwise. Error
+// feedback on the codec none is an error (there is nothing to feed back),
+// and so is a guard without error feedback or a ramp of a codec that has
+// no milder setting. Whether the strategy suits the codec is the engine's
+// to say, when it starts.
 func ParseScheme(name string) (Scheme, error) {
 	name = strings.TrimSpace(name)
+	fail := func(format string, args ...any) (Scheme, error) {
+		return Scheme{}, fmt.Errorf("train: scheme %q: "+format, append([]any{name}, args...)...)
+	}
 	var s Scheme
 	rest := name
 	if i := strings.LastIndex(rest, strategyMarker); i >= 0 {
 		st, err := overlap.ParseStrategy(rest[i+len(strategyMarker):])
 		if err != nil {
-			return Scheme{}, fmt.Errorf("train: scheme %q: %w", name, err)
+			return fail("%w", err)
 		}
 		s.Strategy, rest = st, rest[:i]
 	}
-	rest, s.MomentumCorrection = strings.CutSuffix(rest, mcSuffix)
-	rest, s.ErrorFeedback = strings.CutSuffix(rest, efSuffix)
-	c, err := compress.Parse(rest)
-	if err != nil {
-		return Scheme{}, fmt.Errorf("train: scheme %q: %w", name, err)
+	parts := strings.Split(rest, optionMarker)
+	seen := map[string]bool{}
+	for _, opt := range parts[1:] {
+		key, _, _ := strings.Cut(opt, "=")
+		if seen[key] {
+			return fail("option %q given twice", key)
+		}
+		seen[key] = true
+		var err error
+		switch {
+		case opt == efOption:
+			s.ErrorFeedback = true
+		case opt == mcOption:
+			s.MomentumCorrection = true
+		case strings.HasPrefix(opt, rampOption):
+			if s.Ramp, err = strconv.Atoi(opt[len(rampOption):]); err != nil || s.Ramp < 1 {
+				return fail("%q: want ramp=STEPS, STEPS ≥ 1", opt)
+			}
+		case strings.HasPrefix(opt, guardOption):
+			if s.Guard, err = strconv.ParseFloat(opt[len(guardOption):], 64); err != nil || !(s.Guard > 0) || math.IsInf(s.Guard, 0) {
+				return fail("%q: want guard=G, G > 0", opt)
+			}
+		default:
+			return fail("unknown option %q (ef, mc, ramp=N, guard=G)", opt)
+		}
 	}
-	if s.ErrorFeedback && c.Codec() == compress.CodecNone {
-		return Scheme{}, fmt.Errorf("train: scheme %q: error feedback on an uncompressed codec", name)
+	c, err := compress.Parse(parts[0])
+	if err != nil {
+		return fail("%w", err)
 	}
 	s.Spec = c.Spec().String()
+	switch {
+	case s.ErrorFeedback && c.Codec() == compress.CodecNone:
+		return fail("error feedback on an uncompressed codec")
+	case s.Guard > 0 && !s.ErrorFeedback:
+		return fail("an accuracy guard needs error feedback (+ef)")
+	}
+	if s.Ramp > 0 {
+		if phases, err := overlap.Ramp(s.Spec, s.Ramp); err != nil || len(phases) == 0 {
+			return fail("%s has no milder setting to ramp from", s.Spec)
+		}
+	}
 	return s, nil
 }
 
@@ -279,9 +335,6 @@ const (
 	shuffleDomain = 0x73687566666c0002
 )
 
-// layoutBuckets lays the gradients out in one buffer, bucket after bucket,
-// each bucket's parameters contiguous in the bucket's order; it returns each
-// bucket's slice and each parameter's view.
 // momenta returns SGD's momentum and momentum correction's: Config.Momentum
 // goes to the exchange for a "+mc" scheme, to SGD otherwise.
 func (j Job) momenta() (sgd float32, mc float64) {
@@ -291,6 +344,9 @@ func (j Job) momenta() (sgd float32, mc float64) {
 	return float32(j.Momentum), 0
 }
 
+// layoutBuckets lays the gradients out in one buffer, bucket after bucket,
+// each bucket's parameters contiguous in the bucket's order; it returns each
+// bucket's slice and each parameter's view.
 func layoutBuckets(paramSizes []int, buckets [][]int) (grads, views [][]float32) {
 	total := 0
 	for _, n := range paramSizes {
