@@ -47,9 +47,11 @@ type Config struct {
 	// Spec is used from the step after the last phase. Every phase keeps
 	// the strategy Spec takes (e.g. top-k ratios 0.25 → 0.0625 → 0.016
 	// before Spec topk:0.004, or int8 → int4 before int2), and error
-	// feedback carries its memory across phases. It needs Decision
-	// DecideCompressed or DecideDense (the cost model decides for one
-	// spec); Engine only. ParseSchedule reads it from a string.
+	// feedback carries its memory across phases. With DecideAuto the cost
+	// model decides each bucket's path for Spec, the phases change only
+	// the codec of the buckets it compresses, and verification starts
+	// after the last phase. Engine only. ParseSchedule reads it from a
+	// string; Ramp makes DGC's.
 	Schedule []Phase
 	// Guard is the accuracy guard's threshold, 0 for none; it needs
 	// ErrorFeedback; Engine only. Every rank measures, for each bucket it
@@ -383,6 +385,24 @@ func (c *core) configurePhases(target compress.Compressor, strategyFor func(Stra
 	return nil
 }
 
+// activate makes phase p the one comp, mem1 and mem2 are of, and moves
+// the backend to it.
+func (c *core) activate(p int) {
+	ph := c.phases[p]
+	c.comp, c.mem1, c.mem2, c.active = ph.comp, ph.mem1, ph.mem2, p
+	c.be.usePhase()
+}
+
+// verifying reports whether verification measures st: with DecideAuto,
+// after the warm-up steps and the schedule's phases before Spec's (their
+// codecs are not the one the cost model decided for).
+func (c *core) verifying(st *step) bool {
+	if c.verify == nil || st.warmup {
+		return false
+	}
+	return c.phases == nil || st.num >= c.phases[len(c.phases)-2].end
+}
+
 // phaseAt returns the phase of step num (warm-up steps: the first).
 func (c *core) phaseAt(num uint64) int {
 	for i, p := range c.phases {
@@ -410,6 +430,11 @@ func (c *core) decide(ctx context.Context, auto func(context.Context) (*costMode
 			b.reason = "pinned: dense"
 		}
 	default:
+		if c.phases != nil {
+			// The model decides for Spec; Step moves to the schedule's
+			// first phase.
+			c.activate(len(c.phases) - 1)
+		}
 		m, err := auto(ctx)
 		if err != nil {
 			return err
@@ -477,11 +502,9 @@ func (c *core) Step() error {
 		start: time.Now(), failed: make(chan struct{}), runs: make([]*run, len(c.buckets))}
 	st.warmup = st.num < uint64(c.cfg.Warmup)
 	if p := c.phaseAt(st.num); c.phases != nil && p != c.active {
-		ph := c.phases[p]
-		c.comp, c.mem1, c.mem2, c.active = ph.comp, ph.mem1, ph.mem2, p
-		c.be.usePhase()
+		c.activate(p)
 	}
-	trial := !st.warmup && c.verify != nil && c.verify.trial()
+	trial := c.verifying(st) && c.verify.trial()
 	trialPath := trial && c.trialPath()
 	for i, b := range c.buckets {
 		path := b.compressed && !st.warmup
@@ -668,7 +691,7 @@ func (c *core) finish(ctx context.Context, st *step) {
 		if fatal == nil && nf == nil {
 			c.guardStep(st)
 		}
-		if fatal == nil && c.verify != nil && !st.warmup {
+		if fatal == nil && c.verifying(st) {
 			if err := c.verifyStep(ctx, st); err != nil {
 				fatal = err
 			}
@@ -749,8 +772,6 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Guard %v is not a finite threshold ≥ 0", cfg.Guard)
 	case cfg.Guard > 0 && !cfg.ErrorFeedback:
 		return fmt.Errorf("Guard %v needs ErrorFeedback: without it nothing is held back", cfg.Guard)
-	case len(cfg.Schedule) > 0 && cfg.Decision == DecideAuto:
-		return fmt.Errorf("a Schedule needs Decision compressed or dense: the cost model decides for one spec")
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case len(sizes) == 0:

@@ -3,6 +3,7 @@ package overlap
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,7 +125,6 @@ func TestScheduleConfig(t *testing.T) {
 		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "topk:2"}}}, "schedule phase 0"},
 		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "int8"}}}, "a schedule keeps one strategy"},
 		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "topk:0.1:lossless=zstd"}}}, "lossless"},
-		{Config{Spec: "topk:0.01", Schedule: []Phase{{5, "topk:0.1"}}}, "Decision compressed or dense"},
 		{Config{Spec: "none", Decision: DecideCompressed, Schedule: []Phase{{5, "fp16"}}}, "compressing Spec"},
 	} {
 		errs := onRanks(group(t, 2), func(r int, cm comm.Comm) error {
@@ -156,5 +156,56 @@ func TestScheduleConfig(t *testing.T) {
 	}
 	if ps, err := ParseSchedule("100@topk:0.25,50@topk:0.0625"); err != nil || FormatSchedule(ps) != "100@topk:0.25,50@topk:0.0625" {
 		t.Errorf("ParseSchedule round trip: %v, %v", ps, err)
+	}
+}
+
+// TestScheduleCostModel: with DecideAuto the cost model decides for Spec
+// (here: compressed on a slow link), the buckets it compresses take the
+// schedule's phases exactly as a pinned engine's do, and verification's
+// trials start only after the last phase (until the first, the results
+// equal the pinned engine's).
+func TestScheduleCostModel(t *testing.T) {
+	sizes := []int{1 << 12, 300}
+	const warmup, steps = 1, 9
+	schedule := []Phase{{2, "topk:0.25"}, {2, "topk:0.1"}}
+	tm := &fixedTiming{alpha: 200e-6, perByte: 1 / 20e6, enc: line{1e-5, 2e-9}, dec: line{2e-5, 1e-9}, avg: line{1e-6, 1e-10},
+		dense: 2e-3, compressed: 1e-3}
+	auto := newTimedEngines(t, group(t, 2), sizes, Config{Spec: "topk:0.02", ErrorFeedback: true, Warmup: warmup, Schedule: schedule}, tm)
+	pinned := newEngines(t, 2, sizes, Config{Spec: "topk:0.02", ErrorFeedback: true, Warmup: warmup, Schedule: schedule, Decision: DecideCompressed})
+	for r, e := range auto {
+		if got := e.Compressed(); !slices.Equal(got, []bool{true, true}) {
+			t.Fatalf("rank %d: the cost model decided %v on a slow link, want every bucket compressed", r, got)
+		}
+	}
+	end := warmup + 2 + 2 // the first step of Spec's phase
+	for s := range steps {
+		if s > end+1 {
+			t.Fatal("no trial after the schedule")
+		}
+		grads := stepGrads(2, s, sizes)
+		want := clone3(grads)
+		stats, errs := runStep(auto, grads, inOrder(len(sizes)))
+		mustNoErrors(t, "auto step", errs)
+		_, errs = runStep(pinned, want, inOrder(len(sizes)))
+		mustNoErrors(t, "pinned step", errs)
+		trial := false
+		for _, bs := range stats[0].Buckets {
+			trial = trial || bs.Trial
+		}
+		switch {
+		case s < end && trial:
+			t.Fatalf("step %d, inside the schedule, is a verification trial", s)
+		case s == end+1 && !trial:
+			t.Fatalf("step %d, the second after the schedule, is not verification's first trial", s)
+		case trial:
+			return // the other path: from here the memories differ from the pinned engine's
+		}
+		for r := range grads {
+			for b := range sizes {
+				if i := sameFloats(grads[r][b], want[r][b]); i >= 0 {
+					t.Fatalf("step %d rank %d bucket %d: element %d differs from the pinned engine's (%s)", s, r, b, i, stats[r].Buckets[b].Reason)
+				}
+			}
+		}
 	}
 }

@@ -160,8 +160,9 @@ class State:
     exists, are plain all-reduces without momentum.)
     ``schedule``: a compression warm-up (DGC's sparsity ramp; int8 → int4
     → int2): a list of (steps, spec) phases run after ``warmup_steps``,
-    then ``spec``; every phase keeps ``spec``'s strategy; needs
-    ``decision="compressed"`` or ``"dense"``; the handshake compares it and
+    then ``spec``; every phase keeps ``spec``'s strategy; with
+    ``decision="auto"`` the cost model decides for ``spec`` and
+    verifies after the last phase; the handshake compares it and
     a checkpoint resumes it where it was. E.g. ``State("topk:0.004",
     decision="compressed", schedule=[(100, "topk:0.25"), (100, "topk:0.0625"),
     (100, "topk:0.016")])``.
