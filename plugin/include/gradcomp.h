@@ -336,7 +336,7 @@ typedef struct gc_engine_config {
 	int32_t workers;           /* compressor threads; 0: all CPUs */
 	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
 	double momentum;           /* since 2.1: momentum correction, the optimizer's momentum in [0, 1) (0: off;
-	                            * host buckets only): each bucket becomes u = m·u + g before its exchange, so
+	                            * host and device buckets): each bucket becomes u = m·u + g before its exchange, so
 	                            * run the optimizer without momentum. (2.1 always masked, see
 	                            * momentum_masking.) A 2.0 caller's size (56) means 0. */
 	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
