@@ -50,7 +50,7 @@ type Config struct {
 	// before Spec topk:0.004, or int8 → int4 before int2), and error
 	// feedback carries its memory across phases. It needs Decision
 	// DecideCompressed or DecideDense (the cost model decides for one
-	// spec); Engine only. ParseSchedule reads it from a string.
+	// spec). ParseSchedule reads it from a string.
 	Schedule []Phase
 	// Guard is the accuracy guard's threshold, 0 for none; it needs
 	// ErrorFeedback; Engine only. Every rank measures, for each bucket it

@@ -129,7 +129,11 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // all-reduce is not on the device, nor SRA for random-k (ConfigError),
 // nor the cost model: DecideAuto means compressed here, DecideDense pins
 // the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
-// Engine. Stage times: Compress is stage-1 encoding,
+// Engine. A compression warm-up (Config.Schedule) changes the codec at
+// each phase's first step (every phase's kernels.Codec is made by
+// NewDevice); a bucket's slots and workspaces are made again for it when
+// the bucket next takes the compressed path, and its error-feedback
+// memories carry over. Stage times: Compress is stage-1 encoding,
 // Exchange runs from the first collective's start to the last one's end
 // (SRA: the owner's work between them included), Decompress the final
 // decode and average.
@@ -225,10 +229,8 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
-	case len(cfg.Schedule) > 0:
-		// Before any collective: every rank with this Config returns it.
-		return nil, &ConfigError{Rank: host.Rank(), Reason: "Schedule: a compression warm-up runs on the Engine (host buckets) only"}
 	case cfg.Guard != 0:
+		// Before any collective: every rank with this Config returns it.
 		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Guard %v: the accuracy guard runs on the Engine (host buckets) only", cfg.Guard)}
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only

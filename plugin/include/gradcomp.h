@@ -341,7 +341,8 @@ typedef struct gc_engine_config {
 	                            * momentum_masking.) A 2.0 caller's size (56) means 0. */
 	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
 	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
-	                            * keep spec's strategy; needs decision "compressed" or "dense"; host buckets. */
+	                            * keep spec's strategy; needs decision "compressed" or "dense"; host and
+	                            * device buckets. */
 	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback; host
 	                            * buckets): a bucket whose error feedback holds back more than guard times the
 	                            * norm of its gradient, on some rank, goes dense with its residual on its next
