@@ -33,7 +33,7 @@ type Config struct {
 	// optimizer without its own), and error feedback accumulates u: its
 	// residual is DGC's v. u is part of the engine's state; a gradient
 	// with NaN or Inf leaves it unchanged, and so does, on a DeviceEngine,
-	// a step that fails.
+	// a step that fails or is skipped (FailOnNonFinite).
 	Momentum float64
 	// MomentumMasking is DGC's momentum factor masking (needs Momentum):
 	// after a compressed payload of a sparse codec (top-k, random-k) was
