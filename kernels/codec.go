@@ -402,3 +402,58 @@ func (c *Codec) decodePlan(a DecodeArgs) ([]step, error) {
 	}
 	return plan, nil
 }
+
+// MaskArgs are the device buffers of one Mask call.
+type MaskArgs struct {
+	U gpu.Ptr // N float32, 4-byte aligned: zeroed where the payload sent
+	N int
+	// Body is the raw body this codec's Encode wrote for N elements
+	// under Key: top-k's indices are read from it, random-k's are drawn
+	// from Key (Body is then unused and may be 0).
+	Body gpu.Ptr
+	Key  compress.Key
+	// Gate, optional: StatusLen bytes, 8-byte aligned (an Average's Out);
+	// the mask applies only if neither of its words records a failure.
+	Gate gpu.Ptr
+}
+
+// maskPlan returns the operations of Mask.
+func (c *Codec) maskPlan(a MaskArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgumentError{Op: "Mask(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
+	}
+	topk := c.codec == compress.CodecTopK
+	switch {
+	case !topk && c.codec != compress.CodecRandomK:
+		return nil, bad("codec %s sends no index set: only top-k and random-k masks", c.codec)
+	case a.N < 0 || a.N > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case a.N > 0 && (a.U == 0 || a.U%4 != 0):
+		return nil, bad("velocity %#x is null or not 4-byte aligned", a.U)
+	case topk && a.N > 0 && (a.Body == 0 || a.Body%4 != 0):
+		return nil, bad("body %#x is null or not 4-byte aligned", a.Body)
+	case a.Gate%8 != 0:
+		return nil, bad("gate status %#x is not 8-byte aligned", a.Gate)
+	}
+	k := uint64(c.sparseK(a.N))
+	if a.N == 0 || k == 0 {
+		return nil, nil
+	}
+	idx, base := ptrArg(a.Body), uint64(0)
+	if !topk {
+		idx, base = 0, compress.StreamBase(c.seed, a.Key, compress.DomainRandomK)
+	}
+	return []step{elementwise("gc_sparse_mask", k, ptrArg(a.U), idx, uint64(a.N), k, base, ptrArg(a.Gate))}, nil
+}
+
+// Mask enqueues on s momentum factor masking for one payload of this
+// sparse codec (see MaskArgs) and returns without waiting: U[i] = 0 at
+// every index i the payload sent, as compress.Pending.CommitMasked does,
+// unless a.Gate records a failure.
+func (c *Codec) Mask(ctx *Context, s gpu.Stream, a MaskArgs) error {
+	plan, err := c.maskPlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}

@@ -68,6 +68,60 @@ func Average(ctx *Context, s gpu.Stream, a AverageArgs) error {
 	return ctx.run(s, plan)
 }
 
+// MomentumArgs are the device buffers of one Momentum call.
+type MomentumArgs struct {
+	Grad gpu.Ptr // N float32: the gradient g, replaced by m·u + g
+	U    gpu.Ptr // N float32: the velocity u, only read
+	Next gpu.Ptr // N float32, not overlapping U or Grad: receives m·u + g
+	N    int
+	M    float32 // the momentum, in [0, 1)
+	// Status: StatusLen bytes, 8-byte aligned, reset by Momentum; its
+	// first word records the first non-finite m·u + g (read it with
+	// StatusError).
+	Status gpu.Ptr
+}
+
+// momentumPlan returns the operations of Momentum.
+func momentumPlan(a MomentumArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgumentError{Op: "Momentum", Reason: fmt.Sprintf(format, v...)}
+	}
+	n := uint64(a.N)
+	switch {
+	case a.N < 0 || a.N > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case !(a.M >= 0 && a.M < 1):
+		return nil, bad("momentum %v is not in [0, 1)", a.M)
+	case a.Status == 0 || a.Status%8 != 0:
+		return nil, bad("status %#x is null or not 8-byte aligned", a.Status)
+	case a.N > 0 && (a.Grad == 0 || a.U == 0 || a.Next == 0):
+		return nil, bad("null gradient, velocity or next pointer for %d elements", a.N)
+	case a.Grad%4 != 0 || a.U%4 != 0 || a.Next%4 != 0:
+		return nil, bad("gradient %#x, velocity %#x and next %#x must be 4-byte aligned", a.Grad, a.U, a.Next)
+	case a.N > 0 && (overlap(a.Next, a.U, 4*n) || overlap(a.Next, a.Grad, 4*n)):
+		return nil, bad("next %#x overlaps the velocity %#x or the gradient %#x (%d bytes each)", a.Next, a.U, a.Grad, 4*n)
+	}
+	plan := []step{memset32(a.Status, 0xffffffff, StatusLen/4)}
+	if a.N == 0 {
+		return plan, nil
+	}
+	return append(plan, elementwise("gc_momentum", n, ptrArg(a.Grad), ptrArg(a.U), ptrArg(a.Next), n,
+		f32Arg(a.M), ptrArg(a.Status))), nil
+}
+
+// Momentum enqueues on s momentum correction's step (see MomentumArgs) and
+// returns without waiting: it resets a.Status, then sets, for every i,
+// v = float32(M·U[i]) + Grad[i] (two roundings, no multiply-add
+// contraction: overlap's host engine), Grad[i] = v and Next[i] = v, and
+// records the first non-finite v in the status's first word.
+func Momentum(ctx *Context, s gpu.Stream, a MomentumArgs) error {
+	plan, err := momentumPlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
 // gemmTile is GT in gemm.cu.
 const gemmTile = 16
 

@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gradcomp/gradcomp/compress"
 )
 
 // TestAverage checks gc_average against the CPU rule (x / float32(N),
@@ -89,6 +91,97 @@ func TestSGEMM(t *testing.T) {
 			}
 			if got[i*n+j] != acc {
 				t.Fatalf("c[%d][%d] = %v, want %v", i, j, got[i*n+j], acc)
+			}
+		}
+	}
+}
+
+// TestMomentum checks gc_momentum against the CPU rule (float32(m·u) + g,
+// two roundings), bit for bit, and its report of the first non-finite
+// result.
+func TestMomentum(t *testing.T) {
+	ctx := device(t)
+	const n, m = 10007, float32(0.9)
+	rng := rand.New(rand.NewPCG(5, 6))
+	u, g := make([]float32, n), make([]float32, n)
+	for i := range u {
+		u[i], g[i] = float32(rng.NormFloat64()*1e3), float32(rng.NormFloat64())
+	}
+	g[777] = float32(math.NaN())
+	gp, up, next, status := upload(t, ctx, g), upload(t, ctx, u), devBuf(t, ctx, 4*n), devBuf(t, ctx, StatusLen)
+	if err := Momentum(ctx, 0, MomentumArgs{Grad: gp, U: up, Next: next, N: n, M: m, Status: status}); err != nil {
+		t.Fatal(err)
+	}
+	gotG, gotNext := download(t, ctx, gp, n), download(t, ctx, next, n)
+	for i := range u {
+		want := float32(m*u[i]) + g[i]
+		if math.Float32bits(gotG[i]) != math.Float32bits(want) || math.Float32bits(gotNext[i]) != math.Float32bits(want) {
+			t.Fatalf("element %d: gradient %v, next %v, want %v", i, gotG[i], gotNext[i], want)
+		}
+	}
+	st := make([]byte, StatusLen)
+	if err := ctx.CopyOut(0, st, status); err != nil {
+		t.Fatal(err)
+	}
+	if binary.LittleEndian.Uint64(st)>>32 != 777 {
+		t.Errorf("status %x, want the NaN at 777", st)
+	}
+}
+
+// TestMask checks gc_sparse_mask against the indices the CPU payloads of
+// top-k and random-k send, and that a failed gate stops it.
+func TestMask(t *testing.T) {
+	ctx := device(t)
+	const n = 5003
+	rng := rand.New(rand.NewPCG(7, 8))
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64()) + 10 // no zero: decoded nonzero ⇔ sent
+	}
+	for _, spec := range []string{"topk:0.05", "randomk:0.1:seed=3"} {
+		c, _ := codecOf(spec)
+		key := compress.Key{Bucket: 2, Step: 9}
+		payload, err := c.Reference().Compress(nil, x, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, body, err := compress.DecodePayload(c.Reference(), payload, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := make([]float32, n)
+		if err := c.Reference().Decompress(sent, payload); err != nil {
+			t.Fatal(err)
+		}
+		bp := devBuf(t, ctx, len(body))
+		if err := ctx.CopyIn(0, bp, body); err != nil {
+			t.Fatal(err)
+		}
+		gate := devBuf(t, ctx, StatusLen)
+		for _, failed := range []bool{false, true} {
+			g := make([]byte, StatusLen)
+			for i := range g {
+				g[i] = 0xff
+			}
+			if failed {
+				binary.LittleEndian.PutUint64(g[8:], 1)
+			}
+			if err := ctx.CopyIn(0, gate, g); err != nil {
+				t.Fatal(err)
+			}
+			u := upload(t, ctx, x)
+			if err := c.Mask(ctx, 0, MaskArgs{U: u, N: n, Body: bp, Key: key, Gate: gate}); err != nil {
+				t.Fatal(err)
+			}
+			got := download(t, ctx, u, n)
+			for i := range x {
+				want := x[i]
+				if sent[i] != 0 && !failed {
+					want = 0
+				}
+				if got[i] != want {
+					t.Fatalf("%s, gate failed %v, element %d: %v, want %v", spec, failed, i, got[i], want)
+				}
 			}
 		}
 	}

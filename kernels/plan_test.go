@@ -123,6 +123,21 @@ func TestPlansMatchPTX(t *testing.T) {
 		}
 		checkPlan("average", plan)
 	}
+	plan, err := momentumPlan(MomentumArgs{Grad: 1 << 40, U: 2 << 40, Next: 3 << 40, N: 1<<20 + 3, M: 0.9, Status: 4 << 40})
+	if err != nil {
+		t.Fatalf("momentum: %v", err)
+	}
+	checkPlan("momentum", plan)
+	for _, spec := range []string{"topk:0.01", "randomk:0.1"} {
+		c, _ := codecOf(spec)
+		for _, n := range []int{1, 4097, 1<<20 + 3} {
+			plan, err := c.maskPlan(MaskArgs{U: 1 << 40, N: n, Body: 2 << 40, Gate: 3 << 40})
+			if err != nil {
+				t.Fatalf("%s mask n=%d: %v", spec, n, err)
+			}
+			checkPlan(spec+" mask", plan)
+		}
+	}
 	for _, d := range [][3]int{{1, 1, 1}, {1000, 17, 4097}, {1 << 15, 1 << 15, 3}} {
 		plan, err := sgemmPlan(1<<40, 2<<40, 3<<40, d[0], d[1], d[2])
 		if err != nil {
@@ -337,5 +352,59 @@ func TestEngineArgsRejected(t *testing.T) {
 	plan, _ := sgemmPlan(1<<40, 2<<40, 3<<40, 33, 17, 5)
 	if got, want := plan[0].grid, uint32(3*2); got != want {
 		t.Errorf("sgemm 33×17: %d blocks, want %d (one per 16×16 tile)", got, want)
+	}
+}
+
+// TestMomentumArgsRejected checks that Momentum and Mask refuse bad
+// arguments on the host with an *ArgumentError.
+func TestMomentumArgsRejected(t *testing.T) {
+	good := MomentumArgs{Grad: 1 << 40, U: 2 << 40, Next: 3 << 40, N: 100, M: 0.9, Status: 4 << 40}
+	if _, err := momentumPlan(good); err != nil {
+		t.Fatalf("good arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *MomentumArgs){
+		"negative length":   func(a *MomentumArgs) { a.N = -1 },
+		"too long":          func(a *MomentumArgs) { a.N = compress.MaxElements + 1 },
+		"momentum 1":        func(a *MomentumArgs) { a.M = 1 },
+		"negative momentum": func(a *MomentumArgs) { a.M = -0.5 },
+		"NaN momentum":      func(a *MomentumArgs) { a.M = float32(math.NaN()) },
+		"null status":       func(a *MomentumArgs) { a.Status = 0 },
+		"misaligned status": func(a *MomentumArgs) { a.Status += 4 },
+		"null gradient":     func(a *MomentumArgs) { a.Grad = 0 },
+		"null velocity":     func(a *MomentumArgs) { a.U = 0 },
+		"null next":         func(a *MomentumArgs) { a.Next = 0 },
+		"misaligned next":   func(a *MomentumArgs) { a.Next += 2 },
+		"next on velocity":  func(a *MomentumArgs) { a.Next = a.U + 4 },
+		"next on gradient":  func(a *MomentumArgs) { a.Next = a.Grad },
+	} {
+		a := good
+		mod(&a)
+		var ae *ArgumentError
+		if _, err := momentumPlan(a); !errors.As(err, &ae) {
+			t.Errorf("momentum %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+	topk, _ := codecOf("topk:0.1")
+	randomk, _ := codecOf("randomk:0.1")
+	int8, _ := codecOf("int8")
+	if _, err := randomk.maskPlan(MaskArgs{U: 1 << 40, N: 100}); err != nil {
+		t.Errorf("random-k mask without a body refused: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		c *Codec
+		a MaskArgs
+	}{
+		"quantizer":       {int8, MaskArgs{U: 1 << 40, N: 100, Body: 2 << 40}},
+		"negative length": {topk, MaskArgs{U: 1 << 40, N: -1, Body: 2 << 40}},
+		"null velocity":   {topk, MaskArgs{N: 100, Body: 2 << 40}},
+		"misaligned u":    {randomk, MaskArgs{U: 1<<40 + 2, N: 100}},
+		"top-k null body": {topk, MaskArgs{U: 1 << 40, N: 100}},
+		"misaligned gate": {topk, MaskArgs{U: 1 << 40, N: 100, Body: 2 << 40, Gate: 3<<40 + 4}},
+		"misaligned body": {topk, MaskArgs{U: 1 << 40, N: 100, Body: 2<<40 + 1}},
+	} {
+		var ae *ArgumentError
+		if _, err := tc.c.maskPlan(tc.a); !errors.As(err, &ae) {
+			t.Errorf("mask %s: got %v, want an *ArgumentError", name, err)
+		}
 	}
 }

@@ -27,12 +27,13 @@ type Config struct {
 	Warmup          int           // steps numbered below it exchange every bucket dense (error feedback untouched); verification starts after them
 	Workers         int           // goroutines per compressor call (compress.WithWorkers); default GOMAXPROCS
 	// Momentum is the optimizer's momentum m in [0, 1) for momentum
-	// correction (DGC, Lin et al. 2018), 0 for none; Engine only. Every
-	// step, every bucket's gradient g becomes u ← m·u + g before its
-	// exchange, so the average the engine returns already carries the
-	// momentum (run the optimizer without its own), and error feedback
-	// accumulates u: its residual is DGC's v. u is part of the engine's
-	// state; a gradient with NaN or Inf leaves it unchanged.
+	// correction (DGC, Lin et al. 2018), 0 for none. Every step, every
+	// bucket's gradient g becomes u ← m·u + g before its exchange, so the
+	// average the engine returns already carries the momentum (run the
+	// optimizer without its own), and error feedback accumulates u: its
+	// residual is DGC's v. u is part of the engine's state; a gradient
+	// with NaN or Inf leaves it unchanged, and so does, on a DeviceEngine,
+	// a step that fails or is skipped (FailOnNonFinite).
 	Momentum float64
 	// MomentumMasking is DGC's momentum factor masking (needs Momentum):
 	// after a compressed payload of a sparse codec (top-k, random-k) was
@@ -50,8 +51,8 @@ type Config struct {
 	// feedback carries its memory across phases. With DecideAuto the cost
 	// model decides each bucket's path for Spec, the phases change only
 	// the codec of the buckets it compresses, and verification starts
-	// after the last phase. Engine only. ParseSchedule reads it from a
-	// string; Ramp makes DGC's.
+	// after the last phase. ParseSchedule reads it from a string; Ramp
+	// makes DGC's.
 	Schedule []Phase
 	// Guard is the accuracy guard's threshold, 0 for none; it needs
 	// ErrorFeedback; Engine only. Every rank measures, for each bucket it
@@ -175,10 +176,11 @@ type backend interface {
 	// install replaces the memories with ones Load validated.
 	install(gradEF, partEF *compress.ErrorFeedback) error
 	// velocity returns bucket i's momentum-correction velocity u (nil:
-	// none yet, or no momentum correction); setVelocity replaces every
-	// bucket's with ones Load validated (nil: zero).
-	velocity(i int) []float32
-	setVelocity(us [][]float32)
+	// none yet, or no momentum correction; a copy of device memory), or
+	// why it cannot be read; setVelocity replaces every bucket's with
+	// ones Load validated (nil: zero).
+	velocity(i int) ([]float32, error)
+	setVelocity(us [][]float32) error
 	// usePhase moves to the schedule phase the core just made active
 	// (comp, mem1, mem2): the compressed path's compressors and buffers
 	// change, error-feedback memory carries over.

@@ -21,8 +21,9 @@ import (
 // gives the one over a kernels.Context; tests use a fake. Every method but
 // EventQuery, CopyIn and CopyOut only enqueues work (or creates or
 // destroys a handle) and never waits for the device; their contracts are
-// kernels.Context's of the same names, and Encode, Decode and Average are
-// kernels.Codec.Encode, kernels.Codec.Decode and kernels.Average.
+// kernels.Context's of the same names, and Encode, Decode, Average,
+// Momentum and Mask are kernels.Codec.Encode, kernels.Codec.Decode,
+// kernels.Average, kernels.Momentum and kernels.Codec.Mask.
 type Device interface {
 	Alloc(bytes int) (gpu.Ptr, error)
 	Free(p gpu.Ptr) error
@@ -39,6 +40,8 @@ type Device interface {
 	Encode(c *kernels.Codec, s gpu.Stream, a kernels.EncodeArgs) error
 	Decode(c *kernels.Codec, s gpu.Stream, a kernels.DecodeArgs) error
 	Average(s gpu.Stream, a kernels.AverageArgs) error
+	Momentum(s gpu.Stream, a kernels.MomentumArgs) error
+	Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) error
 }
 
 // CUDA returns the Device of a kernels.Context (its primary context, so
@@ -60,6 +63,14 @@ func (d cudaDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 	return kernels.Average(d.Context, s, a)
 }
 
+func (d cudaDevice) Momentum(s gpu.Stream, a kernels.MomentumArgs) error {
+	return kernels.Momentum(d.Context, s, a)
+}
+
+func (d cudaDevice) Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) error {
+	return c.Mask(d.Context, s, a)
+}
+
 // ErrBadPointer is a *UsageError's Err for a null or misaligned device
 // pointer.
 var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
@@ -75,9 +86,14 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 //
 // Ready(i, grad, s) records an event on the caller's stream s (the
 // gradient is complete once s reaches it) and returns. The engine's encode
-// stream waits for that event and compresses the bucket (error feedback
+// stream waits for that event, applies momentum correction
+// (Config.Momentum: kernels.Momentum turns grad into m·u + g and keeps
+// that in a second buffer, installed as u by a swap when the step
+// succeeded and it is finite) and compresses the bucket (error feedback
 // fused: the kernel reads the memory e and writes the new residual to a
-// second buffer, installed by a swap only when the step succeeds). The
+// second buffer, installed by a swap only when the step succeeds; with
+// MomentumMasking the decode stream zeroes the new u where a top-k or
+// random-k payload sent, kernels.Codec.Mask, when the residual is). The
 // wire stream, in bucket order on every rank (bucket i once buckets 0..i
 // are ready, as Engine), waits for the encode and enqueues the bucket's
 // collective on the comm.DeviceComm; the decode stream waits for it,
@@ -113,7 +129,11 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // all-reduce is not on the device, nor SRA for random-k (ConfigError),
 // nor the cost model: DecideAuto means compressed here, DecideDense pins
 // the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
-// Engine. Stage times: Compress is stage-1 encoding,
+// Engine. A compression warm-up (Config.Schedule) changes the codec at
+// each phase's first step (every phase's kernels.Codec is made by
+// NewDevice); a bucket's slots and workspaces are made again for it when
+// the bucket next takes the compressed path, and its error-feedback
+// memories carry over. Stage times: Compress is stage-1 encoding,
 // Exchange runs from the first collective's start to the last one's end
 // (SRA: the owner's work between them included), Decompress the final
 // decode and average.
@@ -135,17 +155,21 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // DeviceComm's timeout (or ctx); a launch that fails ends the step at
 // once (Ready returns the *StepError). Such a step breaks the engine
 // (*BrokenError afterwards) and leaves every error-feedback memory holding
-// e: unlike Engine, the step's gradients are lost, since the device no
-// longer holds them separately.
+// e, and every momentum velocity u: unlike Engine, the step's gradients
+// are lost, since the device no longer holds them separately.
 type DeviceEngine struct {
 	*core
 	dev   Device
 	dc    comm.DeviceComm
-	codec *kernels.Codec // nil for codec none
+	codec *kernels.Codec // the active schedule phase's (Spec's without a Schedule); nil for codec none
+	// codecs are every phase's codecs, by the core's phase index (Spec's
+	// alone without a Schedule).
+	codecs []*kernels.Codec
 
 	enc, wire, dec gpu.Stream
 	statuses       gpu.Ptr      // kernels.StatusLen per bucket: the averages' Out blocks
 	midStatuses    gpu.Ptr      // the same for SRA's averages of this rank's parts
+	momStatuses    gpu.Ptr      // Config.Momentum: the same for each bucket's kernels.Momentum
 	part           parts        // SRA's partition of a bucket (count: the world size)
 	done           gpu.Event    // the step's end, on the decode stream
 	drained        [2]gpu.Event // encode and wire stream ends, for a step that did not launch every bucket
@@ -171,6 +195,12 @@ type devBuffers struct {
 	resid2, out2 gpu.Ptr // SRA: this rank's part's second memory
 	mid          gpu.Ptr // SRA: this rank's part, summed and averaged
 	work, work2  gpu.Ptr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
+	phase        int     // the schedule phase the slots and workspaces are sized for
+	// Momentum correction (every bucket): u, and the step's m·u + g
+	// until settle installs it; velocity: u was written (by a step or
+	// Load), so the state holds it.
+	mom, next gpu.Ptr
+	velocity  bool
 	// Events: the caller's gradient ready; each stage's start and end on
 	// its stream (timing events).
 	ready                                      gpu.Event
@@ -180,7 +210,8 @@ type devBuffers struct {
 
 // deviceRun is the device backend's part of a run.
 type deviceRun struct {
-	dgrad gpu.Ptr // the caller's gradient
+	dgrad     gpu.Ptr // the caller's gradient
+	momFinite bool    // the step's m·u + g is finite: settle installs it
 }
 
 // NewDevice builds a device engine for buckets of the given element counts
@@ -198,12 +229,8 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
-	case len(cfg.Schedule) > 0:
-		return nil, &ConfigError{Rank: host.Rank(), Reason: "Schedule: a compression warm-up runs on the Engine (host buckets) only"}
-	case cfg.Momentum != 0:
-		// Before any collective: every rank with this Config returns it.
-		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Momentum %v: momentum correction runs on the Engine (host buckets) only", cfg.Momentum)}
 	case cfg.Guard != 0:
+		// Before any collective: every rank with this Config returns it.
 		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Guard %v: the accuracy guard runs on the Engine (host buckets) only", cfg.Guard)}
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only
@@ -211,7 +238,7 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	e := &DeviceEngine{core: core, dev: dev, dc: dc, part: parts{count: host.Size()}}
 	core.be = e
 	if local == nil && e.comp != nil {
-		e.codec, local = kernels.NewCodec(e.comp.Spec())
+		local = e.newCodecs()
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
@@ -231,6 +258,27 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, err
 	}
 	return e, nil
+}
+
+// newCodecs makes the device codec of every schedule phase (of Spec
+// without a Schedule) and makes the first phase's active.
+func (e *DeviceEngine) newCodecs() error {
+	comps := []compress.Compressor{e.comp}
+	if e.phases != nil {
+		comps = comps[:0]
+		for _, ph := range e.phases {
+			comps = append(comps, ph.comp)
+		}
+	}
+	for _, c := range comps {
+		k, err := kernels.NewCodec(c.Spec())
+		if err != nil {
+			return err
+		}
+		e.codecs = append(e.codecs, k)
+	}
+	e.codec = e.codecs[0]
+	return nil
 }
 
 // deviceStrategy resolves s as Engine does and maps it to the device's:
@@ -308,14 +356,34 @@ func (e *DeviceEngine) allocate() error {
 			}
 		}
 	}
+	if e.cfg.Momentum == 0 {
+		return nil
+	}
+	if e.momStatuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
+		return err
+	}
+	for i, bk := range e.buckets {
+		b := e.bufs[i]
+		for _, p := range []*gpu.Ptr{&b.mom, &b.next} {
+			if *p, err = e.alloc(4 * bk.n); err != nil {
+				return err
+			}
+		}
+		if err := e.dev.CopyIn(e.enc, b.mom, make([]byte, 4*bk.n)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // prepare allocates bucket bk's slots, workspaces and (zeroed) memories
-// the first time it takes the compressed path.
+// the first time it takes the compressed path, and again, for the active
+// schedule phase's codec, the first time it takes it in another phase:
+// then the slots and workspaces are replaced, and the memories (floats
+// per element, whatever the codec) carry over.
 func (e *DeviceEngine) prepare(bk *bucket) error {
 	b := e.bufs[bk.idx]
-	if b.send != 0 {
+	if b.send != 0 && b.phase == e.active {
 		return nil
 	}
 	slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }
@@ -328,8 +396,9 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	mine := hi - lo
 	sra, ef := e.strategy == StrategyQuantSRA, e.cfg.ErrorFeedback
 	ws := e.codec.WorkspaceLen(unit)
-	var nb devBuffers
-	nb.slot = slot(unit)
+	nb := *b
+	nb.phase, nb.send, nb.recv, nb.work, nb.send2, nb.recv2, nb.work2 = e.active, 0, 0, 0, 0, 0, 0
+	nb.slot, nb.slot2 = slot(unit), 0
 	if sra {
 		nb.slot2 = slot(unit)
 	}
@@ -337,41 +406,56 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		p     *gpu.Ptr
 		bytes int
 		need  bool
+		zero  bool // a memory: zeroed when allocated
 	}{
-		{&nb.send, sends * nb.slot, true},
-		{&nb.recv, e.size * nb.slot, true},
-		{&nb.work, ws, ws > 0},
-		{&nb.resid, 4 * bk.n, ef},
-		{&nb.out, 4 * bk.n, ef},
-		{&nb.mid, 4 * max(mine, 1), sra},
-		{&nb.send2, nb.slot2, sra},
-		{&nb.recv2, e.size * nb.slot2, sra},
-		{&nb.work2, ws, sra && ws > 0},
-		{&nb.resid2, 4 * max(mine, 1), sra && e.mem2 != nil},
-		{&nb.out2, 4 * max(mine, 1), sra && e.mem2 != nil},
+		{&nb.send, sends * nb.slot, true, false},
+		{&nb.recv, e.size * nb.slot, true, false},
+		{&nb.work, ws, ws > 0, false},
+		{&nb.resid, 4 * bk.n, ef, true},
+		{&nb.out, 4 * bk.n, ef, false},
+		{&nb.mid, 4 * max(mine, 1), sra, false},
+		{&nb.send2, nb.slot2, sra, false},
+		{&nb.recv2, e.size * nb.slot2, sra, false},
+		{&nb.work2, ws, sra && ws > 0, false},
+		{&nb.resid2, 4 * max(mine, 1), sra && e.mem2 != nil, true},
+		{&nb.out2, 4 * max(mine, 1), sra && e.mem2 != nil, false},
 	} {
-		if !x.need {
-			continue
+		if !x.need || *x.p != 0 {
+			continue // not needed, or a buffer kept from another phase
 		}
 		var err error
 		if *x.p, err = e.alloc(x.bytes); err != nil {
 			return err
 		}
-	}
-	for _, m := range []struct {
-		p gpu.Ptr
-		n int
-	}{{nb.resid, bk.n}, {nb.resid2, mine}} {
-		if m.p != 0 && m.n > 0 {
-			if err := e.dev.CopyIn(e.enc, m.p, make([]byte, 4*m.n)); err != nil {
+		if x.zero {
+			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, x.bytes)); err != nil {
 				return err
 			}
 		}
 	}
-	nb.ready, nb.encBeg, nb.encEnd, nb.xBeg, nb.xEnd = b.ready, b.encBeg, b.encEnd, b.xBeg, b.xEnd
-	nb.decBeg, nb.decEnd, nb.xMid, nb.midEnd = b.decBeg, b.decEnd, b.xMid, b.midEnd
+	// Another phase's slots and workspaces: the last step that used them
+	// has ended (Wait).
+	for _, p := range []gpu.Ptr{b.send, b.recv, b.work, b.send2, b.recv2, b.work2} {
+		if err := e.free(p); err != nil {
+			return err
+		}
+	}
 	*b = nb
 	return nil
+}
+
+// free releases p, an allocation of alloc (0: nothing).
+func (e *DeviceEngine) free(p gpu.Ptr) error {
+	if p == 0 {
+		return nil
+	}
+	for i, q := range e.mem {
+		if q == p {
+			e.mem = append(e.mem[:i], e.mem[i+1:]...)
+			break
+		}
+	}
+	return e.dev.Free(p)
 }
 
 // release destroys the events and streams and frees the buffers, and
@@ -453,6 +537,14 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	}
 	if err := e.dev.WaitEvent(e.enc, b.ready); err != nil {
 		return err
+	}
+	if e.cfg.Momentum != 0 {
+		a := kernels.MomentumArgs{Grad: r.dgrad, U: b.mom, Next: b.next, N: n, M: float32(e.cfg.Momentum),
+			Status: e.momStatuses + gpu.Ptr(kernels.StatusLen*i)}
+		if err := e.dev.Momentum(e.enc, a); err != nil {
+			return err
+		}
+		b.velocity = true
 	}
 	if err := e.dev.Record(b.encBeg, e.enc); err != nil {
 		return err
@@ -571,12 +663,28 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 	ops = append(ops,
 		func() error { return e.dev.Average(e.dec, avg) },
 		func() error { return e.dev.Record(b.decEnd, e.dec) })
+	if r.compressed && e.cfg.MomentumMasking && e.cfg.ErrorFeedback && e.sparse() {
+		// Momentum factor masking, on the velocity settle installs, where
+		// the error-feedback memory's Commit applies (Average's status
+		// clean): as Engine's Pending.CommitMasked.
+		ops = append(ops, func() error {
+			return e.dev.Mask(e.codec, e.dec, kernels.MaskArgs{U: b.next, N: n, Body: b.send + kernels.StatusLen,
+				Key: e.key(st.num, i, 0), Gate: avg.Out})
+		})
+	}
 	for _, f := range ops {
 		if err := f(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sparse reports whether the active codec sends an index set (top-k,
+// random-k).
+func (e *DeviceEngine) sparse() bool {
+	c := e.comp.Codec()
+	return c == compress.CodecTopK || c == compress.CodecRandomK
 }
 
 // launched records the step's done event after the last decode.
@@ -636,8 +744,18 @@ func (e *DeviceEngine) conclude(st *step) error {
 	if err := e.dev.CopyOut(e.dec, statuses, e.statuses); err != nil {
 		return &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
 	}
+	var momentum []byte
+	if e.cfg.Momentum != 0 {
+		momentum = make([]byte, kernels.StatusLen*len(st.runs))
+		if err := e.dev.CopyOut(e.enc, momentum, e.momStatuses); err != nil {
+			return &StepError{Step: st.num, Bucket: -1, Stage: "reading momentum statuses", Err: err}
+		}
+	}
 	for i, r := range st.runs {
 		b, s := e.bufs[i], &r.stats
+		if momentum != nil {
+			r.momFinite = kernels.StatusError(momentum[kernels.StatusLen*i:kernels.StatusLen*(i+1)]) == nil
+		}
 		fallback, err := e.nonFinite(r, statuses[kernels.StatusLen*i:kernels.StatusLen*(i+1)])
 		if err != nil {
 			return &StepError{Step: st.num, Bucket: i, Stage: "reading statuses", Err: err}
@@ -673,15 +791,19 @@ func (e *DeviceEngine) conclude(st *step) error {
 }
 
 // settle installs, after a step that succeeded, the residuals Encode
-// wrote for its compressed, finite buckets (a swap); a step that failed or
-// was skipped leaves every memory holding e.
+// wrote for its compressed, finite buckets and the momentum velocities
+// m·u + g that are finite (swaps); a step that failed or was skipped
+// leaves every memory and velocity as it was.
 func (e *DeviceEngine) settle(st *step, failed bool) {
-	if failed || !e.cfg.ErrorFeedback {
+	if failed {
 		return
 	}
 	for _, r := range st.runs {
-		if r.outcome == pathCompressed && !r.nonFinite {
-			b := e.bufs[r.b.idx]
+		b := e.bufs[r.b.idx]
+		if r.momFinite {
+			b.mom, b.next = b.next, b.mom
+		}
+		if e.cfg.ErrorFeedback && r.outcome == pathCompressed && !r.nonFinite {
 			b.resid, b.out = b.out, b.resid
 			b.resid2, b.out2 = b.out2, b.resid2
 		}
@@ -818,13 +940,45 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 	return "", nil
 }
 
-// velocity and setVelocity: a device engine has no momentum correction
-// (NewDevice refuses Config.Momentum), so no bucket has a velocity.
-func (e *DeviceEngine) velocity(int) []float32  { return nil }
-func (e *DeviceEngine) setVelocity([][]float32) {}
+// velocity copies bucket i's momentum velocity from the device (which
+// waits for the encode stream).
+func (e *DeviceEngine) velocity(i int) ([]float32, error) {
+	b := e.bufs[i]
+	if !b.velocity {
+		return nil, nil
+	}
+	u := make([]float32, e.buckets[i].n)
+	if err := e.dev.CopyOut(e.enc, f32.Bytes(u), b.mom); err != nil {
+		return nil, fmt.Errorf("reading it from the device: %w", err)
+	}
+	return u, nil
+}
 
-// usePhase is never called: NewDevice refuses a Schedule.
-func (e *DeviceEngine) usePhase() {}
+// setVelocity copies velocities Load validated to the device (zeros for
+// nil), ordered before the next step's momentum correction. Without
+// momentum correction there are none (Load checked the momentum).
+func (e *DeviceEngine) setVelocity(us [][]float32) error {
+	if e.cfg.Momentum == 0 {
+		return nil
+	}
+	for i, u := range us {
+		b := e.bufs[i]
+		raw := make([]byte, 4*e.buckets[i].n)
+		if u != nil {
+			raw = f32.Bytes(u)
+		}
+		if err := e.dev.CopyIn(e.enc, b.mom, raw); err != nil {
+			return fmt.Errorf("overlap: Load on rank %d: writing bucket %d's momentum velocity to the device: %w", e.rank, i, err)
+		}
+		b.velocity = u != nil
+	}
+	return nil
+}
+
+// usePhase makes the core's active schedule phase's codec the one the
+// kernels run; each bucket's slots and workspaces follow when it next
+// takes the compressed path (prepare), its memories carry over.
+func (e *DeviceEngine) usePhase() { e.codec = e.codecs[e.active] }
 
 // recordEnd records the ends of the encode and wire streams and makes the
 // decode stream wait for them before the done event, so that the done

@@ -76,20 +76,38 @@ func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []gpu.Ptr {
 // with error feedback, for 3 steps per codec and strategy, and compares
 // every bucket bit for bit with the CPU engine of the same strategy (the
 // kernels are bit-identical to package compress); step 2 puts an Inf in
-// bucket 1, which must come back NaN (dense: Inf) and flagged.
+// bucket 1, which must come back NaN (dense: Inf) and flagged. The last
+// cases add momentum correction (with masking) and a compression
+// warm-up, pinned compressed.
 func TestDeviceEngineCUDA(t *testing.T) {
 	ctx, dc, host := testDevice(t)
 	sizes := []int{1 << 20, 300_001, 4097}
 	for _, tc := range []struct {
 		spec     string
 		strategy Strategy
+		momentum float64
+		schedule string
 	}{
-		{"none", StrategyAuto}, {"int8", StrategyAuto}, {"int8", StrategyQuantSRA}, {"int4", StrategyAuto},
-		{"sign", StrategyQuantSRA}, {"topk:0.01", StrategyAuto}, {"topk:0.01:sampled", StrategyAuto},
-		{"randomk:0.01", StrategyAuto}, {"fp16", StrategyQuantSRA}, {"bf16", StrategyAuto},
+		{"none", StrategyAuto, 0, ""}, {"int8", StrategyAuto, 0, ""}, {"int8", StrategyQuantSRA, 0, ""}, {"int4", StrategyAuto, 0, ""},
+		{"sign", StrategyQuantSRA, 0, ""}, {"topk:0.01", StrategyAuto, 0, ""}, {"topk:0.01:sampled", StrategyAuto, 0, ""},
+		{"randomk:0.01", StrategyAuto, 0, ""}, {"fp16", StrategyQuantSRA, 0, ""}, {"bf16", StrategyAuto, 0, ""},
+		{"none", StrategyAuto, 0.9, ""}, {"topk:0.01", StrategyAuto, 0.9, "1@topk:0.1"},
+		{"randomk:0.01", StrategyAuto, 0.9, ""}, {"int4", StrategyQuantSRA, 0.9, "1@int8"},
 	} {
-		t.Run(tc.spec+"/"+tc.strategy.String(), func(t *testing.T) {
-			cfg := Config{Spec: tc.spec, Strategy: tc.strategy, ErrorFeedback: true}
+		name := tc.spec + "/" + tc.strategy.String()
+		if tc.momentum != 0 {
+			name += fmt.Sprintf("/momentum=%v/schedule=%q", tc.momentum, tc.schedule)
+		}
+		t.Run(name, func(t *testing.T) {
+			schedule, err := ParseSchedule(tc.schedule)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Spec: tc.spec, Strategy: tc.strategy, ErrorFeedback: true, Momentum: tc.momentum,
+				MomentumMasking: tc.momentum != 0, Schedule: schedule}
+			if schedule != nil {
+				cfg.Decision = DecideCompressed
+			}
 			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, cfg)
 			if err != nil {
 				t.Fatal(err)

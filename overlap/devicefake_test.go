@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -335,6 +336,57 @@ func (d *fakeDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 		}
 		if bad := average(dst, a.Ranks); bad >= 0 {
 			setStatus(out, 0, &compress.NonFiniteError{Index: bad, Value: dst[bad]})
+		}
+	})
+	return nil
+}
+
+// Momentum is kernels.Momentum by the host engine's arithmetic
+// (momentumStep).
+func (d *fakeDevice) Momentum(s gpu.Stream, a kernels.MomentumArgs) error {
+	d.enqueue(s, func() {
+		status := d.bytes(a.Status, kernels.StatusLen)
+		for i := range status {
+			status[i] = 0xff
+		}
+		if bad := momentumStep(d.floats(a.Grad, a.N), d.floats(a.U, a.N), d.floats(a.Next, a.N), a.M); bad >= 0 {
+			setStatus(status, 0, &compress.NonFiniteError{Index: bad, Value: d.floats(a.Next, a.N)[bad]})
+		}
+	})
+	return nil
+}
+
+// Mask is kernels.Codec.Mask by the CPU reference: the body with every
+// value set to 1, decoded, marks the indices the payload sent.
+func (d *fakeDevice) Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) error {
+	ref := c.Reference()
+	d.enqueue(s, func() {
+		if a.Gate != 0 && kernels.StatusError(d.bytes(a.Gate, kernels.StatusLen)) != nil {
+			return
+		}
+		payload, err := compress.EncodePayload(ref, nil, a.N, a.Key, func(body []byte) error {
+			vals := body // random-k: the values alone
+			if ref.Codec() == compress.CodecTopK {
+				copy(body, d.bytes(a.Body, len(body)))
+				vals = body[len(body)/2:] // top-k: k indices, then k values
+			}
+			for j := 0; j < len(vals); j += 4 {
+				binary.LittleEndian.PutUint32(vals[j:], math.Float32bits(1))
+			}
+			return nil
+		})
+		sent := make([]float32, a.N)
+		if err == nil {
+			err = ref.Decompress(sent, payload)
+		}
+		if err != nil {
+			panic(err)
+		}
+		u := d.floats(a.U, a.N)
+		for i, v := range sent {
+			if v != 0 {
+				u[i] = 0
+			}
 		}
 	})
 	return nil

@@ -300,14 +300,23 @@ func (e *Engine) momentumTask(r *run) {
 	if b.mom == nil {
 		b.mom, b.next = make([]float32, b.n), make([]float32, b.n)
 	}
-	m := float32(e.cfg.Momentum)
-	finite := true
-	for i, g := range r.grad[:b.n] {
-		v := m*b.mom[i] + g
-		finite = finite && v-v == 0
-		b.next[i], r.grad[i] = v, v
+	r.momentum = momentumStep(r.grad[:b.n], b.mom, b.next, float32(e.cfg.Momentum)) < 0
+}
+
+// momentumStep is momentum correction's arithmetic (kernels.Momentum's
+// reference): v = float32(m·u[i]) + grad[i], two roundings (no fused
+// multiply-add, on any architecture), into grad[i] and next[i]. It
+// returns the index of the first non-finite v, or -1.
+func momentumStep(grad, u, next []float32, m float32) int {
+	bad := -1
+	for i, g := range grad {
+		v := float32(m*u[i]) + g
+		if bad < 0 && v-v != 0 {
+			bad = i
+		}
+		next[i], grad[i] = v, v
 	}
-	r.momentum = finite
+	return bad
 }
 
 // usePhase rebuilds the compressed path for the core's active phase: the
@@ -335,15 +344,16 @@ func carry(from, to *compress.ErrorFeedback) {
 	}
 }
 
-func (e *Engine) velocity(i int) []float32 { return e.buckets[i].mom }
+func (e *Engine) velocity(i int) ([]float32, error) { return e.buckets[i].mom, nil }
 
-func (e *Engine) setVelocity(us [][]float32) {
+func (e *Engine) setVelocity(us [][]float32) error {
 	for i, b := range e.buckets {
 		b.mom, b.next = us[i], nil
 		if us[i] != nil {
 			b.next = make([]float32, b.n)
 		}
 	}
+	return nil
 }
 
 func commit(p *compress.Pending) {

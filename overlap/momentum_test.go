@@ -38,7 +38,7 @@ func (mr *momentumRef) step(s int, grads [][][]float32) [][]float32 {
 			}
 			next := make([]float32, len(u))
 			for i, g := range grads[r][b] {
-				next[i] = mr.m*u[i] + g
+				next[i] = float32(mr.m*u[i]) + g
 			}
 			mr.u[[2]int{r, b}] = next
 			in[r] = next
@@ -60,42 +60,94 @@ func (mr *momentumRef) step(s int, grads [][][]float32) [][]float32 {
 
 // TestMomentumCorrection runs the engine with Config.Momentum, with and
 // without masking, against the reference for a dense, a sparse and a
-// quantizing codec, bit for bit.
+// quantizing codec (3 ranks: SRA), bit for bit, on both backends (the
+// device's on fake devices, whose kernels are the host's arithmetic).
 func TestMomentumCorrection(t *testing.T) {
 	const ranks, steps = 3, 4
 	sizes := []int{500, 37}
-	for _, c := range []struct {
-		spec          string
-		sparse, masks bool
-	}{{"none", false, false}, {"topk:0.05", true, true}, {"topk:0.05", true, false}, {"randomk:0.1", true, true},
-		{"randomk:0.1", true, false}, {"int8", false, true}} {
-		t.Run(fmt.Sprintf("%s/masking=%v", c.spec, c.masks), func(t *testing.T) {
-			cfg := Config{Spec: c.spec, ErrorFeedback: c.spec != "none", Decision: DecideCompressed, Momentum: 0.9,
-				MomentumMasking: c.masks}
-			engines := newEngines(t, ranks, sizes, cfg)
-			ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse && c.masks,
-				ref: newRef(t, c.spec, engines[0].Strategy(), ranks, cfg.ErrorFeedback)}
-			for s := range steps {
-				grads := stepGrads(ranks, s, sizes)
-				want := ref.step(s, clone3(grads))
-				_, errs := runStep(engines, grads, inOrder(len(sizes)))
-				mustNoErrors(t, "step", errs)
-				for r := range grads {
-					for b := range sizes {
-						if i := sameFloats(grads[r][b], want[b]); i >= 0 {
-							t.Fatalf("step %d rank %d bucket %d element %d: %v, want %v", s, r, b, i, grads[r][b][i], want[b][i])
+	for _, backend := range backends {
+		for _, c := range []struct {
+			spec          string
+			sparse, masks bool
+		}{{"none", false, false}, {"topk:0.05", true, true}, {"topk:0.05", true, false}, {"randomk:0.1", true, true},
+			{"randomk:0.1", true, false}, {"int8", false, true}} {
+			t.Run(fmt.Sprintf("%s/%s/masking=%v", backend, c.spec, c.masks), func(t *testing.T) {
+				cfg := Config{Spec: c.spec, ErrorFeedback: c.spec != "none", Decision: DecideCompressed, Momentum: 0.9,
+					MomentumMasking: c.masks}
+				g := newBackendRig(t, backend, ranks, sizes, cfg)
+				ref := &momentumRef{m: 0.9, u: map[[2]int][]float32{}, sparse: c.sparse && c.masks,
+					ref: newRef(t, c.spec, g.refStrategy(), ranks, cfg.ErrorFeedback)}
+				for s := range steps {
+					grads := stepGrads(ranks, s, sizes)
+					want := ref.step(s, clone3(grads))
+					out, _ := g.step(t, grads)
+					for r := range grads {
+						for b := range sizes {
+							if i := sameFloats(out[r][b], want[b]); i >= 0 {
+								t.Fatalf("step %d rank %d bucket %d element %d: %v, want %v", s, r, b, i, out[r][b][i], want[b][i])
+							}
 						}
 					}
 				}
-			}
-			for r, e := range engines {
-				for b := range sizes {
-					if i := sameFloats(e.buckets[b].mom, ref.u[[2]int{r, b}]); i >= 0 {
-						t.Fatalf("rank %d bucket %d: velocity element %d is %v, want %v", r, b, i, e.buckets[b].mom[i], ref.u[[2]int{r, b}][i])
+				for r := range ranks {
+					for b := range sizes {
+						u := g.velocity(t, r, b)
+						if i := sameFloats(u, ref.u[[2]int{r, b}]); i >= 0 {
+							t.Fatalf("rank %d bucket %d: velocity element %d is %v, want %v", r, b, i, u[i], ref.u[[2]int{r, b}][i])
+						}
 					}
 				}
+			})
+		}
+	}
+}
+
+// TestMomentumCheckpointAcrossBackends: with momentum correction and
+// masking, the states the host and the device engines save after the
+// same steps are the same bytes, and a state of either backend loads into
+// the other, which continues as the original does, bit for bit.
+func TestMomentumCheckpointAcrossBackends(t *testing.T) {
+	const ranks = 2
+	sizes := []int{300, 37}
+	for _, spec := range []string{"topk:0.05", "int8"} {
+		cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5, MomentumMasking: true}
+		rigs := map[string]*backendRig{}
+		states := map[string][][]byte{}
+		for _, b := range backends {
+			rigs[b] = newBackendRig(t, b, ranks, sizes, cfg)
+			for s := range 2 {
+				rigs[b].step(t, stepGrads(ranks, s, sizes))
 			}
-		})
+			states[b] = rigs[b].save(t)
+		}
+		for r := range ranks {
+			if !bytes.Equal(states["host"][r], states["device"][r]) {
+				t.Errorf("%s rank %d: the device engine's state differs from the host engine's", spec, r)
+			}
+		}
+		for _, from := range backends {
+			for _, to := range backends {
+				resumed := newBackendRig(t, to, ranks, sizes, cfg)
+				resumed.load(t, states[from])
+				grads := stepGrads(ranks, 2, sizes)
+				want, _ := rigs[from].step(t, grads)
+				got, stats := resumed.step(t, grads)
+				if stats.Step != 2 {
+					t.Errorf("%s %s → %s: step %d after Load, want 2", spec, from, to, stats.Step)
+				}
+				for r := range ranks {
+					for b := range sizes {
+						if i := sameFloats(got[r][b], want[r][b]); i >= 0 {
+							t.Fatalf("%s %s → %s: rank %d bucket %d element %d: %v, want %v", spec, from, to, r, b, i, got[r][b][i], want[r][b][i])
+						}
+					}
+				}
+				// The original ran a step more: run it on a fresh rig of its
+				// own for the next pair.
+				rigs[from] = newBackendRig(t, from, ranks, sizes, cfg)
+				rigs[from].load(t, states[from])
+			}
+		}
 	}
 }
 
@@ -171,29 +223,27 @@ func TestMomentumCheckpoint(t *testing.T) {
 }
 
 // TestMomentumNonFinite: a gradient with NaN leaves that rank's velocity
-// as it was; the other ranks' advance.
+// as it was; the other ranks' advance; on both backends.
 func TestMomentumNonFinite(t *testing.T) {
 	sizes := []int{64}
-	engines := newEngines(t, 2, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5})
-	grads := [][][]float32{{gradient(0, 0, 0, 64)}, {gradient(1, 0, 0, 64)}}
-	_, errs := runStep(engines, grads, inOrder(1))
-	mustNoErrors(t, "step 0", errs)
-	before := [][]float32{append([]float32(nil), engines[0].buckets[0].mom...), append([]float32(nil), engines[1].buckets[0].mom...)}
-	grads = [][][]float32{{gradient(0, 1, 0, 64)}, {gradient(1, 1, 0, 64)}}
-	grads[0][0][5] = float32(math.NaN())
-	_, errs = runStep(engines, grads, inOrder(1))
-	mustNoErrors(t, "step 1", errs)
-	if i := sameFloats(engines[0].buckets[0].mom, before[0]); i >= 0 {
-		t.Errorf("rank 0's velocity changed at %d after a NaN gradient", i)
-	}
-	if sameFloats(engines[1].buckets[0].mom, before[1]) < 0 {
-		t.Error("rank 1's velocity did not advance")
+	for _, backend := range backends {
+		g := newBackendRig(t, backend, 2, sizes, Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5})
+		g.step(t, [][][]float32{{gradient(0, 0, 0, 64)}, {gradient(1, 0, 0, 64)}})
+		before := [][]float32{g.velocity(t, 0, 0), g.velocity(t, 1, 0)}
+		grads := [][][]float32{{gradient(0, 1, 0, 64)}, {gradient(1, 1, 0, 64)}}
+		grads[0][0][5] = float32(math.NaN())
+		g.step(t, grads)
+		if i := sameFloats(g.velocity(t, 0, 0), before[0]); i >= 0 {
+			t.Errorf("%s: rank 0's velocity changed at %d after a NaN gradient", backend, i)
+		}
+		if sameFloats(g.velocity(t, 1, 0), before[1]) < 0 {
+			t.Errorf("%s: rank 1's velocity did not advance", backend)
+		}
 	}
 }
 
 // TestMomentumConfig: a momentum outside [0, 1) is refused on every rank,
-// ranks that differ in it fail the handshake, and the device engine
-// refuses momentum correction.
+// and ranks that differ in it fail the handshake.
 func TestMomentumConfig(t *testing.T) {
 	for _, m := range []float64{-0.1, 1, 1.5, math.NaN(), math.Inf(1)} {
 		errs := onRanks(group(t, 2), func(r int, c comm.Comm) error {
@@ -236,14 +286,6 @@ func TestMomentumConfig(t *testing.T) {
 		if !errors.As(err, &me) || !strings.Contains(err.Error(), "momentum masking") {
 			t.Errorf("rank %d: %v; want a *ConfigMismatchError on momentum masking", r, err)
 		}
-	}
-	dev := newFakeDevice()
-	defer dev.close()
-	host := group(t, 1)[0]
-	_, err := NewDevice(t.Context(), dev, newFakeDeviceComm(group(t, 1)[0], dev, fakeTimeout), host, []int{10}, Config{Spec: "int8", Momentum: 0.9})
-	var ce *ConfigError
-	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "host buckets") {
-		t.Errorf("NewDevice with momentum: %v; want a *ConfigError", err)
 	}
 }
 

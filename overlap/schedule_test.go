@@ -11,105 +11,139 @@ import (
 	"github.com/gradcomp/gradcomp/compress/compresstest"
 )
 
-// scheduleSteps runs steps steps of engines with the golden-style
-// gradients and returns each step's results and rank 0's statistics.
-func scheduleSteps(t *testing.T, engines []*Engine, sizes []int, from, steps int) ([][][][]float32, []StepStats) {
+// scheduleSteps runs steps steps of g with the golden-style gradients
+// and returns each step's results and rank 0's statistics.
+func scheduleSteps(t *testing.T, g *backendRig, sizes []int, from, steps int) ([][][][]float32, []StepStats) {
 	t.Helper()
 	var results [][][][]float32
 	var stats []StepStats
 	for s := from; s < from+steps; s++ {
-		grads := stepGrads(len(engines), s, sizes)
-		st, errs := runStep(engines, grads, inOrder(len(sizes)))
-		mustNoErrors(t, "step", errs)
-		results = append(results, grads)
-		stats = append(stats, st[0])
+		out, st := g.step(t, stepGrads(g.ranks(), s, sizes))
+		results = append(results, out)
+		stats = append(stats, st)
 	}
 	return results, stats
 }
 
 // TestSchedule runs a compression warm-up (top-k 0.25 → 0.1 → target
-// 0.02, and int8 → int4 under SRA) against the reference whose codec
-// changes on the same steps while its error-feedback memory carries over,
-// bit for bit, and checks the bytes each phase sends.
+// 0.02, random-k 0.5 → 0.1, and int8 → int4 under SRA) against the
+// reference whose codec changes on the same steps while its
+// error-feedback memory carries over, bit for bit, on both backends, and
+// checks the bytes each phase sends.
 func TestSchedule(t *testing.T) {
 	const ranks = 3
 	sizes := []int{400, 37}
-	for _, c := range []struct {
-		target   string
-		schedule []Phase
-	}{
-		{"topk:0.02", []Phase{{2, "topk:0.25"}, {1, "topk:0.1"}}},
-		{"int4", []Phase{{2, "int8"}}},
-	} {
-		t.Run(c.target, func(t *testing.T) {
-			cfg := Config{Spec: c.target, ErrorFeedback: true, Decision: DecideCompressed, Warmup: 1, Schedule: c.schedule}
-			engines := newEngines(t, ranks, sizes, cfg)
-			ref := newRef(t, c.target, engines[0].Strategy(), ranks, true)
-			specAt := func(s int) string {
-				end := cfg.Warmup
-				for _, p := range c.schedule {
-					if end += p.Steps; s < end {
-						return p.Spec
-					}
-				}
-				return c.target
+	for _, backend := range backends {
+		for _, c := range []struct {
+			target   string
+			schedule []Phase
+		}{
+			{"topk:0.02", []Phase{{2, "topk:0.25"}, {1, "topk:0.1"}}},
+			{"randomk:0.1", []Phase{{2, "randomk:0.5"}}},
+			{"int4", []Phase{{2, "int8"}}},
+		} {
+			t.Run(backend+"/"+c.target, func(t *testing.T) { testSchedule(t, backend, ranks, sizes, c.target, c.schedule) })
+		}
+	}
+}
+
+// testSchedule is TestSchedule for one backend and schedule.
+func testSchedule(t *testing.T, backend string, ranks int, sizes []int, target string, schedule []Phase) {
+	cfg := Config{Spec: target, ErrorFeedback: true, Decision: DecideCompressed, Warmup: 1, Schedule: schedule}
+	g := newBackendRig(t, backend, ranks, sizes, cfg)
+	ref := newRef(t, target, g.refStrategy(), ranks, true)
+	specAt := func(s int) string {
+		end := cfg.Warmup
+		for _, p := range schedule {
+			if end += p.Steps; s < end {
+				return p.Spec
 			}
-			steps := cfg.Warmup + 6
-			results, stats := scheduleSteps(t, engines, sizes, 0, steps)
-			var sent []int64
-			for s := range steps {
-				grads := stepGrads(ranks, s, sizes)
-				var want [][]float32
-				if s < cfg.Warmup {
-					want = newRef(t, "none", StrategyDense, ranks, false).want(s, grads, nil)
-				} else {
-					ref.c = compresstest.MustParse(t, specAt(s))
-					want = ref.want(s, grads, nil)
-				}
-				for r := range ranks {
-					for b := range sizes {
-						if i := sameFloats(results[s][r][b], want[b]); i >= 0 {
-							t.Fatalf("step %d (%s) rank %d bucket %d element %d: %v, want %v", s, specAt(s), r, b, i, results[s][r][b][i], want[b][i])
-						}
-					}
-				}
-				if s >= cfg.Warmup {
-					if !strings.Contains(stats[s].Buckets[0].Reason, "schedule phase") {
-						t.Errorf("step %d: reason %q does not name the phase", s, stats[s].Buckets[0].Reason)
-					}
-					sent = append(sent, stats[s].BytesSent)
+		}
+		return target
+	}
+	steps := cfg.Warmup + 6
+	results, stats := scheduleSteps(t, g, sizes, 0, steps)
+	var sent []int64
+	for s := range steps {
+		grads := stepGrads(ranks, s, sizes)
+		var want [][]float32
+		if s < cfg.Warmup {
+			want = newRef(t, "none", StrategyDense, ranks, false).want(s, grads, nil)
+		} else {
+			ref.c = compresstest.MustParse(t, specAt(s))
+			want = ref.want(s, grads, nil)
+		}
+		for r := range ranks {
+			for b := range sizes {
+				if i := sameFloats(results[s][r][b], want[b]); i >= 0 {
+					t.Fatalf("step %d (%s) rank %d bucket %d element %d: %v, want %v", s, specAt(s), r, b, i, results[s][r][b][i], want[b][i])
 				}
 			}
-			if first, last := sent[0], sent[len(sent)-1]; !(first > last) {
-				t.Errorf("bytes per step %v: the warm-up's first phase should send more than the target", sent)
+		}
+		if s >= cfg.Warmup {
+			if !strings.Contains(stats[s].Buckets[0].Reason, "schedule phase") {
+				t.Errorf("step %d: reason %q does not name the phase", s, stats[s].Buckets[0].Reason)
 			}
-			t.Logf("%s after %s: bytes sent per step by rank 0: %v", c.target, FormatSchedule(c.schedule), sent)
-		})
+			sent = append(sent, stats[s].BytesSent)
+		}
+	}
+	if first, last := sent[0], sent[len(sent)-1]; !(first > last) {
+		t.Errorf("bytes per step %v: the warm-up's first phase should send more than the target", sent)
+	}
+	t.Logf("%s after %s: bytes sent per step by rank 0: %v", target, FormatSchedule(schedule), sent)
+	if g.dev == nil {
+		return
+	}
+	for r, e := range g.dev.engines { // every phase's slots freed, once
+		if err := e.Close(); err != nil {
+			t.Fatalf("rank %d: Close: %v", r, err)
+		}
+		if d := g.dev.devs[r]; len(d.mem) != len(sizes) {
+			t.Errorf("rank %d after Close: %d allocations, want the test's %d", r, len(d.mem), len(sizes))
+		}
 	}
 }
 
 // TestScheduleCheckpoint: a state saved mid-schedule resumes the schedule
-// bit-exact (the phase follows the step number the state records).
+// bit-exact (the phase follows the step number the state records), from
+// either backend into either; the host and device engines' states after
+// the same steps are the same bytes.
 func TestScheduleCheckpoint(t *testing.T) {
-	sizes := []int{300}
-	cfg := Config{Spec: "topk:0.02", ErrorFeedback: true, Decision: DecideCompressed, Schedule: []Phase{{2, "topk:0.25"}, {2, "topk:0.1"}}}
-	a := newEngines(t, 2, sizes, cfg)
-	scheduleSteps(t, a, sizes, 0, 3) // into phase 1
-	b := newEngines(t, 2, sizes, cfg)
-	for r := range a {
-		var buf bytes.Buffer
-		if err := a[r].Save(&buf); err != nil {
-			t.Fatal(err)
+	sizes := []int{300, 37}
+	for _, c := range []struct {
+		spec     string
+		schedule []Phase
+	}{{"topk:0.02", []Phase{{2, "topk:0.25"}, {2, "topk:0.1"}}}, {"int4", []Phase{{2, "int8"}, {2, "int4:bucket=64"}}}} {
+		cfg := Config{Spec: c.spec, ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.5, Schedule: c.schedule}
+		states := map[string][][]byte{}
+		for _, b := range backends {
+			g := newBackendRig(t, b, 3, sizes, cfg)
+			scheduleSteps(t, g, sizes, 0, 3) // into phase 1
+			states[b] = g.save(t)
 		}
-		if err := b[r].Load(&buf); err != nil {
-			t.Fatal(err)
+		for r := range states["host"] {
+			if !bytes.Equal(states["host"][r], states["device"][r]) {
+				t.Errorf("%s rank %d: the device engine's state differs from the host engine's", c.spec, r)
+			}
 		}
-	}
-	want, _ := scheduleSteps(t, a, sizes, 3, 3) // through the switch to the target
-	got, _ := scheduleSteps(t, b, sizes, 3, 3)
-	for s := range want {
-		if i := sameFloats(got[s][0][0], want[s][0][0]); i >= 0 {
-			t.Fatalf("resumed step %d differs at %d", 3+s, i)
+		for _, from := range backends {
+			a := newBackendRig(t, from, 3, sizes, cfg)
+			a.load(t, states[from])
+			want, _ := scheduleSteps(t, a, sizes, 3, 3) // through the switch to the target
+			for _, to := range backends {
+				b := newBackendRig(t, to, 3, sizes, cfg)
+				b.load(t, states[from])
+				got, _ := scheduleSteps(t, b, sizes, 3, 3)
+				for s := range want {
+					for r := range want[s] {
+						for i := range sizes {
+							if j := sameFloats(got[s][r][i], want[s][r][i]); j >= 0 {
+								t.Fatalf("%s %s → %s: resumed step %d rank %d bucket %d differs at %d", c.spec, from, to, 3+s, r, i, j)
+							}
+						}
+					}
+				}
+			}
 		}
 	}
 }

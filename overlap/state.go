@@ -54,6 +54,12 @@ func (e *core) Save(w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	velocity := make([][]float32, len(e.buckets))
+	for i := range velocity {
+		if velocity[i], err = e.be.velocity(i); err != nil {
+			return fmt.Errorf("overlap: Save on rank %d: bucket %d's momentum velocity: %w", e.rank, i, err)
+		}
+	}
 	crc := crc32.New(castagnoli)
 	bw := bufio.NewWriter(io.MultiWriter(w, crc))
 	bw.WriteString(stateMagic)
@@ -85,8 +91,7 @@ func (e *core) Save(w io.Writer) error {
 		}
 	}
 	put64(math.Float64bits(e.cfg.Momentum))
-	for i := range e.buckets {
-		u := e.be.velocity(i)
+	for _, u := range velocity {
 		bw.WriteByte(boolByte(u != nil))
 		for _, v := range u {
 			put32(math.Float32bits(v))
@@ -258,7 +263,9 @@ func (e *core) Load(r io.Reader) error {
 	if err := e.be.install(mem[0], mem[1]); err != nil {
 		return err
 	}
-	e.be.setVelocity(velocity)
+	if err := e.be.setVelocity(velocity); err != nil {
+		return err
+	}
 	for i, bk := range e.buckets {
 		bk.guard = ""
 		if e.cfg.Guard > 0 {

@@ -40,3 +40,18 @@ extern "C" __global__ void gc_average(float *dst, u64 n, u32 ranks, const u8 *sl
     dst[i] = v;
   }
 }
+
+// gc_momentum is momentum correction's step on one bucket (CPU: overlap's
+// momentumStep): v = m·u[i] + grad[i], each operation rounded once (no
+// multiply-add contraction), written to grad[i] (the gradient exchanged)
+// and to next[i] (the velocity the engine installs once the step
+// succeeded); the first non-finite v is reported to status[0]. status
+// (two status words) must be reset to ~0 before the launch.
+extern "C" __global__ void gc_momentum(float *grad, const float *u, float *next, u64 n, float m, u64 *status) {
+  FOR_EACH(i, n) {
+    const float v = __fadd_rn(__fmul_rn(m, u[i]), grad[i]);
+    grad[i] = v;
+    next[i] = v;
+    if (nonfinite(v)) report(&status[0], i, v);
+  }
+}

@@ -353,3 +353,17 @@ extern "C" __global__ void gc_sparse_scatter(float *dst, const u32 *idx, const f
     dst[i] = add ? __fadd_rn(dst[i], vals[j]) : vals[j];
   }
 }
+
+// gc_sparse_mask zeroes u[index j], j < k, the indices a sparse payload
+// sent (index j as in gc_sparse_scatter: idx[j] for top-k, random-k's
+// stratum pick when idx is null): momentum factor masking (CPU:
+// compress.Pending.CommitMasked). With gate set (two status words) it
+// does nothing unless both words are ~0: the exchange the payload took
+// part in succeeded.
+extern "C" __global__ void gc_sparse_mask(float *u, const u32 *idx, u64 n, u64 k, u64 base, const u64 *gate) {
+  if (gate && (gate[0] != ~0ULL || gate[1] != ~0ULL)) return;
+  FOR_EACH(j, k) {
+    u64 i = idx ? idx[j] : randomk_index(base, j, n, k);
+    u[i] = 0.0f;
+  }
+}

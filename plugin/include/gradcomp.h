@@ -336,13 +336,13 @@ typedef struct gc_engine_config {
 	int32_t workers;           /* compressor threads; 0: all CPUs */
 	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
 	double momentum;           /* since 2.1: momentum correction, the optimizer's momentum in [0, 1) (0: off;
-	                            * host buckets only): each bucket becomes u = m·u + g before its exchange, so
+	                            * host and device buckets): each bucket becomes u = m·u + g before its exchange, so
 	                            * run the optimizer without momentum. (2.1 always masked, see
 	                            * momentum_masking.) A 2.0 caller's size (56) means 0. */
 	const char *schedule;      /* since 2.1: compression warm-up, "STEPS@SPEC[,STEPS@SPEC...]" after warmup
 	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
 	                            * keep spec's strategy (decision "auto": the cost model decides for spec, and
-	                            * verification starts after the last phase); host buckets. */
+	                            * verification starts after the last phase); host and device buckets. */
 	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback; host
 	                            * buckets): a bucket whose error feedback holds back more than guard times the
 	                            * norm of its gradient, on some rank, goes dense with its residual on its next

@@ -360,8 +360,8 @@ class Engine:
     ``schedule``: a compression warm-up after ``warmup``, as a list of
     (steps, spec) phases or the C ABI's "STEPS@SPEC,..." string, then
     ``spec`` (same strategy; with decision "auto" the cost model decides
-    for ``spec``; host
-    buckets). ``momentum``: momentum correction (host buckets), the optimizer's
+    for ``spec``; host or device buckets). ``momentum``: momentum correction
+    (host or device buckets), the optimizer's
     momentum in [0, 1): each bucket becomes u = m·u + g before its exchange
     (run the optimizer without momentum); 0 is off. ``momentum_masking``:
     DGC's momentum factor masking (top-k and random-k zero u where they
