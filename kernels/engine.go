@@ -122,6 +122,177 @@ func Momentum(ctx *Context, s gpu.Stream, a MomentumArgs) error {
 	return ctx.run(s, plan)
 }
 
+// GuardLen is the size of an accuracy-guard block: ρ as a little-endian
+// IEEE float64, then a zero word. The device engine carries one after each
+// payload slot's Encode status (overlap.Config.Guard).
+const GuardLen = 16
+
+// guardThreads is GUARD_THREADS in engine.cu: the block of gc_guard.
+const guardThreads = 256
+
+// GuardArgs are the device buffers of one Guard call.
+type GuardArgs struct {
+	Resid gpu.Ptr // N float32: e', the residual an Encode wrote (its ResidOut)
+	Grad  gpu.Ptr // N float32: g, the gradient that Encode compressed
+	N     int
+	// Dst: Count guard blocks (GuardLen bytes each, 8-byte aligned),
+	// Stride bytes apart (a multiple of 8, at least GuardLen): each
+	// receives ρ.
+	Dst    gpu.Ptr
+	Stride int
+	Count  int
+}
+
+// guardPlan returns the operations of Guard.
+func guardPlan(a GuardArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgumentError{Op: "Guard", Reason: fmt.Sprintf(format, v...)}
+	}
+	switch {
+	case a.N < 0 || a.N > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case a.N > 0 && (a.Resid == 0 || a.Grad == 0):
+		return nil, bad("null residual or gradient pointer for %d elements", a.N)
+	case a.Resid%4 != 0 || a.Grad%4 != 0:
+		return nil, bad("residual %#x and gradient %#x must be 4-byte aligned", a.Resid, a.Grad)
+	}
+	if err := checkBlocks(a.Dst, a.Stride, a.Count); err != nil {
+		return nil, bad("%v", err)
+	}
+	return []step{launch("gc_guard", 1, guardThreads, ptrArg(a.Resid), ptrArg(a.Grad), uint64(a.N),
+		ptrArg(a.Dst), uint64(a.Stride), uint64(a.Count))}, nil
+}
+
+// checkBlocks checks count guard blocks stride bytes apart from p.
+func checkBlocks(p gpu.Ptr, stride, count int) error {
+	switch {
+	case count < 1 || count > math.MaxUint16:
+		return fmt.Errorf("%d guard blocks, want 1 to %d", count, math.MaxUint16)
+	case p == 0 || p%8 != 0:
+		return fmt.Errorf("guard blocks at %#x: want a non-null 8-byte aligned address", p)
+	case count > 1 && (stride < GuardLen || stride%8 != 0):
+		return fmt.Errorf("guard block stride %d: want a multiple of 8, at least %d", stride, GuardLen)
+	}
+	return nil
+}
+
+// Guard enqueues on s the accuracy guard's measure of one bucket (see
+// GuardArgs) and returns without waiting: ρ = ‖Resid‖/‖Grad‖ as
+// GuardRatio defines it (bit for bit), written to every block of Dst.
+// It runs as one block of 256 threads, so its time is that of one
+// multiprocessor reading 8·N bytes.
+func Guard(ctx *Context, s gpu.Stream, a GuardArgs) error {
+	plan, err := guardPlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
+// GuardRatio is the definition Guard computes, on the host: the squares of
+// resid's and grad's elements summed in float64 by 256 lanes (lane t takes
+// the indices i ≡ t mod 256 in increasing order), the lanes' sums halved
+// pairwise (lane t adds lane t + s, for s = 128, 64, ..., 1), then ρ = 0
+// if the residual's sum is 0, else √E / √G (+Inf for G = 0; NaN when an
+// input is not finite). Each sum of n squares is within n·2⁻⁵³ of the
+// exact one (relative), so ρ is within about n·2⁻⁵³ of ‖e'‖/‖g‖;
+// overlap's host engine sums in index order, and for a sparse codec as
+// ‖s‖² − ‖s at the kept indices‖², which may cancel.
+func GuardRatio(resid, grad []float32) float64 {
+	var e, g [guardThreads]float64
+	for i := range resid {
+		r, x := float64(resid[i]), float64(grad[i])
+		e[i%guardThreads] += r * r
+		g[i%guardThreads] += x * x
+	}
+	for s := guardThreads / 2; s > 0; s >>= 1 {
+		for t := range s {
+			e[t] += e[t+s]
+			g[t] += g[t+s]
+		}
+	}
+	if e[0] == 0 {
+		return 0
+	}
+	return math.Sqrt(e[0]) / math.Sqrt(g[0])
+}
+
+// GuardMaxArgs are the device buffers of one GuardMax call.
+type GuardMaxArgs struct {
+	// Src: Count guard blocks (GuardLen bytes each, 8-byte aligned),
+	// Stride bytes apart (a multiple of 8, at least GuardLen).
+	Src    gpu.Ptr
+	Stride int
+	Count  int
+	Dst    gpu.Ptr // one guard block, 8-byte aligned: receives the largest ρ
+}
+
+// guardMaxPlan returns the operations of GuardMax.
+func guardMaxPlan(a GuardMaxArgs) ([]step, error) {
+	if err := checkBlocks(a.Src, a.Stride, a.Count); err != nil {
+		return nil, &ArgumentError{Op: "GuardMax", Reason: err.Error()}
+	}
+	if err := checkBlocks(a.Dst, 0, 1); err != nil {
+		return nil, &ArgumentError{Op: "GuardMax", Reason: "destination: " + err.Error()}
+	}
+	return []step{launch("gc_guard_max", 1, 32, ptrArg(a.Src), uint64(a.Stride), uint64(a.Count), ptrArg(a.Dst))}, nil
+}
+
+// GuardMax enqueues on s the largest ρ of a.Count guard blocks (every
+// rank's, as their gathered payload slots carry them) into a.Dst, and
+// returns without waiting: a NaN is ignored, and the result is 0 when no
+// ρ is larger.
+func GuardMax(ctx *Context, s gpu.Stream, a GuardMaxArgs) error {
+	plan, err := guardMaxPlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
+// FlushArgs are the device buffers of one Flush call.
+type FlushArgs struct {
+	Grad     gpu.Ptr // N float32: the gradient g, replaced by e + g
+	Resid    gpu.Ptr // N float32: the residual e, only read
+	ResidOut gpu.Ptr // N float32, not overlapping Resid or Grad: set to 0
+	N        int
+}
+
+// flushPlan returns the operations of Flush.
+func flushPlan(a FlushArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgumentError{Op: "Flush", Reason: fmt.Sprintf(format, v...)}
+	}
+	n := uint64(a.N)
+	switch {
+	case a.N < 0 || a.N > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case a.N > 0 && (a.Grad == 0 || a.Resid == 0 || a.ResidOut == 0):
+		return nil, bad("null gradient, residual or residual-out pointer for %d elements", a.N)
+	case a.Grad%4 != 0 || a.Resid%4 != 0 || a.ResidOut%4 != 0:
+		return nil, bad("gradient %#x, residual %#x and residual out %#x must be 4-byte aligned", a.Grad, a.Resid, a.ResidOut)
+	case overlap(a.ResidOut, a.Resid, 4*n) || overlap(a.ResidOut, a.Grad, 4*n):
+		return nil, bad("residual out %#x overlaps the residual %#x or the gradient %#x (%d bytes each): a failed step must keep e", a.ResidOut, a.Resid, a.Grad, 4*n)
+	}
+	if a.N == 0 {
+		return nil, nil
+	}
+	return []step{elementwise("gc_flush", n, ptrArg(a.Grad), ptrArg(a.Resid), ptrArg(a.ResidOut), n)}, nil
+}
+
+// Flush enqueues on s the accuracy guard's flush of one bucket (see
+// FlushArgs) and returns without waiting: Grad[i] = Resid[i] + Grad[i]
+// (rounded once: compress.ErrorFeedback.Flush) and ResidOut[i] = 0, the
+// empty memory to install (swap with Resid) once the dense exchange of
+// Grad succeeded; until then Resid is as it was.
+func Flush(ctx *Context, s gpu.Stream, a FlushArgs) error {
+	plan, err := flushPlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
 // gemmTile is GT in gemm.cu.
 const gemmTile = 16
 

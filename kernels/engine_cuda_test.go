@@ -186,3 +186,57 @@ func TestMask(t *testing.T) {
 		}
 	}
 }
+
+// TestGuard checks gc_guard against GuardRatio bit for bit (written to
+// every block), gc_guard_max (NaN ignored), and gc_flush against the CPU
+// rule (e + g rounded once, the residual out zeroed, e untouched).
+func TestGuard(t *testing.T) {
+	ctx := device(t)
+	const n, blocks, stride = 10007, 3, 48
+	rng := rand.New(rand.NewPCG(9, 10))
+	e, g := make([]float32, n), make([]float32, n)
+	for i := range e {
+		e[i], g[i] = float32(rng.NormFloat64()*1e-2), float32(rng.NormFloat64())
+	}
+	ep, gp, dst := upload(t, ctx, e), upload(t, ctx, g), devBuf(t, ctx, blocks*stride)
+	if err := Guard(ctx, 0, GuardArgs{Resid: ep, Grad: gp, N: n, Dst: dst, Stride: stride, Count: blocks}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, blocks*stride)
+	if err := ctx.CopyOut(0, got, dst); err != nil {
+		t.Fatal(err)
+	}
+	want := GuardRatio(e, g)
+	for b := range blocks {
+		rho := math.Float64frombits(binary.LittleEndian.Uint64(got[b*stride:]))
+		if math.Float64bits(rho) != math.Float64bits(want) || binary.LittleEndian.Uint64(got[b*stride+8:]) != 0 {
+			t.Fatalf("block %d: ρ %v (second word %x), want %v", b, rho, got[b*stride+8:b*stride+16], want)
+		}
+	}
+	binary.LittleEndian.PutUint64(got[stride:], math.Float64bits(math.NaN()))
+	binary.LittleEndian.PutUint64(got[2*stride:], math.Float64bits(2.5))
+	if err := ctx.CopyIn(0, dst, got); err != nil {
+		t.Fatal(err)
+	}
+	out := devBuf(t, ctx, GuardLen)
+	if err := GuardMax(ctx, 0, GuardMaxArgs{Src: dst, Stride: stride, Count: blocks, Dst: out}); err != nil {
+		t.Fatal(err)
+	}
+	m := make([]byte, GuardLen)
+	if err := ctx.CopyOut(0, m, out); err != nil {
+		t.Fatal(err)
+	}
+	if rho := math.Float64frombits(binary.LittleEndian.Uint64(m)); rho != max(want, 2.5) {
+		t.Errorf("GuardMax: %v, want %v", rho, max(want, 2.5))
+	}
+	zero := upload(t, ctx, e)
+	if err := Flush(ctx, 0, FlushArgs{Grad: gp, Resid: ep, ResidOut: zero, N: n}); err != nil {
+		t.Fatal(err)
+	}
+	gotG, gotE, gotZ := download(t, ctx, gp, n), download(t, ctx, ep, n), download(t, ctx, zero, n)
+	for i := range g {
+		if math.Float32bits(gotG[i]) != math.Float32bits(e[i]+g[i]) || gotE[i] != e[i] || math.Float32bits(gotZ[i]) != 0 {
+			t.Fatalf("Flush element %d: gradient %v (want %v), residual %v (want %v), out %v (want +0)", i, gotG[i], e[i]+g[i], gotE[i], e[i], gotZ[i])
+		}
+	}
+}

@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"regexp"
 	"strings"
 	"testing"
@@ -128,6 +129,22 @@ func TestPlansMatchPTX(t *testing.T) {
 		t.Fatalf("momentum: %v", err)
 	}
 	checkPlan("momentum", plan)
+	for _, n := range []int{0, 1, 1<<20 + 3} {
+		plan, err := guardPlan(GuardArgs{Resid: 1 << 40, Grad: 2 << 40, N: n, Dst: 3 << 40, Stride: 1 << 20, Count: 65535})
+		if err != nil {
+			t.Fatalf("guard n=%d: %v", n, err)
+		}
+		checkPlan("guard", plan)
+		if plan, err = flushPlan(FlushArgs{Grad: 1 << 40, Resid: 2 << 40, ResidOut: 3 << 40, N: n}); err != nil {
+			t.Fatalf("flush n=%d: %v", n, err)
+		}
+		checkPlan("flush", plan)
+	}
+	plan, err = guardMaxPlan(GuardMaxArgs{Src: 1 << 40, Stride: 1 << 20, Count: 65535, Dst: 2 << 40})
+	if err != nil {
+		t.Fatalf("guard max: %v", err)
+	}
+	checkPlan("guard max", plan)
 	for _, spec := range []string{"topk:0.01", "randomk:0.1"} {
 		c, _ := codecOf(spec)
 		for _, n := range []int{1, 4097, 1<<20 + 3} {
@@ -405,6 +422,102 @@ func TestMomentumArgsRejected(t *testing.T) {
 		var ae *ArgumentError
 		if _, err := tc.c.maskPlan(tc.a); !errors.As(err, &ae) {
 			t.Errorf("mask %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+}
+
+// TestGuardArgsRejected checks that Guard, GuardMax and Flush refuse bad
+// arguments on the host with an *ArgumentError.
+func TestGuardArgsRejected(t *testing.T) {
+	good := GuardArgs{Resid: 1 << 40, Grad: 2 << 40, N: 100, Dst: 3 << 40, Stride: 48, Count: 4}
+	if _, err := guardPlan(good); err != nil {
+		t.Fatalf("good guard arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *GuardArgs){
+		"negative length":   func(a *GuardArgs) { a.N = -1 },
+		"too long":          func(a *GuardArgs) { a.N = compress.MaxElements + 1 },
+		"null residual":     func(a *GuardArgs) { a.Resid = 0 },
+		"null gradient":     func(a *GuardArgs) { a.Grad = 0 },
+		"misaligned grad":   func(a *GuardArgs) { a.Grad += 2 },
+		"null blocks":       func(a *GuardArgs) { a.Dst = 0 },
+		"misaligned blocks": func(a *GuardArgs) { a.Dst += 4 },
+		"no blocks":         func(a *GuardArgs) { a.Count = 0 },
+		"too many blocks":   func(a *GuardArgs) { a.Count = 1 << 16 },
+		"short stride":      func(a *GuardArgs) { a.Stride = 8 },
+		"misaligned stride": func(a *GuardArgs) { a.Stride = 20 },
+	} {
+		a := good
+		mod(&a)
+		var ae *ArgumentError
+		if _, err := guardPlan(a); !errors.As(err, &ae) {
+			t.Errorf("guard %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+	if _, err := guardPlan(GuardArgs{Dst: 3 << 40, Count: 1}); err != nil {
+		t.Errorf("an empty bucket's guard refused: %v", err)
+	}
+	goodMax := GuardMaxArgs{Src: 1 << 40, Stride: 64, Count: 3, Dst: 2 << 40}
+	if _, err := guardMaxPlan(goodMax); err != nil {
+		t.Fatalf("good guard-max arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *GuardMaxArgs){
+		"null source":    func(a *GuardMaxArgs) { a.Src = 0 },
+		"no blocks":      func(a *GuardMaxArgs) { a.Count = 0 },
+		"short stride":   func(a *GuardMaxArgs) { a.Stride = 0 },
+		"null dst":       func(a *GuardMaxArgs) { a.Dst = 0 },
+		"misaligned dst": func(a *GuardMaxArgs) { a.Dst += 4 },
+		"misaligned src": func(a *GuardMaxArgs) { a.Src += 2 },
+	} {
+		a := goodMax
+		mod(&a)
+		var ae *ArgumentError
+		if _, err := guardMaxPlan(a); !errors.As(err, &ae) {
+			t.Errorf("guard max %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+	goodFlush := FlushArgs{Grad: 1 << 40, Resid: 2 << 40, ResidOut: 3 << 40, N: 100}
+	if _, err := flushPlan(goodFlush); err != nil {
+		t.Fatalf("good flush arguments refused: %v", err)
+	}
+	for name, mod := range map[string]func(a *FlushArgs){
+		"negative length": func(a *FlushArgs) { a.N = -1 },
+		"null gradient":   func(a *FlushArgs) { a.Grad = 0 },
+		"null residual":   func(a *FlushArgs) { a.Resid = 0 },
+		"null out":        func(a *FlushArgs) { a.ResidOut = 0 },
+		"misaligned out":  func(a *FlushArgs) { a.ResidOut += 2 },
+		"out on residual": func(a *FlushArgs) { a.ResidOut = a.Resid + 4 },
+		"out on gradient": func(a *FlushArgs) { a.ResidOut = a.Grad },
+	} {
+		a := goodFlush
+		mod(&a)
+		var ae *ArgumentError
+		if _, err := flushPlan(a); !errors.As(err, &ae) {
+			t.Errorf("flush %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+}
+
+// TestGuardRatio checks the definition against plain float64 norms, and
+// its cases: an empty residual is 0, a zero gradient +Inf.
+func TestGuardRatio(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 255, 256, 257, 10007} {
+		e, g := make([]float32, n), make([]float32, n)
+		var e2, g2 float64
+		for i := range e {
+			e[i], g[i] = float32(rng.NormFloat64()*1e-3), float32(rng.NormFloat64())
+			e2 += float64(e[i]) * float64(e[i])
+			g2 += float64(g[i]) * float64(g[i])
+		}
+		want := math.Sqrt(e2) / math.Sqrt(g2)
+		if got := GuardRatio(e, g); math.Abs(got-want) > float64(2*n+4)*0x1p-52*want {
+			t.Errorf("n=%d: %v, want %v", n, got, want)
+		}
+		if got := GuardRatio(make([]float32, n), g); got != 0 {
+			t.Errorf("n=%d, zero residual: %v, want 0", n, got)
+		}
+		if got := GuardRatio(e, make([]float32, n)); !math.IsInf(got, 1) {
+			t.Errorf("n=%d, zero gradient: %v, want +Inf", n, got)
 		}
 	}
 }

@@ -1,5 +1,7 @@
 // Kernels of the overlap engine on the device (overlap/device.go): the
-// averaging step after an exchange. Reference: overlap's average (engine.go).
+// averaging step after an exchange (reference: overlap's average,
+// engine.go), momentum correction, and the accuracy guard's measure and
+// flush.
 #include "common.cuh"
 
 // gc_average ends a bucket's exchange in place on dst (n float32, the sum
@@ -53,5 +55,71 @@ extern "C" __global__ void gc_momentum(float *grad, const float *u, float *next,
     grad[i] = v;
     next[i] = v;
     if (nonfinite(v)) report(&status[0], i, v);
+  }
+}
+
+// gc_guard is the accuracy guard's ρ of one bucket (CPU: kernels.GuardRatio,
+// the definition): one block of GUARD_THREADS threads; thread t sums, in
+// float64, the squares of resid[i] and of grad[i] for i ≡ t (mod
+// GUARD_THREADS) in increasing i, then the block halves its partial sums
+// pairwise (a[t] += a[t + s] for s = GUARD_THREADS/2, ..., 1). ρ is 0 when
+// the residual's sum is 0, else √E / √G (IEEE, so +Inf for G = 0). It is
+// written as a float64, followed by a zero word, to each of count guard
+// blocks stride bytes apart from dst. Every operation is one IEEE double
+// operation (a float's square is exact in double), so the result is a
+// function of the inputs alone.
+#define GUARD_THREADS 256
+extern "C" __global__ void gc_guard(const float *resid, const float *grad, u64 n, u8 *dst, u64 stride,
+                                    u32 count) {
+  __shared__ double se[GUARD_THREADS], sg[GUARD_THREADS];
+  __shared__ double rho;
+  const u32 t = threadIdx.x;
+  double e = 0, g = 0;
+  for (u64 i = t; i < n; i += GUARD_THREADS) {
+    const double r = (double)resid[i], x = (double)grad[i];
+    e = __dadd_rn(e, __dmul_rn(r, r));
+    g = __dadd_rn(g, __dmul_rn(x, x));
+  }
+  se[t] = e;
+  sg[t] = g;
+  __syncthreads();
+  for (u32 s = GUARD_THREADS / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      se[t] = __dadd_rn(se[t], se[t + s]);
+      sg[t] = __dadd_rn(sg[t], sg[t + s]);
+    }
+    __syncthreads();
+  }
+  if (t == 0) rho = se[0] == 0 ? 0.0 : __ddiv_rn(__dsqrt_rn(se[0]), __dsqrt_rn(sg[0]));
+  __syncthreads();
+  for (u32 r = t; r < count; r += GUARD_THREADS) {
+    u64 *b = (u64 *)(dst + r * stride);
+    b[0] = (u64)__double_as_longlong(rho);
+    b[1] = 0;
+  }
+}
+
+// gc_guard_max writes the largest ρ of count guard blocks (stride bytes
+// apart from src; NaN ignored, 0 when there is none larger) to the guard
+// block dst (CPU: the host engine's maxHeldBack). One thread.
+extern "C" __global__ void gc_guard_max(const u8 *src, u64 stride, u32 count, u64 *dst) {
+  if (threadIdx.x != 0) return;
+  double m = 0;
+  for (u32 r = 0; r < count; r++) {
+    const double v = *(const double *)(src + r * stride);
+    if (v > m) m = v;
+  }
+  dst[0] = (u64)__double_as_longlong(m);
+  dst[1] = 0;
+}
+
+// gc_flush is the accuracy guard's flush of one bucket (CPU:
+// compress.ErrorFeedback.Flush): grad[i] = resid[i] + grad[i] rounded once,
+// the gradient the dense all-reduce sends, and out[i] = 0, the residual the
+// engine installs if that step succeeds.
+extern "C" __global__ void gc_flush(float *grad, const float *resid, float *out, u64 n) {
+  FOR_EACH(i, n) {
+    grad[i] = __fadd_rn(resid[i], grad[i]);
+    out[i] = 0.0f;
   }
 }
