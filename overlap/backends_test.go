@@ -53,15 +53,22 @@ func (g *backendRig) refStrategy() Strategy {
 // test.
 func (g *backendRig) step(t *testing.T, grads [][][]float32) ([][][]float32, StepStats) {
 	t.Helper()
+	out, stats := g.steps(t, grads)
+	return out, stats[0]
+}
+
+// steps is step with every rank's statistics.
+func (g *backendRig) steps(t *testing.T, grads [][][]float32) ([][][]float32, []StepStats) {
+	t.Helper()
 	if g.host != nil {
 		out := clone3(grads)
 		stats, errs := runStep(g.host, out, inOrder(len(g.sizes)))
 		mustNoErrors(t, "step", errs)
-		return out, stats[0]
+		return out, stats
 	}
 	out, stats, errs := g.dev.step(grads, inOrder(len(g.sizes)))
 	mustNoErrors(t, "step", errs)
-	return out, stats[0]
+	return out, stats
 }
 
 // velocity returns rank r's momentum velocity of bucket i.

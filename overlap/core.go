@@ -55,10 +55,14 @@ type Config struct {
 	// makes DGC's.
 	Schedule []Phase
 	// Guard is the accuracy guard's threshold, 0 for none; it needs
-	// ErrorFeedback; Engine only. Every rank measures, for each bucket it
-	// compresses, ρ = ‖e‖/‖g‖: what error feedback holds back after the
+	// ErrorFeedback; both backends. Every rank measures, for each bucket
+	// it compresses, ρ = ‖e‖/‖g‖: what error feedback holds back after the
 	// step against the step's gradient (after momentum correction), and
-	// sends ρ in the status its payload carries anyway. When the largest
+	// sends ρ in the status its payload carries anyway (a DeviceEngine's
+	// slots grow by a 16-byte guard block; its ρ is kernels.GuardRatio's
+	// float64, within about 2⁻²³ + n·2⁻⁵² relative of Engine's float32 ρ
+	// for a bucket of n elements, more where Engine's sparse
+	// ‖s‖² − ‖kept‖² cancels; ρ is only compared with Guard). When the largest
 	// ρ of a bucket over the ranks exceeds Guard, the bucket's next
 	// compressed step goes dense with everything its memory holds (e + g:
 	// a flush, which empties the memory), on every rank alike.

@@ -22,8 +22,9 @@ import (
 // EventQuery, CopyIn and CopyOut only enqueues work (or creates or
 // destroys a handle) and never waits for the device; their contracts are
 // kernels.Context's of the same names, and Encode, Decode, Average,
-// Momentum and Mask are kernels.Codec.Encode, kernels.Codec.Decode,
-// kernels.Average, kernels.Momentum and kernels.Codec.Mask.
+// Momentum, Mask, Guard, GuardMax and Flush are kernels.Codec.Encode,
+// kernels.Codec.Decode, kernels.Average, kernels.Momentum,
+// kernels.Codec.Mask, kernels.Guard, kernels.GuardMax and kernels.Flush.
 type Device interface {
 	Alloc(bytes int) (gpu.Ptr, error)
 	Free(p gpu.Ptr) error
@@ -42,6 +43,9 @@ type Device interface {
 	Average(s gpu.Stream, a kernels.AverageArgs) error
 	Momentum(s gpu.Stream, a kernels.MomentumArgs) error
 	Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) error
+	Guard(s gpu.Stream, a kernels.GuardArgs) error
+	GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error
+	Flush(s gpu.Stream, a kernels.FlushArgs) error
 }
 
 // CUDA returns the Device of a kernels.Context (its primary context, so
@@ -69,6 +73,18 @@ func (d cudaDevice) Momentum(s gpu.Stream, a kernels.MomentumArgs) error {
 
 func (d cudaDevice) Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) error {
 	return c.Mask(d.Context, s, a)
+}
+
+func (d cudaDevice) Guard(s gpu.Stream, a kernels.GuardArgs) error {
+	return kernels.Guard(d.Context, s, a)
+}
+
+func (d cudaDevice) GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error {
+	return kernels.GuardMax(d.Context, s, a)
+}
+
+func (d cudaDevice) Flush(s gpu.Stream, a kernels.FlushArgs) error {
+	return kernels.Flush(d.Context, s, a)
 }
 
 // ErrBadPointer is a *UsageError's Err for a null or misaligned device
@@ -108,8 +124,8 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // # Strategies
 //
 // Codec none: a float32 all-reduce in place (StrategyDense). Every other
-// codec exchanges fixed-size slots (a 16-byte Encode status, then the
-// body, padded to 16 bytes). StrategyAuto picks as Engine does, except
+// codec exchanges fixed-size slots (a 16-byte Encode status, with
+// Config.Guard a 16-byte guard block, then the body, padded to 16 bytes). StrategyAuto picks as Engine does, except
 // that random-k and fp16/bf16 use the gather or SRA mechanism:
 //
 //	sparse-gather  top-k: all-gather of the slots, decode and add in rank
@@ -125,7 +141,24 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 //
 // Each gives bit for bit the result and error-feedback memory of Engine
 // with the same strategy (shared-index for random-k; the package doc's
-// definitions), with the same payload keys. Shared-index's smaller
+// definitions), with the same payload keys.
+//
+// # Accuracy guard
+//
+// With Config.Guard, after the stage-1 encode kernels.Guard computes the
+// bucket's ρ = ‖e'‖/‖g‖ (e' the residual Encode wrote, g the gradient
+// after momentum correction; float64, kernels.GuardRatio's fixed order)
+// into the guard block of each of its slots; the decode stream takes the
+// largest of the gathered blocks (kernels.GuardMax; under SRA each owner
+// first forwards the largest stage-1 ρ it received in its stage-2 slot),
+// which Wait reads as BucketStats.HeldBack, the same on every rank, so
+// the core's decision is too. A flush (the bucket's next compressed step
+// after ρ passed Guard) is the dense all-reduce of e + g (kernels.Flush,
+// which also writes a zeroed residual); when its average is finite the
+// zeroed residual is installed, otherwise, and on a failed or skipped
+// step, e stays and the flush stays pending. Engine's ρ sums in index
+// order (for sparse codecs ‖s‖² less the kept squares), so the two
+// backends' ρ agree within rounding, not bit for bit (see Config.Guard). Shared-index's smaller
 // all-reduce is not on the device, nor SRA for random-k (ConfigError),
 // nor the cost model: DecideAuto means compressed here, DecideDense pins
 // the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
@@ -170,6 +203,7 @@ type DeviceEngine struct {
 	statuses       gpu.Ptr      // kernels.StatusLen per bucket: the averages' Out blocks
 	midStatuses    gpu.Ptr      // the same for SRA's averages of this rank's parts
 	momStatuses    gpu.Ptr      // Config.Momentum: the same for each bucket's kernels.Momentum
+	guards         gpu.Ptr      // Config.Guard: kernels.GuardLen per bucket, the largest ρ over the ranks
 	part           parts        // SRA's partition of a bucket (count: the world size)
 	done           gpu.Event    // the step's end, on the decode stream
 	drained        [2]gpu.Event // encode and wire stream ends, for a step that did not launch every bucket
@@ -183,8 +217,9 @@ type DeviceEngine struct {
 // for every bucket; the buffers once the bucket first takes the
 // compressed path (prepare).
 type devBuffers struct {
-	// Slots: a 16-byte Encode status, then the body, padded to 16 bytes.
-	// Gather strategies: send is this rank's slot, recv every rank's. SRA:
+	// Slots: a 16-byte Encode status, with Config.Guard a 16-byte guard
+	// block (kernels.GuardLen: ρ), then the body, padded to 16 bytes
+	// (slotHead). Gather strategies: send is this rank's slot, recv every rank's. SRA:
 	// send holds this rank's N part slots (slot bytes each), recv every
 	// rank's slot of this rank's part; send2 and recv2 (slot2 bytes per
 	// rank) carry the stage-2 payloads of the averaged parts.
@@ -229,9 +264,6 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
 	case dc.Rank() != host.Rank() || dc.Size() != host.Size():
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
-	case cfg.Guard != 0:
-		// Before any collective: every rank with this Config returns it.
-		return nil, &ConfigError{Rank: host.Rank(), Reason: fmt.Sprintf("Guard %v: the accuracy guard runs on the Engine (host buckets) only", cfg.Guard)}
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only
 	core, local := newCore(host, cfg, sizes, clockTiming{}, deviceStrategy)
@@ -343,6 +375,11 @@ func (e *DeviceEngine) allocate() error {
 			return err
 		}
 	}
+	if e.cfg.Guard > 0 {
+		if e.guards, err = e.alloc(kernels.GuardLen * len(e.buckets)); err != nil {
+			return err
+		}
+	}
 	e.bufs = make([]*devBuffers, len(e.buckets))
 	for i := range e.buckets {
 		b := &devBuffers{}
@@ -386,7 +423,7 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	if b.send != 0 && b.phase == e.active {
 		return nil
 	}
-	slot := func(n int) int { return kernels.StatusLen + (e.codec.BodyLen(n)+15)&^15 }
+	slot := func(n int) int { return e.slotHead() + (e.codec.BodyLen(n)+15)&^15 }
 	// What one encode covers: the bucket, or (SRA) its largest part.
 	unit, sends := bk.n, 1
 	if e.strategy == StrategyQuantSRA {
@@ -561,7 +598,7 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 			}
 			slot := b.send + gpu.Ptr(j*b.slot)
 			off := gpu.Ptr(4 * lo)
-			a := kernels.EncodeArgs{Body: slot + kernels.StatusLen, Grad: r.dgrad + off, Work: b.work,
+			a := kernels.EncodeArgs{Body: slot + gpu.Ptr(e.slotHead()), Grad: r.dgrad + off, Work: b.work,
 				Status: slot, N: hi - lo, Key: e.key(st.num, i, j)}
 			if e.cfg.ErrorFeedback {
 				a.Resid, a.ResidOut = b.resid+off, b.out+off
@@ -569,6 +606,17 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 			if err := e.dev.Encode(e.codec, e.enc, a); err != nil {
 				return err
 			}
+		}
+		if e.cfg.Guard > 0 {
+			// ρ of the whole bucket, in every part's slot (as Engine).
+			a := kernels.GuardArgs{Resid: b.out, Grad: r.dgrad, N: n, Dst: b.send + kernels.StatusLen, Stride: b.slot, Count: count}
+			if err := e.dev.Guard(e.enc, a); err != nil {
+				return err
+			}
+		}
+	} else if r.flush {
+		if err := e.dev.Flush(e.enc, kernels.FlushArgs{Grad: r.dgrad, Resid: b.resid, ResidOut: b.out, N: n}); err != nil {
+			return err
 		}
 	}
 	return e.dev.Record(b.encEnd, e.enc)
@@ -597,7 +645,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		bodies := func(base gpu.Ptr, slot int) []gpu.Ptr {
 			out := make([]gpu.Ptr, e.size)
 			for r := range out {
-				out[r] = base + gpu.Ptr(r*slot+kernels.StatusLen)
+				out[r] = base + gpu.Ptr(r*slot+e.slotHead())
 			}
 			return out
 		}
@@ -615,7 +663,11 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 					Stride: b.slot, Count: e.size, Out: e.midStatuses + gpu.Ptr(kernels.StatusLen*i)})
 			},
 			func() error {
-				a := kernels.EncodeArgs{Body: b.send2 + kernels.StatusLen, Grad: b.mid, Work: b.work2, Status: b.send2,
+				// Every rank's stage-1 ρ, forwarded in the stage-2 slot.
+				return e.guardMax(b.recv, b.slot, b.send2+kernels.StatusLen)
+			},
+			func() error {
+				a := kernels.EncodeArgs{Body: b.send2 + gpu.Ptr(e.slotHead()), Grad: b.mid, Work: b.work2, Status: b.send2,
 					N: hi - lo, Key: e.key2(st.num, i)}
 				if e.mem2 != nil {
 					a.Resid, a.ResidOut = b.resid2, b.out2
@@ -637,6 +689,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad + gpu.Ptr(4*lo), N: hi - lo, Bodies: []gpu.Ptr{body}})
 			})
 		}
+		ops = append(ops, func() error { return e.guardMax(b.recv2, b.slot2, e.guards+gpu.Ptr(kernels.GuardLen*i)) })
 		avg.Ranks, avg.Slots, avg.Stride, avg.Count = 1, b.recv2, b.slot2, e.size
 	default:
 		ops = []func() error{
@@ -649,10 +702,11 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error {
 				bodies := make([]gpu.Ptr, e.size)
 				for r := range bodies {
-					bodies[r] = b.recv + gpu.Ptr(r*b.slot+kernels.StatusLen)
+					bodies[r] = b.recv + gpu.Ptr(r*b.slot+e.slotHead())
 				}
 				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: bodies, Key: e.key(st.num, i, 0)})
 			},
+			func() error { return e.guardMax(b.recv, b.slot, e.guards+gpu.Ptr(kernels.GuardLen*i)) },
 		}
 		avg.Slots, avg.Stride, avg.Count = b.recv, b.slot, e.size
 	}
@@ -668,7 +722,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		// the error-feedback memory's Commit applies (Average's status
 		// clean): as Engine's Pending.CommitMasked.
 		ops = append(ops, func() error {
-			return e.dev.Mask(e.codec, e.dec, kernels.MaskArgs{U: b.next, N: n, Body: b.send + kernels.StatusLen,
+			return e.dev.Mask(e.codec, e.dec, kernels.MaskArgs{U: b.next, N: n, Body: b.send + gpu.Ptr(e.slotHead()),
 				Key: e.key(st.num, i, 0), Gate: avg.Out})
 		})
 	}
@@ -678,6 +732,25 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		}
 	}
 	return nil
+}
+
+// slotHead returns the bytes of a payload slot before its body: the
+// Encode status, and with Config.Guard the guard block.
+func (e *DeviceEngine) slotHead() int {
+	if e.cfg.Guard > 0 {
+		return kernels.StatusLen + kernels.GuardLen
+	}
+	return kernels.StatusLen
+}
+
+// guardMax enqueues on the decode stream, with Config.Guard, the largest
+// ρ of the guard blocks of e.size gathered slots (slot bytes apart from
+// slots) into the guard block dst.
+func (e *DeviceEngine) guardMax(slots gpu.Ptr, slot int, dst gpu.Ptr) error {
+	if e.cfg.Guard == 0 {
+		return nil
+	}
+	return e.dev.GuardMax(e.dec, kernels.GuardMaxArgs{Src: slots + kernels.StatusLen, Stride: slot, Count: e.size, Dst: dst})
 }
 
 // sparse reports whether the active codec sends an index set (top-k,
@@ -744,6 +817,13 @@ func (e *DeviceEngine) conclude(st *step) error {
 	if err := e.dev.CopyOut(e.dec, statuses, e.statuses); err != nil {
 		return &StepError{Step: st.num, Bucket: -1, Stage: "reading statuses", Err: err}
 	}
+	var guards []byte
+	if e.cfg.Guard > 0 {
+		guards = make([]byte, kernels.GuardLen*len(st.runs))
+		if err := e.dev.CopyOut(e.dec, guards, e.guards); err != nil {
+			return &StepError{Step: st.num, Bucket: -1, Stage: "reading the accuracy guard's measures", Err: err}
+		}
+	}
 	var momentum []byte
 	if e.cfg.Momentum != 0 {
 		momentum = make([]byte, kernels.StatusLen*len(st.runs))
@@ -769,6 +849,8 @@ func (e *DeviceEngine) conclude(st *step) error {
 			if e.cfg.FailOnNonFinite {
 				r.outcome = pathSkipped
 			}
+		} else if guards != nil && r.compressed {
+			r.heldBack = math.Float64frombits(binary.LittleEndian.Uint64(guards[kernels.GuardLen*i:]))
 		}
 		for _, t := range []struct {
 			d          *time.Duration
@@ -791,9 +873,10 @@ func (e *DeviceEngine) conclude(st *step) error {
 }
 
 // settle installs, after a step that succeeded, the residuals Encode
-// wrote for its compressed, finite buckets and the momentum velocities
-// m·u + g that are finite (swaps); a step that failed or was skipped
-// leaves every memory and velocity as it was.
+// wrote for its compressed, finite buckets, the zeroed stage-1 residuals
+// of its finite flushes (the accuracy guard's, written by kernels.Flush)
+// and the momentum velocities m·u + g that are finite (swaps); a step
+// that failed or was skipped leaves every memory and velocity as it was.
 func (e *DeviceEngine) settle(st *step, failed bool) {
 	if failed {
 		return
@@ -803,9 +886,12 @@ func (e *DeviceEngine) settle(st *step, failed bool) {
 		if r.momFinite {
 			b.mom, b.next = b.next, b.mom
 		}
-		if e.cfg.ErrorFeedback && r.outcome == pathCompressed && !r.nonFinite {
+		switch {
+		case e.cfg.ErrorFeedback && r.outcome == pathCompressed && !r.nonFinite:
 			b.resid, b.out = b.out, b.resid
 			b.resid2, b.out2 = b.out2, b.resid2
+		case r.flush && r.outcome == pathDense && !r.nonFinite:
+			b.resid, b.out = b.out, b.resid
 		}
 	}
 }

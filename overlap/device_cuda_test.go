@@ -78,7 +78,10 @@ func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []gpu.Ptr {
 // kernels are bit-identical to package compress); step 2 puts an Inf in
 // bucket 1, which must come back NaN (dense: Inf) and flagged. The last
 // cases add momentum correction (with masking) and a compression
-// warm-up, pinned compressed.
+// warm-up, pinned compressed, and the accuracy guard (thresholds below
+// the CPU engine's ρ of about 0.61 for top-k and 2.5 for int2 here, so
+// step 0 trips it and step 1 flushes), whose flushes and ρ must match the
+// CPU engine's (ρ within 1e-6 relative).
 func TestDeviceEngineCUDA(t *testing.T) {
 	ctx, dc, host := testDevice(t)
 	sizes := []int{1 << 20, 300_001, 4097}
@@ -87,16 +90,21 @@ func TestDeviceEngineCUDA(t *testing.T) {
 		strategy Strategy
 		momentum float64
 		schedule string
+		guard    float64
 	}{
-		{"none", StrategyAuto, 0, ""}, {"int8", StrategyAuto, 0, ""}, {"int8", StrategyQuantSRA, 0, ""}, {"int4", StrategyAuto, 0, ""},
-		{"sign", StrategyQuantSRA, 0, ""}, {"topk:0.01", StrategyAuto, 0, ""}, {"topk:0.01:sampled", StrategyAuto, 0, ""},
-		{"randomk:0.01", StrategyAuto, 0, ""}, {"fp16", StrategyQuantSRA, 0, ""}, {"bf16", StrategyAuto, 0, ""},
-		{"none", StrategyAuto, 0.9, ""}, {"topk:0.01", StrategyAuto, 0.9, "1@topk:0.1"},
-		{"randomk:0.01", StrategyAuto, 0.9, ""}, {"int4", StrategyQuantSRA, 0.9, "1@int8"},
+		{"none", StrategyAuto, 0, "", 0}, {"int8", StrategyAuto, 0, "", 0}, {"int8", StrategyQuantSRA, 0, "", 0}, {"int4", StrategyAuto, 0, "", 0},
+		{"sign", StrategyQuantSRA, 0, "", 0}, {"topk:0.01", StrategyAuto, 0, "", 0}, {"topk:0.01:sampled", StrategyAuto, 0, "", 0},
+		{"randomk:0.01", StrategyAuto, 0, "", 0}, {"fp16", StrategyQuantSRA, 0, "", 0}, {"bf16", StrategyAuto, 0, "", 0},
+		{"none", StrategyAuto, 0.9, "", 0}, {"topk:0.01", StrategyAuto, 0.9, "1@topk:0.1", 0},
+		{"randomk:0.01", StrategyAuto, 0.9, "", 0}, {"int4", StrategyQuantSRA, 0.9, "1@int8", 0},
+		{"topk:0.01", StrategyAuto, 0, "", 0.5}, {"int2", StrategyQuantSRA, 0, "", 1.5},
 	} {
 		name := tc.spec + "/" + tc.strategy.String()
 		if tc.momentum != 0 {
 			name += fmt.Sprintf("/momentum=%v/schedule=%q", tc.momentum, tc.schedule)
+		}
+		if tc.guard != 0 {
+			name += fmt.Sprintf("/guard=%v", tc.guard)
 		}
 		t.Run(name, func(t *testing.T) {
 			schedule, err := ParseSchedule(tc.schedule)
@@ -104,8 +112,8 @@ func TestDeviceEngineCUDA(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := Config{Spec: tc.spec, Strategy: tc.strategy, ErrorFeedback: true, Momentum: tc.momentum,
-				MomentumMasking: tc.momentum != 0, Schedule: schedule}
-			if schedule != nil {
+				MomentumMasking: tc.momentum != 0, Schedule: schedule, Guard: tc.guard}
+			if schedule != nil || tc.guard != 0 {
 				cfg.Decision = DecideCompressed
 			}
 			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, cfg)
@@ -146,7 +154,8 @@ func TestDeviceEngineCUDA(t *testing.T) {
 				}
 				wait := time.Since(t0)
 				want := cloneGrads(hg)
-				if _, errs := runStep(cpu, want, inOrder(len(sizes))); errs[0] != nil {
+				cpuStats, errs := runStep(cpu, want, inOrder(len(sizes)))
+				if errs[0] != nil {
 					t.Fatal(errs[0])
 				}
 				for i, n := range sizes {
@@ -162,6 +171,10 @@ func TestDeviceEngineCUDA(t *testing.T) {
 					}
 					if j := sameBits(got, want[0][i]); j >= 0 {
 						t.Fatalf("step %d bucket %d element %d: %v, the CPU engine has %v", num, i, j, got[j], want[0][i][j])
+					}
+					g, c := stats.Buckets[i], cpuStats[0].Buckets[i]
+					if g.Guarded != c.Guarded || math.Abs(g.HeldBack-c.HeldBack) > 1e-6*c.HeldBack {
+						t.Fatalf("step %d bucket %d: Guarded %v, HeldBack %v; the CPU engine has %v, %v", num, i, g.Guarded, g.HeldBack, c.Guarded, c.HeldBack)
 					}
 				}
 				b0 := stats.Buckets[0]

@@ -392,6 +392,49 @@ func (d *fakeDevice) Mask(c *kernels.Codec, s gpu.Stream, a kernels.MaskArgs) er
 	return nil
 }
 
+// Guard is kernels.Guard by its definition, kernels.GuardRatio.
+func (d *fakeDevice) Guard(s gpu.Stream, a kernels.GuardArgs) error {
+	d.enqueue(s, func() {
+		rho := kernels.GuardRatio(d.floats(a.Resid, a.N), d.floats(a.Grad, a.N))
+		for q := range a.Count {
+			putGuard(d.bytes(a.Dst+gpu.Ptr(q*a.Stride), kernels.GuardLen), rho)
+		}
+	})
+	return nil
+}
+
+// GuardMax is kernels.GuardMax in Go.
+func (d *fakeDevice) GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error {
+	d.enqueue(s, func() {
+		m := 0.0
+		for q := range a.Count {
+			if v := math.Float64frombits(binary.LittleEndian.Uint64(d.bytes(a.Src+gpu.Ptr(q*a.Stride), 8))); v > m {
+				m = v
+			}
+		}
+		putGuard(d.bytes(a.Dst, kernels.GuardLen), m)
+	})
+	return nil
+}
+
+// putGuard writes the guard block of rho to b.
+func putGuard(b []byte, rho float64) {
+	binary.LittleEndian.PutUint64(b, math.Float64bits(rho))
+	binary.LittleEndian.PutUint64(b[8:], 0)
+}
+
+// Flush is kernels.Flush in Go (compress.ErrorFeedback.Flush's sum).
+func (d *fakeDevice) Flush(s gpu.Stream, a kernels.FlushArgs) error {
+	d.enqueue(s, func() {
+		g, e, out := d.floats(a.Grad, a.N), d.floats(a.Resid, a.N), d.floats(a.ResidOut, a.N)
+		for i := range g {
+			g[i] = e[i] + g[i]
+			out[i] = 0
+		}
+	})
+	return nil
+}
+
 // fakeDeviceComm is a comm.DeviceComm over a host comm.Comm on the fake
 // device's memory: each collective runs on the given stream when the
 // stream reaches it (as NCCL's kernels do), and a failure is reported

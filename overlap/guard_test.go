@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -62,103 +61,99 @@ func (g *guardRef) step(s int, grads [][][]float32) (out [][]float32, flushed []
 	return out, flushed, rho
 }
 
-// TestAccuracyGuard runs the guard on every strategy against the
-// reference: averages bit for bit, ρ within rounding, flushes on the same
-// steps; the threshold is set so that some steps flush and some do not.
+// TestAccuracyGuard runs the guard on every strategy of both backends
+// against the reference: averages bit for bit, ρ within rounding (the
+// host's sums and the device's kernels.GuardRatio differ in order),
+// flushes on the same steps on every rank; the threshold is set so that
+// some steps flush and some do not, and no ρ is near it.
 func TestAccuracyGuard(t *testing.T) {
 	const ranks, steps = 3, 10
 	sizes := []int{500, 37}
-	for spec, limit := range map[string]float64{"topk:0.05": 1.6, "randomk:0.1": 1.6, "int2": 1.6, "sign:bucket=32": 1.6, "int4:bucket=64": 0.23} {
-		t.Run(spec, func(t *testing.T) {
-			cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Guard: limit}
-			if spec == "int4:bucket=64" {
-				cfg.Strategy = StrategyQuantAllGather
-			}
-			engines := newEngines(t, ranks, sizes, cfg)
-			ref := &guardRef{ref: newRef(t, spec, engines[0].Strategy(), ranks, true), limit: limit, pending: map[int]bool{}}
-			flushes := 0
-			for s := range steps {
-				grads := stepGrads(ranks, s, sizes)
-				want, flushed, rho := ref.step(s, clone3(grads))
-				stats, errs := runStep(engines, grads, inOrder(len(sizes)))
-				mustNoErrors(t, fmt.Sprintf("step %d", s), errs)
-				for r := range ranks {
-					for b := range sizes {
-						if i := sameFloats(grads[r][b], want[b]); i >= 0 {
-							t.Fatalf("step %d rank %d bucket %d: element %d is %v, want %v", s, r, b, i, grads[r][b][i], want[b][i])
+	for _, backend := range backends {
+		for spec, limit := range map[string]float64{"topk:0.05": 1.6, "randomk:0.1": 1.6, "int2": 1.6, "sign:bucket=32": 1.6, "int4:bucket=64": 0.23} {
+			t.Run(backend+"/"+spec, func(t *testing.T) {
+				cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Guard: limit}
+				if spec == "int4:bucket=64" {
+					cfg.Strategy = StrategyQuantAllGather
+				}
+				g := newBackendRig(t, backend, ranks, sizes, cfg)
+				ref := &guardRef{ref: newRef(t, spec, g.refStrategy(), ranks, true), limit: limit, pending: map[int]bool{}}
+				flushes := 0
+				for s := range steps {
+					grads := stepGrads(ranks, s, sizes)
+					want, flushed, rho := ref.step(s, clone3(grads))
+					out, stats := g.steps(t, grads)
+					for r := range ranks {
+						for b := range sizes {
+							if i := sameFloats(out[r][b], want[b]); i >= 0 {
+								t.Fatalf("step %d rank %d bucket %d: element %d is %v, want %v", s, r, b, i, out[r][b][i], want[b][i])
+							}
+							bs := stats[r].Buckets[b]
+							if bs.Guarded != flushed[b] || bs.Compressed == flushed[b] {
+								t.Fatalf("step %d rank %d bucket %d: Guarded %v, Compressed %v; the reference flushes: %v (%s)", s, r, b, bs.Guarded, bs.Compressed, flushed[b], bs.Reason)
+							}
+							if math.Abs(bs.HeldBack-rho[b]) > 1e-6*rho[b] {
+								t.Fatalf("step %d rank %d bucket %d: HeldBack %v, reference %v", s, r, b, bs.HeldBack, rho[b])
+							}
+							if math.Abs(rho[b]-limit) < 1e-4 {
+								t.Fatalf("step %d bucket %d: ρ %v too close to the threshold to test", s, b, rho[b])
+							}
+							if flushed[b] && !strings.Contains(bs.Reason, "accuracy guard: dense with the residual") {
+								t.Fatalf("a flush's reason does not say so: %s", bs.Reason)
+							}
 						}
-						bs := stats[r].Buckets[b]
-						if bs.Guarded != flushed[b] || bs.Compressed == flushed[b] {
-							t.Fatalf("step %d rank %d bucket %d: Guarded %v, Compressed %v; the reference flushes: %v (%s)", s, r, b, bs.Guarded, bs.Compressed, flushed[b], bs.Reason)
-						}
-						if math.Abs(bs.HeldBack-rho[b]) > 1e-6*rho[b] {
-							t.Fatalf("step %d rank %d bucket %d: HeldBack %v, reference %v", s, r, b, bs.HeldBack, rho[b])
-						}
-						if math.Abs(rho[b]-limit) < 1e-4 {
-							t.Fatalf("step %d bucket %d: ρ %v too close to the threshold to test", s, b, rho[b])
-						}
-						if flushed[b] && !strings.Contains(bs.Reason, "accuracy guard: dense with the residual") {
-							t.Fatalf("a flush's reason does not say so: %s", bs.Reason)
+					}
+					for _, f := range flushed {
+						if f {
+							flushes++
 						}
 					}
 				}
-				for _, f := range flushed {
-					if f {
-						flushes++
-					}
+				if flushes == 0 || flushes == steps*len(sizes) {
+					t.Fatalf("%d flushes in %d bucket-steps: the threshold tests nothing", flushes, steps*len(sizes))
 				}
-			}
-			if flushes == 0 || flushes == steps*len(sizes) {
-				t.Fatalf("%d flushes in %d bucket-steps: the threshold tests nothing", flushes, steps*len(sizes))
-			}
-		})
+			})
+		}
 	}
 }
 
 // TestAccuracyGuardCheckpoint: a state saved while a flush is pending
-// resumes it: the resumed engines' results equal the uninterrupted ones'.
+// resumes it, on either backend: the resumed engines' results equal the
+// uninterrupted ones'.
 func TestAccuracyGuardCheckpoint(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) { testAccuracyGuardCheckpoint(t, backend) })
+	}
+}
+
+func testAccuracyGuardCheckpoint(t *testing.T, backend string) {
 	const ranks, steps = 2, 8
 	sizes := []int{400}
 	cfg := Config{Spec: "topk:0.05", ErrorFeedback: true, Decision: DecideCompressed, Guard: 1.2}
-	a := newEngines(t, ranks, sizes, cfg)
+	a := newBackendRig(t, backend, ranks, sizes, cfg)
 	var states [][]byte
 	cut, reason := -1, ""
 	var want [][][][]float32
 	for s := range steps {
-		grads := stepGrads(ranks, s, sizes)
-		_, errs := runStep(a, grads, inOrder(1))
-		mustNoErrors(t, "step", errs)
-		want = append(want, grads)
-		if cut < 0 && a[0].buckets[0].guard != "" {
-			cut, reason = s, a[0].buckets[0].guard
-			for _, e := range a {
-				var buf bytes.Buffer
-				if err := e.Save(&buf); err != nil {
-					t.Fatal(err)
-				}
-				states = append(states, buf.Bytes())
-			}
+		out, _ := a.step(t, stepGrads(ranks, s, sizes))
+		want = append(want, out)
+		if cut < 0 && a.core(0).buckets[0].guard != "" {
+			cut, reason = s, a.core(0).buckets[0].guard
+			states = a.save(t)
 		}
 	}
 	if cut < 0 || cut == steps-1 {
 		t.Fatalf("no flush pending before the last step (cut %d)", cut)
 	}
-	b := newEngines(t, ranks, sizes, cfg)
-	for r, e := range b {
-		if err := e.Load(bytes.NewReader(states[r])); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := newBackendRig(t, backend, ranks, sizes, cfg)
+	b.load(t, states)
 	for s := cut + 1; s < steps; s++ {
-		grads := stepGrads(ranks, s, sizes)
-		stats, errs := runStep(b, grads, inOrder(1))
-		mustNoErrors(t, "resumed step", errs)
-		if s == cut+1 && !stats[0].Buckets[0].Guarded {
-			t.Fatalf("step %d after the resume is not the pending flush: %s", s, stats[0].Buckets[0].Reason)
+		out, stats := b.step(t, stepGrads(ranks, s, sizes))
+		if s == cut+1 && !stats.Buckets[0].Guarded {
+			t.Fatalf("step %d after the resume is not the pending flush: %s", s, stats.Buckets[0].Reason)
 		}
 		for r := range ranks {
-			if i := sameFloats(grads[r][0], want[s][r][0]); i >= 0 {
+			if i := sameFloats(out[r][0], want[s][r][0]); i >= 0 {
 				t.Fatalf("resumed step %d rank %d: element %d differs", s, r, i)
 			}
 		}
@@ -169,10 +164,10 @@ func TestAccuracyGuardCheckpoint(t *testing.T) {
 	v2 = append(v2, 0, 0, 0, 0)
 	v2[4] = 2
 	fixCRC(v2)
-	if err := b[0].Load(bytes.NewReader(v2)); err != nil {
+	if err := b.core(0).Load(bytes.NewReader(v2)); err != nil {
 		t.Fatalf("a version-2 state: %v", err)
 	}
-	if b[0].buckets[0].guard != "" {
+	if b.core(0).buckets[0].guard != "" {
 		t.Fatal("a version-2 state left a flush pending")
 	}
 	// A guard reason longer than the format allows, checksum made good.
@@ -181,13 +176,13 @@ func TestAccuracyGuardCheckpoint(t *testing.T) {
 	binary.LittleEndian.PutUint16(bad[at:], maxGuardLen+1)
 	fixCRC(bad)
 	var se *StateError
-	if err := b[0].Load(bytes.NewReader(bad)); !errors.As(err, &se) || !strings.Contains(err.Error(), "accuracy-guard reason") {
+	if err := b.core(0).Load(bytes.NewReader(bad)); !errors.As(err, &se) || !strings.Contains(err.Error(), "accuracy-guard reason") {
 		t.Fatalf("a state with an oversized guard reason: %v; want a *StateError", err)
 	}
 }
 
 // TestAccuracyGuardConfig: invalid thresholds, a guard without error
-// feedback, ranks with different thresholds, and the device engine are
+// feedback (on either backend), and ranks with different thresholds are
 // refused.
 func TestAccuracyGuardConfig(t *testing.T) {
 	for _, cfg := range []Config{
@@ -217,50 +212,48 @@ func TestAccuracyGuardConfig(t *testing.T) {
 			t.Errorf("rank %d: %v; want a *ConfigMismatchError on the accuracy guard", r, err)
 		}
 	}
-	dev := newFakeDevice()
-	defer dev.close()
-	_, err := NewDevice(t.Context(), dev, newFakeDeviceComm(group(t, 1)[0], dev, fakeTimeout), group(t, 1)[0], []int{10},
-		Config{Spec: "int8", ErrorFeedback: true, Guard: 2})
+	_, errs = newDevRig(t, []int{10}, []Config{{Spec: "int8", Guard: 2}}, fakeTimeout)
 	var ce *ConfigError
-	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "host buckets") {
-		t.Errorf("NewDevice with a guard: %v; want a *ConfigError", err)
+	if !errors.As(errs[0], &ce) || !strings.Contains(errs[0].Error(), "Guard") {
+		t.Errorf("NewDevice with a guard and no error feedback: %v; want a *ConfigError naming Guard", errs[0])
 	}
 }
 
-// TestAccuracyGuardNonFinite: a NaN in a flush step sends the bucket
-// dense, reported, with every memory as it was and the flush still
-// pending: the next step flushes as if the NaN step had not happened.
+// TestAccuracyGuardNonFinite: a NaN in a flush step, on either backend,
+// is reported, with every memory as it was and the flush still pending:
+// the next step flushes as if the NaN step had not happened.
 func TestAccuracyGuardNonFinite(t *testing.T) {
 	const ranks, steps = 2, 8
 	sizes := []int{400}
-	engines := newEngines(t, ranks, sizes, Config{Spec: "topk:0.05", ErrorFeedback: true, Decision: DecideCompressed, Guard: 1.2})
-	ref := &guardRef{ref: newRef(t, "topk:0.05", engines[0].Strategy(), ranks, true), limit: 1.2, pending: map[int]bool{}}
-	poisoned := false
-	for s := range steps {
-		grads := stepGrads(ranks, s, sizes)
-		if ref.pending[0] && !poisoned {
-			poisoned = true
-			bad := clone3(grads)
-			bad[1][0][17] = float32(math.NaN())
-			stats, errs := runStep(engines, bad, inOrder(1))
-			mustNoErrors(t, "NaN step", errs)
-			if bs := stats[0].Buckets[0]; !bs.NonFinite || !bs.Guarded {
-				t.Fatalf("NaN in a flush step: NonFinite %v, Guarded %v (%s)", bs.NonFinite, bs.Guarded, bs.Reason)
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			g := newBackendRig(t, backend, ranks, sizes, Config{Spec: "topk:0.05", ErrorFeedback: true, Decision: DecideCompressed, Guard: 1.2})
+			ref := &guardRef{ref: newRef(t, "topk:0.05", g.refStrategy(), ranks, true), limit: 1.2, pending: map[int]bool{}}
+			poisoned := false
+			for s := range steps {
+				grads := stepGrads(ranks, s, sizes)
+				if ref.pending[0] && !poisoned {
+					poisoned = true
+					bad := clone3(grads)
+					bad[1][0][17] = float32(math.NaN())
+					if _, stats := g.step(t, bad); !stats.Buckets[0].NonFinite || !stats.Buckets[0].Guarded {
+						t.Fatalf("NaN in a flush step: NonFinite %v, Guarded %v (%s)", stats.Buckets[0].NonFinite, stats.Buckets[0].Guarded, stats.Buckets[0].Reason)
+					}
+				}
+				want, flushed, _ := ref.step(s, clone3(grads))
+				out, stats := g.steps(t, grads)
+				for r := range ranks {
+					if i := sameFloats(out[r][0], want[0]); i >= 0 {
+						t.Fatalf("step %d rank %d: element %d is %v, want %v", s, r, i, out[r][0][i], want[0][i])
+					}
+					if stats[r].Buckets[0].Guarded != flushed[0] {
+						t.Fatalf("step %d rank %d: Guarded %v, want %v", s, r, stats[r].Buckets[0].Guarded, flushed[0])
+					}
+				}
 			}
-		}
-		want, flushed, _ := ref.step(s, clone3(grads))
-		stats, errs := runStep(engines, grads, inOrder(1))
-		mustNoErrors(t, fmt.Sprintf("step %d", s), errs)
-		for r := range ranks {
-			if i := sameFloats(grads[r][0], want[0]); i >= 0 {
-				t.Fatalf("step %d rank %d: element %d is %v, want %v", s, r, i, grads[r][0][i], want[0][i])
+			if !poisoned {
+				t.Fatal("no flush was pending: the test tested nothing")
 			}
-			if stats[r].Buckets[0].Guarded != flushed[0] {
-				t.Fatalf("step %d rank %d: Guarded %v, want %v", s, r, stats[r].Buckets[0].Guarded, flushed[0])
-			}
-		}
-	}
-	if !poisoned {
-		t.Fatal("no flush was pending: the test tested nothing")
+		})
 	}
 }

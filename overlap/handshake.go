@@ -10,7 +10,10 @@ import (
 )
 
 // protocolVersion names the engine's exchange protocol (slot format,
-// statuses, keys, strategies). Ranks must agree on it.
+// statuses, keys, strategies). Ranks must agree on it. The device slots'
+// guard block (Config.Guard) did not change it: only a guarded
+// configuration, which the record compares and which no earlier device
+// engine accepted, has one.
 const protocolVersion = 1
 
 // field is one entry of a rank's handshake record.

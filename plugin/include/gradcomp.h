@@ -343,8 +343,8 @@ typedef struct gc_engine_config {
 	                            * (e.g. "100@topk:0.25,100@topk:0.0625"), then spec; NULL or "": none. The phases
 	                            * keep spec's strategy (decision "auto": the cost model decides for spec, and
 	                            * verification starts after the last phase); host and device buckets. */
-	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback; host
-	                            * buckets): a bucket whose error feedback holds back more than guard times the
+	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback;
+	                            * host and device buckets): a bucket whose error feedback holds back more than guard times the
 	                            * norm of its gradient, on some rank, goes dense with its residual on its next
 	                            * compressed step, emptying the memory (gc_bucket_stats.guarded, the reason, and
 	                            * gc_engine_held_back report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */

@@ -366,7 +366,8 @@ class Engine:
     (run the optimizer without momentum); 0 is off. ``momentum_masking``:
     DGC's momentum factor masking (top-k and random-k zero u where they
     sent). ``guard``: the accuracy
-    guard's threshold (0: off; needs error feedback; host buckets): a
+    guard's threshold (0: off; needs error feedback; host or device
+    buckets): a
     bucket whose error feedback holds back more than ``guard`` times its
     gradient's norm on some rank goes dense with its residual on its next
     compressed step. Spec, strategy, decision, error feedback,

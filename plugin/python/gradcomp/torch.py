@@ -167,7 +167,7 @@ class State:
     decision="compressed", schedule=[(100, "topk:0.25"), (100, "topk:0.0625"),
     (100, "topk:0.016")])``.
     ``guard``: the accuracy guard's threshold, 0 for none (needs
-    ``error_feedback``; CPU buckets): every rank measures, for each bucket
+    ``error_feedback``; CPU or CUDA buckets): every rank measures, for each bucket
     it compresses, how much error feedback holds back against the
     gradient (|e|/|g|, ``BucketStats.held_back``); when the largest over
     the ranks passes ``guard``, the bucket's next compressed step goes
