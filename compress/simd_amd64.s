@@ -147,7 +147,8 @@ nearest:
 // counters x = i·0x9e3779b9 + k0 in Y10 (rng.go's hash32), and advances the
 // counters by 8·0x9e3779b9.
 // The product u·2^-24 is exact, so the fused add rounds as an add does.
-#define QRAND \
+// QRANDR(R) is QRAND into register R.
+#define QRANDR(R) \
 	VPSRLD      $16, Y10, Y9; \
 	VPXOR       Y10, Y9, Y9; \
 	VPMULLD     Y12, Y9, Y9; \
@@ -159,8 +160,10 @@ nearest:
 	VPXOR       Y15, Y9, Y9; \
 	VPSRLD      $8, Y9, Y9; \
 	VCVTDQ2PS   Y9, Y9; \
-	VFMADD231PS Y8, Y9, Y3; \
+	VFMADD231PS Y8, Y9, R; \
 	VPADDD      Y14, Y10, Y10
+
+#define QRAND QRANDR(Y3)
 
 // QHALF adds r = 0.5 to Y3.
 #define QHALF \
@@ -217,22 +220,6 @@ nearest:
 	VMULPS  Y1, Y5, Y5; \
 	VMULPS  Y1, Y6, Y6; \
 	ADDQ    $128, SI
-
-// QRANDR is QRAND into register R.
-#define QRANDR(R) \
-	VPSRLD      $16, Y10, Y9; \
-	VPXOR       Y10, Y9, Y9; \
-	VPMULLD     Y12, Y9, Y9; \
-	VPSRLD      $15, Y9, Y15; \
-	VPXOR       Y15, Y9, Y9; \
-	VPXOR       Y11, Y9, Y9; \
-	VPMULLD     Y13, Y9, Y9; \
-	VPSRLD      $16, Y9, Y15; \
-	VPXOR       Y15, Y9, Y9; \
-	VPSRLD      $8, Y9, Y9; \
-	VCVTDQ2PS   Y9, Y9; \
-	VFMADD231PS Y8, Y9, R; \
-	VPADDD      Y14, Y10, Y10
 
 #define QRAND4 \
 	QRANDR(Y3); \
