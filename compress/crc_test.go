@@ -58,3 +58,17 @@ func TestBodySumMatchesChecksum(t *testing.T) {
 		}
 	}
 }
+
+// TestChecksum: checksum, which reads ahead, is crc32.Checksum, for
+// lengths around its block.
+func TestChecksum(t *testing.T) {
+	p := make([]byte, 3*checksumBlock+65)
+	for i := range p {
+		p[i] = byte(i*131 + i>>8)
+	}
+	for _, n := range []int{0, 1, 63, 64, checksumBlock - 1, checksumBlock, checksumBlock + 1, 2 * checksumBlock, len(p)} {
+		if got, want := checksum(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
+			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}

@@ -80,7 +80,7 @@ func parsePayload(p []byte) (*header, []byte, error) {
 		return nil, nil, err
 	}
 	end := len(p) - TrailerLen
-	want := crc32.Checksum(p[:end], castagnoli)
+	want := checksum(p[:end])
 	if got := binary.LittleEndian.Uint32(p[end:]); got != want {
 		return nil, nil, &ChecksumError{Got: got, Want: want}
 	}
