@@ -35,9 +35,9 @@ type bucketBody struct {
 	bits       uint // bits per code: 8, 4, 2 or 1
 }
 
-// sumChunk is the element count after which encode checksums what it has
-// written: a multiple of it rounded up to 8·B, so that the codes (a few
-// KiB) are still in L1.
+// sumChunk is the code bytes after which encode checksums what it has
+// written (rounded up to whole groups of 8 buckets): few enough to be in
+// L1 still, enough that the calls to the CRC cost little.
 const sumChunk = 8192
 
 // encode runs enc over the n elements in chunks [from, to) whose from is a
@@ -47,7 +47,7 @@ const sumChunk = 8192
 // headers and codes into bs right after enc wrote them.
 func (l bucketBody) encode(n int, run runner, bs *bodySum, enc func(from, to int) error) error {
 	grain := 8 * l.bucket
-	step := (sumChunk + grain - 1) / grain * grain
+	step := (sumChunk*8/int(l.bits) + grain - 1) / grain * grain
 	var fe firstError
 	run(n, grain, func(from, to int) {
 		var hs, cs crcSpan

@@ -37,11 +37,11 @@ func TestCRCCombine(t *testing.T) {
 // the frame (stale bytes in dst beyond its length included), for lengths around the checksum chunk, any bucket size and
 // worker count.
 func TestBodySumMatchesChecksum(t *testing.T) {
-	x := testDistributions(3*sumChunk+5, 9)["student2"]
+	x := testDistributions(3*8*sumChunk+5, 9)["student2"] // three chunks of sign
 	for _, codec := range []string{"int8", "int4", "int2", "sign"} {
 		for _, bucket := range []int{1, 3, 512, 3000} {
 			spec := fmt.Sprintf("%s:bucket=%d", codec, bucket)
-			for _, n := range []int{0, 1, 7, sumChunk - 1, sumChunk, sumChunk + 1, len(x)} {
+			for _, n := range []int{0, 1, 7, sumChunk - 1, sumChunk, sumChunk + 1, 8*sumChunk + 1, len(x)} {
 				for _, w := range []int{1, 3} {
 					c := mustParse(t, spec, WithWorkers(w), WithMinParallel(1))
 					dst := bytes.Repeat([]byte{0xff}, 1+c.MaxEncodedLen(n))[:1] // stale bits past len
