@@ -9,9 +9,9 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin pytest purego race fuzz bench gobench cuda gpu-binaries
+.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 bench gobench cuda gpu-binaries
 
-test: setup vet unit capi pytest purego race fuzz cuda
+test: setup vet unit capi pytest purego race fuzz arm64 cuda
 
 setup:
 	./scripts/setup
@@ -76,6 +76,24 @@ purego:
 # without it in `unit`, and nothing in them is concurrent beyond the runner.
 race:
 	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/... ./netbench/... ./plugin/...
+
+# The compress tests on arm64 (its generic kernels, and Go's arm64 code
+# generation: fused multiply-adds are what the codecs' explicit float32
+# conversions forbid), cross-compiled and run under qemu-user (Debian's
+# qemu-user-static; skipped, saying so, where it is missing). -short: the
+# 256 MiB cases would take minutes under emulation. The fuzz targets run
+# their seed corpora here; fuzzing itself needs its workers exec'd, which
+# qemu-user without binfmt_misc cannot do. About 1 minute (1.5 with a
+# cold build cache) on 2 loaded cores.
+QEMU_ARM64 := $(shell command -v qemu-aarch64-static || command -v qemu-aarch64)
+arm64:
+ifeq ($(QEMU_ARM64),)
+	@echo "make arm64: qemu-aarch64-static not found (apt-get install qemu-user-static): arm64 tests skipped"
+else
+	@mkdir -p build/arm64
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o build/arm64/compress.test ./compress
+	cd compress && $(QEMU_ARM64) ../build/arm64/compress.test -test.short -test.count=1
+endif
 
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \

@@ -30,7 +30,7 @@ func EncodePayload(c Compressor, dst []byte, n int, key Key, fill func(body []by
 	if err != nil {
 		return dst, err
 	}
-	return impl.encodeWith(dst, n, key, fill)
+	return impl.encodeWith(dst, n, key, func(body []byte, _ *bodySum) error { return fill(body) })
 }
 
 // DecodePayload validates payload exactly as c.Decompress does for n

@@ -25,6 +25,53 @@ func bucketOption(a *specArgs) (int, error) {
 	return int(b), err
 }
 
+// bucketBody is the body layout of the bucketed codecs: nb per-bucket
+// headers of hdrSize bytes each (hdr), then the codes of every element at
+// bits bits each, packed LSB-first (codes).
+type bucketBody struct {
+	hdr, codes []byte
+	bucket     int  // B, elements per bucket
+	hdrSize    int  // bytes per bucket header
+	bits       uint // bits per code: 8, 4, 2 or 1
+}
+
+// sumChunk is the code bytes after which encode checksums what it has
+// written (rounded up to whole groups of 8 buckets): few enough to be in
+// L1 still, enough that the calls to the CRC cost little.
+const sumChunk = 8192
+
+// encode runs enc over the n elements in chunks [from, to) whose from is a
+// multiple of 8·B (a bucket and a byte boundary), in parallel by run, and
+// returns the error of the lowest failing chunk. It clears the padding
+// bits after the last code. With bs non-nil it checksums each chunk's
+// headers and codes into bs right after enc wrote them.
+func (l bucketBody) encode(n int, run runner, bs *bodySum, enc func(from, to int) error) error {
+	grain := 8 * l.bucket
+	step := (sumChunk*8/int(l.bits) + grain - 1) / grain * grain
+	var fe firstError
+	run(n, grain, func(from, to int) {
+		var hs, cs crcSpan
+		for a := from; a < to; a += step {
+			b := min(a+step, to)
+			if err := enc(a, b); err != nil {
+				fe.set(a, err)
+				return
+			}
+			if b == n {
+				clearPadding(l.codes, n*int(l.bits))
+			}
+			if bs != nil {
+				hs.add(l.hdr[l.hdrSize*(a/l.bucket) : l.hdrSize*numBuckets(b, l.bucket)])
+				cs.add(l.codes[a*int(l.bits)/8 : packedLen(b, l.bits)])
+			}
+		}
+		if bs != nil {
+			bs.put(from, hs, cs)
+		}
+	})
+	return fe.err
+}
+
 // numBuckets returns how many buckets of b elements cover n elements.
 func numBuckets(n, b int) int { return (n + b - 1) / b }
 

@@ -114,31 +114,18 @@ func (q *quantCodec) bodyLen(n int) int {
 }
 
 func (q *quantCodec) encode(body []byte, src []float32, key Key, run runner) error {
-	return q.encodeResidual(body, src, key, nil, run)
+	return q.encodeFeedback(body, nil, nil, src, key, nil, run, nil)
 }
 
-// encodeResidual is encode that, with res != nil, also sets res to src
-// minus its decoded values, bucket by bucket while they are in cache.
-func (q *quantCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
-	return q.encodeFeedback(body, nil, nil, src, key, res, run)
-}
-
-// encodeFeedback implements feedbackCodec; with e == nil it is
-// encodeResidual of src.
-func (q *quantCodec) encodeFeedback(body []byte, e, g, src []float32, key Key, res []float32, run runner) error {
+// encodeFeedback implements feedbackCodec.
+func (q *quantCodec) encodeFeedback(body []byte, e, g, src []float32, key Key, res []float32, run runner, bs *bodySum) error {
 	n := len(src)
 	nb := numBuckets(n, q.bucket)
-	hdr, codes := body[:8*nb], body[8*nb:]
+	l := bucketBody{hdr: body[:8*nb], codes: body[8*nb:], bucket: q.bucket, hdrSize: 8, bits: q.bits}
 	keys := lanes32(NewRandomStream(q.rngSeed, key, DomainRound).base)
-	var fe firstError
-	run(n, 8*q.bucket, func(from, to int) {
-		fe.set(from, q.encodeRange(hdr, codes, e, g, src, res, from, to, keys))
+	return l.encode(n, run, bs, func(from, to int) error {
+		return q.encodeRange(l.hdr, l.codes, e, g, src, res, from, to, keys)
 	})
-	if fe.err != nil {
-		return fe.err
-	}
-	clearPadding(codes, n*int(q.bits))
-	return nil
 }
 
 // encodeRange encodes the buckets of src[from:to], first setting each to

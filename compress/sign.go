@@ -53,46 +53,33 @@ func (c *signCodec) bodyLen(n int) int        { return 4*numBuckets(n, c.bucket)
 func (c *signCodec) scalesLen(n int) int      { return 4 * numBuckets(n, c.bucket) }
 
 func (c *signCodec) encode(body []byte, src []float32, key Key, run runner) error {
-	return c.encodeResidual(body, src, key, nil, run)
+	return c.encodeFeedback(body, nil, nil, src, key, nil, run, nil)
 }
 
-// encodeResidual is encode that, with res != nil, also sets res to src
-// minus its decoded values, bucket by bucket while they are in cache.
-func (c *signCodec) encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error {
-	return c.encodeFeedback(body, nil, nil, src, key, res, run)
-}
-
-// encodeFeedback implements feedbackCodec; with e == nil it is
-// encodeResidual of src.
-func (c *signCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res []float32, run runner) error {
+// encodeFeedback implements feedbackCodec.
+func (c *signCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res []float32, run runner, bs *bodySum) error {
 	n := len(src)
 	nh := c.scalesLen(n)
-	hdr, bits := body[:nh], body[nh:]
-	var fe firstError
-	run(n, 8*c.bucket, func(from, to int) {
+	l := bucketBody{hdr: body[:nh], codes: body[nh:], bucket: c.bucket, hdrSize: 4, bits: 1}
+	return l.encode(n, run, bs, func(from, to int) error {
 		for s := from; s < to; s += c.bucket {
 			x := src[s:min(s+c.bucket, to)]
 			if e != nil {
 				addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
 			}
-			scale, err := signBucket(bits, x, s)
+			scale, err := signBucket(l.codes, x, s)
 			if err != nil {
-				fe.set(from, err)
-				return
+				return err
 			}
-			binary.LittleEndian.PutUint32(hdr[4*(s/c.bucket):], math.Float32bits(scale))
+			binary.LittleEndian.PutUint32(l.hdr[4*(s/c.bucket):], math.Float32bits(scale))
 			if res != nil {
 				r := res[s : s+len(x)]
-				unsign(r, bits, s, math.Float32bits(scale), false)
+				unsign(r, l.codes, s, math.Float32bits(scale), false)
 				subtractFrom(r, x, serial)
 			}
 		}
+		return nil
 	})
-	if fe.err != nil {
-		return fe.err
-	}
-	clearPadding(bits, n)
-	return nil
 }
 
 // signBucket writes the sign bits of the bucket x, whose first element has

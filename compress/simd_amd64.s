@@ -22,6 +22,10 @@ TEXT ·xgetbv(SB), NOSPLIT, $0-8
 	RET
 
 // func rangeAVX2(x []float32) (lo, hi float32, nan bool)
+//
+// 32 elements per iteration while they last, their minimum and maximum
+// taken as a tree so that the running ones wait on one instruction each,
+// then 8 at a time.
 TEXT ·rangeAVX2(SB), NOSPLIT, $0-33
 	MOVQ x_base+0(FP), SI
 	MOVQ x_len+8(FP), CX
@@ -30,10 +34,35 @@ TEXT ·rangeAVX2(SB), NOSPLIT, $0-33
 	VCMPPS  $3, Y0, Y0, Y2    // lanes that saw a NaN (unordered)
 	ADDQ    $32, SI
 	SUBQ    $8, CX
-	JZ      reduce
 
-loop:
+loop32:
+	CMPQ       CX, $32
+	JB         loop8
 	PREFETCHT0 2048(SI)       // 2 KiB ahead: the next bucket at B = 512, loading while the caller draws
+	PREFETCHT0 2112(SI)
+	VMOVUPS    (SI), Y3
+	VMOVUPS    32(SI), Y4
+	VMOVUPS    64(SI), Y5
+	VMOVUPS    96(SI), Y6
+	VMINPS     Y4, Y3, Y7
+	VMAXPS     Y4, Y3, Y8
+	VCMPPS     $3, Y4, Y3, Y9 // unordered: either is a NaN
+	VMINPS     Y6, Y5, Y10
+	VMAXPS     Y6, Y5, Y11
+	VCMPPS     $3, Y6, Y5, Y12
+	VMINPS     Y10, Y7, Y7
+	VMAXPS     Y11, Y8, Y8
+	VORPS      Y12, Y9, Y9
+	VMINPS     Y7, Y0, Y0
+	VMAXPS     Y8, Y1, Y1
+	VORPS      Y9, Y2, Y2
+	ADDQ       $128, SI
+	SUBQ       $32, CX
+	JMP        loop32
+
+loop8:
+	TESTQ   CX, CX
+	JZ      reduce
 	VMOVUPS (SI), Y3
 	VMINPS  Y3, Y0, Y0
 	VMAXPS  Y3, Y1, Y1
@@ -41,7 +70,7 @@ loop:
 	VORPS   Y4, Y2, Y2
 	ADDQ    $32, SI
 	SUBQ    $8, CX
-	JNZ     loop
+	JMP     loop8
 
 reduce:
 	VEXTRACTF128 $1, Y0, X3
@@ -88,9 +117,6 @@ TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	VPBROADCASTD lane32M1<>(SB), Y12
 	VPBROADCASTD lane32M2<>(SB), Y13
 	VPBROADCASTD laneWeyl8<>(SB), Y14
-	VMOVDQU      packNibbles<>(SB), X5
-	VMOVDQU      packCrumbs<>(SB), X6
-	VMOVDQU      packCrumbPairs<>(SB), X7
 	MOVQ         bits+64(FP), AX
 	MOVBLZX      nearest+80(FP), DX
 	TESTL        DX, DX
@@ -121,7 +147,8 @@ nearest:
 // counters x = i·0x9e3779b9 + k0 in Y10 (rng.go's hash32), and advances the
 // counters by 8·0x9e3779b9.
 // The product u·2^-24 is exact, so the fused add rounds as an add does.
-#define QRAND \
+// QRANDR(R) is QRAND into register R.
+#define QRANDR(R) \
 	VPSRLD      $16, Y10, Y9; \
 	VPXOR       Y10, Y9, Y9; \
 	VPMULLD     Y12, Y9, Y9; \
@@ -133,8 +160,10 @@ nearest:
 	VPXOR       Y15, Y9, Y9; \
 	VPSRLD      $8, Y9, Y9; \
 	VCVTDQ2PS   Y9, Y9; \
-	VFMADD231PS Y8, Y9, Y3; \
+	VFMADD231PS Y8, Y9, R; \
 	VPADDD      Y14, Y10, Y10
+
+#define QRAND QRANDR(Y3)
 
 // QHALF adds r = 0.5 to Y3.
 #define QHALF \
@@ -156,15 +185,15 @@ nearest:
 	SUBQ  $8, CX
 
 #define ST4 \
-	VPMADDUBSW X5, X3, X3; \
+	VPMADDUBSW packNibbles<>(SB), X3, X3; \
 	VPACKUSWB  X3, X3, X3; \
 	VMOVD      X3, (DI); \
 	ADDQ       $4, DI; \
 	SUBQ       $8, CX
 
 #define ST2 \
-	VPMADDUBSW X6, X3, X3; \
-	VPMADDWD   X7, X3, X3; \
+	VPMADDUBSW packCrumbs<>(SB), X3, X3; \
+	VPMADDWD   packCrumbPairs<>(SB), X3, X3; \
 	VPACKUSDW  X3, X3, X3; \
 	VPACKUSWB  X3, X3, X3; \
 	VMOVD      X3, AX; \
@@ -172,59 +201,211 @@ nearest:
 	ADDQ       $2, DI; \
 	SUBQ       $8, CX
 
+// The 32-element steps: Y3, Y4, Y5, Y6 hold t of 8 elements each (QPRE4),
+// then r is added to each (QRANDR or QHALF4), then QPOST4 truncates,
+// clamps and narrows them to 32 bytes of Y3 in element order (VPERMD by
+// Y7 = dwords 0, 4, 1, 5, 2, 6, 3, 7 undoes the packs' lane interleave),
+// which ST32x8, ST32x4 and ST32x2 store at 8, 4 and 2 bits each.
+#define QPRE4 \
+	VMOVUPS (SI), Y3; \
+	VMOVUPS 32(SI), Y4; \
+	VMOVUPS 64(SI), Y5; \
+	VMOVUPS 96(SI), Y6; \
+	VSUBPS  Y0, Y3, Y3; \
+	VSUBPS  Y0, Y4, Y4; \
+	VSUBPS  Y0, Y5, Y5; \
+	VSUBPS  Y0, Y6, Y6; \
+	VMULPS  Y1, Y3, Y3; \
+	VMULPS  Y1, Y4, Y4; \
+	VMULPS  Y1, Y5, Y5; \
+	VMULPS  Y1, Y6, Y6; \
+	ADDQ    $128, SI
+
+#define QRAND4 \
+	QRANDR(Y3); \
+	QRANDR(Y4); \
+	QRANDR(Y5); \
+	QRANDR(Y6)
+
+#define QHALF4 \
+	VADDPS Y8, Y3, Y3; \
+	VADDPS Y8, Y4, Y4; \
+	VADDPS Y8, Y5, Y5; \
+	VADDPS Y8, Y6, Y6
+
+#define QPOST4 \
+	VCVTTPS2DQ Y3, Y3; \
+	VCVTTPS2DQ Y4, Y4; \
+	VCVTTPS2DQ Y5, Y5; \
+	VCVTTPS2DQ Y6, Y6; \
+	VPMINSD    Y2, Y3, Y3; \
+	VPMINSD    Y2, Y4, Y4; \
+	VPMINSD    Y2, Y5, Y5; \
+	VPMINSD    Y2, Y6, Y6; \
+	VPACKUSDW  Y4, Y3, Y3; \
+	VPACKUSDW  Y6, Y5, Y5; \
+	VPACKUSWB  Y5, Y3, Y3; \
+	VPERMD     Y3, Y7, Y3
+
+#define ST32x8 \
+	VMOVDQU Y3, (DI); \
+	ADDQ    $32, DI; \
+	SUBQ    $32, CX
+
+// Nibbles: bytes (c0 + 16·c1) in the low 8 bytes of each lane, then
+// qwords 0 and 2 to X3.
+#define ST32x4 \
+	VPBROADCASTQ packNibbles<>(SB), Y4; \
+	VPMADDUBSW   Y4, Y3, Y3; \
+	VPACKUSWB    Y3, Y3, Y3; \
+	VPERMQ       $0x08, Y3, Y3; \
+	VMOVDQU      X3, (DI); \
+	ADDQ         $16, DI; \
+	SUBQ         $32, CX
+
+// Crumbs: one byte per 4 codes, dwords 0-3 of each lane, then dwords 0
+// and 4 (Y7's first two) to X3.
+#define ST32x2 \
+	VPBROADCASTQ packCrumbs<>(SB), Y4; \
+	VPMADDUBSW   Y4, Y3, Y3; \
+	VPBROADCASTQ packCrumbPairs<>(SB), Y4; \
+	VPMADDWD     Y4, Y3, Y3; \
+	VPACKUSDW    Y3, Y3, Y3; \
+	VPACKUSWB    Y3, Y3, Y3; \
+	VPERMD       Y3, Y7, Y3; \
+	VMOVQ        X3, (DI); \
+	ADDQ         $8, DI; \
+	SUBQ         $32, CX
+
 rand8:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      rand8t
+	QPRE4
+	QRAND4
+	QPOST4
+	ST32x8
+	JMP     rand8
+
+rand8t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QRAND
 	QPOST
 	ST8
-	JNZ rand8
-	VZEROUPPER
-	RET
+	JMP   rand8t
 
 rand4:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      rand4t
+	QPRE4
+	QRAND4
+	QPOST4
+	ST32x4
+	JMP     rand4
+
+rand4t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QRAND
 	QPOST
 	ST4
-	JNZ rand4
-	VZEROUPPER
-	RET
+	JMP   rand4t
 
 rand2:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      rand2t
+	QPRE4
+	QRAND4
+	QPOST4
+	ST32x2
+	JMP     rand2
+
+rand2t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QRAND
 	QPOST
 	ST2
-	JNZ rand2
-	VZEROUPPER
-	RET
+	JMP   rand2t
 
 half8:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      half8t
+	QPRE4
+	QHALF4
+	QPOST4
+	ST32x8
+	JMP     half8
+
+half8t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QHALF
 	QPOST
 	ST8
-	JNZ half8
-	VZEROUPPER
-	RET
+	JMP   half8t
 
 half4:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      half4t
+	QPRE4
+	QHALF4
+	QPOST4
+	ST32x4
+	JMP     half4
+
+half4t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QHALF
 	QPOST
 	ST4
-	JNZ half4
-	VZEROUPPER
-	RET
+	JMP   half4t
 
 half2:
+	VMOVDQU packOrder<>(SB), Y7
+	CMPQ    CX, $32
+	JB      half2t
+	QPRE4
+	QHALF4
+	QPOST4
+	ST32x2
+	JMP     half2
+
+half2t:
+	TESTQ CX, CX
+	JZ    done
 	QPRE
 	QHALF
 	QPOST
 	ST2
-	JNZ half2
+	JMP   half2t
+
+done:
 	VZEROUPPER
 	RET
+
+// packOrder is the VPERMD index that puts the dwords of a lane-wise pack
+// of four vectors back in element order.
+DATA packOrder<>+0(SB)/4, $0
+DATA packOrder<>+4(SB)/4, $4
+DATA packOrder<>+8(SB)/4, $1
+DATA packOrder<>+12(SB)/4, $5
+DATA packOrder<>+16(SB)/4, $2
+DATA packOrder<>+20(SB)/4, $6
+DATA packOrder<>+24(SB)/4, $3
+DATA packOrder<>+28(SB)/4, $7
+GLOBL packOrder<>(SB), RODATA|NOPTR, $32
 
 // Multipliers that pack adjacent codes: bytes 1, 16 (nibbles); bytes 1, 4
 // and then words 1, 16 (2-bit codes).

@@ -80,7 +80,7 @@ func parsePayload(p []byte) (*header, []byte, error) {
 		return nil, nil, err
 	}
 	end := len(p) - TrailerLen
-	want := crc32.Checksum(p[:end], castagnoli)
+	want := checksum(p[:end])
 	if got := binary.LittleEndian.Uint32(p[end:]); got != want {
 		return nil, nil, &ChecksumError{Got: got, Want: want}
 	}
@@ -149,8 +149,11 @@ type residualCodec interface {
 type feedbackCodec interface {
 	// encodeFeedback is encodeResidual of src = sum, where it first sets
 	// sum[i] = e[i] + g[i] (one float32 addition), bucket by bucket. All
-	// four slices have the same length; sum overlaps none of them.
-	encodeFeedback(body []byte, e, g, sum []float32, key Key, res []float32, run runner) error
+	// four slices have the same length; sum overlaps none of them. With e
+	// nil it is encodeResidual of sum (res may be nil: encode). With bs
+	// non-nil it also checksums the body chunk by chunk into bs while
+	// each chunk is in cache.
+	encodeFeedback(body []byte, e, g, sum []float32, key Key, res []float32, run runner, bs *bodySum) error
 }
 
 // sparseCodec is a codec whose decoded body is its input at the indices
@@ -169,7 +172,7 @@ type sparseCompressor struct{ *compressor }
 func (c sparseCompressor) CompressSelect(dst []byte, src []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
 	n := len(src)
 	run := c.runner(n)
-	out, err := c.encodeWith(dst, n, key, func(body []byte) error {
+	out, err := c.encodeWith(dst, n, key, func(body []byte, _ *bodySum) error {
 		if err := c.impl.encode(body, src, key, run); err != nil {
 			return err
 		}
@@ -230,9 +233,12 @@ func (c *compressor) CompressResidual(dst []byte, src []float32, key Key, res []
 
 // compress is Compress, and with res != nil CompressResidual.
 func (c *compressor) compress(dst []byte, src []float32, key Key, res []float32) ([]byte, error) {
+	if fc, ok := c.impl.(feedbackCodec); ok {
+		return c.compressFeedback(fc, dst, nil, nil, src, key, res)
+	}
 	n := len(src)
 	run := c.runner(n)
-	return c.encodeWith(dst, n, key, func(body []byte) error {
+	return c.encodeWith(dst, n, key, func(body []byte, _ *bodySum) error {
 		if res == nil {
 			return c.impl.encode(body, src, key, run)
 		}
@@ -250,12 +256,12 @@ func (c *compressor) compress(dst []byte, src []float32, key Key, res []float32)
 }
 
 // compressFeedback is CompressResidual of sum = e + g through c's codec
-// fc, which sets sum too.
+// fc, which sets sum too; with e nil it is compress of sum.
 func (c *compressor) compressFeedback(fc feedbackCodec, dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error) {
-	n := len(g)
+	n := len(sum)
 	run := c.runner(n)
-	return c.encodeWith(dst, n, key, func(body []byte) error {
-		return fc.encodeFeedback(body, e, g, sum, key, res, run)
+	return c.encodeWith(dst, n, key, func(body []byte, bs *bodySum) error {
+		return fc.encodeFeedback(body, e, g, sum, key, res, run, bs)
 	})
 }
 
@@ -268,8 +274,11 @@ func (c *compressor) header(n int, key Key) header {
 
 // encodeWith appends the payload of n elements under key to dst, its raw
 // body (bodyLen(n) bytes) written by fill: the framing, the lossless stage
-// and the checksum of Compress. On error it returns dst unchanged.
-func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byte) error) ([]byte, error) {
+// and the checksum of Compress. fill gets a *bodySum where no lossless
+// stage follows; it may checksum the body into it as it writes it (every
+// chunk or none), which saves the pass over the body that the checksum
+// takes otherwise. On error it returns dst unchanged.
+func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byte, bs *bodySum) error) ([]byte, error) {
 	if n < 0 || n > MaxElements {
 		return dst, &SizeError{What: "input length", Got: int64(n), Want: MaxElements}
 	}
@@ -277,7 +286,11 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 	start := len(dst)
 	out := grow(dst, HeaderLen+raw+TrailerLen)
 	body := out[start+HeaderLen : start+HeaderLen+raw]
-	if err := fill(body); err != nil {
+	var bs *bodySum
+	if c.lossless == LosslessNone {
+		bs = new(bodySum)
+	}
+	if err := fill(body, bs); err != nil {
 		return dst, err
 	}
 	h := c.header(n, key)
@@ -290,7 +303,13 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 	}
 	frame := out[start : len(out)-TrailerLen]
 	h.put(frame)
-	binary.LittleEndian.PutUint32(out[len(out)-TrailerLen:], crc32.Checksum(frame, castagnoli))
+	var sum uint32
+	if bs != nil && bs.chunks != nil {
+		sum = crcSpan{crc: crc32.Checksum(frame[:HeaderLen], castagnoli)}.then(bs.sum()).crc
+	} else {
+		sum = crc32.Checksum(frame, castagnoli)
+	}
+	binary.LittleEndian.PutUint32(out[len(out)-TrailerLen:], sum)
 	return out, nil
 }
 

@@ -1,0 +1,74 @@
+package compress
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestCRCCombine: the checksum of A‖B from those of A and B is
+// crc32.Checksum of the concatenation, for splits anywhere (empty parts
+// included) of random lengths.
+func TestCRCCombine(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 2, 7, 64, 1000, 65537} {
+		p := make([]byte, n)
+		for i := range p {
+			p[i] = byte(r.Uint32())
+		}
+		want := crc32.Checksum(p, castagnoli)
+		for _, cut := range []int{0, n / 3, n / 2, n - 1, n} {
+			cut = max(cut, 0)
+			var a, b crcSpan
+			a.add(p[:cut])
+			b.add(p[cut:])
+			if got := a.then(b); got.crc != want || got.n != n {
+				t.Errorf("n=%d cut=%d: combined %#x (%d bytes), want %#x", n, cut, got.crc, got.n, want)
+			}
+		}
+	}
+}
+
+// TestBodySumMatchesChecksum: the bucketed codecs checksum their body
+// chunk by chunk while they encode; the trailer must be crc32.Checksum of
+// the frame (stale bytes in dst beyond its length included), for lengths around the checksum chunk, any bucket size and
+// worker count.
+func TestBodySumMatchesChecksum(t *testing.T) {
+	x := testDistributions(3*8*sumChunk+5, 9)["student2"] // three chunks of sign
+	for _, codec := range []string{"int8", "int4", "int2", "sign"} {
+		for _, bucket := range []int{1, 3, 512, 3000} {
+			spec := fmt.Sprintf("%s:bucket=%d", codec, bucket)
+			for _, n := range []int{0, 1, 7, sumChunk - 1, sumChunk, sumChunk + 1, 8*sumChunk + 1, len(x)} {
+				for _, w := range []int{1, 3} {
+					c := mustParse(t, spec, WithWorkers(w), WithMinParallel(1))
+					dst := bytes.Repeat([]byte{0xff}, 1+c.MaxEncodedLen(n))[:1] // stale bits past len
+					p, err := c.Compress(dst, x[:n], Key{Bucket: 1, Step: 2})
+					if err != nil {
+						t.Fatal(err)
+					}
+					end := len(p) - TrailerLen
+					if got, want := binary.LittleEndian.Uint32(p[end:]), crc32.Checksum(p[1:end], castagnoli); got != want {
+						t.Fatalf("%s n=%d workers=%d: trailer %#x, want %#x", spec, n, w, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestChecksum: checksum, which reads ahead, is crc32.Checksum, for
+// lengths around its block.
+func TestChecksum(t *testing.T) {
+	p := make([]byte, 3*checksumBlock+65)
+	for i := range p {
+		p[i] = byte(i*131 + i>>8)
+	}
+	for _, n := range []int{0, 1, 63, 64, checksumBlock - 1, checksumBlock, checksumBlock + 1, 2 * checksumBlock, len(p)} {
+		if got, want := checksum(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
+			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}
