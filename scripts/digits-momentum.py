@@ -55,6 +55,14 @@ CONFIGS = [
     ("sign+ramp", "sign", dict(schedule=SIGN_RAMP), 0.9),
     ("sign+ramp-ef", "sign", dict(schedule=SIGN_RAMP, error_feedback=False), 0.9),
     ("sign+ramp auto", "sign", dict(schedule=SIGN_RAMP, decision="auto"), 0.9),
+    # The guard's measure without its action (a threshold never passed).
+    ("topk:0.01 held back", "topk:0.01", dict(guard=1e30), 0.9),
+    ("topk:0.01+mc+ramp held back", "topk:0.01", dict(momentum=0.9, schedule=RAMP, guard=1e30), 0.0),
+    ("int4 held back", "int4", dict(guard=1e30), 0.9),
+    ("sign held back", "sign", dict(guard=1e30), 0.9),
+    ("sign+ramp20", "sign", dict(schedule=[(20, s) for _, s in SIGN_RAMP]), 0.9),
+    ("sign+mc+ramp20", "sign", dict(momentum=0.9, schedule=[(20, s) for _, s in SIGN_RAMP]), 0.0),
+    ("topk:0.01+mc+ramp20", "topk:0.01", dict(momentum=0.9, schedule=[(20, s) for _, s in RAMP]), 0.0),
 ]
 
 
