@@ -388,7 +388,38 @@ func (c *core) configurePhases(target compress.Compressor, strategyFor func(Stra
 	}
 	mem1, mem2 := c.memories(target)
 	c.phases = append(c.phases, phase{end: math.MaxUint64, spec: target.Spec().String(), comp: target, mem1: mem1, mem2: mem2})
+	for i := range len(c.phases) - 1 {
+		a, b := c.phases[i].comp.Spec(), c.phases[i+1].comp.Spec()
+		fa, la := strength(a)
+		fb, lb := strength(b)
+		switch {
+		case fa != fb:
+			return fmt.Errorf("schedule phase %d (%s) and the next (%s) are of different kinds of codec: a warm-up leads to Spec %s by milder settings of its kind", i, a, b, target.Spec())
+		case la > lb:
+			return fmt.Errorf("schedule phase %d (%s) compresses more than the next (%s): a warm-up leads from milder settings to Spec %s", i, a, b, target.Spec())
+		}
+	}
 	return nil
+}
+
+// strength places a compressing spec on the scale a warm-up climbs: its
+// kind (top-k, random-k, the quantizers with sign, fp16/bf16) and, within
+// the kind, how much it compresses (the inverse ratio, or 32 over the
+// bits per element).
+func strength(s compress.Spec) (kind compress.Codec, level float64) {
+	switch s.Codec {
+	case compress.CodecTopK, compress.CodecRandomK:
+		return s.Codec, 1 / s.Ratio
+	case compress.CodecInt8:
+		return compress.CodecInt8, 4
+	case compress.CodecInt4:
+		return compress.CodecInt8, 8
+	case compress.CodecInt2:
+		return compress.CodecInt8, 16
+	case compress.CodecSign:
+		return compress.CodecInt8, 32
+	}
+	return compress.CodecFP16, 2 // fp16, bf16
 }
 
 // activate makes phase p the one comp, mem1 and mem2 are of, and moves

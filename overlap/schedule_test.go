@@ -160,6 +160,11 @@ func TestScheduleConfig(t *testing.T) {
 		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "int8"}}}, "a schedule keeps one strategy"},
 		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "topk:0.1:lossless=zstd"}}}, "lossless"},
 		{Config{Spec: "none", Decision: DecideCompressed, Schedule: []Phase{{5, "fp16"}}}, "compressing Spec"},
+		{Config{Spec: "topk:0.1", Decision: DecideCompressed, Schedule: []Phase{{5, "topk:0.01"}}}, "compresses more than the next"},
+		{Config{Spec: "topk:0.01", Decision: DecideCompressed, Schedule: []Phase{{5, "topk:0.05"}, {5, "topk:0.25"}}}, "phase 0 (topk:0.05) compresses more"},
+		{Config{Spec: "int4", Decision: DecideCompressed, Schedule: []Phase{{5, "sign"}}}, "compresses more than the next"},
+		{Config{Spec: "int8", Strategy: StrategyQuantSRA, Decision: DecideCompressed, Schedule: []Phase{{5, "fp16"}}}, "different kinds of codec"},
+		{Config{Spec: "topk:0.01", Strategy: StrategySparseGather, Decision: DecideCompressed, Schedule: []Phase{{5, "randomk:0.5"}}}, "different kinds of codec"},
 	} {
 		errs := onRanks(group(t, 2), func(r int, cm comm.Comm) error {
 			_, err := New(t.Context(), cm, []int{100}, c.cfg)

@@ -244,6 +244,29 @@ func (c Config) check(ranks int) error {
 	return nil
 }
 
+// steps returns the run's steps on ranks ranks.
+func (c Config) steps(ranks int) int { return c.Epochs * (c.TrainSize / (ranks * c.Batch)) }
+
+// checkScheme refuses a scheme the run cannot carry out: a ramp that does
+// not end before the run does (the target spec would never be reached).
+func (c Config) checkScheme(s Scheme, ranks int) error {
+	if s.Ramp == 0 {
+		return nil
+	}
+	phases, err := overlap.Ramp(s.Spec, s.Ramp)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, p := range phases {
+		n += p.Steps
+	}
+	if steps := c.steps(ranks); n >= steps {
+		return fmt.Errorf("train: scheme %s: its ramp takes %d steps (%s), the run has %d: it would never reach %s", s, n, overlap.FormatSchedule(phases), steps, s.Spec)
+	}
+	return nil
+}
+
 // Epoch is the state of a run after an epoch; epoch 0 is before training.
 type Epoch struct {
 	Epoch        int     `json:"epoch"`
@@ -299,6 +322,9 @@ type Job struct {
 func RunRank(ctx context.Context, c comm.Comm, job Job) (*Result, error) {
 	ranks, rank := c.Size(), c.Rank()
 	if err := job.Config.check(ranks); err != nil {
+		return nil, err
+	}
+	if err := job.Config.checkScheme(job.Scheme, ranks); err != nil {
 		return nil, err
 	}
 	if job.Train.Len() != job.TrainSize || job.Test.Len() != job.TestSize {
@@ -408,7 +434,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 	}
 	global := ranks * job.Batch
 	perEpoch := job.TrainSize / global
-	total := perEpoch * job.Epochs
+	total := job.steps(ranks)
 	order := make([]int32, job.TrainSize)
 	x, y := make([]float32, job.Batch*Features), make([]uint8, job.Batch)
 	var bytes int64
@@ -542,11 +568,16 @@ func Compare(ctx context.Context, ranks []comm.Comm, cfg Config, schemes []Schem
 	if err := cfg.check(size); err != nil {
 		return nil, err
 	}
+	for _, s := range schemes {
+		if err := cfg.checkScheme(s, size); err != nil {
+			return nil, err
+		}
+	}
 	trainSet, testSet, err := Digits(cfg.Seed, cfg.TrainSize, cfg.TestSize)
 	if err != nil {
 		return nil, err
 	}
-	perScheme := cfg.Epochs * (cfg.TrainSize / (size * cfg.Batch))
+	perScheme := cfg.steps(size)
 	var results []Result
 	for i, s := range schemes {
 		job := Job{Config: cfg, Scheme: s, Train: trainSet, Test: testSet, NewExchanger: newEx}

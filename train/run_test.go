@@ -320,3 +320,26 @@ func ExampleScheme_String() {
 	fmt.Println(s.Spec, s.ErrorFeedback, s, err)
 	// Output: topk:0.01 true topk:0.01+ef <nil>
 }
+
+// TestRampLongerThanRun: a scheme whose ramp does not end before the run
+// does is refused before anything runs, naming both lengths.
+func TestRampLongerThanRun(t *testing.T) {
+	c := smallConfig()
+	group, err := inproc.NewGroup(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(group)
+	steps := c.steps(2)
+	long, err := ParseScheme(fmt.Sprintf("topk:0.01+ef+ramp=%d", steps/3+1)) // three phases
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Compare(t.Context(), group, c, []Scheme{{Spec: "none"}, long}, EngineExchanger, nil)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the run has %d", steps)) {
+		t.Fatalf("Compare with a ramp of %d steps in a run of %d: %v", 3*(steps/3+1), steps, err)
+	}
+	if err := c.checkScheme(Scheme{Spec: "topk:0.01", ErrorFeedback: true, Ramp: (steps - 1) / 3}, 2); err != nil {
+		t.Errorf("a ramp that ends a step before the run: %v", err)
+	}
+}
