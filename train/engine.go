@@ -11,10 +11,10 @@ import (
 // over c with the scheme's spec, error feedback and strategy (StrategyAuto:
 // top-k → sparse-gather, int8/4/2 and sign → quantized SRA, none →
 // dense), momentum correction with momentum (0: none), the scheme's ramp
-// (overlap.Ramp) and accuracy guard, compression pinned
-// on every bucket
+// (overlap.Ramp) and accuracy guard, compression pinned on every bucket
 // (DecideCompressed) so that the run shows each scheme's effect on training
-// whatever the cost model would choose on this link, and one compressor
+// whatever the cost model would choose on this link (unless the scheme
+// says +auto: DecideAuto), and one compressor
 // goroutine per call (the ranks already share the cores).
 func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme, momentum float64) (Exchanger, error) {
 	var schedule []overlap.Phase
@@ -24,11 +24,15 @@ func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Sche
 			return nil, err
 		}
 	}
+	decision := overlap.DecideCompressed
+	if s.Auto {
+		decision = overlap.DecideAuto
+	}
 	e, err := overlap.New(ctx, c, bucketSizes, overlap.Config{
 		Spec:          s.Spec,
 		ErrorFeedback: s.ErrorFeedback,
 		Strategy:      s.Strategy,
-		Decision:      overlap.DecideCompressed,
+		Decision:      decision,
 		Workers:       1,
 		Momentum:      momentum,
 		Schedule:      schedule,

@@ -60,6 +60,9 @@ type Scheme struct {
 	// Guard is the accuracy guard's threshold (overlap.Config.Guard); 0
 	// for none.
 	Guard float64
+	// Auto lets the engine's cost model decide each bucket's path
+	// (overlap.DecideAuto); otherwise every bucket is compressed.
+	Auto bool
 }
 
 // Markers of a scheme's name.
@@ -70,11 +73,13 @@ const (
 	mcOption       = "mc"
 	rampOption     = "ramp="
 	guardOption    = "guard="
+	autoOption     = "auto"
 )
 
 // String returns the scheme's name: the spec, then its options in this
 // order, "+ef" with error feedback, "+mc" with momentum correction,
-// "+ramp=N" and "+guard=G", then "@" and the strategy unless it is auto
+// "+ramp=N", "+guard=G" and "+auto", then "@" and the strategy unless it
+// is auto
 // ("sign+ef+ramp=20@allgather"). ParseScheme reads it back.
 func (s Scheme) String() string {
 	name := s.Spec
@@ -90,6 +95,9 @@ func (s Scheme) String() string {
 	if s.Guard > 0 {
 		name += optionMarker + guardOption + strconv.FormatFloat(s.Guard, 'g', -1, 64)
 	}
+	if s.Auto {
+		name += optionMarker + autoOption
+	}
 	if s.Strategy != overlap.StrategyAuto {
 		name += strategyMarker + s.Strategy.String()
 	}
@@ -99,7 +107,8 @@ func (s Scheme) String() string {
 // ParseScheme reads a scheme name: a compressor spec, then options in any
 // order, each once: "+ef" for error feedback, "+mc" for momentum
 // correction, "+ramp=N" for a compression warm-up of N steps per phase,
-// "+guard=G" for the accuracy guard; then optionally "@" and a strategy
+// "+guard=G" for the accuracy guard, "+auto" for the cost model's
+// decisions; then optionally "@" and a strategy
 // name (overlap.ParseStrategy): "topk:0.01+ef", "topk:0.01+ef+mc+ramp=20",
 // "int4+ef@allgather". The spec must parse (compress.Parse) and the
 // strategy must be known; their errors are returned otherwise. Error
@@ -135,6 +144,8 @@ func ParseScheme(name string) (Scheme, error) {
 			s.ErrorFeedback = true
 		case opt == mcOption:
 			s.MomentumCorrection = true
+		case opt == autoOption:
+			s.Auto = true
 		case strings.HasPrefix(opt, rampOption):
 			if s.Ramp, err = strconv.Atoi(opt[len(rampOption):]); err != nil || s.Ramp < 1 {
 				return fail("%q: want ramp=STEPS, STEPS ≥ 1", opt)
@@ -144,7 +155,7 @@ func ParseScheme(name string) (Scheme, error) {
 				return fail("%q: want guard=G, G > 0", opt)
 			}
 		default:
-			return fail("unknown option %q (ef, mc, ramp=N, guard=G)", opt)
+			return fail("unknown option %q (ef, mc, ramp=N, guard=G, auto)", opt)
 		}
 	}
 	c, err := compress.Parse(parts[0])

@@ -253,16 +253,16 @@ func TestParseSchemes(t *testing.T) {
 	if err != nil || !mc.ErrorFeedback || !mc.MomentumCorrection || mc.String() != "topk:0.01+ef+mc@sparse-gather" {
 		t.Errorf("ParseScheme(topk:0.01+ef+mc@sparse-gather) = %+v, %v", mc, err)
 	}
-	full, err := ParseScheme("topk:0.01+guard=20+ramp=10+mc+ef@sparse-gather")
-	if want := (Scheme{Spec: "topk:0.01", ErrorFeedback: true, MomentumCorrection: true, Ramp: 10, Guard: 20, Strategy: overlap.StrategySparseGather}); err != nil || full != want {
+	full, err := ParseScheme("topk:0.01+auto+guard=20+ramp=10+mc+ef@sparse-gather")
+	if want := (Scheme{Spec: "topk:0.01", ErrorFeedback: true, MomentumCorrection: true, Ramp: 10, Guard: 20, Auto: true, Strategy: overlap.StrategySparseGather}); err != nil || full != want {
 		t.Errorf("ParseScheme with every option = %+v, %v; want %+v", full, err, want)
 	}
-	if got := full.String(); got != "topk:0.01+ef+mc+ramp=10+guard=20@sparse-gather" {
+	if got := full.String(); got != "topk:0.01+ef+mc+ramp=10+guard=20+auto@sparse-gather" {
 		t.Errorf("canonical name %s", got)
 	}
 	for _, bad := range []string{"", "nope", "topk:2+ef", "none+ef", "int4+ef,int4+ef", "topk:0.01+EF", "int4@nope", "int4@", "int4@sra+ef", "none,",
 		"topk:0.01+ef+ef", "topk:0.01+ramp=0", "topk:0.01+ramp=x", "topk:0.01+guard=2", "topk:0.01+ef+guard=-1", "topk:0.01+ef+guard=inf",
-		"int8+ef+ramp=5", "topk:0.5+ramp=5", "topk:0.01+ramp=5+ramp=6", "topk:0.01+nope"} {
+		"int8+ef+ramp=5", "topk:0.5+ramp=5", "topk:0.01+ramp=5+ramp=6", "topk:0.01+nope", "int4+auto+auto"} {
 		if _, err := ParseSchemes(bad); err == nil {
 			t.Errorf("ParseSchemes(%q) accepted", bad)
 		}

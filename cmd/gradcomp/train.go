@@ -24,7 +24,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	def := train.DefaultConfig()
 	ranks := fs.Int("ranks", 4, "in-process ranks (one goroutine each); ignored with -mpi")
 	epochs := fs.Int("epochs", def.Epochs, "passes over the train set")
-	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard; then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather)")
+	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard, +auto for the cost model's decisions (else every bucket is compressed); then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather)")
 	out := fs.String("out", filepath.Join("out", "train"), "directory for the reports (created)")
 	seed := fs.Uint64("seed", def.Seed, "seed of the data, the initial weights and the shuffles")
 	trainSize := fs.Int("train-size", def.TrainSize, "examples in the train set")
