@@ -125,8 +125,19 @@ class OneRank(unittest.TestCase):
                 reasons.append(state.last_step.buckets[0].reason)
         self.assertIn("schedule phase 1 of 2: topk:0.25", reasons[0])
         self.assertIn("schedule phase 2 of 2: topk:0.02", reasons[-1])
+        # Under the cost model: it decides for the target; the phases still
+        # name themselves in the compressed buckets' reasons.
+        auto = self.state("topk:0.02", decision="auto", schedule=[(2, "topk:0.25")])
+        for _ in range(6):
+            gct.hook(auto, workers.FakeBucket(torch.randn(1000))).wait()
+        self.assertIn("schedule phase 2 of 2: topk:0.02", auto.last_step.buckets[0].reason)
         with self.assertRaises(ValueError):
             gct.State("topk:0.02", schedule=[(0, "topk:0.25")])
+        with self.assertRaises(ValueError) as cm:  # a phase harsher than the target
+            state = self.state("topk:0.1", schedule=[(2, "topk:0.01")])
+            for _ in range(3):
+                gct.hook(state, workers.FakeBucket(torch.randn(1000))).wait()
+        self.assertIn("compresses more than the next", str(cm.exception))
         with self.assertRaises(TypeError):
             gct.State("topk:0.02", schedule=[5])
 
