@@ -23,6 +23,8 @@ func init() {
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
 	addKernel = addAVX2
+	histTopKernel = histTopAVX2
+	collectKernel = collectAsm
 }
 
 // cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
@@ -129,3 +131,21 @@ func addAVX2(dst, a, b []float32) {
 	}
 	addGeneric(dst[m:], a[m:], b[m:])
 }
+
+// histTopAsm is histTopGeneric for len(vals) a positive multiple of 8.
+//
+//go:noescape
+func histTopAsm(h *[histBins]uint32, vals []float32)
+
+func histTopAVX2(h *[histBins]uint32, vals []float32) {
+	m := len(vals) &^ 7
+	if m > 0 {
+		histTopAsm(h, vals[:m])
+	}
+	histTopGeneric(h, vals[m:])
+}
+
+// collectAsm is collectGeneric.
+//
+//go:noescape
+func collectAsm(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)

@@ -105,28 +105,58 @@ func firstAtLeast(vals []float32, t uint32) int {
 }
 
 // collectAtLeast appends to pos and vals every element of blk with key ≥ t
-// (blk[i] has input index base+i), in order. Groups holding one are
-// compacted without branches.
+// (blk[i] has input index base+i), in order: collectKernel for whole steps,
+// then the rest one by one.
 func collectAtLeast(pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
-	t2 := lanes(t)
-	i := 0
-	for end := misaligned(blk); ; end = min(i+8, len(blk)) {
+	for len(blk) >= collectStep {
 		m := len(pos)
-		pos, vals = slices.Grow(pos, end-i)[:m+end-i], slices.Grow(vals, end-i)[:m+end-i]
-		c := m
-		for j, x := range blk[i:end] {
-			pos[c], vals[c] = uint32(base+i+j), x
-			c += atLeast(x, t)
-		}
-		pos, vals = pos[:c], vals[:c]
-		i = end
-		for i+8 <= len(blk) && !groupAtLeast(&blk[i], t2) {
-			i += 8
-		}
-		if i == len(blk) {
-			return pos, vals
+		pos, vals = slices.Grow(pos, 4*collectStep), slices.Grow(vals, 4*collectStep)
+		read, wrote := collectKernel(pos[m:cap(pos)], vals[m:cap(vals)], blk, uint32(base), t)
+		pos, vals = pos[:m+wrote], vals[:m+wrote]
+		blk, base = blk[read:], base+read
+	}
+	for i, x := range blk {
+		if magKey(x) >= t {
+			pos, vals = append(pos, uint32(base+i)), append(vals, x)
 		}
 	}
+	return pos, vals
+}
+
+// collectStep is how many elements collectKernel tests at a time.
+const collectStep = 32
+
+// collectKernel writes to pos and vals, from their first slots on, the
+// input index base+i and the value x[i] of every element with key ≥ t
+// (t ≤ 1<<31), in order. It reads x a step of collectStep elements at a
+// time while a whole step is left and collectStep slots are free in both
+// pos and vals, and returns how many elements it read and how many it
+// wrote. Slots past the written ones, up to that room, may change.
+var collectKernel = collectGeneric
+
+// collectGeneric is the reference collectKernel: a step without a hit
+// costs three operations per element, one with a hit is compacted without
+// branches.
+func collectGeneric(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int) {
+	room := min(len(pos), len(vals))
+	for ; len(x)-read >= collectStep && room-wrote >= collectStep; read += collectStep {
+		step := x[read : read+collectStep]
+		hit := uint32(0)
+		for _, v := range step {
+			hit |= math.Float32bits(v) | 1<<31 - t // top bit set iff key ≥ t
+		}
+		if hit>>31 == 0 {
+			continue
+		}
+		p, w := pos[wrote:wrote+collectStep], vals[wrote:wrote+collectStep]
+		c := 0
+		for j, v := range step {
+			p[c&(collectStep-1)], w[c&(collectStep-1)] = base+uint32(read+j), v
+			c += atLeast(v, t)
+		}
+		wrote += c
+	}
+	return read, wrote
 }
 
 // segment is a run of elements selection reads: a slice of the input at
@@ -256,7 +286,7 @@ func (sel *selection) histogram(l int, run runner) {
 			h := (*[histBins]uint32)(sel.sc.hist[s*histBins:])
 			clear(h[:])
 			if sel.shift == 31 {
-				histTop(h, sel.segs[s].vals)
+				histTopKernel(h, sel.segs[s].vals)
 			} else {
 				histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
 			}
@@ -272,8 +302,13 @@ func (sel *selection) histogram(l int, run runner) {
 	}
 }
 
-// histTop counts the top digit (key>>20) of every element.
-func histTop(h *[histBins]uint32, vals []float32) {
+// histTopKernel adds to h[d] the number of elements of vals whose top
+// digit key>>20 is d; the first level's histogram, whose top bins also
+// count the non-finite values.
+var histTopKernel = histTopGeneric
+
+// histTopGeneric is the reference histTopKernel.
+func histTopGeneric(h *[histBins]uint32, vals []float32) {
 	for _, x := range vals {
 		h[math.Float32bits(x)>>20&(histBins-1)]++
 	}
@@ -344,7 +379,7 @@ func (sel *selection) collectFromInput(run runner) {
 	sc.growCands(len(sel.segs))
 	for s := range sel.segs {
 		c := &sc.cand[s]
-		want := sc.above[s] + sc.eq[s] + 8 // collectAtLeast grows by up to 8 at a time
+		want := sc.above[s] + sc.eq[s] + 4*collectStep // the room collectAtLeast asks for
 		c.pos = slices.Grow(c.pos[:0], want)
 		c.vals = slices.Grow(c.vals[:0], want)
 	}

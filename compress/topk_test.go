@@ -586,3 +586,85 @@ func TestScanKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestTopKKernels runs the accelerated top-k kernels and their generic
+// twins on the same inputs, lengths around the vector width (8) and the
+// collect step (32) ±1 included, and requires the same bits out and no
+// write past the room given (sentinels).
+func TestTopKKernels(t *testing.T) {
+	if kernelSet == "generic" {
+		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
+	}
+	r := rand.New(rand.NewPCG(10, 4))
+	special := []float32{0, float32(math.Copysign(0, -1)), 1e-45, math.MaxFloat32, -math.MaxFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0xffffffff)}
+	lengths := []int{0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 1000}
+	for range 8 {
+		lengths = append(lengths, r.IntN(3000))
+	}
+	for _, n := range lengths {
+		for trial := range 12 {
+			x := make([]float32, n)
+			for i := range x {
+				switch trial % 3 {
+				case 0:
+					x[i] = float32(r.NormFloat64())
+				case 1:
+					x[i] = float32(r.IntN(3)) // ties and zeros
+				case 2:
+					x[i] = math.Float32frombits(r.Uint32())
+				}
+			}
+			for range trial % 4 {
+				if n > 0 {
+					x[r.IntN(n)] = special[r.IntN(len(special))]
+				}
+			}
+
+			var h1, h2 [histBins]uint32
+			for b := range h1 {
+				h1[b] = r.Uint32() >> 8
+				h2[b] = h1[b]
+			}
+			histTopKernel(&h1, x)
+			histTopGeneric(&h2, x)
+			if h1 != h2 {
+				t.Fatalf("histTop n=%d trial %d: kernel and generic differ", n, trial)
+			}
+
+			ts := []uint32{0, 1, nonFiniteKey, 1 << 31, r.Uint32() >> 1}
+			if n > 0 {
+				ts = append(ts, magKey(x[r.IntN(n)]))
+			}
+			for _, th := range ts {
+				room := []int{0, 31, 32, 33, 64, n + 32}[r.IntN(6)]
+				base := r.Uint32()
+				type out struct {
+					pos         []uint32
+					vals        []float32
+					read, wrote int
+				}
+				run := func(kernel func([]uint32, []float32, []float32, uint32, uint32) (int, int)) out {
+					const sentinel = 0xa5a5a5a5
+					pos, vals := make([]uint32, room+8), make([]float32, room+8)
+					for i := range pos {
+						pos[i], vals[i] = sentinel, math.Float32frombits(sentinel)
+					}
+					read, wrote := kernel(pos[:room], vals[:room], x, base, th)
+					for i := room; i < room+8; i++ {
+						if pos[i] != sentinel || math.Float32bits(vals[i]) != sentinel {
+							t.Fatalf("collect n=%d room=%d t=%#x: wrote past the room", n, room, th)
+						}
+					}
+					return out{pos[:wrote], vals[:wrote], read, wrote}
+				}
+				a, b := run(collectKernel), run(collectGeneric)
+				if a.read != b.read || a.wrote != b.wrote || !slices.Equal(a.pos, b.pos) ||
+					!slices.EqualFunc(a.vals, b.vals, func(u, v float32) bool { return math.Float32bits(u) == math.Float32bits(v) }) {
+					t.Fatalf("collect n=%d room=%d t=%#x: kernel (read %d, wrote %d) and generic (read %d, wrote %d) differ",
+						n, room, th, a.read, a.wrote, b.read, b.wrote)
+				}
+			}
+		}
+	}
+}
