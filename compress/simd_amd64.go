@@ -25,6 +25,7 @@ func init() {
 	addKernel = addAVX2
 	histTopKernel = histTopAVX2
 	collectKernel = collectAsm
+	histAtLeastKernel = histAtLeastAVX2
 }
 
 // cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
@@ -149,3 +150,17 @@ func histTopAVX2(h *[histBins]uint32, vals []float32) {
 //
 //go:noescape
 func collectAsm(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
+
+// histAtLeastAsm is histAtLeastGeneric for len(vals) a positive multiple
+// of 32.
+//
+//go:noescape
+func histAtLeastAsm(h *[histBins]uint32, vals []float32, t uint32) (counted int)
+
+func histAtLeastAVX2(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	m := len(vals) &^ 31
+	if m > 0 {
+		counted = histAtLeastAsm(h, vals[:m], t)
+	}
+	return counted + histAtLeastGeneric(h, vals[m:], t)
+}

@@ -66,49 +66,72 @@ fold:
 	VZEROUPPER
 	RET
 
+// ABOVE32 sets Y0–Y3 to the masks key > t − 1 of the 32 elements at SI
+// (Y14 = 0x7fffffff, Y15 = t − 1 in every lane) and ZF when none is set:
+// a signed compare, since keys are below 2^31 and t = 0 gives −1, below
+// every key.
+#define ABOVE32 \
+	VPAND    (SI), Y14, Y0; \
+	VPAND    32(SI), Y14, Y1; \
+	VPAND    64(SI), Y14, Y2; \
+	VPAND    96(SI), Y14, Y3; \
+	VPCMPGTD Y15, Y0, Y0; \
+	VPCMPGTD Y15, Y1, Y1; \
+	VPCMPGTD Y15, Y2, Y2; \
+	VPCMPGTD Y15, Y3, Y3; \
+	VPOR     Y1, Y0, Y4; \
+	VPOR     Y3, Y2, Y5; \
+	VPOR     Y5, Y4, Y4; \
+	VPTEST   Y4, Y4
+
+// MASK32 gathers ABOVE32's masks into the bits of AX, element i in bit i
+// (BX is scratch).
+#define MASK32 \
+	VMOVMSKPS Y0, AX; \
+	VMOVMSKPS Y1, BX; \
+	SHLL      $8, BX; \
+	ORL       BX, AX; \
+	VMOVMSKPS Y2, BX; \
+	SHLL      $16, BX; \
+	ORL       BX, AX; \
+	VMOVMSKPS Y3, BX; \
+	SHLL      $24, BX; \
+	ORL       BX, AX
+
+// SETT sets Y14 and Y15 for ABOVE32 from t in AX.
+#define SETT \
+	DECL         AX; \
+	VMOVD        AX, X15; \
+	VPBROADCASTD X15, Y15; \
+	VPCMPEQD     Y14, Y14, Y14; \
+	VPSRLD       $1, Y14, Y14
+
 // func collectAsm(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
 //
-// 32 elements per step: four keys-above-t masks (a signed compare of
-// key > t−1: keys are below 2^31, and t = 0 gives −1, below every key),
-// one test of their union, and only for a step that has a hit, the hits
-// in index order by their mask bits.
+// 32 elements per step (ABOVE32); only a step with a hit goes through its
+// hits, in index order by their mask bits.
 TEXT ·collectAsm(SB), NOSPLIT, $0-96
-	MOVQ         pos_base+0(FP), DI
-	MOVQ         pos_len+8(FP), R8
-	MOVQ         vals_base+24(FP), DX
-	MOVQ         vals_len+32(FP), AX
-	CMPQ         AX, R8
-	CMOVQLT      AX, R8            // room
-	MOVQ         x_base+48(FP), SI
-	MOVQ         x_len+56(FP), CX
-	MOVL         base+72(FP), R9   // input index of (SI)
-	MOVL         t+76(FP), AX
-	DECL         AX
-	VMOVD        AX, X15
-	VPBROADCASTD X15, Y15          // t − 1
-	VPCMPEQD     Y14, Y14, Y14
-	VPSRLD       $1, Y14, Y14      // 0x7fffffff
-	MOVQ         DI, R12
-	MOVQ         SI, R13
+	MOVQ    pos_base+0(FP), DI
+	MOVQ    pos_len+8(FP), R8
+	MOVQ    vals_base+24(FP), DX
+	MOVQ    vals_len+32(FP), AX
+	CMPQ    AX, R8
+	CMOVQLT AX, R8            // room
+	MOVQ    x_base+48(FP), SI
+	MOVQ    x_len+56(FP), CX
+	MOVL    base+72(FP), R9   // input index of (SI)
+	MOVL    t+76(FP), AX
+	SETT
+	MOVQ    DI, R12
+	MOVQ    SI, R13
 
 loop:
-	CMPQ     CX, $32
-	JB       done
-	CMPQ     R8, $32
-	JB       done
-	VPAND    (SI), Y14, Y0
-	VPAND    32(SI), Y14, Y1
-	VPAND    64(SI), Y14, Y2
-	VPAND    96(SI), Y14, Y3
-	VPCMPGTD Y15, Y0, Y0
-	VPCMPGTD Y15, Y1, Y1
-	VPCMPGTD Y15, Y2, Y2
-	VPCMPGTD Y15, Y3, Y3
-	VPOR     Y1, Y0, Y4
-	VPOR     Y3, Y2, Y5
-	VPOR     Y5, Y4, Y4
-	VPTEST   Y4, Y4
-	JNZ      hits
+	CMPQ CX, $32
+	JB   done
+	CMPQ R8, $32
+	JB   done
+	ABOVE32
+	JNZ  hits
 
 next:
 	ADDQ $128, SI
@@ -117,16 +140,7 @@ next:
 	JMP  loop
 
 hits:
-	VMOVMSKPS Y0, AX
-	VMOVMSKPS Y1, BX
-	SHLL      $8, BX
-	ORL       BX, AX
-	VMOVMSKPS Y2, BX
-	SHLL      $16, BX
-	ORL       BX, AX
-	VMOVMSKPS Y3, BX
-	SHLL      $24, BX
-	ORL       BX, AX
+	MASK32
 
 bit:
 	BSFL AX, BX
@@ -151,3 +165,42 @@ done:
 	MOVQ DI, wrote+88(FP)
 	VZEROUPPER
 	RET
+
+// func histAtLeastAsm(h *[histBins]uint32, vals []float32, t uint32) (counted int)
+//
+// 32 elements per step (ABOVE32); only a step with a hit counts the top
+// digits of its hits.
+TEXT ·histAtLeastAsm(SB), NOSPLIT, $0-48
+	MOVQ h+0(FP), DI
+	MOVQ vals_base+8(FP), SI
+	MOVQ vals_len+16(FP), CX
+	MOVL t+32(FP), AX
+	SETT
+	XORQ R8, R8
+
+loop:
+	ABOVE32
+	JNZ hits
+
+next:
+	ADDQ $128, SI
+	SUBQ $32, CX
+	JNZ  loop
+	MOVQ R8, counted+40(FP)
+	VZEROUPPER
+	RET
+
+hits:
+	MASK32
+
+bit:
+	BSFL AX, BX
+	MOVL (SI)(BX*4), R10
+	SHLL $1, R10
+	SHRL $21, R10
+	INCL (DI)(R10*4)
+	INCQ R8
+	LEAL -1(AX), BX
+	ANDL BX, AX
+	JNZ  bit
+	JMP  next

@@ -282,14 +282,14 @@ func (sel *selection) histogram(l int, run runner) {
 	lv := radixLevels[l]
 	mask := uint32(1)<<lv.bits - 1
 	run(len(sel.segs), 1, func(lo, hi int) {
+		if sel.shift == 31 {
+			sel.histTop(lo, hi)
+			return
+		}
 		for s := lo; s < hi; s++ {
-			h := (*[histBins]uint32)(sel.sc.hist[s*histBins:])
+			h := sel.sc.segHist(s)
 			clear(h[:])
-			if sel.shift == 31 {
-				histTopKernel(h, sel.segs[s].vals)
-			} else {
-				histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
-			}
+			histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
 		}
 	})
 	total := &sel.sc.total
@@ -298,6 +298,57 @@ func (sel *selection) histogram(l int, run runner) {
 		h := sel.sc.hist[s*histBins : s*histBins+int(mask)+1]
 		for b, c := range h {
 			total[b] += int(c)
+		}
+	}
+}
+
+// segHist returns the histogram of segment s.
+func (sc *topkScratch) segHist(s int) *[histBins]uint32 {
+	return (*[histBins]uint32)(sc.hist[s*histBins:])
+}
+
+// histTopChunk is how many elements the first level counts between checks
+// of its bound.
+const histTopChunk = 1 << 16
+
+// histTop counts the top digits (key>>20) of segments lo to hi−1, each
+// segment into its own histogram, exactly for every digit from the one
+// holding the need-th largest key up and perhaps not below. It keeps a
+// bound: once need of the elements counted so far have digits above it,
+// the need-th largest key of the whole input does too, so the bound goes
+// up and later elements below it are skipped (histAtLeastKernel) rather
+// than counted. The bound only rises, so every segment here has exact
+// counts from the final bound up; pick reads no lower bin. On a gradient
+// at ratio 0.01 all but a few percent of the elements are skipped, 32 at a
+// time. The result does not depend on how segments are split among
+// workers: each keeps its own bound, and every bound is at most the digit
+// pick settles on.
+func (sel *selection) histTop(lo, hi int) {
+	sc := sel.sc
+	bound, counted := uint32(0), 0 // counted: elements with digit ≥ bound so far
+	for s := lo; s < hi; s++ {
+		h := sc.segHist(s)
+		clear(h[:])
+		vals := sel.segs[s].vals
+		for from := 0; from < len(vals); from += histTopChunk {
+			chunk := vals[from:min(from+histTopChunk, len(vals))]
+			if bound == 0 {
+				histTopKernel(h, chunk)
+				counted += len(chunk)
+			} else {
+				counted += histAtLeastKernel(h, chunk, bound<<20)
+			}
+			for bound < histBins-1 {
+				inBound := 0
+				for r := lo; r <= s; r++ {
+					inBound += int(sc.hist[r*histBins+int(bound)])
+				}
+				if counted-inBound < sel.need {
+					break
+				}
+				counted -= inBound
+				bound++
+			}
 		}
 	}
 }
@@ -312,6 +363,21 @@ func histTopGeneric(h *[histBins]uint32, vals []float32) {
 	for _, x := range vals {
 		h[math.Float32bits(x)>>20&(histBins-1)]++
 	}
+}
+
+// histAtLeastKernel adds to h[d] the number of elements of vals with key ≥
+// t (t ≤ 1<<31) whose top digit is d, and returns how many it counted.
+var histAtLeastKernel = histAtLeastGeneric
+
+// histAtLeastGeneric is the reference histAtLeastKernel.
+func histAtLeastGeneric(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	for _, x := range vals {
+		if u := magKey(x); u >= t {
+			h[u>>20&(histBins-1)]++
+			counted++
+		}
+	}
+	return counted
 }
 
 // histUndecided counts digit (key>>shift)&mask of the elements with

@@ -631,12 +631,15 @@ func TestTopKKernels(t *testing.T) {
 			if h1 != h2 {
 				t.Fatalf("histTop n=%d trial %d: kernel and generic differ", n, trial)
 			}
-
 			ts := []uint32{0, 1, nonFiniteKey, 1 << 31, r.Uint32() >> 1}
 			if n > 0 {
 				ts = append(ts, magKey(x[r.IntN(n)]))
 			}
 			for _, th := range ts {
+				c1, c2 := histAtLeastKernel(&h1, x, th), histAtLeastGeneric(&h2, x, th)
+				if h1 != h2 || c1 != c2 {
+					t.Fatalf("histAtLeast n=%d t=%#x: kernel (%d counted) and generic (%d) differ", n, th, c1, c2)
+				}
 				room := []int{0, 31, 32, 33, 64, n + 32}[r.IntN(6)]
 				base := r.Uint32()
 				type out struct {
