@@ -149,7 +149,7 @@ func histTopAVX2(h *[histBins]uint32, vals []float32) {
 // collectAsm is collectGeneric.
 //
 //go:noescape
-func collectAsm(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
+func collectAsm(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
 
 // histAtLeastAsm is histAtLeastGeneric for len(vals) a positive multiple
 // of 32.

@@ -106,24 +106,23 @@ fold:
 	VPCMPEQD     Y14, Y14, Y14; \
 	VPSRLD       $1, Y14, Y14
 
-// func collectAsm(pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
+// func collectAsm(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
 //
 // 32 elements per step (ABOVE32); only a step with a hit goes through its
 // hits, in index order by their mask bits.
-TEXT ·collectAsm(SB), NOSPLIT, $0-96
-	MOVQ    pos_base+0(FP), DI
-	MOVQ    pos_len+8(FP), R8
-	MOVQ    vals_base+24(FP), DX
-	MOVQ    vals_len+32(FP), AX
+TEXT ·collectAsm(SB), NOSPLIT, $0-104
+	MOVQ    h+0(FP), R12
+	MOVQ    pos_base+8(FP), DI
+	MOVQ    pos_len+16(FP), R8
+	MOVQ    vals_base+32(FP), DX
+	MOVQ    vals_len+40(FP), AX
 	CMPQ    AX, R8
 	CMOVQLT AX, R8            // room
-	MOVQ    x_base+48(FP), SI
-	MOVQ    x_len+56(FP), CX
-	MOVL    base+72(FP), R9   // input index of (SI)
-	MOVL    t+76(FP), AX
+	MOVQ    x_base+56(FP), SI
+	MOVQ    x_len+64(FP), CX
+	MOVL    base+80(FP), R9   // input index of (SI)
+	MOVL    t+84(FP), AX
 	SETT
-	MOVQ    DI, R12
-	MOVQ    SI, R13
 
 loop:
 	CMPQ CX, $32
@@ -148,6 +147,9 @@ bit:
 	LEAL (R9)(BX*1), R11
 	MOVL R11, (DI)
 	MOVL R10, (DX)
+	SHLL $1, R10
+	SHRL $21, R10
+	INCL (R12)(R10*4)
 	ADDQ $4, DI
 	ADDQ $4, DX
 	DECQ R8
@@ -157,12 +159,12 @@ bit:
 	JMP  next
 
 done:
-	SUBQ R13, SI
+	SUBQ x_base+56(FP), SI
 	SHRQ $2, SI
-	MOVQ SI, read+80(FP)
-	SUBQ R12, DI
+	MOVQ SI, read+88(FP)
+	SUBQ pos_base+8(FP), DI
 	SHRQ $2, DI
-	MOVQ DI, wrote+88(FP)
+	MOVQ DI, wrote+96(FP)
 	VZEROUPPER
 	RET
 

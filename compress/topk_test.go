@@ -198,14 +198,14 @@ func sparseTopKLengths() []int {
 // TestTopKExactMatchesBruteForce compares both selection paths with the
 // stable-sort reference over lengths around the cut-offs, k from 1 to n,
 // heavy-tailed and tie-heavy data, serially and on two workers (lengths
-// above 2^17 with fewer ratios and on two workers only, to stay fast).
+// above 2^17 with fewer ratios, to stay fast).
 func TestTopKExactMatchesBruteForce(t *testing.T) {
 	kinds := []string{"laplace", "ties", "equal", "zeros", "ramp"}
 	for _, n := range sparseTopKLengths() {
 		ratios := []float64{1e-9, 0.01, 0.125, 0.3, 1}
 		workers := [][]Option{{WithWorkers(1)}, sparseParallel}
 		if n > 1<<17 {
-			ratios, workers = []float64{1e-9, 0.01, 1}, workers[1:]
+			ratios = []float64{1e-9, 0.01, 1}
 		}
 		for _, kind := range kinds {
 			src := sparseData(kind, n, uint64(n))
@@ -352,7 +352,15 @@ func TestSparseNonFinite(t *testing.T) {
 	inf := float32(math.Inf(1))
 	for _, n := range []int{1, 9, 1000, sampledMinLen + 5} {
 		for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
-			for _, bad := range [][]int{{0}, {n - 1}, {n / 2, n - 1}, {n / 3, n / 2}} {
+			bads := [][]int{{0}, {n - 1}, {n / 2, n - 1}, {n / 3, n / 2}}
+			if n > 1000 { // more than k non-finite values: the first level's bound rises into their bins
+				var many []int
+				for i := n / 4; i < n/4+n/50; i++ {
+					many = append(many, i)
+				}
+				bads = append(bads, many)
+			}
+			for _, bad := range bads {
 				for _, v := range []float32{nan, inf, -inf} {
 					src := sparseData("laplace", n, 5)
 					for _, i := range bad {
@@ -567,13 +575,15 @@ func TestScanKernels(t *testing.T) {
 						t.Fatalf("t=%#x start=%d n=%d: firstAtLeast = %d, want %d", th, start, n, got, want)
 					}
 					var wantPos []uint32
+					var wantHist, hist [histBins]uint32
 					for i, x := range vals {
 						if magKey(x) >= th {
 							wantPos = append(wantPos, uint32(100+i))
+							wantHist[magKey(x)>>20]++
 						}
 					}
-					pos, got := collectAtLeast([]uint32{7}, []float32{7}, vals, 100, th)
-					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) {
+					pos, got := collectAtLeast(&hist, []uint32{7}, []float32{7}, vals, 100, th)
+					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) || hist != wantHist {
 						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast = %v, want %v", th, start, n, pos[1:], wantPos)
 					}
 					for i, p := range pos[1:] {
@@ -646,23 +656,26 @@ func TestTopKKernels(t *testing.T) {
 					pos         []uint32
 					vals        []float32
 					read, wrote int
+					hist        [histBins]uint32
 				}
-				run := func(kernel func([]uint32, []float32, []float32, uint32, uint32) (int, int)) out {
+				run := func(kernel func(*[histBins]uint32, []uint32, []float32, []float32, uint32, uint32) (int, int)) out {
 					const sentinel = 0xa5a5a5a5
 					pos, vals := make([]uint32, room+8), make([]float32, room+8)
 					for i := range pos {
 						pos[i], vals[i] = sentinel, math.Float32frombits(sentinel)
 					}
-					read, wrote := kernel(pos[:room], vals[:room], x, base, th)
+					o := out{hist: h1}
+					o.read, o.wrote = kernel(&o.hist, pos[:room], vals[:room], x, base, th)
 					for i := room; i < room+8; i++ {
 						if pos[i] != sentinel || math.Float32bits(vals[i]) != sentinel {
 							t.Fatalf("collect n=%d room=%d t=%#x: wrote past the room", n, room, th)
 						}
 					}
-					return out{pos[:wrote], vals[:wrote], read, wrote}
+					o.pos, o.vals = pos[:o.wrote], vals[:o.wrote]
+					return o
 				}
 				a, b := run(collectKernel), run(collectGeneric)
-				if a.read != b.read || a.wrote != b.wrote || !slices.Equal(a.pos, b.pos) ||
+				if a.read != b.read || a.wrote != b.wrote || a.hist != b.hist || !slices.Equal(a.pos, b.pos) ||
 					!slices.EqualFunc(a.vals, b.vals, func(u, v float32) bool { return math.Float32bits(u) == math.Float32bits(v) }) {
 					t.Fatalf("collect n=%d room=%d t=%#x: kernel (read %d, wrote %d) and generic (read %d, wrote %d) differ",
 						n, room, th, a.read, a.wrote, b.read, b.wrote)
