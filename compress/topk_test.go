@@ -684,3 +684,87 @@ func TestTopKKernels(t *testing.T) {
 		}
 	}
 }
+
+// FuzzTopKSelect tiles arbitrary float bits to up to 3·2^16 elements (so
+// that inputs span segments and the first level's bound rises between
+// chunks), selects the top k exactly and sampled, on one and two workers,
+// and checks the result against the definition in one pass: k ascending
+// indices with their values, every key above the k-th largest taken, the
+// ties at it taken lowest index first, or a *NonFiniteError for the first
+// non-finite value. The kernels must also agree with their generic twins.
+func FuzzTopKSelect(f *testing.F) {
+	f.Add([]byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0, 0, 0, 0, 0}, uint32(200000), uint16(9), false)
+	f.Add([]byte{1, 2, 3, 4}, uint32(1<<17), uint16(0), true)
+	f.Add([]byte{0, 0, 0x80, 0x7f, 0, 0, 0, 0x3f}, uint32(70000), uint16(99), false)
+	f.Fuzz(func(t *testing.T, data []byte, n uint32, ratioMil uint16, sampled bool) {
+		if len(data) < 4 {
+			t.Skip("no element")
+		}
+		m := len(data) / 4
+		src := make([]float32, 1+int(n)%(3<<16))
+		for i := range src {
+			// Each tile flips other bits of the exponent and mantissa, the
+			// top digit's among them: tiles neither tie nor share bins.
+			src[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*(i%m):]) ^ uint32(i/m)*0x9e3779b9&0x037000ff)
+		}
+		var h1, h2 [histBins]uint32
+		histTopKernel(&h1, src)
+		histTopGeneric(&h2, src)
+		c1, c2 := histAtLeastKernel(&h1, src, 0x3f000000), histAtLeastGeneric(&h2, src, 0x3f000000)
+		if h1 != h2 || c1 != c2 {
+			t.Fatal("histogram kernels differ from their generic twins")
+		}
+
+		ratio := float64(ratioMil%1000+1) / 1000
+		spec := "topk:" + strconv.FormatFloat(ratio, 'f', -1, 64)
+		if sampled {
+			spec += ":sampled"
+		}
+		firstBad := slices.IndexFunc(src, func(x float32) bool { return magKey(x) >= nonFiniteKey })
+		var first []byte
+		for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+			p, err := mustParse(t, spec, opts...).Compress(nil, src, Key{})
+			if firstBad >= 0 {
+				var nf *NonFiniteError
+				if !errors.As(err, &nf) || nf.Index != firstBad {
+					t.Fatalf("%s n=%d: err %v, want a NonFiniteError at %d", spec, len(src), err, firstBad)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first != nil && !bytes.Equal(p, first) {
+				t.Fatalf("%s n=%d: one and two workers differ", spec, len(src))
+			}
+			first = p
+		}
+		if firstBad >= 0 {
+			return
+		}
+		k := sparseK(ratio, len(src))
+		idx, vals := sparseTopKBody(payloadBody(first))
+		in := make([]bool, len(src))
+		kth := uint32(signMask)
+		for i, p := range idx {
+			if i > 0 && p <= idx[i-1] || int(p) >= len(src) || math.Float32bits(vals[i]) != math.Float32bits(src[p]) {
+				t.Fatalf("%s n=%d: entry %d (index %d) is out of order or not the input's", spec, len(src), i, p)
+			}
+			in[p] = true
+			kth = min(kth, magKey(src[p]))
+		}
+		tieSkipped := false
+		for i, x := range src {
+			u := magKey(x)
+			switch {
+			case u > kth && !in[i], u < kth && in[i], u == kth && in[i] && tieSkipped:
+				t.Fatalf("%s n=%d k=%d: index %d (key %#x, k-th largest %#x) is wrongly in or out", spec, len(src), k, i, u, kth)
+			case u == kth && !in[i]:
+				tieSkipped = true
+			}
+		}
+		if len(idx) != k {
+			t.Fatalf("%s n=%d: %d indices, want %d", spec, len(src), len(idx), k)
+		}
+	})
+}
