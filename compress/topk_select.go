@@ -121,8 +121,13 @@ func firstAtLeast(vals []float32, t uint32) int {
 
 // collectAtLeast appends to pos and vals every element of blk with key ≥ t
 // (blk[i] has input index base+i), in order, and counts their top digits
-// in h: collectKernel for whole steps, then the rest one by one.
+// in h: the first element alone if it lies off an 8-byte boundary (so that
+// collectGeneric reads aligned words), collectKernel for whole steps, then
+// the rest one by one.
 func collectAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+	head := misaligned(blk)
+	pos, vals = appendAtLeast(h, pos, vals, blk[:head], base, t)
+	blk, base = blk[head:], base+head
 	for len(blk) >= collectStep {
 		m := len(pos)
 		if min(cap(pos), cap(vals))-m < 4*collectStep {
@@ -133,6 +138,11 @@ func collectAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []flo
 		pos, vals = pos[:m+wrote], vals[:m+wrote]
 		blk, base = blk[read:], base+read
 	}
+	return appendAtLeast(h, pos, vals, blk, base, t)
+}
+
+// appendAtLeast is collectAtLeast one element at a time.
+func appendAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
 	for i, x := range blk {
 		if u := magKey(x); u >= t {
 			pos, vals = append(pos, uint32(base+i)), append(vals, x)
@@ -154,29 +164,32 @@ const collectStep = 32
 // to that room, may change.
 var collectKernel = collectGeneric
 
-// collectGeneric is the reference collectKernel: a step without a hit
-// costs three operations per element, one with a hit is compacted and
-// counted without branches.
+// collectGeneric is the reference collectKernel. It tests a step as four
+// groups of eight (groupAtLeast, where x starts on an 8-byte boundary) and
+// compacts a group with a hit without branches.
 func collectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int) {
 	room := min(len(pos), len(vals))
+	t2, aligned := lanes(t), misaligned(x) == 0
 	for ; len(x)-read >= collectStep && room-wrote >= collectStep; read += collectStep {
-		step := x[read : read+collectStep]
-		hit := uint32(0)
-		for _, v := range step {
-			hit |= math.Float32bits(v) | 1<<31 - t // top bit set iff key ≥ t
-		}
-		if hit>>31 == 0 {
+		if aligned && !groupAtLeast(&x[read], t2) && !groupAtLeast(&x[read+8], t2) &&
+			!groupAtLeast(&x[read+16], t2) && !groupAtLeast(&x[read+24], t2) {
 			continue
 		}
-		p, w := pos[wrote:wrote+collectStep], vals[wrote:wrote+collectStep]
-		c := 0
-		for j, v := range step {
-			p[c&(collectStep-1)], w[c&(collectStep-1)] = base+uint32(read+j), v
-			in := atLeast(v, t)
-			h[magKey(v)>>20&(histBins-1)] += uint32(in)
-			c += in
+		for g := read; g < read+collectStep; g += 8 {
+			if aligned && !groupAtLeast(&x[g], t2) {
+				continue
+			}
+			p, w := pos[wrote:wrote+8], vals[wrote:wrote+8]
+			c := 0
+			for j, v := range x[g : g+8] {
+				p[c&7], w[c&7] = base+uint32(g+j), v
+				c += atLeast(v, t)
+			}
+			for _, v := range w[:c] {
+				h[magKey(v)>>20&(histBins-1)]++
+			}
+			wrote += c
 		}
-		wrote += c
 	}
 	return read, wrote
 }
@@ -409,8 +422,22 @@ func histTopGeneric(h *[histBins]uint32, vals []float32) {
 // t (t ≤ 1<<31) whose top digit is d, and returns how many it counted.
 var histAtLeastKernel = histAtLeastGeneric
 
-// histAtLeastGeneric is the reference histAtLeastKernel.
+// histAtLeastGeneric is the reference histAtLeastKernel. It skips groups
+// of eight without a hit (groupAtLeast) from the first 8-byte boundary on.
 func histAtLeastGeneric(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	head := misaligned(vals)
+	counted, vals = countAtLeast(h, vals[:head], t), vals[head:]
+	t2, m := lanes(t), len(vals)&^7
+	for i := 0; i < m; i += 8 {
+		if groupAtLeast(&vals[i], t2) {
+			counted += countAtLeast(h, vals[i:i+8], t)
+		}
+	}
+	return counted + countAtLeast(h, vals[m:], t)
+}
+
+// countAtLeast is histAtLeastGeneric one element at a time.
+func countAtLeast(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
 	for _, x := range vals {
 		if u := magKey(x); u >= t {
 			h[u>>20&(histBins-1)]++
