@@ -164,20 +164,24 @@ const collectStep = 32
 // to that room, may change.
 var collectKernel = collectGeneric
 
-// collectGeneric is the reference collectKernel. It tests a step as four
-// groups of eight (groupAtLeast, where x starts on an 8-byte boundary) and
-// compacts a group with a hit without branches.
+// collectGeneric is the reference collectKernel. It reads as many whole
+// steps at a time as the room left allows, skips groups of eight without a
+// hit (groupAtLeast, where x starts on an 8-byte boundary) and compacts a
+// group with one without branches.
 func collectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int) {
 	room := min(len(pos), len(vals))
 	t2, aligned := lanes(t), misaligned(x) == 0
-	for ; len(x)-read >= collectStep && room-wrote >= collectStep; read += collectStep {
-		if aligned && !groupAtLeast(&x[read], t2) && !groupAtLeast(&x[read+8], t2) &&
-			!groupAtLeast(&x[read+16], t2) && !groupAtLeast(&x[read+24], t2) {
-			continue
-		}
-		for g := read; g < read+collectStep; g += 8 {
-			if aligned && !groupAtLeast(&x[g], t2) {
-				continue
+	steps := len(x) &^ (collectStep - 1)
+	for read < steps && room-wrote >= collectStep {
+		// At most end − read elements are written before end: the room
+		// stays ≥ collectStep at every step boundary on the way.
+		end := min(steps, read+(room-wrote)&^(collectStep-1))
+		for g := read; ; g += 8 {
+			for aligned && g < end && !groupAtLeast(&x[g], t2) {
+				g += 8
+			}
+			if g == end {
+				break
 			}
 			p, w := pos[wrote:wrote+8], vals[wrote:wrote+8]
 			c := 0
@@ -190,6 +194,7 @@ func collectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x []float
 			}
 			wrote += c
 		}
+		read = end
 	}
 	return read, wrote
 }
