@@ -373,29 +373,36 @@ const histTopChunk = 1 << 16
 // than counted. The bound only rises, so every segment here has exact
 // counts from the final bound up; pick reads no lower bin. On a gradient
 // at ratio 0.01 all but a few percent of the elements are skipped, 32 at a
-// time. The result does not depend on how segments are split among
-// workers: each keeps its own bound, and every bound is at most the digit
-// pick settles on.
+// time. Where the bound skips little (a chunk with more than a quarter of
+// its elements at or above it: magnitudes growing with the index, or a
+// large ratio), the next chunk is counted whole, which is faster then and
+// as exact (extra counts land below the bound only). The result does not
+// depend on how segments are split among workers: each keeps its own
+// bound, and every bound is at most the digit pick settles on.
 func (sel *selection) histTop(lo, hi int) {
 	sc := sel.sc
 	bound, counted := uint32(0), 0 // counted: elements with digit ≥ bound so far
+	dense := true                  // whether the last chunk had more than a quarter at or above the bound
 	for s := lo; s < hi; s++ {
 		h := sc.segHist(s)
 		clear(h[:])
 		vals := sel.segs[s].vals
 		for from := 0; from < len(vals); from += histTopChunk {
 			chunk := vals[from:min(from+histTopChunk, len(vals))]
+			var c int
 			switch {
 			case sel.gather && sel.gathered.Load() <= sel.gatherLimit:
-				c := sc.collectInto(s, chunk, sel.segs[s].base+from, bound<<20)
+				c = sc.collectInto(s, chunk, sel.segs[s].base+from, bound<<20)
 				sel.gathered.Add(int64(c))
-				counted += c
-			case bound == 0:
+			case dense:
+				c = -binsFrom(h, bound)
 				histTopKernel(h, chunk)
-				counted += len(chunk)
+				c += binsFrom(h, bound)
 			default:
-				counted += histAtLeastKernel(h, chunk, bound<<20)
+				c = histAtLeastKernel(h, chunk, bound<<20)
 			}
+			counted += c
+			dense = c > len(chunk)/4
 			for bound < histBins-1 {
 				inBound := 0
 				for r := lo; r <= s; r++ {
@@ -409,6 +416,15 @@ func (sel *selection) histTop(lo, hi int) {
 			}
 		}
 	}
+}
+
+// binsFrom returns the count in h from bin b up.
+func binsFrom(h *[histBins]uint32, b uint32) int {
+	n := 0
+	for _, c := range h[b:] {
+		n += int(c)
+	}
+	return n
 }
 
 // histTopKernel adds to h[d] the number of elements of vals whose top
