@@ -23,6 +23,9 @@ func init() {
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
 	addKernel = addAVX2
+	histTopKernel = histTopAVX2
+	collectKernel = collectAsm
+	histAtLeastKernel = histAtLeastAVX2
 }
 
 // cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
@@ -128,4 +131,36 @@ func addAVX2(dst, a, b []float32) {
 		addAsm(dst[:m], a, b)
 	}
 	addGeneric(dst[m:], a[m:], b[m:])
+}
+
+// histTopAsm is histTopGeneric for len(vals) a positive multiple of 8.
+//
+//go:noescape
+func histTopAsm(h *[histBins]uint32, vals []float32)
+
+func histTopAVX2(h *[histBins]uint32, vals []float32) {
+	m := len(vals) &^ 7
+	if m > 0 {
+		histTopAsm(h, vals[:m])
+	}
+	histTopGeneric(h, vals[m:])
+}
+
+// collectAsm is collectGeneric.
+//
+//go:noescape
+func collectAsm(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int)
+
+// histAtLeastAsm is histAtLeastGeneric for len(vals) a positive multiple
+// of 32.
+//
+//go:noescape
+func histAtLeastAsm(h *[histBins]uint32, vals []float32, t uint32) (counted int)
+
+func histAtLeastAVX2(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	m := len(vals) &^ 31
+	if m > 0 {
+		counted = histAtLeastAsm(h, vals[:m], t)
+	}
+	return counted + histAtLeastGeneric(h, vals[m:], t)
 }

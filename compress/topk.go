@@ -41,8 +41,8 @@ func sparseK(ratio float64, n int) int {
 // the lower index, and -0 and +0 tie. A NaN or ±Inf anywhere in the input is
 // a *NonFiniteError for the lowest such index.
 //
-// The exact form is a radix select (see topk_select.go), two passes over
-// memory on typical gradients. The sampled form (":sampled") estimates the
+// The exact form is a radix select (see topk_select.go), one pass over
+// memory on typical gradients (two before issue 10). The sampled form (":sampled") estimates the
 // threshold from a fixed sample, collects the elements above it in one pass
 // and runs the exact selection on them; it falls back to the exact path when
 // the estimate is off. Its recall (the fraction of the exact top-k set it

@@ -40,3 +40,30 @@ func topkRecall(b *testing.B, spec string, src []float32, payload []byte) (recal
 	want, _ := sparseTopKBody(payloadBody(exact))
 	return sparseRecall(got, want), true
 }
+
+// BenchmarkTopKInputs times exact and sampled top-k on 16M elements of each
+// kind of sparseData (ties, zeros and magnitudes growing with the index
+// besides a gradient-like one), one goroutine: the inputs on which the
+// first level's bound skips little.
+func BenchmarkTopKInputs(b *testing.B) {
+	if testing.Short() {
+		b.Skip("64 MiB inputs skipped under -short")
+	}
+	const n = 1 << 24
+	for _, kind := range []string{"laplace", "ties", "equal", "zeros", "ramp"} {
+		src := sparseData(kind, n, 1)
+		for _, spec := range []string{"topk:0.01", "topk:0.1", "topk:0.01:sampled"} {
+			c := mustParse(b, spec, WithWorkers(1))
+			b.Run(kind+"/"+spec, func(b *testing.B) {
+				b.SetBytes(4 * n)
+				var p []byte
+				for range b.N {
+					var err error
+					if p, err = c.Compress(p[:0], src, Key{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -21,15 +21,30 @@ import (
 // The exact selection (AIR top-k style) splits the 31 key bits into digits of
 // 11, 11 and 9 bits. Each level histograms one digit of the still undecided
 // elements (those whose key agrees with the digits picked so far) and picks
-// the bin holding the k-th largest; bins above it are decided in. The first
-// level reads the whole input; the elements with key ≥ the first level's
-// bound (those decided in plus the undecided: 1.1·k to 1.25·k for a Laplace
-// gradient at ratios 0.001 to 0.1) are then copied, in index order, into a
-// candidate list that the next levels and the output read instead of the
-// input: two passes over the input.
-// When the undecided bin is too large to copy (many ties: all-equal or
-// coarsely quantized input), the next level reads the input again, up to
-// three histogram passes and one output pass.
+// the bin holding the k-th largest; bins above it are decided in.
+//
+// The first level reads the whole input once, and in that one pass counts
+// the top digits, notices non-finite values (their keys fill the top bins)
+// and gathers candidates: each worker keeps a bound on the digit of the k-th
+// largest key, which rises as soon as k of the elements it has read lie
+// above it (see histTop), and copies, in index order, the elements at or
+// above its bound (the first k it reads, then ever fewer: about
+// k·(1 + ln(n/k)) in all, 5.6·k at ratio 0.01) into candidate lists, while
+// keys below the bound are skipped 32 at a time. After the first pick the
+// lists are cut to the elements with key ≥ the bin picked (1.1·k to 1.25·k
+// for a Laplace gradient at ratios 0.001 to 0.1), and the next levels and
+// the output read them instead of the input.
+//
+// Passes over the input (a bucket of n floats in memory), exact path:
+// before issue 10 two, a histogram of every element and a copy of the
+// candidates; now one. The sampled path makes one before and after (the
+// sample is 64Ki elements, the candidates about k). Both then make three
+// passes over their candidates (two levels and the output; the exact path
+// one more to cut its lists). When the gathered candidates would exceed n/8
+// + k (many ties: all-equal or coarsely quantized input, or a large ratio),
+// gathering stops, and the input is read again to copy the candidates once
+// the first level has picked, or, with too many undecided, by the next
+// levels themselves: up to three histogram passes and one output pass.
 //
 // The input is cut into segments whose layout depends on n alone; passes run
 // segment by segment over the runner, with per-segment histograms and
@@ -105,28 +120,83 @@ func firstAtLeast(vals []float32, t uint32) int {
 }
 
 // collectAtLeast appends to pos and vals every element of blk with key ≥ t
-// (blk[i] has input index base+i), in order. Groups holding one are
-// compacted without branches.
-func collectAtLeast(pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
-	t2 := lanes(t)
-	i := 0
-	for end := misaligned(blk); ; end = min(i+8, len(blk)) {
+// (blk[i] has input index base+i), in order, and counts their top digits
+// in h: the first element alone if it lies off an 8-byte boundary (so that
+// collectGeneric reads aligned words), collectKernel for whole steps, then
+// the rest one by one.
+func collectAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+	head := misaligned(blk)
+	pos, vals = appendAtLeast(h, pos, vals, blk[:head], base, t)
+	blk, base = blk[head:], base+head
+	for len(blk) >= collectStep {
 		m := len(pos)
-		pos, vals = slices.Grow(pos, end-i)[:m+end-i], slices.Grow(vals, end-i)[:m+end-i]
-		c := m
-		for j, x := range blk[i:end] {
-			pos[c], vals[c] = uint32(base+i+j), x
-			c += atLeast(x, t)
+		if min(cap(pos), cap(vals))-m < 4*collectStep {
+			grow := max(4*collectStep, m) // doubling: a list built from nothing is copied once in all
+			pos, vals = slices.Grow(pos, grow), slices.Grow(vals, grow)
 		}
-		pos, vals = pos[:c], vals[:c]
-		i = end
-		for i+8 <= len(blk) && !groupAtLeast(&blk[i], t2) {
-			i += 8
-		}
-		if i == len(blk) {
-			return pos, vals
+		read, wrote := collectKernel(h, pos[m:cap(pos)], vals[m:cap(vals)], blk, uint32(base), t)
+		pos, vals = pos[:m+wrote], vals[:m+wrote]
+		blk, base = blk[read:], base+read
+	}
+	return appendAtLeast(h, pos, vals, blk, base, t)
+}
+
+// appendAtLeast is collectAtLeast one element at a time.
+func appendAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+	for i, x := range blk {
+		if u := magKey(x); u >= t {
+			pos, vals = append(pos, uint32(base+i)), append(vals, x)
+			h[u>>20&(histBins-1)]++
 		}
 	}
+	return pos, vals
+}
+
+// collectStep is how many elements collectKernel tests at a time.
+const collectStep = 32
+
+// collectKernel writes to pos and vals, from their first slots on, the
+// input index base+i and the value x[i] of every element with key ≥ t
+// (t ≤ 1<<31), in order, and adds 1 to h[key>>20] for each. It reads x a
+// step of collectStep elements at a time while a whole step is left and
+// collectStep slots are free in both pos and vals, and returns how many
+// elements it read and how many it wrote. Slots past the written ones, up
+// to that room, may change.
+var collectKernel = collectGeneric
+
+// collectGeneric is the reference collectKernel. It reads as many whole
+// steps at a time as the room left allows, skips groups of eight without a
+// hit (groupAtLeast, where x starts on an 8-byte boundary) and compacts a
+// group with one without branches.
+func collectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x []float32, base, t uint32) (read, wrote int) {
+	room := min(len(pos), len(vals))
+	t2, aligned := lanes(t), misaligned(x) == 0
+	steps := len(x) &^ (collectStep - 1)
+	for read < steps && room-wrote >= collectStep {
+		// At most end − read elements are written before end: the room
+		// stays ≥ collectStep at every step boundary on the way.
+		end := min(steps, read+(room-wrote)&^(collectStep-1))
+		for g := read; ; g += 8 {
+			for aligned && g < end && !groupAtLeast(&x[g], t2) {
+				g += 8
+			}
+			if g == end {
+				break
+			}
+			p, w := pos[wrote:wrote+8], vals[wrote:wrote+8]
+			c := 0
+			for j, v := range x[g : g+8] {
+				p[c&7], w[c&7] = base+uint32(g+j), v
+				c += atLeast(v, t)
+			}
+			for _, v := range w[:c] {
+				h[magKey(v)>>20&(histBins-1)]++
+			}
+			wrote += c
+		}
+		read = end
+	}
+	return read, wrote
 }
 
 // segment is a run of elements selection reads: a slice of the input at
@@ -209,6 +279,12 @@ type selection struct {
 	shift   uint32
 	prefix  uint32
 	need    int
+
+	// gather makes the first level's histogram collect, into sc.cand, the
+	// elements it counts while fewer than gatherLimit have been gathered.
+	gather      bool
+	gatherLimit int64
+	gathered    atomic.Int64
 }
 
 // start begins a selection of the need largest keys among segs, which are
@@ -231,6 +307,10 @@ func resetInts(s []int, n int) []int {
 // collectLimit of them would be copied, checks for non-finite values after
 // the first level and writes the selected elements to body.
 func (sel *selection) finish(body []byte, k, collectLimit int, run runner) error {
+	if sel.onInput {
+		sel.gather, sel.gatherLimit = true, int64(collectLimit)
+		sel.sc.resetCands(len(sel.segs))
+	}
 	for l := range radixLevels {
 		sel.histogram(l, run)
 		if l == 0 {
@@ -239,6 +319,9 @@ func (sel *selection) finish(body []byte, k, collectLimit int, run runner) error
 			}
 		}
 		sel.pick(l)
+		if l == 0 && sel.gather && sel.gathered.Load() <= sel.gatherLimit {
+			sel.useGathered(run)
+		}
 		if sel.onInput && l < len(radixLevels)-1 && sel.undecidedAndAbove() <= collectLimit {
 			sel.collectFromInput(run)
 		}
@@ -252,14 +335,14 @@ func (sel *selection) histogram(l int, run runner) {
 	lv := radixLevels[l]
 	mask := uint32(1)<<lv.bits - 1
 	run(len(sel.segs), 1, func(lo, hi int) {
+		if sel.shift == 31 {
+			sel.histTop(lo, hi)
+			return
+		}
 		for s := lo; s < hi; s++ {
-			h := (*[histBins]uint32)(sel.sc.hist[s*histBins:])
+			h := sel.sc.segHist(s)
 			clear(h[:])
-			if sel.shift == 31 {
-				histTop(h, sel.segs[s].vals)
-			} else {
-				histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
-			}
+			histUndecided(h, sel.segs[s].vals, sel.shift, sel.prefix, lv.shift, mask)
 		}
 	})
 	total := &sel.sc.total
@@ -272,11 +355,117 @@ func (sel *selection) histogram(l int, run runner) {
 	}
 }
 
-// histTop counts the top digit (key>>20) of every element.
-func histTop(h *[histBins]uint32, vals []float32) {
+// segHist returns the histogram of segment s.
+func (sc *topkScratch) segHist(s int) *[histBins]uint32 {
+	return (*[histBins]uint32)(sc.hist[s*histBins:])
+}
+
+// histTopChunk is how many elements the first level counts between checks
+// of its bound.
+const histTopChunk = 1 << 16
+
+// histTop counts the top digits (key>>20) of segments lo to hi−1, each
+// segment into its own histogram, exactly for every digit from the one
+// holding the need-th largest key up and perhaps not below. It keeps a
+// bound: once need of the elements counted so far have digits above it,
+// the need-th largest key of the whole input does too, so the bound goes
+// up and later elements below it are skipped (histAtLeastKernel) rather
+// than counted. The bound only rises, so every segment here has exact
+// counts from the final bound up; pick reads no lower bin. On a gradient
+// at ratio 0.01 all but a few percent of the elements are skipped, 32 at a
+// time. Where the bound skips little (a chunk with more than a quarter of
+// its elements at or above it: magnitudes growing with the index, or a
+// large ratio), the next chunk is counted whole, which is faster then and
+// as exact (extra counts land below the bound only). The result does not
+// depend on how segments are split among workers: each keeps its own
+// bound, and every bound is at most the digit pick settles on.
+func (sel *selection) histTop(lo, hi int) {
+	sc := sel.sc
+	bound, counted := uint32(0), 0 // counted: elements with digit ≥ bound so far
+	dense := true                  // whether the last chunk had more than a quarter at or above the bound
+	for s := lo; s < hi; s++ {
+		h := sc.segHist(s)
+		clear(h[:])
+		vals := sel.segs[s].vals
+		for from := 0; from < len(vals); from += histTopChunk {
+			chunk := vals[from:min(from+histTopChunk, len(vals))]
+			var c int
+			switch {
+			case sel.gather && sel.gathered.Load() <= sel.gatherLimit:
+				c = sc.collectInto(s, chunk, sel.segs[s].base+from, bound<<20)
+				sel.gathered.Add(int64(c))
+			case dense:
+				c = -binsFrom(h, bound)
+				histTopKernel(h, chunk)
+				c += binsFrom(h, bound)
+			default:
+				c = histAtLeastKernel(h, chunk, bound<<20)
+			}
+			counted += c
+			dense = c > len(chunk)/4
+			for bound < histBins-1 {
+				inBound := 0
+				for r := lo; r <= s; r++ {
+					inBound += int(sc.hist[r*histBins+int(bound)])
+				}
+				if counted-inBound < sel.need {
+					break
+				}
+				counted -= inBound
+				bound++
+			}
+		}
+	}
+}
+
+// binsFrom returns the count in h from bin b up.
+func binsFrom(h *[histBins]uint32, b uint32) int {
+	n := 0
+	for _, c := range h[b:] {
+		n += int(c)
+	}
+	return n
+}
+
+// histTopKernel adds to h[d] the number of elements of vals whose top
+// digit key>>20 is d; the first level's histogram, whose top bins also
+// count the non-finite values.
+var histTopKernel = histTopGeneric
+
+// histTopGeneric is the reference histTopKernel.
+func histTopGeneric(h *[histBins]uint32, vals []float32) {
 	for _, x := range vals {
 		h[math.Float32bits(x)>>20&(histBins-1)]++
 	}
+}
+
+// histAtLeastKernel adds to h[d] the number of elements of vals with key ≥
+// t (t ≤ 1<<31) whose top digit is d, and returns how many it counted.
+var histAtLeastKernel = histAtLeastGeneric
+
+// histAtLeastGeneric is the reference histAtLeastKernel. It skips groups
+// of eight without a hit (groupAtLeast) from the first 8-byte boundary on.
+func histAtLeastGeneric(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	head := misaligned(vals)
+	counted, vals = countAtLeast(h, vals[:head], t), vals[head:]
+	t2, m := lanes(t), len(vals)&^7
+	for i := 0; i < m; i += 8 {
+		if groupAtLeast(&vals[i], t2) {
+			counted += countAtLeast(h, vals[i:i+8], t)
+		}
+	}
+	return counted + countAtLeast(h, vals[m:], t)
+}
+
+// countAtLeast is histAtLeastGeneric one element at a time.
+func countAtLeast(h *[histBins]uint32, vals []float32, t uint32) (counted int) {
+	for _, x := range vals {
+		if u := magKey(x); u >= t {
+			h[u>>20&(histBins-1)]++
+			counted++
+		}
+	}
+	return counted
 }
 
 // histUndecided counts digit (key>>shift)&mask of the elements with
@@ -341,10 +530,10 @@ func (sel *selection) undecidedAndAbove() int {
 // elements with key ≥ prefix<<shift, whose counts pick has just made known.
 func (sel *selection) collectFromInput(run runner) {
 	sc := sel.sc
-	sc.growCands(len(sel.segs))
+	sc.resetCands(len(sel.segs))
 	for s := range sel.segs {
 		c := &sc.cand[s]
-		want := sc.above[s] + sc.eq[s] + 8 // collectAtLeast grows by up to 8 at a time
+		want := sc.above[s] + sc.eq[s] + 4*collectStep // the room collectAtLeast asks for
 		c.pos = slices.Grow(c.pos[:0], want)
 		c.vals = slices.Grow(c.vals[:0], want)
 	}
@@ -352,35 +541,72 @@ func (sel *selection) collectFromInput(run runner) {
 	sel.segs, sel.onInput = sc.cands, false
 }
 
-func (sc *topkScratch) growCands(n int) {
+// useGathered replaces the input segments by the candidate lists the first
+// level gathered, less their elements below the bin pick chose (gathered
+// under a lower bound), so that the next levels and the output read only
+// elements with key ≥ prefix<<shift.
+func (sel *selection) useGathered(run runner) {
+	sc, t := sel.sc, sel.prefix<<sel.shift
+	run(len(sel.segs), 1, func(lo, hi int) {
+		for s := lo; s < hi; s++ {
+			c := &sc.cand[s]
+			j := 0
+			for i, x := range c.vals {
+				c.pos[j], c.vals[j] = c.pos[i], x
+				j += atLeast(x, t)
+			}
+			c.pos, c.vals = c.pos[:j], c.vals[:j]
+		}
+	})
+	sel.segs, sel.onInput = sc.candSegments(len(sel.segs)), false
+}
+
+// resetCands empties the candidate lists of n segments (keeping their
+// memory) and sizes the histograms that collecting counts into.
+func (sc *topkScratch) resetCands(n int) {
 	if len(sc.cand) < n {
 		sc.cand = append(sc.cand, make([]candidates, n-len(sc.cand))...)
 	}
+	for s := range n {
+		sc.cand[s].pos, sc.cand[s].vals = sc.cand[s].pos[:0], sc.cand[s].vals[:0]
+	}
+	sc.hist = slices.Grow(sc.hist[:0], n*histBins)[:n*histBins]
+}
+
+// collectInto appends the elements of blk (input index base on) with key
+// ≥ t to segment s's candidates, counts their top digits in its histogram
+// and returns how many it appended.
+func (sc *topkScratch) collectInto(s int, blk []float32, base int, t uint32) int {
+	c := &sc.cand[s]
+	before := len(c.pos)
+	c.pos, c.vals = collectAtLeast(sc.segHist(s), c.pos, c.vals, blk, base, t)
+	return len(c.pos) - before
+}
+
+// candSegments returns the candidate lists of n segments as segments.
+func (sc *topkScratch) candSegments(n int) []segment {
+	sc.cands = sc.cands[:0]
+	for s := range n {
+		sc.cands = append(sc.cands, segment{vals: sc.cand[s].vals, pos: sc.cand[s].pos})
+	}
+	return sc.cands
 }
 
 // collect fills sc.cands with, per input segment, its elements with key ≥ t
 // in index order. It gives up and returns false once more than limit have
 // been found in all.
 func (sc *topkScratch) collect(input []segment, t uint32, limit int, run runner) bool {
-	sc.growCands(len(input))
+	sc.resetCands(len(input))
 	var found atomic.Int64
 	run(len(input), 1, func(lo, hi int) {
 		for s := lo; s < hi; s++ {
-			c := &sc.cand[s]
-			c.pos, c.vals = c.pos[:0], c.vals[:0]
 			vals := input[s].vals
 			for from := 0; from < len(vals) && found.Load() <= int64(limit); from += collectBlock {
-				blk := vals[from:min(from+collectBlock, len(vals))]
-				before := len(c.pos)
-				c.pos, c.vals = collectAtLeast(c.pos, c.vals, blk, input[s].base+from, t)
-				found.Add(int64(len(c.pos) - before))
+				found.Add(int64(sc.collectInto(s, vals[from:min(from+collectBlock, len(vals))], input[s].base+from, t)))
 			}
 		}
 	})
-	sc.cands = sc.cands[:0]
-	for s := range input {
-		sc.cands = append(sc.cands, segment{vals: sc.cand[s].vals, pos: sc.cand[s].pos})
-	}
+	sc.candSegments(len(input))
 	return found.Load() <= int64(limit)
 }
 

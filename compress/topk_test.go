@@ -198,14 +198,14 @@ func sparseTopKLengths() []int {
 // TestTopKExactMatchesBruteForce compares both selection paths with the
 // stable-sort reference over lengths around the cut-offs, k from 1 to n,
 // heavy-tailed and tie-heavy data, serially and on two workers (lengths
-// above 2^17 with fewer ratios and on two workers only, to stay fast).
+// above 2^17 with fewer ratios, to stay fast).
 func TestTopKExactMatchesBruteForce(t *testing.T) {
 	kinds := []string{"laplace", "ties", "equal", "zeros", "ramp"}
 	for _, n := range sparseTopKLengths() {
 		ratios := []float64{1e-9, 0.01, 0.125, 0.3, 1}
 		workers := [][]Option{{WithWorkers(1)}, sparseParallel}
 		if n > 1<<17 {
-			ratios, workers = []float64{1e-9, 0.01, 1}, workers[1:]
+			ratios = []float64{1e-9, 0.01, 1}
 		}
 		for _, kind := range kinds {
 			src := sparseData(kind, n, uint64(n))
@@ -352,7 +352,15 @@ func TestSparseNonFinite(t *testing.T) {
 	inf := float32(math.Inf(1))
 	for _, n := range []int{1, 9, 1000, sampledMinLen + 5} {
 		for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
-			for _, bad := range [][]int{{0}, {n - 1}, {n / 2, n - 1}, {n / 3, n / 2}} {
+			bads := [][]int{{0}, {n - 1}, {n / 2, n - 1}, {n / 3, n / 2}}
+			if n > 1000 { // more than k non-finite values: the first level's bound rises into their bins
+				var many []int
+				for i := n / 4; i < n/4+n/50; i++ {
+					many = append(many, i)
+				}
+				bads = append(bads, many)
+			}
+			for _, bad := range bads {
 				for _, v := range []float32{nan, inf, -inf} {
 					src := sparseData("laplace", n, 5)
 					for _, i := range bad {
@@ -567,13 +575,15 @@ func TestScanKernels(t *testing.T) {
 						t.Fatalf("t=%#x start=%d n=%d: firstAtLeast = %d, want %d", th, start, n, got, want)
 					}
 					var wantPos []uint32
+					var wantHist, hist [histBins]uint32
 					for i, x := range vals {
 						if magKey(x) >= th {
 							wantPos = append(wantPos, uint32(100+i))
+							wantHist[magKey(x)>>20]++
 						}
 					}
-					pos, got := collectAtLeast([]uint32{7}, []float32{7}, vals, 100, th)
-					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) {
+					pos, got := collectAtLeast(&hist, []uint32{7}, []float32{7}, vals, 100, th)
+					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) || hist != wantHist {
 						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast = %v, want %v", th, start, n, pos[1:], wantPos)
 					}
 					for i, p := range pos[1:] {
@@ -585,4 +595,176 @@ func TestScanKernels(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestTopKKernels runs the accelerated top-k kernels and their generic
+// twins on the same inputs, lengths around the vector width (8) and the
+// collect step (32) ±1 included, and requires the same bits out and no
+// write past the room given (sentinels).
+func TestTopKKernels(t *testing.T) {
+	if kernelSet == "generic" {
+		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
+	}
+	r := rand.New(rand.NewPCG(10, 4))
+	special := []float32{0, float32(math.Copysign(0, -1)), 1e-45, math.MaxFloat32, -math.MaxFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0xffffffff)}
+	lengths := []int{0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 1000}
+	for range 8 {
+		lengths = append(lengths, r.IntN(3000))
+	}
+	for _, n := range lengths {
+		for trial := range 12 {
+			x := make([]float32, n)
+			for i := range x {
+				switch trial % 3 {
+				case 0:
+					x[i] = float32(r.NormFloat64())
+				case 1:
+					x[i] = float32(r.IntN(3)) // ties and zeros
+				case 2:
+					x[i] = math.Float32frombits(r.Uint32())
+				}
+			}
+			for range trial % 4 {
+				if n > 0 {
+					x[r.IntN(n)] = special[r.IntN(len(special))]
+				}
+			}
+
+			var h1, h2 [histBins]uint32
+			for b := range h1 {
+				h1[b] = r.Uint32() >> 8
+				h2[b] = h1[b]
+			}
+			histTopKernel(&h1, x)
+			histTopGeneric(&h2, x)
+			if h1 != h2 {
+				t.Fatalf("histTop n=%d trial %d: kernel and generic differ", n, trial)
+			}
+			ts := []uint32{0, 1, nonFiniteKey, 1 << 31, r.Uint32() >> 1}
+			if n > 0 {
+				ts = append(ts, magKey(x[r.IntN(n)]))
+			}
+			for _, th := range ts {
+				c1, c2 := histAtLeastKernel(&h1, x, th), histAtLeastGeneric(&h2, x, th)
+				if h1 != h2 || c1 != c2 {
+					t.Fatalf("histAtLeast n=%d t=%#x: kernel (%d counted) and generic (%d) differ", n, th, c1, c2)
+				}
+				room := []int{0, 31, 32, 33, 64, n + 32}[r.IntN(6)]
+				base := r.Uint32()
+				type out struct {
+					pos         []uint32
+					vals        []float32
+					read, wrote int
+					hist        [histBins]uint32
+				}
+				run := func(kernel func(*[histBins]uint32, []uint32, []float32, []float32, uint32, uint32) (int, int)) out {
+					const sentinel = 0xa5a5a5a5
+					pos, vals := make([]uint32, room+8), make([]float32, room+8)
+					for i := range pos {
+						pos[i], vals[i] = sentinel, math.Float32frombits(sentinel)
+					}
+					o := out{hist: h1}
+					o.read, o.wrote = kernel(&o.hist, pos[:room], vals[:room], x, base, th)
+					for i := room; i < room+8; i++ {
+						if pos[i] != sentinel || math.Float32bits(vals[i]) != sentinel {
+							t.Fatalf("collect n=%d room=%d t=%#x: wrote past the room", n, room, th)
+						}
+					}
+					o.pos, o.vals = pos[:o.wrote], vals[:o.wrote]
+					return o
+				}
+				a, b := run(collectKernel), run(collectGeneric)
+				if a.read != b.read || a.wrote != b.wrote || a.hist != b.hist || !slices.Equal(a.pos, b.pos) ||
+					!slices.EqualFunc(a.vals, b.vals, func(u, v float32) bool { return math.Float32bits(u) == math.Float32bits(v) }) {
+					t.Fatalf("collect n=%d room=%d t=%#x: kernel (read %d, wrote %d) and generic (read %d, wrote %d) differ",
+						n, room, th, a.read, a.wrote, b.read, b.wrote)
+				}
+			}
+		}
+	}
+}
+
+// FuzzTopKSelect tiles arbitrary float bits to up to 3·2^16 elements (so
+// that inputs span segments and the first level's bound rises between
+// chunks), selects the top k exactly and sampled, on one and two workers,
+// and checks the result against the definition in one pass: k ascending
+// indices with their values, every key above the k-th largest taken, the
+// ties at it taken lowest index first, or a *NonFiniteError for the first
+// non-finite value. The kernels must also agree with their generic twins.
+func FuzzTopKSelect(f *testing.F) {
+	f.Add([]byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0, 0, 0, 0, 0}, uint32(200000), uint16(9), false)
+	f.Add([]byte{1, 2, 3, 4}, uint32(1<<17), uint16(0), true)
+	f.Add([]byte{0, 0, 0x80, 0x7f, 0, 0, 0, 0x3f}, uint32(70000), uint16(99), false)
+	f.Fuzz(func(t *testing.T, data []byte, n uint32, ratioMil uint16, sampled bool) {
+		if len(data) < 4 {
+			t.Skip("no element")
+		}
+		m := len(data) / 4
+		src := make([]float32, 1+int(n)%(3<<16))
+		for i := range src {
+			// Each tile flips other bits of the exponent and mantissa, the
+			// top digit's among them: tiles neither tie nor share bins.
+			src[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*(i%m):]) ^ uint32(i/m)*0x9e3779b9&0x037000ff)
+		}
+		var h1, h2 [histBins]uint32
+		histTopKernel(&h1, src)
+		histTopGeneric(&h2, src)
+		c1, c2 := histAtLeastKernel(&h1, src, 0x3f000000), histAtLeastGeneric(&h2, src, 0x3f000000)
+		if h1 != h2 || c1 != c2 {
+			t.Fatal("histogram kernels differ from their generic twins")
+		}
+
+		ratio := float64(ratioMil%1000+1) / 1000
+		spec := "topk:" + strconv.FormatFloat(ratio, 'f', -1, 64)
+		if sampled {
+			spec += ":sampled"
+		}
+		firstBad := slices.IndexFunc(src, func(x float32) bool { return magKey(x) >= nonFiniteKey })
+		var first []byte
+		for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+			p, err := mustParse(t, spec, opts...).Compress(nil, src, Key{})
+			if firstBad >= 0 {
+				var nf *NonFiniteError
+				if !errors.As(err, &nf) || nf.Index != firstBad {
+					t.Fatalf("%s n=%d: err %v, want a NonFiniteError at %d", spec, len(src), err, firstBad)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first != nil && !bytes.Equal(p, first) {
+				t.Fatalf("%s n=%d: one and two workers differ", spec, len(src))
+			}
+			first = p
+		}
+		if firstBad >= 0 {
+			return
+		}
+		k := sparseK(ratio, len(src))
+		idx, vals := sparseTopKBody(payloadBody(first))
+		in := make([]bool, len(src))
+		kth := uint32(signMask)
+		for i, p := range idx {
+			if i > 0 && p <= idx[i-1] || int(p) >= len(src) || math.Float32bits(vals[i]) != math.Float32bits(src[p]) {
+				t.Fatalf("%s n=%d: entry %d (index %d) is out of order or not the input's", spec, len(src), i, p)
+			}
+			in[p] = true
+			kth = min(kth, magKey(src[p]))
+		}
+		tieSkipped := false
+		for i, x := range src {
+			u := magKey(x)
+			switch {
+			case u > kth && !in[i], u < kth && in[i], u == kth && in[i] && tieSkipped:
+				t.Fatalf("%s n=%d k=%d: index %d (key %#x, k-th largest %#x) is wrongly in or out", spec, len(src), k, i, u, kth)
+			case u == kth && !in[i]:
+				tieSkipped = true
+			}
+		}
+		if len(idx) != k {
+			t.Fatalf("%s n=%d: %d indices, want %d", spec, len(src), len(idx), k)
+		}
+	})
 }
