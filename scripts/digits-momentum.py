@@ -62,6 +62,10 @@ CONFIGS = [
     ("sign held back", "sign", dict(guard=1e30), 0.9),
     ("sign+ramp20", "sign", dict(schedule=[(20, s) for _, s in SIGN_RAMP]), 0.9),
     ("sign+mc+ramp20", "sign", dict(momentum=0.9, schedule=[(20, s) for _, s in SIGN_RAMP]), 0.0),
+    ("topk:0.01+mc+ramp4x15", "topk:0.01", dict(momentum=0.9, schedule=[(15, "topk:0.25"), (15, "topk:0.1"), (15, "topk:0.04"), (15, "topk:0.016")]), 0.0),
+    ("topk:0.01+mc+ramp+warm20", "topk:0.01", dict(momentum=0.9, schedule=RAMP, warmup_steps=20), 0.0),
+    ("sign+mc+ramp", "sign", dict(momentum=0.9, schedule=SIGN_RAMP), 0.0),
+    ("sign+ramp+warm20", "sign", dict(schedule=SIGN_RAMP, warmup_steps=20), 0.9),
     ("topk:0.01+mc+ramp20", "topk:0.01", dict(momentum=0.9, schedule=[(20, s) for _, s in RAMP]), 0.0),
 ]
 
