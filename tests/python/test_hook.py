@@ -114,6 +114,18 @@ class OneRank(unittest.TestCase):
         self.assertEqual(state.stats["guarded"], guarded.count(True))
         self.assertTrue(any("accuracy guard: dense with the residual" in line for line in cm.output), cm.output)
 
+    def test_momentum_masking_reaches_the_engine(self):
+        # Top-k 50 % of a constant bucket with momentum 0.5 through the
+        # ABI's momentum_masking: masking zeroes u where the payload sent,
+        # so from the second engine step the outputs differ.
+        def run(masking):
+            state = self.state("topk:0.5", momentum=0.5, momentum_masking=masking)
+            torch.manual_seed(5)
+            return [gct.hook(state, workers.FakeBucket(torch.randn(64))).wait().clone() for _ in range(5)]
+        plain, masked = run(False), run(True)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(plain[:3], masked[:3])))
+        self.assertFalse(torch.equal(plain[4], masked[4]))
+
     def test_schedule_ramps_to_the_target(self):
         # Hook steps 0-1 plain, engine step 0 (hook step 2) and 1 in phase 1
         # (topk:0.25), then the target topk:0.02, as the engine's stats say.
