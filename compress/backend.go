@@ -14,6 +14,8 @@ func backendOf(c Compressor) (*compressor, error) {
 		return impl, nil
 	case sparseCompressor:
 		return impl.compressor, nil
+	case feedbackCompressor:
+		return impl.compressor, nil
 	}
 	return nil, fmt.Errorf("compress: %T is not a compressor made by compress.Parse", c)
 }

@@ -151,24 +151,31 @@ func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
 	return &Pending{r: r, flush: true}, nil
 }
 
-// compressFused is Begin's compression for a compressor made by Parse
-// whose codec folds s = e + g into its first pass (feedbackCodec: the
-// quantizers and sign): it sets r.sum to s, r.dec to the residual, and
-// appends the payload. fused reports whether c is such a compressor.
+// compressFused is Begin's compression for a FeedbackCompressor, which
+// folds s = e + g into its first pass: it sets r.sum to s, r.dec to the
+// residual, and appends the payload. fused reports whether c is one.
 func (r *residual) compressFused(c Compressor, dst []byte, grad []float32, key Key) (out []byte, fused bool, err error) {
-	impl, err := backendOf(c)
-	if err != nil {
-		return dst, false, nil // not made by Parse: the general path
-	}
-	fc, ok := impl.impl.(feedbackCodec)
+	fc, ok := c.(FeedbackCompressor)
 	if !ok {
 		return dst, false, nil
 	}
 	if len(r.dec) != len(grad) {
 		r.dec = make([]float32, len(grad))
 	}
-	out, err = impl.compressFeedback(fc, dst, r.e, grad, r.sum, key, r.dec)
+	out, err = fc.CompressFeedback(dst, r.e, grad, r.sum, key, r.dec)
 	return out, true, err
+}
+
+// FeedbackCompressor is a Compressor that folds error feedback's sum into
+// its first pass; Parse returns one for int8, int4, int2 and sign, and
+// ErrorFeedback uses it to read e and g once per step. CompressFeedback
+// sets sum[i] = e[i] + g[i] (one float32 addition) and then does exactly
+// what CompressResidual(dst, sum, key, res) does, in the same pass. All
+// four slices have g's length (else a *SizeError, dst unchanged); sum
+// overlaps none of the others.
+type FeedbackCompressor interface {
+	Compressor
+	CompressFeedback(dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error)
 }
 
 // SparseCompressor is a Compressor whose decoded payload is its input at

@@ -624,3 +624,27 @@ func math32bits(x []float32) []uint32 {
 	}
 	return out
 }
+
+// TestCompressFeedbackSizes: Parse's quantizers and sign are
+// FeedbackCompressors, top-k is not, and slices of another length than g
+// are a *SizeError with dst unchanged.
+func TestCompressFeedbackSizes(t *testing.T) {
+	for _, spec := range []string{"int8", "int4", "int2", "sign"} {
+		fc, ok := compresstest.MustParse(t, spec).(compress.FeedbackCompressor)
+		if !ok {
+			t.Fatalf("%s is not a compress.FeedbackCompressor", spec)
+		}
+		n := 100
+		ok4 := func(k int) []float32 { return make([]float32, k) }
+		for i, args := range [][4][]float32{{ok4(9), ok4(n), ok4(n), ok4(n)}, {ok4(n), ok4(n), ok4(9), ok4(n)}, {ok4(n), ok4(n), ok4(n), ok4(9)}} {
+			out, err := fc.CompressFeedback([]byte("x"), args[0], args[1], args[2], compress.Key{}, args[3])
+			var se *compress.SizeError
+			if !errors.As(err, &se) || string(out) != "x" {
+				t.Errorf("%s, case %d: %q, %v; want a *SizeError and dst unchanged", spec, i, out, err)
+			}
+		}
+	}
+	if _, ok := compresstest.MustParse(t, "topk:0.1").(compress.FeedbackCompressor); ok {
+		t.Error("topk:0.1 is a compress.FeedbackCompressor")
+	}
+}

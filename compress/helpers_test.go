@@ -26,3 +26,13 @@ func reseal(p []byte) {
 	end := len(p) - TrailerLen
 	binary.LittleEndian.PutUint32(p[end:], crc32.Checksum(p[:end], castagnoli))
 }
+
+// backend returns the implementation behind c, a Compressor made by
+// Parse.
+func backend(c Compressor) *compressor {
+	b, err := backendOf(c)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

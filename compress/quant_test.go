@@ -195,7 +195,7 @@ func TestQuantRoundTrip(t *testing.T) {
 	key := Key{Bucket: 11, Step: 42}
 	for _, spec := range quantSpecs {
 		c := mustParse(t, spec)
-		q := c.(*compressor).impl.(*quantCodec)
+		q := backend(c).impl.(*quantCodec)
 		for _, n := range testLengths(q.bucket) {
 			for name, x := range testDistributions(n, 1) {
 				checkQuantRoundTrip(t, fmt.Sprintf("%s/n=%d/%s", spec, n, name), c, q, x, key)
@@ -210,7 +210,7 @@ func TestQuantRoundTripLarge(t *testing.T) {
 	x := testDistributions(1<<20+3, 2)["student2"]
 	for _, spec := range []string{"int8", "int4:round=nearest", "int2:bucket=13"} {
 		c := mustParse(t, spec, WithWorkers(2))
-		checkQuantRoundTrip(t, spec, c, c.(*compressor).impl.(*quantCodec), x, Key{Bucket: 1, Step: 2})
+		checkQuantRoundTrip(t, spec, c, backend(c).impl.(*quantCodec), x, Key{Bucket: 1, Step: 2})
 	}
 }
 
@@ -341,7 +341,7 @@ func TestQuantUnbiased(t *testing.T) {
 	const steps = 1500
 	for _, spec := range []string{"int8", "int4", "int2"} {
 		c := mustParse(t, spec)
-		q := c.(*compressor).impl.(*quantCodec)
+		q := backend(c).impl.(*quantCodec)
 		x := testDistributions(2*q.bucket, 4)["normal"]
 		sum := make([]float64, len(x))
 		dec := make([]float32, len(x))
@@ -599,7 +599,7 @@ func TestQuantClamp(t *testing.T) {
 	st := NewRandomStream(0, key, DomainRound)
 	for _, spec := range []string{"int8:bucket=2", "int4:bucket=2", "int2:bucket=2"} {
 		c := mustParse(t, spec)
-		levels := c.(*compressor).impl.(*quantCodec).levels()
+		levels := backend(c).impl.(*quantCodec).levels()
 		i := 0
 		for int32(float32(float32(levels)+st.Uniform(uint32(i)))) <= levels {
 			i++

@@ -223,6 +223,9 @@ func New(s Spec, opts ...Option) (Compressor, error) {
 	if _, ok := c.(sparseCodec); ok {
 		return sparseCompressor{cc}, nil
 	}
+	if _, ok := cc.impl.(feedbackCodec); ok {
+		return feedbackCompressor{cc}, nil
+	}
 	return cc, nil
 }
 

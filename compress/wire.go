@@ -168,6 +168,24 @@ type sparseCodec interface {
 // that is also a SparseCompressor.
 type sparseCompressor struct{ *compressor }
 
+// feedbackCompressor is the Compressor Parse returns for a feedbackCodec
+// (the quantizers, sign): a FeedbackCompressor.
+type feedbackCompressor struct{ *compressor }
+
+// CompressFeedback implements FeedbackCompressor.
+func (c feedbackCompressor) CompressFeedback(dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error) {
+	n := len(g)
+	for _, s := range []struct {
+		what string
+		got  int
+	}{{"residual memory length", len(e)}, {"sum length", len(sum)}, {"residual length", len(res)}} {
+		if s.got != n {
+			return dst, &SizeError{What: s.what, Got: int64(s.got), Want: int64(n)}
+		}
+	}
+	return c.compressFeedback(c.impl.(feedbackCodec), dst, e, g, sum, key, res)
+}
+
 // CompressSelect implements SparseCompressor.
 func (c sparseCompressor) CompressSelect(dst []byte, src []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
 	n := len(src)

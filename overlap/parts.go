@@ -129,7 +129,9 @@ func (p *parts) String() string          { return fmt.Sprintf("%s in %d parts", 
 // Compress appends count slots to dst, each with status ok. A part's
 // *NonFiniteStepError comes back with Index counted in the whole bucket.
 func (p *parts) Compress(dst []byte, src []float32, key compress.Key) ([]byte, error) {
-	return p.compress(dst, src, key, nil, nil)
+	return p.compress(dst, len(src), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
+		return p.inner.Compress(into, src[lo:hi], pkey)
+	})
 }
 
 // CompressResidual is Compress that also sets res to src minus the
@@ -139,7 +141,9 @@ func (p *parts) CompressResidual(dst []byte, src []float32, key compress.Key, re
 	if len(res) != len(src) {
 		return dst, &compress.SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(src))}
 	}
-	return p.compress(dst, src, key, res, nil)
+	return p.compress(dst, len(src), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
+		return compress.CompressResidual(p.inner, into, src[lo:hi], pkey, res[lo:hi])
+	})
 }
 
 // sparseParts is parts over a compress.SparseCompressor, and one itself,
@@ -150,26 +154,59 @@ type sparseParts struct{ *parts }
 // bucket's (each part's offset added).
 func (p sparseParts) CompressSelect(dst []byte, src []float32, key compress.Key, sel []uint32) ([]byte, []uint32, error) {
 	n := len(sel)
-	out, err := p.compress(dst, src, key, nil, &sel)
+	out, err := p.compress(dst, len(src), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
+		from := len(sel)
+		payload, more, err := p.inner.(compress.SparseCompressor).CompressSelect(into, src[lo:hi], pkey, sel)
+		for i := from; i < len(more); i++ {
+			more[i] += uint32(lo)
+		}
+		sel = more
+		return payload, err
+	})
 	if err != nil {
 		return dst, sel[:n], err
 	}
 	return out, sel, nil
 }
 
+// feedbackParts is parts over a compress.FeedbackCompressor, and one
+// itself, so that error-feedback memory over parts folds e + g into the
+// parts' first pass.
+type feedbackParts struct{ *parts }
+
+// CompressFeedback implements compress.FeedbackCompressor, part by part.
+func (p feedbackParts) CompressFeedback(dst []byte, e, g, sum []float32, key compress.Key, res []float32) ([]byte, error) {
+	for _, s := range [][]float32{e, sum, res} {
+		if len(s) != len(g) {
+			return dst, &compress.SizeError{What: "error-feedback slice length", Got: int64(len(s)), Want: int64(len(g))}
+		}
+	}
+	fc := p.inner.(compress.FeedbackCompressor)
+	return p.compress(dst, len(g), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
+		return fc.CompressFeedback(into, e[lo:hi], g[lo:hi], sum[lo:hi], pkey, res[lo:hi])
+	})
+}
+
 // forMemory returns p as error-feedback memory is to see it: a
-// compress.SparseCompressor when its inner compressor is one.
+// compress.SparseCompressor or compress.FeedbackCompressor when its inner
+// compressor is one.
 func (p *parts) forMemory() compress.Compressor {
-	if _, ok := p.inner.(compress.SparseCompressor); ok {
+	switch p.inner.(type) {
+	case compress.SparseCompressor:
 		return sparseParts{p}
+	case compress.FeedbackCompressor:
+		return feedbackParts{p}
 	}
 	return p
 }
 
-// compress is Compress; with res != nil CompressResidual; with sel != nil
-// (inner a compress.SparseCompressor) CompressSelect, appending to *sel.
-func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []float32, sel *[]uint32) ([]byte, error) {
-	n, stride := len(src), p.slotLen(len(src))
+// compress appends count slots for n elements under key to dst, each
+// with status ok and the payload part writes for its elements [lo, hi)
+// (into: the slot's payload area, empty; pkey: the part's key). A
+// *compress.NonFiniteError comes back with Index counted in the whole
+// bucket.
+func (p *parts) compress(dst []byte, n int, key compress.Key, part func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error)) ([]byte, error) {
+	stride := p.slotLen(n)
 	start := len(dst)
 	out := dst
 	if cap(out)-start < p.count*stride {
@@ -181,21 +218,7 @@ func (p *parts) compress(dst []byte, src []float32, key compress.Key, res []floa
 		lo, hi := p.bounds(n, j)
 		slot := out[start+j*stride : start+(j+1)*stride]
 		status{}.put(slot)
-		var payload []byte
-		var err error
-		into, part, pkey := slot[slotHeaderLen:slotHeaderLen], src[lo:hi], p.partKey(key, j)
-		switch {
-		case sel != nil:
-			from := len(*sel)
-			payload, *sel, err = p.inner.(compress.SparseCompressor).CompressSelect(into, part, pkey, *sel)
-			for i := from; i < len(*sel); i++ {
-				(*sel)[i] += uint32(lo)
-			}
-		case res != nil:
-			payload, err = compress.CompressResidual(p.inner, into, part, pkey, res[lo:hi])
-		default:
-			payload, err = p.inner.Compress(into, part, pkey)
-		}
+		payload, err := part(slot[slotHeaderLen:slotHeaderLen], lo, hi, p.partKey(key, j))
 		if err != nil {
 			var nf *compress.NonFiniteError
 			if errors.As(err, &nf) {

@@ -60,3 +60,55 @@ func TestSparsePartsSelect(t *testing.T) {
 		t.Errorf("int8 in 2 parts: forMemory is a compress.SparseCompressor")
 	}
 }
+
+// TestFeedbackParts: parts over a compress.FeedbackCompressor are one for
+// error-feedback memory: CompressFeedback's payload, sum and residual
+// equal CompressResidual's of e + g; a sparse codec's parts are not one,
+// and slices of another length are refused with dst unchanged.
+func TestFeedbackParts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	e, g := make([]float32, 1001), make([]float32, 1001)
+	for i := range g {
+		e[i], g[i] = float32(rng.NormFloat64())/4, float32(rng.NormFloat64())
+	}
+	key := compress.Key{Bucket: 3, Step: 7}
+	for _, spec := range []string{"int8", "int4:bucket=64", "int2:round=nearest", "sign:bucket=32"} {
+		for _, count := range []int{1, 3} {
+			p := &parts{inner: compresstest.MustParse(t, spec), count: count, stage: 1, ranks: count}
+			fp, ok := p.forMemory().(compress.FeedbackCompressor)
+			if !ok {
+				t.Fatalf("%s in %d parts: forMemory is %T, not a compress.FeedbackCompressor", spec, count, p.forMemory())
+			}
+			sum, res := make([]float32, len(g)), make([]float32, len(g))
+			got, err := fp.CompressFeedback([]byte("x"), e, g, sum, key, res)
+			if err != nil {
+				t.Fatalf("%s in %d parts: CompressFeedback: %v", spec, count, err)
+			}
+			s := make([]float32, len(g))
+			for i := range s {
+				s[i] = e[i] + g[i]
+			}
+			wantRes := make([]float32, len(g))
+			want, err := p.CompressResidual([]byte("x"), s, key, wantRes)
+			if err != nil {
+				t.Fatalf("%s in %d parts: CompressResidual: %v", spec, count, err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s in %d parts: CompressFeedback's payload differs from CompressResidual's of e + g", spec, count)
+			}
+			if i := sameFloats(sum, s); i >= 0 {
+				t.Errorf("%s in %d parts: sum[%d] = %v, want %v", spec, count, i, sum[i], s[i])
+			}
+			if i := sameFloats(res, wantRes); i >= 0 {
+				t.Errorf("%s in %d parts: residual[%d] = %v, want %v", spec, count, i, res[i], wantRes[i])
+			}
+			if out, err := fp.CompressFeedback([]byte("x"), e[:10], g, sum, key, res); err == nil || string(out) != "x" {
+				t.Errorf("%s in %d parts: a short e: %q, %v; want a *SizeError and dst unchanged", spec, count, out, err)
+			}
+		}
+	}
+	sparse := &parts{inner: compresstest.MustParse(t, "topk:0.1"), count: 2, stage: 1, ranks: 2}
+	if _, ok := sparse.forMemory().(compress.FeedbackCompressor); ok {
+		t.Errorf("topk:0.1 in 2 parts: forMemory is a compress.FeedbackCompressor")
+	}
+}
