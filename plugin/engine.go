@@ -270,6 +270,19 @@ func (e *engine) stats() (overlap.StepStats, []bool, error) {
 	return e.last, e.stepper().Compressed(), nil
 }
 
+// bucketStats returns bucket i's statistics in the last waited step and
+// whether it is decided compressed for the steps to come.
+func (e *engine) bucketStats(i uint64) (overlap.BucketStats, bool, error) {
+	s, decided, err := e.stats()
+	if err != nil {
+		return overlap.BucketStats{}, false, err
+	}
+	if i >= uint64(len(s.Buckets)) {
+		return overlap.BucketStats{}, false, errorf(errInvalid, "bucket %d: the engine has buckets 0 to %d", i, len(s.Buckets)-1)
+	}
+	return s.Buckets[i], decided[i], nil
+}
+
 // saveState is gc_engine_state_save's core.
 func (e *engine) saveState() ([]byte, error) {
 	var b bytes.Buffer

@@ -352,14 +352,11 @@ func gc_engine_held_back(h C.uint64_t, bucket C.size_t, out *C.double) (st C.int
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	s, _, err := e.stats()
+	b, _, err := e.bucketStats(uint64(bucket))
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	if uint64(bucket) >= uint64(len(s.Buckets)) {
-		return C.int(fail(errInvalid, fn, "bucket %d: the engine has buckets 0 to %d", uint64(bucket), len(s.Buckets)-1))
-	}
-	*out = C.double(s.Buckets[bucket].HeldBack)
+	*out = C.double(b.HeldBack)
 	return C.int(statusOK)
 }
 
@@ -371,15 +368,16 @@ func gc_engine_stats(h C.uint64_t, bucket C.size_t, out unsafe.Pointer, step, by
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	s, decided, err := e.stats()
+	s, _, err := e.stats()
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
 	if out != nil {
-		if uint64(bucket) >= uint64(len(s.Buckets)) {
-			return C.int(fail(errInvalid, fn, "bucket %d: the engine has buckets 0 to %d", uint64(bucket), len(s.Buckets)-1))
+		b, decided, err := e.bucketStats(uint64(bucket))
+		if err != nil {
+			return C.int(failErr(fn, err))
 		}
-		*(*cBucketStats)(out) = toCBucketStats(s.Buckets[bucket], decided[bucket])
+		*(*cBucketStats)(out) = toCBucketStats(b, decided)
 	}
 	if step != nil {
 		*step = C.uint64_t(s.Step)

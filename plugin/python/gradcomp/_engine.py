@@ -386,6 +386,9 @@ class Engine:
             raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
         cspec, cstrategy = _lib.cstring("spec", spec), _lib.cstring("strategy", strategy)
         cschedule = _lib.cstring("schedule", format_schedule(schedule))
+        if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
+            raise ValueError("gradcomp: guard and momentum_masking need libgradcomp ABI 2.2; %s is older"
+                             % _lib.path())
         self.sizes = [int(n) for n in sizes]
         self.spec = spec
         self.timeout = float(timeout)
@@ -417,6 +420,8 @@ class Engine:
             raise
         self.handle = e.value
         self.rank, self.world = rank, size
+        #: The accuracy guard's threshold (0: off; held_back is then 0).
+        self.guard = float(guard)
 
     @property
     def nbuckets(self):
@@ -467,7 +472,7 @@ class Engine:
             b = _lib.BucketStatsC()
             _lib.call("gc_engine_stats", h, i, ctypes.byref(b), ctypes.byref(step), ctypes.byref(sent),
                       ctypes.byref(total), ctypes.byref(exposed))
-            if _lib.has("gc_engine_held_back"):  # ABI 2.2
+            if self.guard:  # ABI 2.2; 0 without the guard
                 _lib.call("gc_engine_held_back", h, i, ctypes.byref(held))
             buckets.append(BucketStats(
                 i, b.elements, b.bytes_sent, bool(b.compressed), bool(b.nonfinite), bool(b.trial), bool(b.switched),
