@@ -11,7 +11,11 @@ FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>
 
 .PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 bench gobench cuda gpu-binaries
 
-test: setup vet unit capi pytest purego race fuzz arm64 cuda
+# setup first, then the rest in a make that reads this file again: what
+# setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
+# fresh machine has none of it before setup runs.
+test: setup
+	$(MAKE) vet unit capi pytest purego race fuzz arm64 cuda
 
 setup:
 	./scripts/setup
