@@ -257,6 +257,7 @@ type step struct {
 	runs   []*run
 	warmup bool   // a warm-up step (Config.Warmup): every bucket dense
 	done   *event // host backend: fires after the last bucket's decode; nil until launched
+	held   *run   // host backend: the launched bucket whose second round waits for the next launch
 
 	errMu  sync.Mutex
 	err    error         // the first fatal failure

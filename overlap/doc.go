@@ -24,7 +24,7 @@
 // # Pipeline
 //
 // Each bucket goes through compress → exchange → decode and average, on
-// three streams: ordered worker goroutines standing in for CUDA streams,
+// three streams (four for SRA, below): ordered worker goroutines standing in for CUDA streams,
 // driven only by enqueue, record-event and wait-event (stream.go), so CUDA
 // streams and events can replace them without changing this API. Ready
 // enqueues the bucket's compression at once and never blocks; the
@@ -33,7 +33,12 @@
 // order whatever order backward readies them in. Bucket i's exchange thus
 // overlaps bucket i+1's compression, bucket i−1's decoding and the
 // caller's compute. All collectives of an engine run on one stream: one
-// collective at a time on the Comm, as comm requires.
+// collective at a time on the Comm, as comm requires. SRA's exchange has
+// two rounds (all-to-all, all-gather) with this rank's sum and re-encode
+// between them: the host engine runs that work on a fourth stream, and
+// enqueues bucket i's all-gather after bucket i+1's all-to-all (the last
+// bucket's at once), so the link carries the next bucket while this rank
+// reduces; the order depends on the bucket order alone.
 //
 // # Strategies and their results
 //

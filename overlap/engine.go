@@ -30,9 +30,10 @@ type Engine struct {
 	// first compression of every strategy); partEF that of the reduced
 	// part this rank owns under SRA (its second compression), else nil.
 	gradEF, partEF *compress.ErrorFeedback
-	// compute encodes, wire runs the collectives, decode decodes and
-	// averages.
-	compute, wire, decode *stream
+	// compute encodes, wire runs the collectives, between runs the work
+	// between a two-round strategy's collectives (SRA's reduce), decode
+	// decodes and averages.
+	compute, wire, between, decode *stream
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -52,6 +53,11 @@ type hostBuffers struct {
 type hostRun struct {
 	grad    []float32
 	encoded *event
+	// second is set when the first round of a two-round exchanger ended
+	// with every status ok: reduce and the second round follow; reduced
+	// fires after reduce.
+	second  bool
+	reduced *event
 
 	begun        bool   // encode ran
 	local        status // this rank's stage-1 status
@@ -91,7 +97,7 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if err := e.decide(ctx, e.costModel); err != nil {
 		return nil, err
 	}
-	e.compute, e.wire, e.decode = newStream(), newStream(), newStream()
+	e.compute, e.wire, e.between, e.decode = newStream(), newStream(), newStream(), newStream()
 	return e, nil
 }
 
@@ -177,18 +183,54 @@ func (e *Engine) Ready(i int, grad []float32) error {
 }
 
 // launch enqueues r's collectives on the wire stream, after its encode,
-// and its decode on the decode stream, after them.
+// and its decode on the decode stream, after them. A two-round
+// exchanger's bucket goes through its first round, then reduce on the
+// between stream, and its second round waits on the wire until the next
+// bucket's first round is enqueued (or the step's last launch), so that
+// the link carries that round while this rank reduces. The wire's order
+// depends only on the bucket order, the same on every rank.
 func (e *Engine) launch(st *step, r *run) error {
 	e.wire.waitEvent(r.encoded)
 	e.wire.enqueue(func() { e.exchangeTask(st, r) })
-	e.decode.waitEvent(e.wire.record())
-	e.decode.enqueue(func() { e.decodeTask(st, r) })
+	held := st.held
+	st.held = nil
+	if x, ok := e.exchanger.(twoRounds); ok && r.compressed {
+		e.between.waitEvent(e.wire.record())
+		e.between.enqueue(func() { e.reduceTask(st, r, x) })
+		r.reduced = e.between.record()
+		st.held = r
+	} else {
+		e.enqueueDecode(st, r)
+	}
+	if held != nil {
+		e.enqueueSecond(st, held)
+	}
 	return nil
 }
 
 func (e *Engine) launched(st *step) error {
+	if st.held != nil {
+		e.enqueueSecond(st, st.held)
+		st.held = nil
+	}
 	st.done = e.decode.record()
 	return nil
+}
+
+// enqueueSecond enqueues r's second round on the wire, after its reduce,
+// then its decode.
+func (e *Engine) enqueueSecond(st *step, r *run) {
+	x := e.exchanger.(twoRounds)
+	e.wire.waitEvent(r.reduced)
+	e.wire.enqueue(func() { e.secondTask(st, r, x) })
+	e.enqueueDecode(st, r)
+}
+
+// enqueueDecode enqueues r's decode on the decode stream, after what the
+// wire has so far.
+func (e *Engine) enqueueDecode(st *step, r *run) {
+	e.decode.waitEvent(e.wire.record())
+	e.decode.enqueue(func() { e.decodeTask(st, r) })
 }
 
 // Wait blocks until every bucket of the step is exchanged and averaged, or
@@ -215,6 +257,7 @@ func (e *Engine) Close() error { return e.close() }
 func (e *Engine) teardown() error {
 	e.compute.close()
 	e.wire.close()
+	e.between.close()
 	e.decode.close()
 	return nil
 }
@@ -246,11 +289,11 @@ func (e *Engine) wait(ctx context.Context, st *step) error {
 // conclude has nothing to add: the tasks set the outcomes as they ran.
 func (e *Engine) conclude(*step) error { return nil }
 
-// drain waits until the three streams have run everything enqueued so far.
+// drain waits until the streams have run everything enqueued so far.
 // Tasks of a failed step return at once (collectives see the step's
 // context cancelled), so this is bounded.
 func (e *Engine) drain() {
-	for _, s := range []*stream{e.compute, e.wire, e.decode} {
+	for _, s := range []*stream{e.compute, e.wire, e.between, e.decode} {
 		<-s.record().fired()
 	}
 }
@@ -423,6 +466,42 @@ func (e *Engine) exchangeTask(st *step, r *run) {
 		st.fail(err)
 		return
 	}
+	if _, ok := e.exchanger.(twoRounds); ok && allOK(sts) {
+		r.second = true
+		return
+	}
+	e.takePath(st, r, sts)
+}
+
+// reduceTask runs on the between stream: a two-round exchanger's work
+// between its rounds.
+func (e *Engine) reduceTask(st *step, r *run, x twoRounds) {
+	if st.failure() != nil || !r.second {
+		return
+	}
+	if err := x.reduce(st, r); err != nil {
+		st.fail(err)
+	}
+}
+
+// secondTask runs on the wire stream: a two-round exchanger's second
+// round, and the agreement on the bucket's path.
+func (e *Engine) secondTask(st *step, r *run, x twoRounds) {
+	if st.failure() != nil || !r.second {
+		return
+	}
+	sts, err := x.exchange2(st, r)
+	if err != nil {
+		st.fail(err)
+		return
+	}
+	e.takePath(st, r, sts)
+}
+
+// takePath settles r's path from the statuses of its last collective,
+// the same on every rank: compressed when all are ok, else skipped
+// (non-finite with FailOnNonFinite) or dense, by an all-reduce made here.
+func (e *Engine) takePath(st *step, r *run, sts []status) {
 	var bad []string
 	nonFinite := false
 	for q, s := range sts {

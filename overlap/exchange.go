@@ -35,6 +35,20 @@ type exchanger interface {
 	linkCost(m *costModel, n int) float64
 }
 
+// twoRounds is an exchanger whose collectives come in two rounds with
+// work between them (SRA: the all-to-all, the sum and re-encode of this
+// rank's part, the all-gather). exchange is the first round; the engine
+// runs reduce on its own stream, off the wire, so that the next bucket's
+// first round uses the link meanwhile, and then exchange2.
+type twoRounds interface {
+	// reduce does the work between the rounds of a bucket whose first
+	// round's statuses were all ok.
+	reduce(st *step, r *run) error
+	// exchange2 makes the second round's collectives and returns its
+	// statuses, the same on every rank.
+	exchange2(st *step, r *run) ([]status, error)
+}
+
 // encodeInto runs c.begin into send (exactly c's slots) and turns a
 // gradient it cannot compress into a status, which it writes to every slot
 // header and returns. With guard (Config.Guard), an ok status carries the
@@ -225,14 +239,22 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 		return nil, err
 	}
 	sts, err := stepStatuses(st, r, "AllToAll", b.recv, e.size)
-	if err != nil || !allOK(sts) {
-		return sts, err
+	if err == nil && allOK(sts) {
+		// Stage 1's ρ of every rank, which every owner saw alike.
+		r.heldBack = maxHeldBack(sts)
 	}
+	return sts, err
+}
+
+// reduce sums and averages this rank's part of the N payloads and
+// compresses it again into send2.
+func (s *sraExchanger) reduce(st *step, r *run) error {
+	b, e := r.b, s.e
 	t := time.Now()
 	clear(b.mid)
 	for q := range e.size {
 		if err := decodeSlot(e.comp, b.mid, b.recv[q*b.slot:(q+1)*b.slot], true); err != nil {
-			return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: fmt.Errorf("rank %d's part %d: %w", q, e.rank, err)}
+			return &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: fmt.Errorf("rank %d's part %d: %w", q, e.rank, err)}
 		}
 	}
 	average(b.mid, e.size)
@@ -241,17 +263,21 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 	pend, local, err := encodeInto(s.c2, b.send2[:s.c2.p.slotLen(len(b.mid))], b.mid, r.key, false)
 	r.stats.Compress += time.Since(t)
 	if err != nil {
-		return nil, &StepError{Step: st.num, Bucket: b.idx, Stage: "sra re-encode", Err: err}
+		return &StepError{Step: st.num, Bucket: b.idx, Stage: "sra re-encode", Err: err}
 	}
 	if local.code != statusOK {
 		lo, _ := s.c1.p.bounds(b.n, e.rank)
 		local.index += uint32(lo)
 	} else {
-		// Stage 1's ρ of every rank, which every owner saw alike.
-		local.value = float32(maxHeldBack(sts))
+		local.value = float32(r.heldBack)
 	}
 	local.put(b.send2)
 	r.pend2 = pend
+	return nil
+}
+
+func (s *sraExchanger) exchange2(st *step, r *run) ([]status, error) {
+	b, e := r.b, s.e
 	if err := e.allGather(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2); err != nil {
 		return nil, err
 	}

@@ -1,8 +1,14 @@
 package overlap
 
 import (
+	"context"
 	"fmt"
+	"math"
+	"slices"
+	"sync"
 	"testing"
+
+	"github.com/gradcomp/gradcomp/comm"
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/compresstest"
@@ -216,6 +222,81 @@ func TestStrategiesMatchReference(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// opLog is a comm.Comm that records the engine's collectives after New
+// (the handshake's are not recorded until start is set): the op and the
+// length of its source.
+type opLog struct {
+	comm.Comm
+	mu    sync.Mutex
+	start bool
+	ops   []string
+}
+
+func (l *opLog) record(op string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.start {
+		l.ops = append(l.ops, fmt.Sprintf("%s %d", op, n))
+	}
+}
+
+func (l *opLog) AllToAll(ctx context.Context, dst, src []byte) error {
+	l.record("AllToAll", len(src))
+	return l.Comm.AllToAll(ctx, dst, src)
+}
+
+func (l *opLog) AllGather(ctx context.Context, dst, src []byte) error {
+	l.record("AllGather", len(src))
+	return l.Comm.AllGather(ctx, dst, src)
+}
+
+func (l *opLog) AllReduce(ctx context.Context, buf []float32) error {
+	l.record("AllReduce", 4*len(buf))
+	return l.Comm.AllReduce(ctx, buf)
+}
+
+// TestSRARoundsInterleave: under SRA, bucket i's all-gather follows bucket
+// i+1's all-to-all on the wire (the reduce between them runs off it), a
+// dense bucket takes its place in the same order, the order is the same
+// on every rank whatever order Ready comes in. (TestStrategiesMatchReference
+// checks the results.)
+func TestSRARoundsInterleave(t *testing.T) {
+	const ranks = 3
+	sizes := []int{300, 200, 100, 400}
+	base := group(t, ranks)
+	logs := make([]*opLog, ranks)
+	comms := make([]comm.Comm, ranks)
+	for r, c := range base {
+		logs[r] = &opLog{Comm: c}
+		comms[r] = logs[r]
+	}
+	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
+	engines := newEnginesOn(t, comms, sizes, cfg)
+	for _, l := range logs {
+		l.start = true
+	}
+	grads := stepGrads(ranks, 0, sizes)
+	grads[1][2][5] = float32(math.NaN()) // bucket 2 falls back dense after its all-to-all
+	_, errs := runStep(engines, grads, reversedOnOdd(len(sizes)))
+	mustNoErrors(t, "step", errs)
+	slot := func(b int) int { return engines[0].buckets[b].slot }
+	want := []string{
+		fmt.Sprintf("AllToAll %d", ranks*slot(0)),
+		fmt.Sprintf("AllToAll %d", ranks*slot(1)),
+		fmt.Sprintf("AllGather %d", slot(0)),
+		fmt.Sprintf("AllToAll %d", ranks*slot(2)),
+		fmt.Sprintf("AllReduce %d", 4*sizes[2]),
+		fmt.Sprintf("AllGather %d", slot(1)),
+		fmt.Sprintf("AllToAll %d", ranks*slot(3)),
+		fmt.Sprintf("AllGather %d", slot(3)),
+	}
+	for r, l := range logs {
+		if !slices.Equal(l.ops, want) {
+			t.Errorf("rank %d made\n%v\nwant\n%v", r, l.ops, want)
 		}
 	}
 }
