@@ -208,7 +208,7 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 				}
 			}
 			t := time.Now()
-			average(r.grad, e.size)
+			compress.Average(r.grad, e.size)
 			sum[3] += time.Since(t).Seconds()
 			if reps == 0 {
 				continue // untimed: first touch of the buffers

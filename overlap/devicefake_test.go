@@ -334,7 +334,7 @@ func (d *fakeDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 				return
 			}
 		}
-		if bad := average(dst, a.Ranks); bad >= 0 {
+		if bad := compress.Average(dst, a.Ranks); bad >= 0 {
 			setStatus(out, 0, &compress.NonFiniteError{Index: bad, Value: dst[bad]})
 		}
 	})

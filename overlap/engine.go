@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -537,7 +536,7 @@ func (e *Engine) decodeTask(st *step, r *run) {
 	t := time.Now()
 	bad := -1
 	if r.outcome == pathDense {
-		bad = average(r.grad, e.size)
+		bad = compress.Average(r.grad, e.size)
 	} else {
 		var err error
 		if bad, err = e.exchanger.decode(r); err != nil {
@@ -558,45 +557,6 @@ func (e *Engine) decodeTask(st *step, r *run) {
 		r.outcome = pathSkipped
 	}
 }
-
-// average divides dst by n in float32 (dst[i] = dst[i] / float32(n)) and
-// returns the index of its first non-finite element, or -1. For n a power
-// of two it multiplies by 1/n instead, which rounds the same real number
-// once and so gives the same bits, faster.
-func average(dst []float32, n int) int {
-	// One pass: the largest magnitude bits seen tell whether a second
-	// pass must look for the first non-finite element.
-	var top uint32
-	d := float32(n)
-	switch {
-	case n == 1:
-		top = nonFiniteBits
-	case n&(n-1) == 0:
-		inv := 1 / d
-		for i, v := range dst {
-			v *= inv
-			dst[i] = v
-			top = max(top, math.Float32bits(v)&0x7fffffff)
-		}
-	default:
-		for i, v := range dst {
-			v /= d
-			dst[i] = v
-			top = max(top, math.Float32bits(v)&0x7fffffff)
-		}
-	}
-	if top >= nonFiniteBits {
-		for i, v := range dst {
-			if math.Float32bits(v)&nonFiniteBits == nonFiniteBits {
-				return i
-			}
-		}
-	}
-	return -1
-}
-
-// nonFiniteBits is the float32 exponent field: all ones in Inf and NaN.
-const nonFiniteBits = 0x7f800000
 
 // collective runs one collective of bucket r under the step's context and
 // Config.Timeout, adding its time and volume (bytes this rank sends, see

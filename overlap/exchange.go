@@ -143,66 +143,8 @@ func (g *gatherExchanger) exchange(st *step, r *run) ([]status, error) {
 }
 
 func (g *gatherExchanger) decode(r *run) (int, error) {
-	b := r.b
-	clear(r.grad)
-	for q := range g.e.size {
-		if err := decodeSlot(g.c.p.inner, r.grad, b.recv[q*b.slot:(q+1)*b.slot], true); err != nil {
-			return -1, fmt.Errorf("rank %d's payload: %w", q, err)
-		}
-	}
-	if g.c.p.inner.Codec() == compress.CodecTopK {
-		return g.averageTouched(r)
-	}
-	return average(r.grad, g.e.size), nil
+	return averageSlots(g.c.p.inner, r.grad, r.b.recv, g.e.size, "rank %d's payload")
 }
-
-// averageTouched is average(r.grad, N) for top-k payloads, without a pass
-// over the whole bucket: r.grad is +0 (which averages to +0) except at the
-// indices of the N payloads in r.b.recv, which Decompress has validated
-// (ascending; the body starts with them, see compress's top-k codec). It
-// merges the N index lists and averages each index once, in one ascending
-// sweep, so the first non-finite average it meets is the lowest. Merging
-// costs O(N) per index: beyond maxMergeRanks the full pass is cheaper.
-func (g *gatherExchanger) averageTouched(r *run) (int, error) {
-	b, n := r.b, g.e.size
-	if n > maxMergeRanks {
-		return average(r.grad, n), nil
-	}
-	end := slotHeaderLen + g.c.p.inner.MaxEncodedLen(b.n)
-	var lists [maxMergeRanks][]byte
-	bad := -1
-	for q := range n {
-		h, body, err := compress.ParseHeader(b.recv[q*b.slot+slotHeaderLen : q*b.slot+end])
-		if err != nil {
-			return -1, fmt.Errorf("rank %d's payload: %w", q, err)
-		}
-		lists[q] = body[:4*int(h.ParamA)]
-	}
-	for {
-		p, found := uint32(0), false
-		for _, l := range lists[:n] {
-			if len(l) > 0 {
-				if v := binary.LittleEndian.Uint32(l); !found || v < p {
-					p, found = v, true
-				}
-			}
-		}
-		if !found {
-			return bad, nil
-		}
-		for q, l := range lists[:n] {
-			if len(l) > 0 && binary.LittleEndian.Uint32(l) == p {
-				lists[q] = l[4:]
-			}
-		}
-		if average(r.grad[p:p+1], n) >= 0 && bad < 0 {
-			bad = int(p)
-		}
-	}
-}
-
-// maxMergeRanks is the most ranks whose top-k indices averageTouched merges.
-const maxMergeRanks = 8
 
 // sraExchanger is scatter-reduce-allgather: the bucket is cut into N parts; rank
 // j owns part j. Stage 1 compresses every part (memory gradEF) and an
@@ -251,13 +193,9 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 func (s *sraExchanger) reduce(st *step, r *run) error {
 	b, e := r.b, s.e
 	t := time.Now()
-	clear(b.mid)
-	for q := range e.size {
-		if err := decodeSlot(e.comp, b.mid, b.recv[q*b.slot:(q+1)*b.slot], true); err != nil {
-			return &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: fmt.Errorf("rank %d's part %d: %w", q, e.rank, err)}
-		}
+	if _, err := averageSlots(e.comp, b.mid, b.recv, e.size, fmt.Sprintf("rank %%d's part %d", e.rank)); err != nil {
+		return &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: err}
 	}
-	average(b.mid, e.size)
 	r.stats.Decompress += time.Since(t)
 	t = time.Now()
 	pend, local, err := encodeInto(s.c2, b.send2[:s.c2.p.slotLen(len(b.mid))], b.mid, r.key, false)
@@ -388,7 +326,7 @@ func (s *sharedExchanger) decode(r *run) (int, error) {
 		return -1, err
 	}
 	clear(r.grad)
-	bad := average(vals, n)
+	bad := compress.Average(vals, n)
 	for j, i := range idx {
 		r.grad[i] = vals[j]
 	}

@@ -3,6 +3,7 @@ package overlap
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -328,5 +329,41 @@ func TestCloseDuringStep(t *testing.T) {
 	}
 	if err := <-waited; !errors.Is(err, ErrEngineClosed) {
 		t.Errorf("Wait: %v, want ErrEngineClosed", err)
+	}
+}
+
+// TestSparseGatherOverflow: top-k values that overflow when the ranks'
+// payloads are summed make the bucket's average non-finite; sparse-gather,
+// which sums and averages block by block, reports the lowest such index as
+// the full pass over the bucket would.
+func TestSparseGatherOverflow(t *testing.T) {
+	for _, ranks := range []int{2, 3, 4} {
+		t.Run(fmt.Sprintf("N=%d", ranks), func(t *testing.T) {
+			const n = 200
+			engines := newEngines(t, ranks, []int{n}, Config{Spec: "topk:0.05", Decision: DecideCompressed})
+			grads := make([][][]float32, ranks)
+			in := make([][]float32, ranks)
+			for r := range grads {
+				g := gradient(r, 0, 0, n)
+				g[150], g[40] = math.MaxFloat32, math.MaxFloat32
+				grads[r] = [][]float32{g}
+				in[r] = append([]float32(nil), g...)
+			}
+			want := newRef(t, "topk:0.05", StrategySparseGather, ranks, false).step(0, 0, in)
+			stats, errs := runStep(engines, grads, inOrder(1))
+			mustNoErrors(t, "step", errs)
+			for r := range ranks {
+				if i := sameFloats(grads[r][0], want); i >= 0 {
+					t.Errorf("rank %d: element %d = %v, want %v", r, i, grads[r][0][i], want[i])
+				}
+				bs := stats[r].Buckets[0]
+				if !bs.NonFinite || !strings.Contains(bs.Reason, "at element 40 ") {
+					t.Errorf("rank %d: NonFinite %v, reason %q; want the overflow at element 40 reported", r, bs.NonFinite, bs.Reason)
+				}
+				if g := grads[r][0]; !math.IsInf(float64(g[40]), 1) || !math.IsInf(float64(g[150]), 1) {
+					t.Errorf("rank %d: averages %v at 40 and %v at 150, want +Inf", r, g[40], g[150])
+				}
+			}
+		})
 	}
 }

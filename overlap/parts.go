@@ -257,6 +257,28 @@ func (p *parts) decompress(dst []float32, payload []byte, add bool) error {
 	return nil
 }
 
+// averageSlots sets dst to the average of the count payloads in buf's
+// slots (compress.DecompressAverage, rank order) and returns the index of
+// its first non-finite element, or −1. A payload's failure is named by
+// what, a format with the rank's %d.
+func averageSlots(inner compress.Compressor, dst []float32, buf []byte, count int, what string) (int, error) {
+	stride := len(buf) / count
+	end := slotHeaderLen + inner.MaxEncodedLen(len(dst))
+	if stride < end {
+		return -1, &compress.SizeError{What: "slot length", Got: int64(stride), Want: int64(end)}
+	}
+	payloads := make([][]byte, count)
+	for q := range payloads {
+		payloads[q] = buf[q*stride+slotHeaderLen : q*stride+end]
+	}
+	bad, err := compress.DecompressAverage(inner, dst, payloads)
+	var pe *compress.PayloadError
+	if errors.As(err, &pe) {
+		return -1, fmt.Errorf(what+": %w", pe.Index, pe.Err)
+	}
+	return bad, err
+}
+
 // decodeSlot sets (or adds to) dst the payload in slot, which holds at
 // least the header and inner's payload for len(dst) elements.
 func decodeSlot(inner compress.Compressor, dst []float32, slot []byte, add bool) error {
