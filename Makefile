@@ -85,11 +85,14 @@ race:
 # generation: fused multiply-adds are what the codecs' explicit float32
 # conversions forbid), cross-compiled and run under qemu-user (Debian's
 # qemu-user-static; skipped, saying so, where it is missing). -short: the
-# 256 MiB cases would take minutes under emulation. The fuzz targets run
-# their seed corpora here; fuzzing itself needs its workers exec'd, which
-# qemu-user without binfmt_misc cannot do. About 1 minute (1.5 with a
-# cold build cache) on 2 loaded cores.
+# 256 MiB cases would take minutes under emulation. Then each fuzz target
+# fuzzes for FUZZTIME_ARM64 inputs under emulation: go test's fuzzing execs
+# the test binary again for its workers, which needs qemu registered with
+# binfmt_misc (scripts/setup does it where it can; elsewhere only the seed
+# corpora run, in the tests, and this says so). About 3 minutes on 2
+# loaded cores.
 QEMU_ARM64 := $(shell command -v qemu-aarch64-static || command -v qemu-aarch64)
+FUZZTIME_ARM64 ?= 2000x
 arm64:
 ifeq ($(QEMU_ARM64),)
 	@echo "make arm64: qemu-aarch64-static not found (apt-get install qemu-user-static): arm64 tests skipped"
@@ -97,6 +100,15 @@ else
 	@mkdir -p build/arm64
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o build/arm64/compress.test ./compress
 	cd compress && $(QEMU_ARM64) ../build/arm64/compress.test -test.short -test.count=1
+	@if [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then \
+	  for f in $(FUZZ_TARGETS); do \
+	    echo "fuzz $$f on arm64 ($(FUZZTIME_ARM64))"; \
+	    GOARCH=arm64 CGO_ENABLED=0 $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME_ARM64) >/tmp/gradcomp-fuzz-arm64.log 2>&1 \
+	      || { cat /tmp/gradcomp-fuzz-arm64.log; exit 1; }; \
+	  done; \
+	else \
+	  echo "make arm64: qemu-aarch64 is not registered with binfmt_misc (scripts/setup): fuzzing on arm64 skipped, seed corpora only"; \
+	fi
 endif
 
 fuzz:
