@@ -24,9 +24,10 @@
 // # Pipeline
 //
 // Each bucket goes through compress → exchange → decode and average, on
-// three streams (four for SRA, below): ordered worker goroutines standing in for CUDA streams,
-// driven only by enqueue, record-event and wait-event (stream.go), so CUDA
-// streams and events can replace them without changing this API. Ready
+// three streams (four for SRA, below): ordered worker goroutines standing
+// in for CUDA streams, driven only by enqueue, record-event and wait-event
+// (stream.go), so CUDA streams and events can replace them without
+// changing this API. Ready
 // enqueues the bucket's compression at once and never blocks; the
 // exchanges are launched strictly in bucket order (bucket i once buckets
 // 0..i are ready), so every rank makes the same collectives in the same
