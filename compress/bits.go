@@ -140,3 +140,14 @@ func addGeneric(dst, a, b []float32) {
 		dst[i] = a[i] + b[i]
 	}
 }
+
+// subKernel sets res[i] = src[i] − res[i] (float32) for the length of
+// res; src is at least as long. Error feedback's residual s − D(c).
+var subKernel = subGeneric
+
+func subGeneric(res, src []float32) {
+	src = src[:len(res)]
+	for i, v := range src {
+		res[i] = v - res[i]
+	}
+}

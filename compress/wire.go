@@ -202,12 +202,7 @@ func (c sparseCompressor) CompressSelect(dst []byte, src []float32, key Key, sel
 
 // subtractFrom sets res[i] = src[i] − res[i].
 func subtractFrom(res, src []float32, run runner) {
-	run(len(res), decodeBlock, func(lo, hi int) {
-		r, s := res[lo:hi], src[lo:hi]
-		for i, v := range s {
-			r[i] = v - r[i]
-		}
-	})
+	run(len(res), decodeBlock, func(lo, hi int) { subKernel(res[lo:hi], src[lo:hi]) })
 }
 
 // entropyTransform is implemented by codecs whose body compresses better after
