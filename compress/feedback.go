@@ -94,27 +94,28 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	if len(r.sum) != len(grad) {
 		r.sum = make([]float32, len(grad))
 	}
-	out, fused, err := r.compressFused(f.c, dst, grad, key)
-	if fused {
-		if err != nil {
-			r.mu.Unlock()
-			return dst, nil, err
-		}
-		return out, &Pending{r: r}, nil
-	}
-	addKernel(r.sum, r.e, grad)
-	sc, sparse := f.c.(SparseCompressor)
-	if sparse {
+	var out []byte
+	sparse := false
+	switch c := f.c.(type) {
+	case FeedbackCompressor:
+		r.sizeDec()
+		out, err = c.CompressFeedback(dst, r.e, grad, r.sum, key, r.dec)
+	case SparseFeedbackCompressor:
 		// The residual is s with +0 at the kept indices: Commit writes
 		// those k zeros into s and installs it, no copy of s is made.
-		out, r.sel, err = sc.CompressSelect(dst, r.sum, key, r.sel[:0])
-	} else {
+		sparse = true
+		out, r.sel, err = c.CompressSelectFeedback(dst, r.e, grad, r.sum, key, r.sel[:0])
+	case SparseCompressor:
+		// One made elsewhere, without the fused pass: the sum pass first.
+		sparse = true
+		addKernel(r.sum, r.e, grad)
+		out, r.sel, err = c.CompressSelect(dst, r.sum, key, r.sel[:0])
+	default:
 		// The residual Commit will install, computed now so that Commit
 		// is a swap: a caller settling many buckets at once pays nothing
 		// more.
-		if len(r.dec) != len(grad) {
-			r.dec = make([]float32, len(grad))
-		}
+		addKernel(r.sum, r.e, grad)
+		r.sizeDec()
 		out, err = CompressResidual(f.c, dst, r.sum, key, r.dec)
 	}
 	if err != nil {
@@ -122,6 +123,13 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 		return dst, nil, err
 	}
 	return out, &Pending{r: r, sparse: sparse}, nil
+}
+
+// sizeDec gives the scratch r.dec the bucket's length.
+func (r *residual) sizeDec() {
+	if len(r.dec) != r.n {
+		r.dec = make([]float32, r.n)
+	}
 }
 
 // Flush is Begin for a gradient that goes uncompressed together with
@@ -151,21 +159,6 @@ func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
 	return &Pending{r: r, flush: true}, nil
 }
 
-// compressFused is Begin's compression for a FeedbackCompressor, which
-// folds s = e + g into its first pass: it sets r.sum to s, r.dec to the
-// residual, and appends the payload. fused reports whether c is one.
-func (r *residual) compressFused(c Compressor, dst []byte, grad []float32, key Key) (out []byte, fused bool, err error) {
-	fc, ok := c.(FeedbackCompressor)
-	if !ok {
-		return dst, false, nil
-	}
-	if len(r.dec) != len(grad) {
-		r.dec = make([]float32, len(grad))
-	}
-	out, err = fc.CompressFeedback(dst, r.e, grad, r.sum, key, r.dec)
-	return out, true, err
-}
-
 // FeedbackCompressor is a Compressor that folds error feedback's sum into
 // its first pass; Parse returns one for int8, int4, int2 and sign, and
 // ErrorFeedback uses it to read e and g once per step. CompressFeedback
@@ -176,6 +169,20 @@ func (r *residual) compressFused(c Compressor, dst []byte, grad []float32, key K
 type FeedbackCompressor interface {
 	Compressor
 	CompressFeedback(dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error)
+}
+
+// SparseFeedbackCompressor is a SparseCompressor that folds error
+// feedback's sum into its first pass over the input, as a
+// FeedbackCompressor does; Parse returns one for topk and randomk, and
+// ErrorFeedback uses it to read e and g once per step and s only from
+// cache. CompressSelectFeedback sets sum[i] = e[i] + g[i] (one float32
+// addition) and does exactly what CompressSelect(dst, sum, key, sel) does,
+// in the same pass. e and sum have g's length (else a *SizeError, dst and
+// sel unchanged); sum overlaps neither. On error sum holds unspecified
+// values.
+type SparseFeedbackCompressor interface {
+	SparseCompressor
+	CompressSelectFeedback(dst []byte, e, g, sum []float32, key Key, sel []uint32) ([]byte, []uint32, error)
 }
 
 // SparseCompressor is a Compressor whose decoded payload is its input at

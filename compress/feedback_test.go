@@ -626,8 +626,9 @@ func math32bits(x []float32) []uint32 {
 }
 
 // TestCompressFeedbackSizes: Parse's quantizers and sign are
-// FeedbackCompressors, top-k is not, and slices of another length than g
-// are a *SizeError with dst unchanged.
+// FeedbackCompressors, top-k is not (its sparse form is a
+// SparseFeedbackCompressor, as random-k's), and slices of another length
+// than g are a *SizeError with dst (and sel) unchanged.
 func TestCompressFeedbackSizes(t *testing.T) {
 	for _, spec := range []string{"int8", "int4", "int2", "sign"} {
 		fc, ok := compresstest.MustParse(t, spec).(compress.FeedbackCompressor)
@@ -646,5 +647,19 @@ func TestCompressFeedbackSizes(t *testing.T) {
 	}
 	if _, ok := compresstest.MustParse(t, "topk:0.1").(compress.FeedbackCompressor); ok {
 		t.Error("topk:0.1 is a compress.FeedbackCompressor")
+	}
+	for _, spec := range []string{"topk:0.1", "topk:0.1:sampled", "randomk:0.1"} {
+		sc, ok := compresstest.MustParse(t, spec).(compress.SparseFeedbackCompressor)
+		if !ok {
+			t.Fatalf("%s is not a compress.SparseFeedbackCompressor", spec)
+		}
+		n := 100
+		for i, args := range [][3][]float32{{make([]float32, 9), make([]float32, n), make([]float32, n)}, {make([]float32, n), make([]float32, n), make([]float32, 9)}} {
+			out, sel, err := sc.CompressSelectFeedback([]byte("x"), args[0], args[1], args[2], compress.Key{}, []uint32{7})
+			var se *compress.SizeError
+			if !errors.As(err, &se) || string(out) != "x" || len(sel) != 1 {
+				t.Errorf("%s, case %d: %q, %v, %v; want a *SizeError, dst and sel unchanged", spec, i, out, sel, err)
+			}
+		}
 	}
 }

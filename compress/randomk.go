@@ -31,9 +31,12 @@ func init() {
 //
 // A NaN or ±Inf anywhere in the input, selected or not, is a
 // *NonFiniteError for the lowest such index, so a non-finite gradient never
-// passes silently into error-feedback memory. Decoding rejects non-finite
-// values in the body and sets dst to zero except at the indices, or adds the
-// values there.
+// passes silently into error-feedback memory. That check is the one pass
+// over the input; under error feedback it also writes the sum e + g the
+// picks read (encodeSum), so that a step makes one pass where it made two
+// (a sum pass, then the check). Decoding rejects non-finite values in the
+// body and sets dst to zero except at the indices, or adds the values
+// there.
 type randomkCodec struct {
 	ratio float64
 	seedV uint64
@@ -62,18 +65,27 @@ func (r randomkCodec) params(n int) (a, b uint32) { return uint32(sparseK(r.rati
 func (r randomkCodec) bodyLen(n int) int { return 4 * sparseK(r.ratio, n) }
 
 func (r randomkCodec) encode(body []byte, src []float32, key Key, run runner) error {
-	n := len(src)
+	return r.encodeSum(body, nil, nil, src, key, run)
+}
+
+// encodeSum implements sparseCodec: the scan for non-finite values, the
+// one pass over all of the input, sets the sum as it reads it
+// (firstNonFinite). That pass stays, since it is what writes the sum,
+// which error feedback keeps as the residual; the picks then read k
+// elements of it from cache.
+func (r randomkCodec) encodeSum(body []byte, e, g, sum []float32, key Key, run runner) error {
+	n := len(sum)
 	k := sparseK(r.ratio, n)
 	st := NewRandomStream(r.seedV, key, DomainRandomK)
 	var fe firstError
 	forStrata(k, run, func(j0, j1 int) {
 		lo, hi := stratumStart(j0, n, k), stratumStart(j1, n, k)
-		if i := firstAtLeast(src[lo:hi], nonFiniteKey); i >= 0 {
-			fe.set(j0, &NonFiniteError{Index: lo + i, Value: src[lo+i]})
+		if i := firstNonFinite(sum[lo:hi], addends{e, g}.from(lo)); i >= 0 {
+			fe.set(j0, &NonFiniteError{Index: lo + i, Value: sum[lo+i]})
 			return
 		}
 		for j := j0; j < j1; j++ {
-			binary.LittleEndian.PutUint32(body[4*j:], math.Float32bits(src[randomkIndex(st, j, n, k)]))
+			binary.LittleEndian.PutUint32(body[4*j:], math.Float32bits(sum[randomkIndex(st, j, n, k)]))
 		}
 	})
 	return fe.err

@@ -113,12 +113,14 @@ func TestCompressResidualFallback(t *testing.T) {
 	}
 }
 
-// TestFeedbackFused: error feedback over a quantizer or sign, which folds
-// e + g into its first pass, gives the payloads and residuals of the
-// general path (opaque hides the codec), step after step, serial and
-// parallel, and a non-finite e + g leaves the residual as it was on both.
+// TestFeedbackFused: error feedback over a quantizer, sign, top-k or
+// random-k, which fold e + g into their first pass, gives the payloads and
+// residuals of the general path (opaque hides the codec), step after step,
+// serial and parallel, and a non-finite e + g leaves the residual as it
+// was on both.
 func TestFeedbackFused(t *testing.T) {
-	for _, spec := range []string{"int8", "int4:bucket=13", "int2:round=nearest", "sign:bucket=100", "int8:lossless=huff0"} {
+	for _, spec := range []string{"int8", "int4:bucket=13", "int2:round=nearest", "sign:bucket=100", "int8:lossless=huff0",
+		"topk:0.05", "topk:0.05:sampled", "randomk:0.05:seed=2", "topk:0.05:lossless=zstd"} {
 		for _, workers := range []int{1, 2} {
 			c := compresstest.MustParse(t, spec, compress.WithWorkers(workers), compress.WithMinParallel(1))
 			fused, plain := compress.NewErrorFeedback(c), compress.NewErrorFeedback(opaque{c})

@@ -42,12 +42,14 @@ func sparseK(ratio float64, n int) int {
 // a *NonFiniteError for the lowest such index.
 //
 // The exact form is a radix select (see topk_select.go), one pass over
-// memory on typical gradients (two before issue 10). The sampled form (":sampled") estimates the
-// threshold from a fixed sample, collects the elements above it in one pass
-// and runs the exact selection on them; it falls back to the exact path when
-// the estimate is off. Its recall (the fraction of the exact top-k set it
-// returns) is therefore 1: both forms write identical bytes, and either
-// decoder reads both.
+// memory on typical gradients (two before issue 10). The sampled form
+// (":sampled") estimates the threshold from a fixed sample, collects the
+// elements above it in one pass and runs the exact selection on them; it
+// falls back to the exact path when the estimate is off. Its recall (the
+// fraction of the exact top-k set it returns) is therefore 1: both forms
+// write identical bytes, and either decoder reads both. Under error
+// feedback either form's one pass also writes the sum e + g it selects
+// from (encodeSum), so that a step makes one pass where it made two.
 //
 // Decoding validates the indices (strictly ascending, < n) and the values
 // (finite) and sets dst to zero except at the indices, or adds the values
@@ -65,12 +67,18 @@ func (t topkCodec) params(n int) (a, b uint32) { return uint32(sparseK(t.ratio, 
 
 func (t topkCodec) bodyLen(n int) int { return 8 * sparseK(t.ratio, n) }
 
-func (t topkCodec) encode(body []byte, src []float32, _ Key, run runner) error {
-	k := sparseK(t.ratio, len(src))
+func (t topkCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	return t.encodeSum(body, nil, nil, src, key, run)
+}
+
+// encodeSum implements sparseCodec: the first histogram level (or the
+// sampled form's collection) sets the sum as it reads it.
+func (t topkCodec) encodeSum(body []byte, e, g, sum []float32, _ Key, run runner) error {
+	k := sparseK(t.ratio, len(sum))
 	if k == 0 {
 		return nil
 	}
-	return selectTopK(body, src, k, t.sampled, run)
+	return selectTopK(body, e, g, sum, k, t.sampled, run)
 }
 
 // encodeResidual is encode that also sets res = src − D: src itself, but

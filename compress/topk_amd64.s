@@ -98,6 +98,47 @@ fold:
 	SHLL      $24, BX; \
 	ORL       BX, AX
 
+// KEYS32 is ABOVE32 of the 32 elements in Y0–Y3 (which it replaces by
+// the masks) rather than in memory.
+#define KEYS32 \
+	VPAND    Y0, Y14, Y0; \
+	VPAND    Y1, Y14, Y1; \
+	VPAND    Y2, Y14, Y2; \
+	VPAND    Y3, Y14, Y3; \
+	VPCMPGTD Y15, Y0, Y0; \
+	VPCMPGTD Y15, Y1, Y1; \
+	VPCMPGTD Y15, Y2, Y2; \
+	VPCMPGTD Y15, Y3, Y3; \
+	VPOR     Y1, Y0, Y4; \
+	VPOR     Y3, Y2, Y5; \
+	VPOR     Y5, Y4, Y4; \
+	VPTEST   Y4, Y4
+
+// COLLECT32 writes the hits of the step at SI whose masks ABOVE32 or
+// KEYS32 left in Y0–Y3, in index order by their mask bits: for each, its
+// input index (R9 + bit) to (DI) and its value to (DX), advancing both,
+// one more count in the histogram at R12 for its top digit and one slot
+// less of room in R8 (AX, BX, R10 and R11 are scratch). It then jumps to
+// next.
+#define COLLECT32 \
+	MASK32; \
+bit: \
+	BSFL AX, BX; \
+	MOVL (SI)(BX*4), R10; \
+	LEAL (R9)(BX*1), R11; \
+	MOVL R11, (DI); \
+	MOVL R10, (DX); \
+	SHLL $1, R10; \
+	SHRL $21, R10; \
+	INCL (R12)(R10*4); \
+	ADDQ $4, DI; \
+	ADDQ $4, DX; \
+	DECQ R8; \
+	LEAL -1(AX), BX; \
+	ANDL BX, AX; \
+	JNZ  bit; \
+	JMP  next
+
 // SETT sets Y14 and Y15 for ABOVE32 from t in AX.
 #define SETT \
 	DECL         AX; \
@@ -139,24 +180,7 @@ next:
 	JMP  loop
 
 hits:
-	MASK32
-
-bit:
-	BSFL AX, BX
-	MOVL (SI)(BX*4), R10
-	LEAL (R9)(BX*1), R11
-	MOVL R11, (DI)
-	MOVL R10, (DX)
-	SHLL $1, R10
-	SHRL $21, R10
-	INCL (R12)(R10*4)
-	ADDQ $4, DI
-	ADDQ $4, DX
-	DECQ R8
-	LEAL -1(AX), BX
-	ANDL BX, AX
-	JNZ  bit
-	JMP  next
+	COLLECT32
 
 done:
 	SUBQ x_base+56(FP), SI
@@ -165,6 +189,69 @@ done:
 	SUBQ pos_base+8(FP), DI
 	SHRQ $2, DI
 	MOVQ DI, wrote+96(FP)
+	VZEROUPPER
+	RET
+
+// func addCollectAsm(h *[histBins]uint32, pos []uint32, vals []float32, x, e, g []float32, base, t uint32) (read, wrote int)
+//
+// collectAsm that first sets each step of x to e + g (VADDPS, rounded
+// once as addGeneric's float32 addition) and tests the sums while they
+// are in registers: error feedback's sum is written and selected from in
+// one pass, the step's loads of e and g overlapping the tests of the last.
+TEXT ·addCollectAsm(SB), NOSPLIT, $0-152
+	MOVQ    h+0(FP), R12
+	MOVQ    pos_base+8(FP), DI
+	MOVQ    pos_len+16(FP), R8
+	MOVQ    vals_base+32(FP), DX
+	MOVQ    vals_len+40(FP), AX
+	CMPQ    AX, R8
+	CMOVQLT AX, R8            // room
+	MOVQ    x_base+56(FP), SI
+	MOVQ    x_len+64(FP), CX
+	MOVQ    e_base+80(FP), R13
+	MOVQ    g_base+104(FP), R14
+	MOVL    base+128(FP), R9  // input index of (SI)
+	MOVL    t+132(FP), AX
+	SETT
+
+loop:
+	CMPQ    CX, $32
+	JB      done
+	CMPQ    R8, $32
+	JB      done
+	VMOVUPS (R13), Y0
+	VMOVUPS 32(R13), Y1
+	VMOVUPS 64(R13), Y2
+	VMOVUPS 96(R13), Y3
+	VADDPS  (R14), Y0, Y0
+	VADDPS  32(R14), Y1, Y1
+	VADDPS  64(R14), Y2, Y2
+	VADDPS  96(R14), Y3, Y3
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	KEYS32
+	JNZ     hits
+
+next:
+	ADDQ $128, SI
+	ADDQ $128, R13
+	ADDQ $128, R14
+	ADDL $32, R9
+	SUBQ $32, CX
+	JMP  loop
+
+hits:
+	COLLECT32
+
+done:
+	SUBQ x_base+56(FP), SI
+	SHRQ $2, SI
+	MOVQ SI, read+136(FP)
+	SUBQ pos_base+8(FP), DI
+	SHRQ $2, DI
+	MOVQ DI, wrote+144(FP)
 	VZEROUPPER
 	RET
 

@@ -46,6 +46,20 @@ import (
 // the first level has picked, or, with too many undecided, by the next
 // levels themselves: up to three histogram passes and one output pass.
 //
+// Under error feedback (sparseCodec.encodeSum) the input is the sum s =
+// e + g, which the first pass over the input (the first level, or the
+// sampled path's collection) writes itself: gathering sets 32 elements at
+// a time to e + g and tests the sums in registers (addCollectKernel); the
+// first level's other kernels, which run once gathering has stopped, get
+// blocks of sumBlock elements summed just before and read back from cache
+// (foldSum). Before issue 10 a pass of its own wrote s (reading e and g)
+// and the selection read s back from memory: two passes, four
+// bucket-sized streams; now one pass, three streams (e and g read, s
+// written). The sampled path's estimate samples s by summing its 64Ki
+// elements directly. Where the sampled path gives up mid-collection, the
+// exact path's first level sets what of s is still unset (and the rest
+// again, to the same values).
+//
 // The input is cut into segments whose layout depends on n alone; passes run
 // segment by segment over the runner, with per-segment histograms and
 // prefix sums for the output offsets, so the bytes do not depend on the
@@ -119,31 +133,114 @@ func firstAtLeast(vals []float32, t uint32) int {
 	}
 }
 
+// firstNonFinite returns the lowest i with a NaN or ±Inf in blk[i], or -1,
+// as firstAtLeast(blk, nonFiniteKey) does. Unless add is none it first
+// sets blk to its e + g, in the same pass: it collects the keys at or
+// above +Inf's with addCollectKernel, which tests the sums in registers
+// as it writes them, a collectBlock at a time so that a block full of
+// NaNs collects no more than that.
+func firstNonFinite(blk []float32, add addends) int {
+	if add.e == nil {
+		return firstAtLeast(blk, nonFiniteKey)
+	}
+	sc := nonFinitePool.Get().(*nonFiniteScratch)
+	defer nonFinitePool.Put(sc)
+	for lo := 0; lo < len(blk); lo += collectBlock {
+		hi := min(lo+collectBlock, len(blk))
+		if pos, _ := collectAtLeast(&sc.hist, sc.pos[:0], sc.vals[:0], blk[lo:hi], add.from(lo), lo, nonFiniteKey); len(pos) > 0 {
+			return int(pos[0])
+		}
+	}
+	return -1
+}
+
+// nonFiniteScratch is what firstNonFinite's collection writes to, hits
+// alone: the lists (as much room as collectAtLeast asks for, so that it
+// allocates only for hits) and a histogram nothing reads.
+type nonFiniteScratch struct {
+	hist [histBins]uint32
+	pos  [4 * collectStep]uint32
+	vals [4 * collectStep]float32
+}
+
+// nonFinitePool keeps firstNonFinite's scratch between calls.
+var nonFinitePool = sync.Pool{New: func() any { return new(nonFiniteScratch) }}
+
+// addends are error feedback's e and g for a run of the input whose sum
+// s = e + g is still to be written, aligned with it (e[i] and g[i] make
+// element i, at least as many as the run has), or none (e nil): the run
+// holds its values already.
+type addends struct{ e, g []float32 }
+
+// from returns the addends of the run from its element i on.
+func (a addends) from(i int) addends {
+	if a.e == nil {
+		return a
+	}
+	return addends{a.e[i:], a.g[i:]}
+}
+
+// sumBlock is how many elements foldSum sets to e + g before handing them
+// on: few enough that the blocks of e, g and the sum (64 KiB each) stay in
+// a core's L2 cache until the pass reads the sum back, enough that the
+// kernels' per-call costs (histTopKernel clears and folds 24 KiB of
+// histograms) stay small beside the block's.
+const sumBlock = 1 << 14
+
+// foldSum calls f on consecutive blocks of s until f returns true. Unless
+// add is none it first sets each block to its e + g (addKernel) and hands
+// f blocks of sumBlock elements at most, so that error feedback's sum is
+// written in the pass f makes and read back from cache; otherwise f gets
+// all of s at once.
+func foldSum(s []float32, add addends, f func(blk []float32) (stop bool)) {
+	if add.e == nil {
+		f(s)
+		return
+	}
+	for lo := 0; lo < len(s); lo += sumBlock {
+		blk := s[lo:min(lo+sumBlock, len(s))]
+		addKernel(blk, add.e[lo:], add.g[lo:])
+		if f(blk) {
+			return
+		}
+	}
+}
+
 // collectAtLeast appends to pos and vals every element of blk with key ≥ t
 // (blk[i] has input index base+i), in order, and counts their top digits
 // in h: the first element alone if it lies off an 8-byte boundary (so that
 // collectGeneric reads aligned words), collectKernel for whole steps, then
-// the rest one by one.
-func collectAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
+// the rest one by one. Unless add is none it first sets each element of
+// blk to its e + g, in the same pass (addCollectKernel).
+func collectAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, add addends, base int, t uint32) ([]uint32, []float32) {
 	head := misaligned(blk)
-	pos, vals = appendAtLeast(h, pos, vals, blk[:head], base, t)
-	blk, base = blk[head:], base+head
+	pos, vals = appendAtLeast(h, pos, vals, blk[:head], add, base, t)
+	blk, add, base = blk[head:], add.from(head), base+head
 	for len(blk) >= collectStep {
 		m := len(pos)
 		if min(cap(pos), cap(vals))-m < 4*collectStep {
 			grow := max(4*collectStep, m) // doubling: a list built from nothing is copied once in all
 			pos, vals = slices.Grow(pos, grow), slices.Grow(vals, grow)
 		}
-		read, wrote := collectKernel(h, pos[m:cap(pos)], vals[m:cap(vals)], blk, uint32(base), t)
+		var read, wrote int
+		if add.e == nil {
+			read, wrote = collectKernel(h, pos[m:cap(pos)], vals[m:cap(vals)], blk, uint32(base), t)
+		} else {
+			read, wrote = addCollectKernel(h, pos[m:cap(pos)], vals[m:cap(vals)], blk, add.e, add.g, uint32(base), t)
+		}
 		pos, vals = pos[:m+wrote], vals[:m+wrote]
-		blk, base = blk[read:], base+read
+		blk, add, base = blk[read:], add.from(read), base+read
 	}
-	return appendAtLeast(h, pos, vals, blk, base, t)
+	return appendAtLeast(h, pos, vals, blk, add, base, t)
 }
 
 // appendAtLeast is collectAtLeast one element at a time.
-func appendAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, base int, t uint32) ([]uint32, []float32) {
-	for i, x := range blk {
+func appendAtLeast(h *[histBins]uint32, pos []uint32, vals []float32, blk []float32, add addends, base int, t uint32) ([]uint32, []float32) {
+	for i := range blk {
+		if add.e != nil {
+			blk[i] = add.e[i] + add.g[i]
+		}
+		x := blk[i]
 		if u := magKey(x); u >= t {
 			pos, vals = append(pos, uint32(base+i)), append(vals, x)
 			h[u>>20&(histBins-1)]++
@@ -199,6 +296,27 @@ func collectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x []float
 	return read, wrote
 }
 
+// addCollectKernel is collectKernel that first sets each element x[i] it
+// reads to e[i] + g[i] (one float32 addition; e and g at least as long as
+// x): error feedback's sum, tested as it is written.
+var addCollectKernel = addCollectGeneric
+
+// addCollectGeneric is the reference addCollectKernel: addGeneric, then
+// collectGeneric, on as many whole steps at a time as the room left
+// allows, which collectGeneric then reads all of.
+func addCollectGeneric(h *[histBins]uint32, pos []uint32, vals []float32, x, e, g []float32, base, t uint32) (read, wrote int) {
+	room := min(len(pos), len(vals))
+	for {
+		m := min(len(x)-read, room-wrote) &^ (collectStep - 1)
+		if m == 0 {
+			return read, wrote
+		}
+		addGeneric(x[read:read+m], e[read:], g[read:])
+		r, w := collectGeneric(h, pos[wrote:], vals[wrote:], x[read:read+m], base+uint32(read), t)
+		read, wrote = read+r, wrote+w
+	}
+}
+
 // segment is a run of elements selection reads: a slice of the input at
 // index base (pos == nil), or a candidate list whose element i has input
 // index pos[i].
@@ -233,6 +351,10 @@ type topkScratch struct {
 	off    []int // per segment: output offset
 	take   []int // per segment: elements equal to the threshold it outputs
 	sample []float32
+
+	// add holds error feedback's addends of the whole input while its
+	// sum is still to be written, else none (see addendsOf).
+	add addends
 }
 
 var topkScratchPool = sync.Pool{New: func() any { return new(topkScratch) }}
@@ -241,14 +363,18 @@ var topkScratchPool = sync.Pool{New: func() any { return new(topkScratch) }}
 // their k float32 values) into body, len(body) == 8k, 1 ≤ k ≤ len(src). A
 // NaN or Inf in src is a *NonFiniteError for the lowest such index, and
 // body is then left unwritten. sampled tries the sampled-threshold shortcut
-// first; both paths write the same bytes.
-func selectTopK(body []byte, src []float32, k int, sampled bool, run runner) error {
+// first; both paths write the same bytes. Unless e is nil, src is error
+// feedback's sum, which the first pass over the input sets to e + g (of
+// src's length) as it reads it (sparseCodec.encodeSum).
+func selectTopK(body []byte, e, g, src []float32, k int, sampled bool, run runner) error {
 	sc := topkScratchPool.Get().(*topkScratch)
 	defer func() {
 		clear(sc.input) // the pool must not keep the caller's gradient alive
+		sc.add = addends{}
 		topkScratchPool.Put(sc)
 	}()
 	sc.splitInput(src)
+	sc.add = addends{e, g}
 	if sampled && len(src) >= sampledMinLen && k <= len(src)/sampledMaxInv {
 		if done, err := sc.sampled(body, src, k, run); done {
 			return err
@@ -314,6 +440,9 @@ func (sel *selection) finish(body []byte, k, collectLimit int, run runner) error
 	for l := range radixLevels {
 		sel.histogram(l, run)
 		if l == 0 {
+			if sel.onInput {
+				sel.sc.add = addends{} // the first level has written the whole sum
+			}
 			if err := sel.nonFinite(); err != nil {
 				return err
 			}
@@ -389,17 +518,27 @@ func (sel *selection) histTop(lo, hi int) {
 		vals := sel.segs[s].vals
 		for from := 0; from < len(vals); from += histTopChunk {
 			chunk := vals[from:min(from+histTopChunk, len(vals))]
+			at := sel.segs[s].base + from
+			add := sel.addendsOf(at, len(chunk))
 			var c int
 			switch {
 			case sel.gather && sel.gathered.Load() <= sel.gatherLimit:
-				c = sc.collectInto(s, chunk, sel.segs[s].base+from, bound<<20)
+				c = sc.collectInto(s, chunk, add, at, bound<<20)
 				sel.gathered.Add(int64(c))
 			case dense:
+				// Once gathering has stopped (rare inputs, see finish),
+				// the sum is set a block at a time and read from cache.
 				c = -binsFrom(h, bound)
-				histTopKernel(h, chunk)
+				foldSum(chunk, add, func(blk []float32) bool {
+					histTopKernel(h, blk)
+					return false
+				})
 				c += binsFrom(h, bound)
 			default:
-				c = histAtLeastKernel(h, chunk, bound<<20)
+				foldSum(chunk, add, func(blk []float32) bool {
+					c += histAtLeastKernel(h, blk, bound<<20)
+					return false
+				})
 			}
 			counted += c
 			dense = c > len(chunk)/4
@@ -416,6 +555,25 @@ func (sel *selection) histTop(lo, hi int) {
 			}
 		}
 	}
+}
+
+// addendsOf returns the addends of the n elements from input index at
+// on, which the segments hold: none on samples and candidate lists, whose
+// values are sums already.
+func (sel *selection) addendsOf(at, n int) addends {
+	if !sel.onInput {
+		return addends{}
+	}
+	return sel.sc.addendsOf(at, n)
+}
+
+// addendsOf returns the addends of the n input elements from index at
+// on: none once the input's sum is written.
+func (sc *topkScratch) addendsOf(at, n int) addends {
+	if sc.add.e == nil {
+		return addends{}
+	}
+	return addends{sc.add.e[at : at+n], sc.add.g[at : at+n]}
 }
 
 // binsFrom returns the count in h from bin b up.
@@ -575,11 +733,12 @@ func (sc *topkScratch) resetCands(n int) {
 
 // collectInto appends the elements of blk (input index base on) with key
 // ≥ t to segment s's candidates, counts their top digits in its histogram
-// and returns how many it appended.
-func (sc *topkScratch) collectInto(s int, blk []float32, base int, t uint32) int {
+// and returns how many it appended; unless add is none it first sets blk
+// to e + g, in the same pass.
+func (sc *topkScratch) collectInto(s int, blk []float32, add addends, base int, t uint32) int {
 	c := &sc.cand[s]
 	before := len(c.pos)
-	c.pos, c.vals = collectAtLeast(sc.segHist(s), c.pos, c.vals, blk, base, t)
+	c.pos, c.vals = collectAtLeast(sc.segHist(s), c.pos, c.vals, blk, add, base, t)
 	return len(c.pos) - before
 }
 
@@ -602,7 +761,8 @@ func (sc *topkScratch) collect(input []segment, t uint32, limit int, run runner)
 		for s := lo; s < hi; s++ {
 			vals := input[s].vals
 			for from := 0; from < len(vals) && found.Load() <= int64(limit); from += collectBlock {
-				found.Add(int64(sc.collectInto(s, vals[from:min(from+collectBlock, len(vals))], input[s].base+from, t)))
+				blk, at := vals[from:min(from+collectBlock, len(vals))], input[s].base+from
+				found.Add(int64(sc.collectInto(s, blk, sc.addendsOf(at, len(blk)), at, t)))
 			}
 		}
 	})
@@ -695,10 +855,14 @@ const (
 // runs the exact path.
 func (sc *topkScratch) sampled(body []byte, src []float32, k int, run runner) (done bool, err error) {
 	n := len(src)
-	sc.sample = sc.sample[:0]
+	sc.sample = slices.Grow(sc.sample[:0], sampleSize)[:sampleSize]
 	for j := range sampleBlocks {
-		lo := j * n / sampleBlocks
-		sc.sample = append(sc.sample, src[lo:lo+sampleBlock]...)
+		lo, smp := j*n/sampleBlocks, sc.sample[j*sampleBlock:(j+1)*sampleBlock]
+		if sc.add.e != nil {
+			addKernel(smp, sc.add.e[lo:], sc.add.g[lo:]) // the sums the pass below will write
+		} else {
+			copy(smp, src[lo:])
+		}
 	}
 	mu := float64(sampleSize) * float64(k) / float64(n)
 	r := min(int(math.Ceil(mu+4*math.Sqrt(mu)))+1, sampleSize)
@@ -710,8 +874,9 @@ func (sc *topkScratch) sampled(body []byte, src []float32, k int, run runner) (d
 	t := min(sel.prefix, nonFiniteKey)
 	limit := int(collectFactor * int64(r) * int64(n) / sampleSize)
 	if !sc.collect(sc.input, t, limit, run) {
-		return false, nil
+		return false, nil // the exact path sets what of the sum is still unset
 	}
+	sc.add = addends{} // the collection has written the whole sum
 	found := 0
 	for _, s := range sc.cands {
 		found += len(s.vals)

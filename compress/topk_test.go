@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -554,11 +555,12 @@ func TestTopKLossless(t *testing.T) {
 
 // TestScanKernels compares firstAtLeast and collectAtLeast with plain loops
 // over every alignment, length and position of the first hit, with
-// thresholds at the ends of the allowed range (no key reaches 1<<31).
+// thresholds at the ends of the allowed range (no key reaches 1<<31), and
+// collectAtLeast with addends with collectAtLeast of their sums.
 func TestScanKernels(t *testing.T) {
 	r := rand.New(rand.NewPCG(2, 3))
 	sign := func() uint32 { return uint32(r.IntN(2)) << 31 }
-	buf := make([]float32, 80)
+	buf, buf2 := make([]float32, 80), make([]float32, 80)
 	for _, th := range []uint32{0, 1, 0x3f800000, nonFiniteKey, 1 << 31} {
 		for start := range 4 {
 			for n := 0; n+start <= len(buf); n++ {
@@ -582,7 +584,7 @@ func TestScanKernels(t *testing.T) {
 							wantHist[magKey(x)>>20]++
 						}
 					}
-					pos, got := collectAtLeast(&hist, []uint32{7}, []float32{7}, vals, 100, th)
+					pos, got := collectAtLeast(&hist, []uint32{7}, []float32{7}, vals, addends{}, 100, th)
 					if !slices.Equal(pos[1:], wantPos) || len(got) != len(pos) || hist != wantHist {
 						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast = %v, want %v", th, start, n, pos[1:], wantPos)
 					}
@@ -591,16 +593,86 @@ func TestScanKernels(t *testing.T) {
 							t.Fatalf("t=%#x start=%d n=%d: collected value %d differs", th, start, n, i)
 						}
 					}
+
+					// e + g with g = ±0 has vals' keys; blk, at the same
+					// alignment, holds stale values until it is summed.
+					e, g, sum := slices.Clone(vals), make([]float32, n), make([]float32, n)
+					for i := range g {
+						g[i] = math.Float32frombits(sign())
+						sum[i] = e[i] + g[i]
+					}
+					blk := buf2[start : start+n]
+					for i := range blk {
+						blk[i] = math.Float32frombits(r.Uint32())
+					}
+					var h1, h2 [histBins]uint32
+					p1, v1 := collectAtLeast(&h1, nil, nil, sum, addends{}, 100, th)
+					p2, v2 := collectAtLeast(&h2, nil, nil, blk, addends{e, g}, 100, th)
+					if !slices.Equal(p1, p2) || !slices.Equal(bitsOf(v1), bitsOf(v2)) || h1 != h2 || !slices.Equal(bitsOf(blk), bitsOf(sum)) {
+						t.Fatalf("t=%#x start=%d n=%d: collectAtLeast with addends differs from collectAtLeast of their sums", th, start, n)
+					}
 				}
 			}
 		}
 	}
 }
 
+// TestFirstNonFinite: with addends, firstNonFinite finds the first NaN or
+// Inf of e + g, in the first, a middle or the last block or none, at
+// every alignment; when there is none it has set the whole of blk to e +
+// g, and a run of NaNs longer than a block ends the scan.
+func TestFirstNonFinite(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 5))
+	n := 2*collectBlock + 77
+	for _, bad := range []int{-1, 0, 31, collectBlock - 1, collectBlock + 5, n - 1} {
+		for _, start := range []int{0, 1} {
+			e, g := make([]float32, n), make([]float32, n)
+			for i := range e {
+				e[i], g[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+			}
+			if bad >= 0 {
+				e[bad], g[bad] = math.MaxFloat32, math.MaxFloat32 // overflows to +Inf
+				if bad+1 < n {
+					g[bad+1] = float32(math.NaN())
+				}
+			}
+			buf := make([]float32, n+1)
+			blk := buf[start : start+n]
+			if got := firstNonFinite(blk, addends{e, g}); got != bad {
+				t.Fatalf("bad=%d start=%d: firstNonFinite = %d", bad, start, got)
+			}
+			if bad < 0 {
+				for i := range blk {
+					if math.Float32bits(blk[i]) != math.Float32bits(e[i]+g[i]) {
+						t.Fatalf("start=%d: blk[%d] = %v, want e + g = %v", start, i, blk[i], e[i]+g[i])
+					}
+				}
+			}
+		}
+	}
+	nan := make([]float32, 3*collectBlock)
+	for i := range nan {
+		nan[i] = float32(math.NaN())
+	}
+	if got := firstNonFinite(make([]float32, len(nan)), addends{nan, nan}); got != 0 {
+		t.Fatalf("all NaN: firstNonFinite = %d, want 0", got)
+	}
+}
+
+// bitsOf returns the bit patterns of x.
+func bitsOf(x []float32) []uint32 {
+	b := make([]uint32, len(x))
+	for i, v := range x {
+		b[i] = math.Float32bits(v)
+	}
+	return b
+}
+
 // TestTopKKernels runs the accelerated top-k kernels and their generic
 // twins on the same inputs, lengths around the vector width (8) and the
-// collect step (32) ±1 included, and requires the same bits out and no
-// write past the room given (sentinels).
+// collect step (32) ±1 included, and requires the same bits out (the sums
+// addCollect writes included) and no write past the room given or the
+// input (sentinels).
 func TestTopKKernels(t *testing.T) {
 	if kernelSet == "generic" {
 		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
@@ -628,6 +700,13 @@ func TestTopKKernels(t *testing.T) {
 			for range trial % 4 {
 				if n > 0 {
 					x[r.IntN(n)] = special[r.IntN(len(special))]
+				}
+			}
+			y := make([]float32, n) // x + y: error feedback's sum
+			for i := range y {
+				y[i] = float32(r.NormFloat64())
+				if r.IntN(50) == 0 {
+					y[i] = special[r.IntN(len(special))]
 				}
 			}
 
@@ -658,14 +737,14 @@ func TestTopKKernels(t *testing.T) {
 					read, wrote int
 					hist        [histBins]uint32
 				}
-				run := func(kernel func(*[histBins]uint32, []uint32, []float32, []float32, uint32, uint32) (int, int)) out {
-					const sentinel = 0xa5a5a5a5
+				const sentinel = 0xa5a5a5a5
+				run := func(kernel func(h *[histBins]uint32, pos []uint32, vals []float32) (int, int)) out {
 					pos, vals := make([]uint32, room+8), make([]float32, room+8)
 					for i := range pos {
 						pos[i], vals[i] = sentinel, math.Float32frombits(sentinel)
 					}
 					o := out{hist: h1}
-					o.read, o.wrote = kernel(&o.hist, pos[:room], vals[:room], x, base, th)
+					o.read, o.wrote = kernel(&o.hist, pos[:room], vals[:room])
 					for i := room; i < room+8; i++ {
 						if pos[i] != sentinel || math.Float32bits(vals[i]) != sentinel {
 							t.Fatalf("collect n=%d room=%d t=%#x: wrote past the room", n, room, th)
@@ -674,10 +753,37 @@ func TestTopKKernels(t *testing.T) {
 					o.pos, o.vals = pos[:o.wrote], vals[:o.wrote]
 					return o
 				}
-				a, b := run(collectKernel), run(collectGeneric)
-				if a.read != b.read || a.wrote != b.wrote || a.hist != b.hist || !slices.Equal(a.pos, b.pos) ||
-					!slices.EqualFunc(a.vals, b.vals, func(u, v float32) bool { return math.Float32bits(u) == math.Float32bits(v) }) {
+				same := func(a, b out) bool {
+					return a.read == b.read && a.wrote == b.wrote && a.hist == b.hist && slices.Equal(a.pos, b.pos) &&
+						slices.Equal(bitsOf(a.vals), bitsOf(b.vals))
+				}
+				a := run(func(h *[histBins]uint32, pos []uint32, vals []float32) (int, int) {
+					return collectKernel(h, pos, vals, x, base, th)
+				})
+				b := run(func(h *[histBins]uint32, pos []uint32, vals []float32) (int, int) {
+					return collectGeneric(h, pos, vals, x, base, th)
+				})
+				if !same(a, b) {
 					t.Fatalf("collect n=%d room=%d t=%#x: kernel (read %d, wrote %d) and generic (read %d, wrote %d) differ",
+						n, room, th, a.read, a.wrote, b.read, b.wrote)
+				}
+
+				// The fused sum: x's addends are x and y; the sums go to
+				// buffers of stale values (at an odd address every
+				// other trial), sentinels past them.
+				s1, s2 := make([]float32, n+9), make([]float32, n+9)
+				for i := range s1 {
+					s1[i], s2[i] = math.Float32frombits(sentinel), math.Float32frombits(sentinel)
+				}
+				off := trial % 2
+				a = run(func(h *[histBins]uint32, pos []uint32, vals []float32) (int, int) {
+					return addCollectKernel(h, pos, vals, s1[off:off+n], x, y, base, th)
+				})
+				b = run(func(h *[histBins]uint32, pos []uint32, vals []float32) (int, int) {
+					return addCollectGeneric(h, pos, vals, s2[off:off+n], x, y, base, th)
+				})
+				if !same(a, b) || !slices.Equal(bitsOf(s1), bitsOf(s2)) {
+					t.Fatalf("addCollect n=%d room=%d t=%#x: kernel (read %d, wrote %d) and generic (read %d, wrote %d) differ",
 						n, room, th, a.read, a.wrote, b.read, b.wrote)
 				}
 			}
@@ -767,4 +873,120 @@ func FuzzTopKSelect(f *testing.F) {
 			t.Fatalf("%s n=%d: %d indices, want %d", spec, len(src), len(idx), k)
 		}
 	})
+}
+
+// withGenericKernels runs f with the generic inner loops of error
+// feedback's sparse path in place of the accelerated ones.
+func withGenericKernels(f func()) {
+	add, top, coll, addColl, atLeast := addKernel, histTopKernel, collectKernel, addCollectKernel, histAtLeastKernel
+	defer func() {
+		addKernel, histTopKernel, collectKernel, addCollectKernel, histAtLeastKernel = add, top, coll, addColl, atLeast
+	}()
+	addKernel, histTopKernel, collectKernel, addCollectKernel, histAtLeastKernel =
+		addGeneric, histTopGeneric, collectGeneric, addCollectGeneric, histAtLeastGeneric
+	f()
+}
+
+// TestSparseFeedbackSum: CompressSelectFeedback of top-k (exact, sampled,
+// and sampled falling back: too many candidates, or a sample larger than
+// the rest) and of random-k appends the payload and selection
+// CompressSelect gives for s = e + g and sets sum to s bit for bit, on one
+// and two workers, with the active kernels and with the generic ones (the
+// AVX2 and the purego path on the same inputs). A NaN or Inf in s (in g,
+// or e + g overflowing below it) is the *NonFiniteError of the lowest
+// index with dst and sel unchanged.
+func TestSparseFeedbackSum(t *testing.T) {
+	n := sampledMinLen + 3 // several segments, and long enough to sample
+	for _, kind := range []string{"laplace", "ties", "equal", "zeros", "ramp", "misleading"} {
+		var x []float32
+		if kind != "misleading" {
+			x = sparseData(kind, n, 11)
+		} else {
+			x = sparseData("laplace", n, 11)
+			for j := range sampleBlocks {
+				for i := j * n / sampleBlocks; i < j*n/sampleBlocks+sampleBlock; i++ {
+					x[i] = 100 + float32(i)
+				}
+			}
+		}
+		e, g, s := make([]float32, n), make([]float32, n), make([]float32, n)
+		for i, v := range x {
+			e[i] = 0.75 * v
+			g[i] = v - e[i]
+		}
+		addGeneric(s, e, g)
+		for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "topk:0.1:sampled", "randomk:0.01:seed=5", "topk:0.01:lossless=zstd"} {
+			for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+				c := mustParse(t, spec, opts...).(SparseFeedbackCompressor)
+				key := Key{Bucket: 4, Step: 9}
+				want, wantSel, err := c.CompressSelect([]byte("pre"), s, key, []uint32{7})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, generic := range []bool{false, true} {
+					what := fmt.Sprintf("%s %s workers=%d generic=%v", kind, spec, len(opts), generic)
+					sum := make([]float32, n)
+					for i := range sum {
+						sum[i] = float32(math.NaN()) // must all be overwritten
+					}
+					var got []byte
+					var sel []uint32
+					call := func() { got, sel, err = c.CompressSelectFeedback([]byte("pre"), e, g, sum, key, []uint32{7}) }
+					if generic {
+						withGenericKernels(call)
+					} else {
+						call()
+					}
+					if err != nil || !bytes.Equal(got, want) || !slices.Equal(sel, wantSel) {
+						t.Fatalf("%s: payload or selection differs from CompressSelect's of e + g (%v)", what, err)
+					}
+					if !slices.EqualFunc(sum, s, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+						t.Fatalf("%s: sum is not e + g", what)
+					}
+				}
+			}
+		}
+	}
+
+	// A NaN or Inf of s: an Inf in g near the end, e + g overflowing
+	// before it, NaNs from +Inf − Inf after.
+	inf := float32(math.Inf(1))
+	x := sparseData("laplace", n, 12)
+	e, g := make([]float32, n), x
+	e[n/3], g[n/3] = math.MaxFloat32, math.MaxFloat32
+	g[n-5] = inf
+	e[n-2], g[n-2] = inf, -inf
+	for _, spec := range []string{"topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
+		for _, opts := range [][]Option{{WithWorkers(1)}, sparseParallel} {
+			c := mustParse(t, spec, opts...).(SparseFeedbackCompressor)
+			out, sel, err := c.CompressSelectFeedback([]byte("keep"), e, g, make([]float32, n), Key{}, []uint32{7})
+			var nf *NonFiniteError
+			if !errors.As(err, &nf) || nf.Index != n/3 || nf.Value != inf || string(out) != "keep" || !slices.Equal(sel, []uint32{7}) {
+				t.Fatalf("%s workers=%d: %q, %v, %v; want dst and sel unchanged and a NonFiniteError at %d", spec, len(opts), out, sel, err, n/3)
+			}
+		}
+	}
+}
+
+// TestSampledFromSum: the sampled form's threshold comes from samples of
+// s = e + g, not of e or g: a Laplace s whose e is large at the sampled
+// places (cancelled by g) settles in the shortcut.
+func TestSampledFromSum(t *testing.T) {
+	n := 1<<20 + 3
+	x := sparseData("laplace", n, 13)
+	e, g := make([]float32, n), make([]float32, n)
+	copy(g, x)
+	for j := range sampleBlocks {
+		for i := j * n / sampleBlocks; i < j*n/sampleBlocks+sampleBlock; i++ {
+			e[i], g[i] = 100, x[i]-100
+		}
+	}
+	s := make([]float32, n)
+	k := sparseK(0.01, n)
+	sc := new(topkScratch)
+	sc.splitInput(s)
+	sc.add = addends{e, g}
+	if done, err := sc.sampled(make([]byte, 8*k), s, k, serial); !done || err != nil {
+		t.Fatalf("the shortcut did not settle (err %v): its sample is not of e + g", err)
+	}
 }

@@ -162,6 +162,13 @@ type sparseCodec interface {
 	// selected appends to sel the indices the raw body of n elements
 	// under key selects.
 	selected(sel []uint32, body []byte, n int, key Key) []uint32
+	// encodeSum is encode of sum, where it first sets sum[i] = e[i] +
+	// g[i] (one float32 addition) in the pass that first reads element i
+	// (top-k's first histogram level or sampled collection, random-k's
+	// scan for non-finite values), so that error feedback's sum costs no
+	// pass of its own. e, g and sum have the same length and sum
+	// overlaps neither; with e nil it is encode of sum.
+	encodeSum(body []byte, e, g, sum []float32, key Key, run runner) error
 }
 
 // sparseCompressor is what Parse returns for a sparseCodec: a compressor
@@ -174,27 +181,51 @@ type feedbackCompressor struct{ *compressor }
 
 // CompressFeedback implements FeedbackCompressor.
 func (c feedbackCompressor) CompressFeedback(dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error) {
-	n := len(g)
-	for _, s := range []struct {
-		what string
-		got  int
-	}{{"residual memory length", len(e)}, {"sum length", len(sum)}, {"residual length", len(res)}} {
-		if s.got != n {
-			return dst, &SizeError{What: s.what, Got: int64(s.got), Want: int64(n)}
-		}
+	if err := feedbackLengths(len(g), e, sum); err != nil {
+		return dst, err
+	}
+	if len(res) != len(g) {
+		return dst, &SizeError{What: "residual length", Got: int64(len(res)), Want: int64(len(g))}
 	}
 	return c.compressFeedback(c.impl.(feedbackCodec), dst, e, g, sum, key, res)
 }
 
+// feedbackLengths returns a *SizeError unless the residual memory e and
+// the sum have the gradient's length n.
+func feedbackLengths(n int, e, sum []float32) error {
+	if len(e) != n {
+		return &SizeError{What: "residual memory length", Got: int64(len(e)), Want: int64(n)}
+	}
+	if len(sum) != n {
+		return &SizeError{What: "sum length", Got: int64(len(sum)), Want: int64(n)}
+	}
+	return nil
+}
+
 // CompressSelect implements SparseCompressor.
 func (c sparseCompressor) CompressSelect(dst []byte, src []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
-	n := len(src)
+	return c.compressSelect(dst, nil, nil, src, key, sel)
+}
+
+// CompressSelectFeedback implements SparseFeedbackCompressor.
+func (c sparseCompressor) CompressSelectFeedback(dst []byte, e, g, sum []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
+	if err := feedbackLengths(len(g), e, sum); err != nil {
+		return dst, sel, err
+	}
+	return c.compressSelect(dst, e, g, sum, key, sel)
+}
+
+// compressSelect is CompressSelect of sum, which it first sets to e + g
+// unless e is nil (sparseCodec.encodeSum).
+func (c sparseCompressor) compressSelect(dst []byte, e, g, sum []float32, key Key, sel []uint32) ([]byte, []uint32, error) {
+	n := len(sum)
 	run := c.runner(n)
+	sc := c.impl.(sparseCodec)
 	out, err := c.encodeWith(dst, n, key, func(body []byte, _ *bodySum) error {
-		if err := c.impl.encode(body, src, key, run); err != nil {
+		if err := sc.encodeSum(body, e, g, sum, key, run); err != nil {
 			return err
 		}
-		sel = c.impl.(sparseCodec).selected(sel, body, n, key)
+		sel = sc.selected(sel, body, n, key)
 		return nil
 	})
 	return out, sel, err

@@ -153,10 +153,22 @@ type sparseParts struct{ *parts }
 // CompressSelect implements compress.SparseCompressor: the indices are the
 // bucket's (each part's offset added).
 func (p sparseParts) CompressSelect(dst []byte, src []float32, key compress.Key, sel []uint32) ([]byte, []uint32, error) {
-	n := len(sel)
-	out, err := p.compress(dst, len(src), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
+	sc := p.inner.(compress.SparseCompressor)
+	return p.compressSelect(dst, len(src), key, sel, func(into []byte, lo, hi int, pkey compress.Key, sel []uint32) ([]byte, []uint32, error) {
+		return sc.CompressSelect(into, src[lo:hi], pkey, sel)
+	})
+}
+
+// compressSelect is compress for a sparse inner compressor: part also
+// appends to sel the indices its payload keeps, counted in the part, and
+// compressSelect adds the part's offset to them. On error dst and sel are
+// returned unchanged.
+func (p sparseParts) compressSelect(dst []byte, n int, key compress.Key, sel []uint32,
+	part func(into []byte, lo, hi int, pkey compress.Key, sel []uint32) ([]byte, []uint32, error)) ([]byte, []uint32, error) {
+	m := len(sel)
+	out, err := p.compress(dst, n, key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
 		from := len(sel)
-		payload, more, err := p.inner.(compress.SparseCompressor).CompressSelect(into, src[lo:hi], pkey, sel)
+		payload, more, err := part(into, lo, hi, pkey, sel)
 		for i := from; i < len(more); i++ {
 			more[i] += uint32(lo)
 		}
@@ -164,9 +176,27 @@ func (p sparseParts) CompressSelect(dst []byte, src []float32, key compress.Key,
 		return payload, err
 	})
 	if err != nil {
-		return dst, sel[:n], err
+		return dst, sel[:m], err
 	}
 	return out, sel, nil
+}
+
+// sparseFeedbackParts is parts over a compress.SparseFeedbackCompressor
+// (top-k, random-k), and one itself, so that error-feedback memory over
+// parts folds e + g into the parts' first pass and keeps residuals in
+// place.
+type sparseFeedbackParts struct{ sparseParts }
+
+// CompressSelectFeedback implements compress.SparseFeedbackCompressor,
+// part by part.
+func (p sparseFeedbackParts) CompressSelectFeedback(dst []byte, e, g, sum []float32, key compress.Key, sel []uint32) ([]byte, []uint32, error) {
+	if err := sameLengths(len(g), e, sum); err != nil {
+		return dst, sel, err
+	}
+	sfc := p.inner.(compress.SparseFeedbackCompressor)
+	return p.compressSelect(dst, len(g), key, sel, func(into []byte, lo, hi int, pkey compress.Key, sel []uint32) ([]byte, []uint32, error) {
+		return sfc.CompressSelectFeedback(into, e[lo:hi], g[lo:hi], sum[lo:hi], pkey, sel)
+	})
 }
 
 // feedbackParts is parts over a compress.FeedbackCompressor, and one
@@ -176,10 +206,8 @@ type feedbackParts struct{ *parts }
 
 // CompressFeedback implements compress.FeedbackCompressor, part by part.
 func (p feedbackParts) CompressFeedback(dst []byte, e, g, sum []float32, key compress.Key, res []float32) ([]byte, error) {
-	for _, s := range [][]float32{e, sum, res} {
-		if len(s) != len(g) {
-			return dst, &compress.SizeError{What: "error-feedback slice length", Got: int64(len(s)), Want: int64(len(g))}
-		}
+	if err := sameLengths(len(g), e, sum, res); err != nil {
+		return dst, err
 	}
 	fc := p.inner.(compress.FeedbackCompressor)
 	return p.compress(dst, len(g), key, func(into []byte, lo, hi int, pkey compress.Key) ([]byte, error) {
@@ -187,11 +215,25 @@ func (p feedbackParts) CompressFeedback(dst []byte, e, g, sum []float32, key com
 	})
 }
 
+// sameLengths returns a *compress.SizeError unless every one of the
+// error-feedback slices s has the gradient's length n.
+func sameLengths(n int, s ...[]float32) error {
+	for _, x := range s {
+		if len(x) != n {
+			return &compress.SizeError{What: "error-feedback slice length", Got: int64(len(x)), Want: int64(n)}
+		}
+	}
+	return nil
+}
+
 // forMemory returns p as error-feedback memory is to see it: a
-// compress.SparseCompressor or compress.FeedbackCompressor when its inner
-// compressor is one.
+// compress.SparseFeedbackCompressor, SparseCompressor or
+// FeedbackCompressor when its inner compressor is one, so that the
+// memory takes the inner one's fused path.
 func (p *parts) forMemory() compress.Compressor {
 	switch p.inner.(type) {
+	case compress.SparseFeedbackCompressor:
+		return sparseFeedbackParts{sparseParts{p}}
 	case compress.SparseCompressor:
 		return sparseParts{p}
 	case compress.FeedbackCompressor:

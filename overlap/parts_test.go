@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -58,6 +59,51 @@ func TestSparsePartsSelect(t *testing.T) {
 	dense := &parts{inner: compresstest.MustParse(t, "int8"), count: 2, stage: 1, ranks: 2}
 	if _, ok := dense.forMemory().(compress.SparseCompressor); ok {
 		t.Errorf("int8 in 2 parts: forMemory is a compress.SparseCompressor")
+	}
+}
+
+// TestSparseFeedbackParts: parts over top-k or random-k are a
+// compress.SparseFeedbackCompressor for error-feedback memory (the route
+// the engine's sparse strategies take): CompressSelectFeedback's payload,
+// indices and sum equal CompressSelect's of e + g, and slices of another
+// length are refused with dst and sel unchanged.
+func TestSparseFeedbackParts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	e, g := make([]float32, 1001), make([]float32, 1001)
+	for i := range g {
+		e[i], g[i] = float32(rng.NormFloat64())/4, float32(rng.NormFloat64())
+	}
+	s := make([]float32, len(g))
+	for i := range s {
+		s[i] = e[i] + g[i]
+	}
+	key := compress.Key{Bucket: 2, Step: 5}
+	for _, spec := range []string{"topk:0.05", "topk:0.05:sampled", "randomk:0.05"} {
+		for _, count := range []int{1, 3} {
+			p := &parts{inner: compresstest.MustParse(t, spec), count: count, stage: 1, ranks: count}
+			sp, ok := p.forMemory().(compress.SparseFeedbackCompressor)
+			if !ok {
+				t.Fatalf("%s in %d parts: forMemory is %T, not a compress.SparseFeedbackCompressor", spec, count, p.forMemory())
+			}
+			sum := make([]float32, len(g))
+			got, sel, err := sp.CompressSelectFeedback([]byte("x"), e, g, sum, key, []uint32{7})
+			if err != nil {
+				t.Fatalf("%s in %d parts: CompressSelectFeedback: %v", spec, count, err)
+			}
+			want, wantSel, err := sp.CompressSelect([]byte("x"), s, key, []uint32{7})
+			if err != nil {
+				t.Fatalf("%s in %d parts: CompressSelect: %v", spec, count, err)
+			}
+			if !bytes.Equal(got, want) || !slices.Equal(sel, wantSel) {
+				t.Errorf("%s in %d parts: CompressSelectFeedback's payload or indices differ from CompressSelect's of e + g", spec, count)
+			}
+			if i := sameFloats(sum, s); i >= 0 {
+				t.Errorf("%s in %d parts: sum[%d] = %v, want %v", spec, count, i, sum[i], s[i])
+			}
+			if out, sel, err := sp.CompressSelectFeedback([]byte("x"), e, g, sum[:10], key, []uint32{7}); err == nil || string(out) != "x" || len(sel) != 1 {
+				t.Errorf("%s in %d parts: a short sum: %q, %v, %v; want a *SizeError, dst and sel unchanged", spec, count, out, sel, err)
+			}
+		}
 	}
 }
 
