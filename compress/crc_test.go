@@ -59,16 +59,42 @@ func TestBodySumMatchesChecksum(t *testing.T) {
 	}
 }
 
-// TestChecksum: checksum, which reads ahead, is crc32.Checksum, for
-// lengths around its block.
+// TestChecksum: checksum and checksumGeneric, which read ahead, are
+// crc32.Checksum, for lengths around the latter's block.
 func TestChecksum(t *testing.T) {
 	p := make([]byte, 3*checksumBlock+65)
 	for i := range p {
 		p[i] = byte(i*131 + i>>8)
 	}
 	for _, n := range []int{0, 1, 63, 64, checksumBlock - 1, checksumBlock, checksumBlock + 1, 2 * checksumBlock, len(p)} {
-		if got, want := checksum(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
+		want := crc32.Checksum(p[:n], castagnoli)
+		if got := checksum(p[:n]); got != want {
 			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
 		}
+		if got := checksumGeneric(p[:n]); got != want {
+			t.Errorf("checksumGeneric of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}
+
+// TestCRCUpdate: crcUpdate (the VPCLMULQDQ fold where the CPU has it) is
+// crc32.Update for every length up to a few of its 128-byte steps, odd
+// alignments, and initial values 0, all ones and random.
+func TestCRCUpdate(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := make([]byte, 4096+8)
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	for n := 0; n <= 1100; n++ {
+		for _, crc := range []uint32{0, ^uint32(0), r.Uint32()} {
+			q := p[n%8 : n%8+n]
+			if got, want := crcUpdate(crc, q), crc32.Update(crc, castagnoli, q); got != want {
+				t.Fatalf("crcUpdate(%#x, %d bytes) = %#x, want %#x", crc, n, got, want)
+			}
+		}
+	}
+	if got, want := crcUpdate(1, p[5:]), crc32.Update(1, castagnoli, p[5:]); got != want {
+		t.Fatalf("crcUpdate of %d bytes = %#x, want %#x", len(p)-5, got, want)
 	}
 }

@@ -2,7 +2,10 @@
 
 package compress
 
-import "math"
+import (
+	"hash/crc32"
+	"math"
+)
 
 // AVX2 versions of the codecs' inner loops, used when the CPU and the OS
 // support AVX2 and FMA (build with -tags purego to keep the generic Go
@@ -26,6 +29,11 @@ func init() {
 	histTopKernel = histTopAVX2
 	collectKernel = collectAsm
 	histAtLeastKernel = histAtLeastAVX2
+	if clmulFeatures() {
+		kernelSet = "avx2+vpclmulqdq"
+		crcUpdate = crcUpdateAVX2
+		checksum = checksumAVX2
+	}
 }
 
 // cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
@@ -42,6 +50,15 @@ func cpuFeatures() bool {
 	_, ebx, _, _ := cpuid(7, 0)
 	const avx2Bit = 1 << 5
 	return xcr0&0x06 == 0x06 && ebx&avx2Bit != 0 // XMM and YMM state
+}
+
+// clmulFeatures reports whether the CPU also has VPCLMULQDQ (carry-less
+// multiplies of YMM registers) and SSE4.2 (the CRC32 instruction).
+func clmulFeatures() bool {
+	const sse42, vpclmulqdq = 1 << 20, 1 << 10
+	_, _, ecx1, _ := cpuid(1, 0)
+	_, _, ecx7, _ := cpuid(7, 0)
+	return ecx1&sse42 != 0 && ecx7&vpclmulqdq != 0
 }
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -163,4 +180,39 @@ func histAtLeastAVX2(h *[histBins]uint32, vals []float32, t uint32) (counted int
 		counted = histAtLeastAsm(h, vals[:m], t)
 	}
 	return counted + histAtLeastGeneric(h, vals[m:], t)
+}
+
+// clmulKeys are the multipliers of crcFoldAsm: for the fold distances D =
+// 1024, 768, 512, 256 and 128 bits, x^(D+32) and x^(D−32) modulo the
+// Castagnoli polynomial, each pair twice (once per 128-bit lane), as 33-bit
+// bit-reflected values (crc.go's form shifted left by one). A 128-bit
+// block is its first qword times x^64 plus its second, and the carry-less
+// product of a qword and a key, read as a block, is their product times
+// x^32: so the two products with x^(D+32) and x^(D−32) sum to the block
+// times x^D.
+var clmulKeys = func() (k [5][4]uint64) {
+	for i, d := range []int{1024, 768, 512, 256, 128} {
+		hi, lo := uint64(xPow8((d+32)/8))<<1, uint64(xPow8((d-32)/8))<<1
+		k[i] = [4]uint64{hi, lo, hi, lo}
+	}
+	return k
+}()
+
+// crcFoldAsm is crc32.Update(crc, castagnoli, p) for len(p) a positive
+// multiple of 128.
+//
+//go:noescape
+func crcFoldAsm(crc uint32, p []byte) uint32
+
+// checksumAVX2 is checksumGeneric without its reads ahead: crcFoldAsm
+// prefetches, spread over its loop, and so checksums a 64 MiB payload not
+// in cache about 1.7× as fast (measured on the AVX2 EPYC).
+func checksumAVX2(p []byte) uint32 { return crcUpdateAVX2(0, p) }
+
+func crcUpdateAVX2(crc uint32, p []byte) uint32 {
+	if m := len(p) &^ 127; m > 0 {
+		crc = crcFoldAsm(crc, p[:m])
+		p = p[m:]
+	}
+	return crc32.Update(crc, castagnoli, p)
 }

@@ -623,3 +623,69 @@ DATA signShifts<>+28(SB)/4, $24
 GLOBL signShifts<>(SB), RODATA|NOPTR, $32
 DATA signMask<>+0(SB)/4, $0x80000000
 GLOBL signMask<>(SB), RODATA|NOPTR, $4
+
+// FOLD(K, A, B, T) sets A to B ⊕ A·x^D, congruent modulo the polynomial,
+// lane by lane, where K holds x^(D+32) and x^(D−32) (see clmulKeys): the
+// first qword of a lane (the higher powers, bit-reflected) times the first
+// key, the second times the second. T is scratch.
+#define FOLD(K, A, B, T) \
+	VPCLMULQDQ $0x00, K, A, T; \
+	VPCLMULQDQ $0x11, K, A, A; \
+	VPXOR      B, T, T; \
+	VPXOR      T, A, A
+
+// func crcFoldAsm(crc uint32, p []byte) uint32
+//
+// crc32.Update(crc, castagnoli, p) for len(p) a positive multiple of 128.
+// Four YMM accumulators take 128 bytes per iteration (8 independent
+// carry-less multiplies), each folded 1024 bits forward onto the next
+// 128 bytes; then the four fold onto the last 32 bytes and its two lanes
+// onto one 128-bit R, which is congruent to the message (the initial CRC
+// xored into its first 4 bytes) modulo the polynomial. The CRC32
+// instruction finishes: the CRC, from 0, of R as 16 bytes is that of the
+// message.
+TEXT ·crcFoldAsm(SB), NOSPLIT, $0-36
+	MOVL       crc+0(FP), AX
+	NOTL       AX
+	MOVQ       p_base+8(FP), SI
+	MOVQ       p_len+16(FP), CX
+	VMOVD      AX, X0
+	VPXOR      (SI), Y0, Y0
+	VMOVDQU    32(SI), Y1
+	VMOVDQU    64(SI), Y2
+	VMOVDQU    96(SI), Y3
+	VMOVDQU    ·clmulKeys+0(SB), Y4
+	ADDQ       $128, SI
+	SUBQ       $128, CX
+	JZ         reduce
+
+fold:
+	PREFETCHT0 2048(SI) // a payload not in cache (a decoder's check) streams in while the multiplies run
+	PREFETCHT0 2112(SI)
+	FOLD(Y4, Y0, (SI), Y5)
+	FOLD(Y4, Y1, 32(SI), Y6)
+	FOLD(Y4, Y2, 64(SI), Y7)
+	FOLD(Y4, Y3, 96(SI), Y8)
+	ADDQ       $128, SI
+	SUBQ       $128, CX
+	JNZ        fold
+
+reduce:
+	VMOVDQU      ·clmulKeys+32(SB), Y4
+	FOLD(Y4, Y0, Y3, Y5)          // 768 bits onto the last 32 bytes
+	VMOVDQU      ·clmulKeys+64(SB), Y4
+	FOLD(Y4, Y1, Y0, Y5)          // 512
+	VMOVDQU      ·clmulKeys+96(SB), Y4
+	FOLD(Y4, Y2, Y1, Y5)          // 256
+	VEXTRACTI128 $1, Y2, X3
+	VMOVDQU      ·clmulKeys+128(SB), X4
+	FOLD(X4, X2, X3, X5)          // lane 0 onto lane 1: R
+	VMOVQ        X2, BX
+	VPEXTRQ      $1, X2, DX
+	XORL         AX, AX
+	CRC32Q       BX, AX
+	CRC32Q       DX, AX
+	NOTL         AX
+	MOVL         AX, ret+32(FP)
+	VZEROUPPER
+	RET
