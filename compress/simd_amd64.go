@@ -12,8 +12,9 @@ import (
 // loops); an AVX-512 CPU runs them too. Each computes exactly what its
 // generic twin computes, bit for bit: the same IEEE single-precision
 // operations lane by lane, rounded to nearest even, and the same integer
-// arithmetic. The one fused multiply-add, t + u·2^-24 in quantAsm, has an
-// exact product, so it rounds once as the generic addition does.
+// arithmetic. The fused multiply-adds of quantAsm, t + u·2^-24 and
+// x·1 − lo, have exact products, so each rounds once as the generic
+// addition or subtraction does.
 // TestKernels runs every pair on the same inputs.
 func init() {
 	if !cpuFeatures() {

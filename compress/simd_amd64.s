@@ -36,29 +36,27 @@ TEXT ·rangeAVX2(SB), NOSPLIT, $0-33
 	SUBQ    $8, CX
 
 loop32:
-	CMPQ       CX, $32
-	JB         loop8
-	PREFETCHT0 2048(SI)       // 2 KiB ahead: the next bucket at B = 512, loading while the caller draws
-	PREFETCHT0 2112(SI)
-	VMOVUPS    (SI), Y3
-	VMOVUPS    32(SI), Y4
-	VMOVUPS    64(SI), Y5
-	VMOVUPS    96(SI), Y6
-	VMINPS     Y4, Y3, Y7
-	VMAXPS     Y4, Y3, Y8
-	VCMPPS     $3, Y4, Y3, Y9 // unordered: either is a NaN
-	VMINPS     Y6, Y5, Y10
-	VMAXPS     Y6, Y5, Y11
-	VCMPPS     $3, Y6, Y5, Y12
-	VMINPS     Y10, Y7, Y7
-	VMAXPS     Y11, Y8, Y8
-	VORPS      Y12, Y9, Y9
-	VMINPS     Y7, Y0, Y0
-	VMAXPS     Y8, Y1, Y1
-	VORPS      Y9, Y2, Y2
-	ADDQ       $128, SI
-	SUBQ       $32, CX
-	JMP        loop32
+	CMPQ    CX, $32
+	JB      loop8
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y4
+	VMOVUPS 64(SI), Y5
+	VMOVUPS 96(SI), Y6
+	VMINPS  Y4, Y3, Y7
+	VMAXPS  Y4, Y3, Y8
+	VCMPPS  $3, Y4, Y3, Y9 // unordered: either is a NaN
+	VMINPS  Y6, Y5, Y10
+	VMAXPS  Y6, Y5, Y11
+	VCMPPS  $3, Y6, Y5, Y12
+	VMINPS  Y10, Y7, Y7
+	VMAXPS  Y11, Y8, Y8
+	VORPS   Y12, Y9, Y9
+	VMINPS  Y7, Y0, Y0
+	VMAXPS  Y8, Y1, Y1
+	VORPS   Y9, Y2, Y2
+	ADDQ    $128, SI
+	SUBQ    $32, CX
+	JMP     loop32
 
 loop8:
 	TESTQ   CX, CX
@@ -97,7 +95,8 @@ reduce:
 //
 // Each group of 8 elements becomes 8 codes, one per byte of X3 (QPRE, then
 // QRAND or QHALF, then QPOST), then 8, 4 or 2 bytes of out by the width:
-// one loop per width and rounding mode.
+// one loop per width and rounding mode, 32 elements a step while they last
+// and then 8.
 TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	MOVQ         out_base+0(FP), DI
 	MOVQ         x_base+24(FP), SI
@@ -107,20 +106,21 @@ TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	MOVL         levels+56(FP), AX
 	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
-	MOVL         ctr+72(FP), AX
-	VMOVD        AX, X10
-	VPBROADCASTD X10, Y10
-	VPADDD       laneWeyl<>(SB), Y10, Y10 // ctr + k·0x9e3779b9 in lane k
-	MOVL         k1+76(FP), AX
-	VMOVD        AX, X11
-	VPBROADCASTD X11, Y11
-	VPBROADCASTD lane32M1<>(SB), Y12
-	VPBROADCASTD lane32M2<>(SB), Y13
-	VPBROADCASTD laneWeyl8<>(SB), Y14
+	VMOVDQU      packOrder<>(SB), Y7
 	MOVQ         bits+64(FP), AX
 	MOVBLZX      nearest+80(FP), DX
 	TESTL        DX, DX
 	JNZ          nearest
+	MOVL         ctr+72(FP), DX
+	VMOVD        DX, X10
+	VPBROADCASTD X10, Y10
+	VPADDD       laneWeyl<>(SB), Y10, Y10 // ctr + k·0x9e3779b9 in lane k
+	MOVL         k1+76(FP), DX
+	VMOVD        DX, X11
+	VPBROADCASTD X11, Y11
+	VPBROADCASTD lane32M1<>(SB), Y12
+	VPBROADCASTD lane32M2<>(SB), Y13
+	VPBROADCASTD laneWeyl8<>(SB), Y14
 	VBROADCASTSS twoPow24<>(SB), Y8
 	CMPQ         AX, $8
 	JEQ          rand8
@@ -130,6 +130,7 @@ TEXT ·quantAsm(SB), NOSPLIT, $0-81
 
 nearest:
 	VBROADCASTSS half<>(SB), Y8
+	VBROADCASTSS one<>(SB), Y9
 	CMPQ         AX, $8
 	JEQ          half8
 	CMPQ         AX, $4
@@ -178,7 +179,7 @@ nearest:
 	VPACKUSDW    X4, X3, X3; \
 	VPACKUSWB    X3, X3, X3
 
-// ST8, ST4 and ST2 store the codes in X3 at 8, 4 or 2 bits each and loop.
+// ST8, ST4 and ST2 store the codes in X3 at 8, 4 or 2 bits each.
 #define ST8 \
 	VMOVQ X3, (DI); \
 	ADDQ  $8, DI; \
@@ -201,25 +202,47 @@ nearest:
 	ADDQ       $2, DI; \
 	SUBQ       $8, CX
 
-// The 32-element steps: Y3, Y4, Y5, Y6 hold t of 8 elements each (QPRE4),
-// then r is added to each (QRANDR or QHALF4), then QPOST4 truncates,
-// clamps and narrows them to 32 bytes of Y3 in element order (VPERMD by
-// Y7 = dwords 0, 4, 1, 5, 2, 6, 3, 7 undoes the packs' lane interleave),
-// which ST32x8, ST32x4 and ST32x2 store at 8, 4 and 2 bits each.
-#define QPRE4 \
-	VMOVUPS (SI), Y3; \
-	VMOVUPS 32(SI), Y4; \
-	VMOVUPS 64(SI), Y5; \
-	VMOVUPS 96(SI), Y6; \
-	VSUBPS  Y0, Y3, Y3; \
-	VSUBPS  Y0, Y4, Y4; \
-	VSUBPS  Y0, Y5, Y5; \
-	VSUBPS  Y0, Y6, Y6; \
-	VMULPS  Y1, Y3, Y3; \
-	VMULPS  Y1, Y4, Y4; \
-	VMULPS  Y1, Y5, Y5; \
-	VMULPS  Y1, Y6, Y6; \
-	ADDQ    $128, SI
+// The 32-element steps: Y3, Y4, Y5, Y6 hold x of 8 elements each (QLOAD4),
+// then t (QSUB4 or QSUBF4, then QMUL4), then r is added to each (QRANDR or
+// QHALF4), then QCVT4 truncates them, QMIN4 clamps them to L and QPACK4
+// narrows them to 32 bytes of Y3 in element order (VPERMD by Y7 = dwords
+// 0, 4, 1, 5, 2, 6, 3, 7 undoes the packs' lane interleave), which ST32x8,
+// ST32x4 and ST32x2 store at 8, 4 and 2 bits each. At 8 bits the packs'
+// unsigned saturation clamps to L = 255, so QMIN4 is left out.
+//
+// QLOAD4 prefetches 4 KiB ahead: memory serves the buckets to come while
+// this one is quantized from L1 (the range pass read it first), which at
+// 512-element buckets overlapped memory and compute better than a
+// prefetch in the range pass (measured on the AVX2 EPYC).
+#define QLOAD4 \
+	VMOVUPS    (SI), Y3; \
+	VMOVUPS    32(SI), Y4; \
+	VMOVUPS    64(SI), Y5; \
+	VMOVUPS    96(SI), Y6; \
+	PREFETCHT0 4096(SI); \
+	PREFETCHT0 4160(SI); \
+	ADDQ       $128, SI
+
+#define QSUB4 \
+	VSUBPS Y0, Y3, Y3; \
+	VSUBPS Y0, Y4, Y4; \
+	VSUBPS Y0, Y5, Y5; \
+	VSUBPS Y0, Y6, Y6
+
+// QSUBF4 is QSUB4 as x·1 − lo in the multiply-add units (Y9 = 1): the
+// product is exact, so it rounds as the subtraction does, and it leaves the
+// adders to QHALF4 and the conversions.
+#define QSUBF4 \
+	VFMSUB132PS Y9, Y0, Y3; \
+	VFMSUB132PS Y9, Y0, Y4; \
+	VFMSUB132PS Y9, Y0, Y5; \
+	VFMSUB132PS Y9, Y0, Y6
+
+#define QMUL4 \
+	VMULPS Y1, Y3, Y3; \
+	VMULPS Y1, Y4, Y4; \
+	VMULPS Y1, Y5, Y5; \
+	VMULPS Y1, Y6, Y6
 
 #define QRAND4 \
 	QRANDR(Y3); \
@@ -233,19 +256,23 @@ nearest:
 	VADDPS Y8, Y5, Y5; \
 	VADDPS Y8, Y6, Y6
 
-#define QPOST4 \
+#define QCVT4 \
 	VCVTTPS2DQ Y3, Y3; \
 	VCVTTPS2DQ Y4, Y4; \
 	VCVTTPS2DQ Y5, Y5; \
-	VCVTTPS2DQ Y6, Y6; \
-	VPMINSD    Y2, Y3, Y3; \
-	VPMINSD    Y2, Y4, Y4; \
-	VPMINSD    Y2, Y5, Y5; \
-	VPMINSD    Y2, Y6, Y6; \
-	VPACKUSDW  Y4, Y3, Y3; \
-	VPACKUSDW  Y6, Y5, Y5; \
-	VPACKUSWB  Y5, Y3, Y3; \
-	VPERMD     Y3, Y7, Y3
+	VCVTTPS2DQ Y6, Y6
+
+#define QMIN4 \
+	VPMINSD Y2, Y3, Y3; \
+	VPMINSD Y2, Y4, Y4; \
+	VPMINSD Y2, Y5, Y5; \
+	VPMINSD Y2, Y6, Y6
+
+#define QPACK4 \
+	VPACKUSDW Y4, Y3, Y3; \
+	VPACKUSDW Y6, Y5, Y5; \
+	VPACKUSWB Y5, Y3, Y3; \
+	VPERMD    Y3, Y7, Y3
 
 #define ST32x8 \
 	VMOVDQU Y3, (DI); \
@@ -278,14 +305,19 @@ nearest:
 	SUBQ         $32, CX
 
 rand8:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand8t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand8t
+
+rand8x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QPACK4
 	ST32x8
-	JMP     rand8
+	CMPQ   CX, $32
+	JAE    rand8x
 
 rand8t:
 	TESTQ CX, CX
@@ -297,14 +329,20 @@ rand8t:
 	JMP   rand8t
 
 rand4:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand4t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand4t
+
+rand4x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x4
-	JMP     rand4
+	CMPQ   CX, $32
+	JAE    rand4x
 
 rand4t:
 	TESTQ CX, CX
@@ -316,14 +354,20 @@ rand4t:
 	JMP   rand4t
 
 rand2:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand2t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand2t
+
+rand2x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x2
-	JMP     rand2
+	CMPQ   CX, $32
+	JAE    rand2x
 
 rand2t:
 	TESTQ CX, CX
@@ -335,14 +379,19 @@ rand2t:
 	JMP   rand2t
 
 half8:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half8t
-	QPRE4
+	CMPQ CX, $32
+	JB   half8t
+
+half8x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QPACK4
 	ST32x8
-	JMP     half8
+	CMPQ   CX, $32
+	JAE    half8x
 
 half8t:
 	TESTQ CX, CX
@@ -354,14 +403,20 @@ half8t:
 	JMP   half8t
 
 half4:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half4t
-	QPRE4
+	CMPQ CX, $32
+	JB   half4t
+
+half4x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x4
-	JMP     half4
+	CMPQ   CX, $32
+	JAE    half4x
 
 half4t:
 	TESTQ CX, CX
@@ -373,14 +428,20 @@ half4t:
 	JMP   half4t
 
 half2:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half2t
-	QPRE4
+	CMPQ CX, $32
+	JB   half2t
+
+half2x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x2
-	JMP     half2
+	CMPQ   CX, $32
+	JAE    half2x
 
 half2t:
 	TESTQ CX, CX
@@ -422,6 +483,8 @@ DATA twoPow24<>+0(SB)/4, $0x33800000 // float32 2^-24
 GLOBL twoPow24<>(SB), RODATA|NOPTR, $4
 DATA half<>+0(SB)/4, $0x3f000000 // float32 0.5
 GLOBL half<>(SB), RODATA|NOPTR, $4
+DATA one<>+0(SB)/4, $0x3f800000 // float32 1
+GLOBL one<>(SB), RODATA|NOPTR, $4
 
 // The constants of draw32 (rng.go): the counter offsets k·0x9e3779b9 of
 // lanes k = 0..7, the step 8·0x9e3779b9, the two multipliers.
