@@ -506,16 +506,20 @@ GLOBL lane32M2<>(SB), RODATA|NOPTR, $4
 
 // DEQSTORE turns the 8 codes in the dwords of Y3 into lo + c·scale (Y0,
 // Y1), adds the 8 floats at DI if R9 (add) is set, stores them at DI and
-// advances DI.
+// advances DI. It prefetches out 2 KiB ahead: the hardware prefetcher
+// alone keeps too few of dst's lines in flight beside the codes' stream
+// (DecompressAdd at 64M: int8 and int2 3–15% faster, measured on the AVX2
+// EPYC); unsignAsm does the same.
 #define DEQSTORE \
-	VCVTDQ2PS Y3, Y3; \
-	VMULPS    Y1, Y3, Y3; \
-	VADDPS    Y0, Y3, Y3; \
-	TESTQ     R9, R9; \
-	JZ        2(PC); \
-	VADDPS    (DI), Y3, Y3; \
-	VMOVUPS   Y3, (DI); \
-	ADDQ      $32, DI
+	VCVTDQ2PS  Y3, Y3; \
+	VMULPS     Y1, Y3, Y3; \
+	VADDPS     Y0, Y3, Y3; \
+	TESTQ      R9, R9; \
+	JZ         2(PC); \
+	VADDPS     (DI), Y3, Y3; \
+	PREFETCHT0 2048(DI); \
+	VMOVUPS    Y3, (DI); \
+	ADDQ       $32, DI
 
 // func dequantAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
 TEXT ·dequantAsm(SB), NOSPLIT, $0-65
@@ -643,6 +647,7 @@ uloop:
 	TESTQ        R9, R9
 	JZ           2(PC)
 	VADDPS       (DI), Y3, Y3
+	PREFETCHT0   2048(DI)
 	VMOVUPS      Y3, (DI)
 	ADDQ         $32, DI
 	INCQ         SI
