@@ -77,6 +77,21 @@ func TestChecksum(t *testing.T) {
 	}
 }
 
+// TestChecksumSplit: checksum is crc32.Checksum around the length from
+// which the AVX2 build reads two streams, and for lengths that do not halve
+// into whole 128-byte steps.
+func TestChecksumSplit(t *testing.T) {
+	p := make([]byte, 1<<21+300)
+	for i := range p {
+		p[i] = byte(i*131 + i>>8 + i>>17)
+	}
+	for _, n := range []int{1<<20 - 1, 1 << 20, 1<<20 + 1, 1<<20 + 255, 1<<21 + 300} {
+		if got, want := checksum(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
+			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}
+
 // TestCRCUpdate: crcUpdate (the VPCLMULQDQ fold where the CPU has it) is
 // crc32.Update for every length up to a few of its 128-byte steps, odd
 // alignments, and initial values 0, all ones and random.

@@ -206,9 +206,30 @@ var clmulKeys = func() (k [5][4]uint64) {
 func crcFoldAsm(crc uint32, p []byte) uint32
 
 // checksumAVX2 is checksumGeneric without its reads ahead: crcFoldAsm
-// prefetches, spread over its loop, and so checksums a 64 MiB payload not
-// in cache about 1.7× as fast (measured on the AVX2 EPYC).
-func checksumAVX2(p []byte) uint32 { return crcUpdateAVX2(0, p) }
+// prefetches, spread over its loop. A payload of checksumSplit bytes or
+// more is checksummed as two halves at once (crcFold2Asm), combined: two
+// streams from memory keep more lines in flight than one. A 64 MiB payload
+// not in cache is checksummed about 2.2× as fast as by checksumGeneric
+// (measured on the AVX2 EPYC: 1.7× by one stream, then 1.3×).
+func checksumAVX2(p []byte) uint32 {
+	if len(p) < checksumSplit {
+		return crcUpdateAVX2(0, p)
+	}
+	h := len(p) / 2 &^ 127
+	ca, cb := crcFold2Asm(p[:h], p[h:2*h])
+	return crcUpdateAVX2(crcCombine(ca, cb, h), p[2*h:])
+}
+
+// checksumSplit is the payload length from which checksumAVX2 reads two
+// streams. Shorter payloads are likely in cache, where one stream is as
+// fast and crcCombine's fraction of a microsecond would show.
+const checksumSplit = 1 << 20
+
+// crcFold2Asm returns crc32.Checksum of a and of b, for len(a) == len(b) a
+// positive multiple of 128.
+//
+//go:noescape
+func crcFold2Asm(a, b []byte) (ca, cb uint32)
 
 func crcUpdateAVX2(crc uint32, p []byte) uint32 {
 	if m := len(p) &^ 127; m > 0 {

@@ -702,30 +702,49 @@ GLOBL signMask<>(SB), RODATA|NOPTR, $4
 	VPXOR      B, T, T; \
 	VPXOR      T, A, A
 
+// CRCREDUCE sets AX to the CRC32C of the message that the accumulators
+// A0..A3 hold folded, as the last 128 bytes (A2, A3 are also XA2, XA3):
+// the four fold onto the last 32 bytes and its two lanes onto one 128-bit
+// R, which is congruent to the message (the initial CRC xored into its
+// first 4 bytes) modulo the polynomial, and the CRC32 instruction
+// finishes: the CRC, from 0, of R as 16 bytes is that of the message.
+#define CRCREDUCE(A0, A1, A2, A3, XA2, XA3) \
+	VMOVDQU      ·clmulKeys+32(SB), Y4; \
+	FOLD(Y4, A0, A3, Y5); \
+	VMOVDQU      ·clmulKeys+64(SB), Y4; \
+	FOLD(Y4, A1, A0, Y5); \
+	VMOVDQU      ·clmulKeys+96(SB), Y4; \
+	FOLD(Y4, A2, A1, Y5); \
+	VEXTRACTI128 $1, A2, XA3; \
+	VMOVDQU      ·clmulKeys+128(SB), X4; \
+	FOLD(X4, XA2, XA3, X5); \
+	VMOVQ        XA2, BX; \
+	VPEXTRQ      $1, XA2, DX; \
+	XORL         AX, AX; \
+	CRC32Q       BX, AX; \
+	CRC32Q       DX, AX; \
+	NOTL         AX
+
 // func crcFoldAsm(crc uint32, p []byte) uint32
 //
 // crc32.Update(crc, castagnoli, p) for len(p) a positive multiple of 128.
 // Four YMM accumulators take 128 bytes per iteration (8 independent
 // carry-less multiplies), each folded 1024 bits forward onto the next
-// 128 bytes; then the four fold onto the last 32 bytes and its two lanes
-// onto one 128-bit R, which is congruent to the message (the initial CRC
-// xored into its first 4 bytes) modulo the polynomial. The CRC32
-// instruction finishes: the CRC, from 0, of R as 16 bytes is that of the
-// message.
+// 128 bytes; CRCREDUCE finishes.
 TEXT ·crcFoldAsm(SB), NOSPLIT, $0-36
-	MOVL       crc+0(FP), AX
-	NOTL       AX
-	MOVQ       p_base+8(FP), SI
-	MOVQ       p_len+16(FP), CX
-	VMOVD      AX, X0
-	VPXOR      (SI), Y0, Y0
-	VMOVDQU    32(SI), Y1
-	VMOVDQU    64(SI), Y2
-	VMOVDQU    96(SI), Y3
-	VMOVDQU    ·clmulKeys+0(SB), Y4
-	ADDQ       $128, SI
-	SUBQ       $128, CX
-	JZ         reduce
+	MOVL    crc+0(FP), AX
+	NOTL    AX
+	MOVQ    p_base+8(FP), SI
+	MOVQ    p_len+16(FP), CX
+	VMOVD   AX, X0
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	ADDQ    $128, SI
+	SUBQ    $128, CX
+	JZ      reduce
 
 fold:
 	PREFETCHT0 2048(SI) // a payload not in cache (a decoder's check) streams in while the multiplies run
@@ -739,21 +758,59 @@ fold:
 	JNZ        fold
 
 reduce:
-	VMOVDQU      ·clmulKeys+32(SB), Y4
-	FOLD(Y4, Y0, Y3, Y5)          // 768 bits onto the last 32 bytes
-	VMOVDQU      ·clmulKeys+64(SB), Y4
-	FOLD(Y4, Y1, Y0, Y5)          // 512
-	VMOVDQU      ·clmulKeys+96(SB), Y4
-	FOLD(Y4, Y2, Y1, Y5)          // 256
-	VEXTRACTI128 $1, Y2, X3
-	VMOVDQU      ·clmulKeys+128(SB), X4
-	FOLD(X4, X2, X3, X5)          // lane 0 onto lane 1: R
-	VMOVQ        X2, BX
-	VPEXTRQ      $1, X2, DX
-	XORL         AX, AX
-	CRC32Q       BX, AX
-	CRC32Q       DX, AX
-	NOTL         AX
-	MOVL         AX, ret+32(FP)
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	MOVL AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func crcFold2Asm(a, b []byte) (ca, cb uint32)
+//
+// crc32.Checksum of a and of b, len(a) == len(b) a positive multiple of
+// 128: crcFoldAsm's loop on both at once, accumulators Y0-Y3 for a and
+// Y8-Y11 for b.
+TEXT ·crcFold2Asm(SB), NOSPLIT, $0-56
+	MOVQ    a_base+0(FP), SI
+	MOVQ    a_len+8(FP), CX
+	MOVQ    b_base+24(FP), DI
+	MOVL    $0xffffffff, AX // the initial CRC 0, inverted
+	VMOVD   AX, X0
+	VMOVDQU Y0, Y8
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPXOR   (DI), Y8, Y8
+	VMOVDQU 32(DI), Y9
+	VMOVDQU 64(DI), Y10
+	VMOVDQU 96(DI), Y11
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	SUBQ    $128, CX
+	JZ      reduce2
+
+fold2:
+	PREFETCHT0 2048(SI)
+	PREFETCHT0 2112(SI)
+	PREFETCHT0 2048(DI)
+	PREFETCHT0 2112(DI)
+	FOLD(Y4, Y0, (SI), Y5)
+	FOLD(Y4, Y1, 32(SI), Y6)
+	FOLD(Y4, Y2, 64(SI), Y7)
+	FOLD(Y4, Y3, 96(SI), Y12)
+	FOLD(Y4, Y8, (DI), Y13)
+	FOLD(Y4, Y9, 32(DI), Y14)
+	FOLD(Y4, Y10, 64(DI), Y15)
+	FOLD(Y4, Y11, 96(DI), Y5)
+	ADDQ       $128, SI
+	ADDQ       $128, DI
+	SUBQ       $128, CX
+	JNZ        fold2
+
+reduce2:
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	MOVL AX, ca+48(FP)
+	CRCREDUCE(Y8, Y9, Y10, Y11, X10, X11)
+	MOVL AX, cb+52(FP)
 	VZEROUPPER
 	RET
