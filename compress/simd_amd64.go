@@ -23,6 +23,7 @@ func init() {
 	kernelSet = "avx2"
 	minMaxKernel = minMaxAVX2
 	quantKernel = quantAVX2
+	quantRunKernel = quantRunAVX2
 	dequantKernel = dequantAVX2
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
@@ -96,6 +97,44 @@ func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 	}
 	_ = out[len(x)*int(bits)/8-1] // the length quantAsm trusts
 	quantAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
+}
+
+// quantRunAVX2 is quantRunGeneric, leaner on whole buckets whose length is
+// a multiple of 8: it calls minMaxAVX2 and quantAsm directly (the generic
+// loop's layers of calls cost about a tenth of int8 nearest encoding at
+// 512-element buckets), and it takes the range of the next bucket before
+// it quantizes the current one, so that the next bucket's loads and the
+// divisions of the current scale overlap the quantize pass instead of
+// waiting on each other. A bucket it cannot encode (quantRunGeneric
+// returns the error) and a partial last bucket go to quantRunGeneric.
+func quantRunAVX2(q *quantCodec, hdr, codes []byte, src []float32, from, to int, keys laneKeys) error {
+	b, bits, levels := q.bucket, q.bits, q.levels()
+	end := from + (to-from)/b*b
+	if b%8 != 0 || end == from {
+		return quantRunGeneric(q, hdr, codes, src, from, to, keys)
+	}
+	h := hdr[8*(from/b):]
+	x := src[from : from+b]
+	lo, hi, finite := minMaxAVX2(x)
+	for s := from; s < end; s += b {
+		if !finite {
+			return quantRunGeneric(q, hdr, codes, src, s, to, keys)
+		}
+		lo, hi = lo+0, hi+0 // as bucketRange: −0 + +0 is +0
+		scale, inv, ok := q.scales(lo, hi)
+		if !ok {
+			return quantRunGeneric(q, hdr, codes, src, s, to, keys)
+		}
+		putScales(h, lo, scale)
+		h = h[8:]
+		cur, curLo := x, lo
+		if s+b < end {
+			x = src[s+b : s+2*b]
+			lo, hi, finite = minMaxAVX2(x)
+		}
+		quantAsm(codes[s*int(bits)/8:(s+b)*int(bits)/8], cur, curLo, inv, levels, bits, keys.counter(uint32(s)), keys.k1, q.nearest)
+	}
+	return quantRunGeneric(q, hdr, codes, src, end, to, keys)
 }
 
 // dequantAsm is dequantGeneric for len(out) a positive multiple of 8.
