@@ -40,14 +40,14 @@ var x2k = func() (t [64]uint32) {
 // len(B): crcA shifted past n zero bytes (multiplied by x^(8n)), xored with
 // crcB. (zlib's crc32_combine; the pre- and post-conditioning cancel.)
 func crcCombine(crcA, crcB uint32, n int) uint32 {
-	return mulModP(xPow8(n), crcA) ^ crcB
+	return mulModP(xPow(8*n), crcA) ^ crcB
 }
 
-// xPow8 returns x^(8n) modulo the polynomial, the shift past n bytes.
-func xPow8(n int) uint32 {
+// xPow returns x^e modulo the polynomial (e ≥ 0).
+func xPow(e int) uint32 {
 	p := uint32(1) << 31 // x^0
-	for k := 3; n != 0; k, n = k+1, n>>1 {
-		if n&1 != 0 {
+	for k := 0; e != 0; k, e = k+1, e>>1 {
+		if e&1 != 0 {
 			p = mulModP(x2k[k], p)
 		}
 	}

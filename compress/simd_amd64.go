@@ -232,7 +232,7 @@ func histAtLeastAVX2(h *[histBins]uint32, vals []float32, t uint32) (counted int
 // times x^D.
 var clmulKeys = func() (k [5][4]uint64) {
 	for i, d := range []int{1024, 768, 512, 256, 128} {
-		hi, lo := uint64(xPow8((d+32)/8))<<1, uint64(xPow8((d-32)/8))<<1
+		hi, lo := uint64(xPow(d+32))<<1, uint64(xPow(d-32))<<1
 		k[i] = [4]uint64{hi, lo, hi, lo}
 	}
 	return k
@@ -271,9 +271,37 @@ const checksumSplit = 1 << 20
 func crcFold2Asm(a, b []byte) (ca, cb uint32)
 
 func crcUpdateAVX2(crc uint32, p []byte) uint32 {
+	if m := len(p) / crcBlock * crcBlock; m > 0 {
+		crc = crcHybridAsm(crc, p[:m])
+		p = p[m:]
+	}
 	if m := len(p) &^ 127; m > 0 {
 		crc = crcFoldAsm(crc, p[:m])
 		p = p[m:]
 	}
 	return crc32.Update(crc, castagnoli, p)
+}
+
+// crcHybridAsm is crc32.Update(crc, castagnoli, p) for len(p) a positive
+// multiple of crcBlock: the fold and the CRC32 instruction at once, on
+// parts of each block, about 1.6× the speed of either alone in L1 (the
+// encoders' checksum of what they just wrote; measured on the AVX2 EPYC).
+//
+//go:noescape
+func crcHybridAsm(crc uint32, p []byte) uint32
+
+// crcSteps is the steps of crcHybridAsm per block of crcBlock bytes: 128
+// folded and 3·40 by the CRC32 instruction each.
+const (
+	crcSteps = 32
+	crcBlock = 248 * crcSteps
+)
+
+// crcRunKeys are the shifts crcHybridAsm moves the states of a block's
+// first three runs by, to its end: past 120, 80 and 40 bytes a step, as
+// x^(8n−33) (see CRCSHIFT).
+var crcRunKeys = [3]uint64{
+	uint64(xPow(8*120*crcSteps - 33)),
+	uint64(xPow(8*80*crcSteps - 33)),
+	uint64(xPow(8*40*crcSteps - 33)),
 }

@@ -1,5 +1,6 @@
 //go:build !purego
 
+#include "go_asm.h"
 #include "textflag.h"
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -704,12 +705,13 @@ GLOBL signMask<>(SB), RODATA|NOPTR, $4
 	VPXOR      B, T, T; \
 	VPXOR      T, A, A
 
-// CRCREDUCE sets AX to the CRC32C of the message that the accumulators
-// A0..A3 hold folded, as the last 128 bytes (A2, A3 are also XA2, XA3):
-// the four fold onto the last 32 bytes and its two lanes onto one 128-bit
-// R, which is congruent to the message (the initial CRC xored into its
-// first 4 bytes) modulo the polynomial, and the CRC32 instruction
-// finishes: the CRC, from 0, of R as 16 bytes is that of the message.
+// CRCREDUCE sets AX to the CRC32C state (not yet inverted) after the
+// message that the accumulators A0..A3 hold folded, as the last 128 bytes
+// (A2, A3 are also XA2, XA3): the four fold onto the last 32 bytes and its
+// two lanes onto one 128-bit R, which is congruent to the message (the
+// initial state xored into its first 4 bytes) modulo the polynomial, and
+// the CRC32 instruction finishes: its state, from 0, after R as 16 bytes
+// is the one after the message. It clobbers BX and DX.
 #define CRCREDUCE(A0, A1, A2, A3, XA2, XA3) \
 	VMOVDQU      ·clmulKeys+32(SB), Y4; \
 	FOLD(Y4, A0, A3, Y5); \
@@ -724,8 +726,7 @@ GLOBL signMask<>(SB), RODATA|NOPTR, $4
 	VPEXTRQ      $1, XA2, DX; \
 	XORL         AX, AX; \
 	CRC32Q       BX, AX; \
-	CRC32Q       DX, AX; \
-	NOTL         AX
+	CRC32Q       DX, AX
 
 // func crcFoldAsm(crc uint32, p []byte) uint32
 //
@@ -761,6 +762,7 @@ fold:
 
 reduce:
 	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	NOTL AX
 	MOVL AX, ret+32(FP)
 	VZEROUPPER
 	RET
@@ -811,8 +813,111 @@ fold2:
 
 reduce2:
 	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	NOTL AX
 	MOVL AX, ca+48(FP)
 	CRCREDUCE(Y8, Y9, Y10, Y11, X10, X11)
+	NOTL AX
 	MOVL AX, cb+52(FP)
+	VZEROUPPER
+	RET
+
+// CRCSHIFT sets DST to the CRC32C state SRC advanced past n zero bytes,
+// SRC·x^(8n) modulo the polynomial, where KEY holds x^(8n−33): the
+// carry-less product of two 32-bit reflected values, read as 64 bits,
+// is their product times x, and the CRC32 instruction from 0 multiplies
+// 64 bits by x^32. It clobbers BX, X12 and X13.
+#define CRCSHIFT(SRC, KEY, DST) \
+	VMOVD      SRC, X12; \
+	VMOVQ      KEY, X13; \
+	VPCLMULQDQ $0x00, X13, X12, X12; \
+	VMOVQ      X12, BX; \
+	XORL       DST, DST; \
+	CRC32Q     BX, DST
+
+// func crcHybridAsm(crc uint32, p []byte) uint32
+//
+// crc32.Update(crc, castagnoli, p) for len(p) a positive multiple of
+// crcBlock = 248·crcSteps bytes, crcSteps > 1. Each block is checksummed as four runs
+// at once: its first 128·crcSteps bytes by crcFoldAsm's carry-less fold
+// (vector units), and the three runs of 40·crcSteps bytes after them by
+// the CRC32 instruction (an integer unit, three chains to cover its
+// latency), 128 + 3·40 bytes a step; CRCSHIFT then moves each run's state
+// to the end of the block (the keys are in crcRunKeys).
+TEXT ·crcHybridAsm(SB), NOSPLIT, $0-36
+	MOVL crc+0(FP), AX
+	NOTL AX
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), R13
+
+block:
+	VMOVD   AX, X0
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	LEAQ    (128*const_crcSteps)(SI), DI  // the three integer runs
+	LEAQ    (40*const_crcSteps)(DI), R8
+	LEAQ    (40*const_crcSteps)(R8), R9
+	XORL    R10, R10
+	XORL    R11, R11
+	XORL    R12, R12
+	MOVQ    $(const_crcSteps-1), CX
+	CRC32Q  (DI), R10
+	CRC32Q  8(DI), R10
+	CRC32Q  16(DI), R10
+	CRC32Q  24(DI), R10
+	CRC32Q  32(DI), R10
+	CRC32Q  (R8), R11
+	CRC32Q  8(R8), R11
+	CRC32Q  16(R8), R11
+	CRC32Q  24(R8), R11
+	CRC32Q  32(R8), R11
+	CRC32Q  (R9), R12
+	CRC32Q  8(R9), R12
+	CRC32Q  16(R9), R12
+	CRC32Q  24(R9), R12
+	CRC32Q  32(R9), R12
+
+step:
+	ADDQ   $128, SI
+	ADDQ   $40, DI
+	ADDQ   $40, R8
+	ADDQ   $40, R9
+	FOLD(Y4, Y0, (SI), Y5)
+	CRC32Q (DI), R10
+	CRC32Q (R8), R11
+	CRC32Q (R9), R12
+	FOLD(Y4, Y1, 32(SI), Y6)
+	CRC32Q 8(DI), R10
+	CRC32Q 8(R8), R11
+	CRC32Q 8(R9), R12
+	FOLD(Y4, Y2, 64(SI), Y7)
+	CRC32Q 16(DI), R10
+	CRC32Q 16(R8), R11
+	CRC32Q 16(R9), R12
+	FOLD(Y4, Y3, 96(SI), Y8)
+	CRC32Q 24(DI), R10
+	CRC32Q 24(R8), R11
+	CRC32Q 24(R9), R12
+	CRC32Q 32(DI), R10
+	CRC32Q 32(R8), R11
+	CRC32Q 32(R9), R12
+	DECQ   CX
+	JNZ    step
+
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	CRCSHIFT(AX, ·crcRunKeys+0(SB), AX)  // past the three integer runs
+	CRCSHIFT(R10, ·crcRunKeys+8(SB), R10) // past the second and third
+	XORL     R10, AX
+	CRCSHIFT(R11, ·crcRunKeys+16(SB), R11) // past the third
+	XORL     R11, AX
+	XORL     R12, AX
+	LEAQ     40(R9), SI
+	SUBQ     $const_crcBlock, R13
+	JNZ      block
+
+	NOTL AX
+	MOVL AX, ret+32(FP)
 	VZEROUPPER
 	RET
