@@ -55,8 +55,8 @@ func xPow(e int) uint32 {
 }
 
 // crcUpdate returns crc32.Update(crc, castagnoli, p), the CRC32C of p
-// continuing crc. On amd64 with VPCLMULQDQ it is a carry-less-multiply
-// fold (simd_amd64.go).
+// continuing crc. On amd64 with VPCLMULQDQ it runs a carry-less-multiply
+// fold and the CRC32 instruction on parts of p at once (simd_amd64.go).
 var crcUpdate = crcUpdateGeneric
 
 func crcUpdateGeneric(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli, p) }
@@ -117,8 +117,8 @@ func (b *bodySum) sum() crcSpan {
 }
 
 // checksum returns crc32.Checksum(p, castagnoli) of a p that is likely not
-// in cache (a decoder's first pass over a payload). The VPCLMULQDQ loop
-// (simd_amd64.go) prefetches as it goes and replaces it.
+// in cache (a decoder's first pass over a payload). On amd64 with
+// VPCLMULQDQ it reads two streams and prefetches (simd_amd64.go).
 var checksum = checksumGeneric
 
 // checksumBlock is how far checksumGeneric reads ahead of the CRC.

@@ -750,15 +750,13 @@ TEXT ·crcFoldAsm(SB), NOSPLIT, $0-36
 	JZ      reduce
 
 fold:
-	PREFETCHT0 2048(SI) // a payload not in cache (a decoder's check) streams in while the multiplies run
-	PREFETCHT0 2112(SI)
 	FOLD(Y4, Y0, (SI), Y5)
 	FOLD(Y4, Y1, 32(SI), Y6)
 	FOLD(Y4, Y2, 64(SI), Y7)
 	FOLD(Y4, Y3, 96(SI), Y8)
-	ADDQ       $128, SI
-	SUBQ       $128, CX
-	JNZ        fold
+	ADDQ $128, SI
+	SUBQ $128, CX
+	JNZ  fold
 
 reduce:
 	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
@@ -771,7 +769,8 @@ reduce:
 //
 // crc32.Checksum of a and of b, len(a) == len(b) a positive multiple of
 // 128: crcFoldAsm's loop on both at once, accumulators Y0-Y3 for a and
-// Y8-Y11 for b.
+// Y8-Y11 for b, prefetching 2 KiB ahead in both, for a payload not in
+// cache (a decoder's first pass).
 TEXT ·crcFold2Asm(SB), NOSPLIT, $0-56
 	MOVQ    a_base+0(FP), SI
 	MOVQ    a_len+8(FP), CX
