@@ -59,16 +59,60 @@ func TestBodySumMatchesChecksum(t *testing.T) {
 	}
 }
 
-// TestChecksum: checksum, which reads ahead, is crc32.Checksum, for
-// lengths around its block.
+// TestChecksum: checksum and checksumGeneric, which read ahead, are
+// crc32.Checksum, for lengths around the latter's block.
 func TestChecksum(t *testing.T) {
 	p := make([]byte, 3*checksumBlock+65)
 	for i := range p {
 		p[i] = byte(i*131 + i>>8)
 	}
 	for _, n := range []int{0, 1, 63, 64, checksumBlock - 1, checksumBlock, checksumBlock + 1, 2 * checksumBlock, len(p)} {
+		want := crc32.Checksum(p[:n], castagnoli)
+		if got := checksum(p[:n]); got != want {
+			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
+		}
+		if got := checksumGeneric(p[:n]); got != want {
+			t.Errorf("checksumGeneric of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}
+
+// TestChecksumSplit: checksum is crc32.Checksum around the length from
+// which the AVX2 build reads two streams, and for lengths that do not halve
+// into whole 128-byte steps.
+func TestChecksumSplit(t *testing.T) {
+	p := make([]byte, 1<<21+300)
+	for i := range p {
+		p[i] = byte(i*131 + i>>8 + i>>17)
+	}
+	for _, n := range []int{1<<20 - 1, 1 << 20, 1<<20 + 1, 1<<20 + 255, 1<<21 + 300} {
 		if got, want := checksum(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
 			t.Errorf("checksum of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+}
+
+// TestCRCUpdate: crcUpdate (on amd64 with VPCLMULQDQ: blocks of 7936
+// bytes folded and CRC32-instructed at once, then 128-byte fold steps) is
+// crc32.Update for every length up to a few fold steps, lengths around
+// one and more blocks, odd alignments, and initial values 0, all ones and
+// random.
+func TestCRCUpdate(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := make([]byte, 4*8192+8)
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	lengths := []int{7935, 7936, 7937, 7936 + 128, 8192, 2*7936 - 1, 2 * 7936, 2*7936 + 255, 4 * 8192}
+	for n := 0; n <= 1100; n++ {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		for _, crc := range []uint32{0, ^uint32(0), r.Uint32()} {
+			q := p[n%8 : n%8+n]
+			if got, want := crcUpdate(crc, q), crc32.Update(crc, castagnoli, q); got != want {
+				t.Fatalf("crcUpdate(%#x, %d bytes) = %#x, want %#x", crc, n, got, want)
+			}
 		}
 	}
 }

@@ -133,29 +133,23 @@ func (q *quantCodec) encodeFeedback(body []byte, e, g, src []float32, key Key, r
 // from is a multiple of 8·B, so the range starts on a bucket and a byte
 // boundary.
 func (q *quantCodec) encodeRange(hdr, codes []byte, e, g, src, res []float32, from, to int, keys laneKeys) error {
+	if e == nil && res == nil {
+		return quantRunKernel(q, hdr, codes, src, from, to, keys)
+	}
+	return q.encodeBuckets(hdr, codes, e, g, src, res, from, to, keys)
+}
+
+// encodeBuckets is encodeRange, bucket by bucket.
+func (q *quantCodec) encodeBuckets(hdr, codes []byte, e, g, src, res []float32, from, to int, keys laneKeys) error {
 	for s := from; s < to; s += q.bucket {
 		x := src[s:min(s+q.bucket, to)]
 		if e != nil {
 			addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
 		}
-		lo, hi, err := bucketRange(x, s)
+		lo, scale, err := q.encodeBucket(hdr, codes, x, s, keys)
 		if err != nil {
 			return err
 		}
-		d := float64(hi) - float64(lo)
-		scale := float32(d / float64(q.levels()))
-		top := lo + float32(float32(q.levels())*scale)
-		if d > math.MaxFloat32 || math.Float32bits(top)&expMask == expMask {
-			return firstMaximum(x, s, hi)
-		}
-		var inv float32
-		if scale != 0 {
-			inv = float32(min(float64(q.levels())/d, math.MaxFloat32))
-		}
-		h := hdr[8*(s/q.bucket):]
-		binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
-		binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
-		q.quantize(codes, x, s, lo, inv, keys)
 		if res != nil {
 			r := res[s : s+len(x)]
 			dequantBucket(r, codes, s, lo, scale, q.bits, false)
@@ -163,6 +157,52 @@ func (q *quantCodec) encodeRange(hdr, codes []byte, e, g, src, res []float32, fr
 		}
 	}
 	return nil
+}
+
+// quantRunKernel is encodeRange without e and res. The AVX2 build replaces
+// it by a leaner loop over whole buckets (simd_amd64.go).
+var quantRunKernel = quantRunGeneric
+
+func quantRunGeneric(q *quantCodec, hdr, codes []byte, src []float32, from, to int, keys laneKeys) error {
+	return q.encodeBuckets(hdr, codes, nil, nil, src, nil, from, to, keys)
+}
+
+// encodeBucket writes the header and the codes of the bucket x, whose
+// first element has index s, and returns its lo and scale.
+func (q *quantCodec) encodeBucket(hdr, codes []byte, x []float32, s int, keys laneKeys) (lo, scale float32, err error) {
+	lo, hi, err := bucketRange(x, s)
+	if err != nil {
+		return 0, 0, err
+	}
+	scale, inv, ok := q.scales(lo, hi)
+	if !ok {
+		return 0, 0, firstMaximum(x, s, hi)
+	}
+	putScales(hdr[8*(s/q.bucket):], lo, scale)
+	q.quantize(codes, x, s, lo, inv, keys)
+	return lo, scale, nil
+}
+
+// scales returns the scale and inv of a bucket whose least and greatest
+// elements are lo and hi, and whether it can be encoded: its range fits a
+// float32 and its largest decoded value is finite (see quantCodec).
+func (q *quantCodec) scales(lo, hi float32) (scale, inv float32, ok bool) {
+	d := float64(hi) - float64(lo)
+	scale = float32(d / float64(q.levels()))
+	top := lo + float32(float32(q.levels())*scale)
+	if d > math.MaxFloat32 || math.Float32bits(top)&expMask == expMask {
+		return 0, 0, false
+	}
+	if scale != 0 {
+		inv = float32(min(float64(q.levels())/d, math.MaxFloat32))
+	}
+	return scale, inv, true
+}
+
+// putScales writes a bucket header: lo and scale.
+func putScales(h []byte, lo, scale float32) {
+	binary.LittleEndian.PutUint32(h, math.Float32bits(lo))
+	binary.LittleEndian.PutUint32(h[4:], math.Float32bits(scale))
 }
 
 // kernelSet names the inner loops in use: "generic", or the instruction

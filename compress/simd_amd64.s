@@ -1,5 +1,6 @@
 //go:build !purego
 
+#include "go_asm.h"
 #include "textflag.h"
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -36,29 +37,27 @@ TEXT ·rangeAVX2(SB), NOSPLIT, $0-33
 	SUBQ    $8, CX
 
 loop32:
-	CMPQ       CX, $32
-	JB         loop8
-	PREFETCHT0 2048(SI)       // 2 KiB ahead: the next bucket at B = 512, loading while the caller draws
-	PREFETCHT0 2112(SI)
-	VMOVUPS    (SI), Y3
-	VMOVUPS    32(SI), Y4
-	VMOVUPS    64(SI), Y5
-	VMOVUPS    96(SI), Y6
-	VMINPS     Y4, Y3, Y7
-	VMAXPS     Y4, Y3, Y8
-	VCMPPS     $3, Y4, Y3, Y9 // unordered: either is a NaN
-	VMINPS     Y6, Y5, Y10
-	VMAXPS     Y6, Y5, Y11
-	VCMPPS     $3, Y6, Y5, Y12
-	VMINPS     Y10, Y7, Y7
-	VMAXPS     Y11, Y8, Y8
-	VORPS      Y12, Y9, Y9
-	VMINPS     Y7, Y0, Y0
-	VMAXPS     Y8, Y1, Y1
-	VORPS      Y9, Y2, Y2
-	ADDQ       $128, SI
-	SUBQ       $32, CX
-	JMP        loop32
+	CMPQ    CX, $32
+	JB      loop8
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y4
+	VMOVUPS 64(SI), Y5
+	VMOVUPS 96(SI), Y6
+	VMINPS  Y4, Y3, Y7
+	VMAXPS  Y4, Y3, Y8
+	VCMPPS  $3, Y4, Y3, Y9 // unordered: either is a NaN
+	VMINPS  Y6, Y5, Y10
+	VMAXPS  Y6, Y5, Y11
+	VCMPPS  $3, Y6, Y5, Y12
+	VMINPS  Y10, Y7, Y7
+	VMAXPS  Y11, Y8, Y8
+	VORPS   Y12, Y9, Y9
+	VMINPS  Y7, Y0, Y0
+	VMAXPS  Y8, Y1, Y1
+	VORPS   Y9, Y2, Y2
+	ADDQ    $128, SI
+	SUBQ    $32, CX
+	JMP     loop32
 
 loop8:
 	TESTQ   CX, CX
@@ -97,7 +96,8 @@ reduce:
 //
 // Each group of 8 elements becomes 8 codes, one per byte of X3 (QPRE, then
 // QRAND or QHALF, then QPOST), then 8, 4 or 2 bytes of out by the width:
-// one loop per width and rounding mode.
+// one loop per width and rounding mode, 32 elements a step while they last
+// and then 8.
 TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	MOVQ         out_base+0(FP), DI
 	MOVQ         x_base+24(FP), SI
@@ -107,20 +107,21 @@ TEXT ·quantAsm(SB), NOSPLIT, $0-81
 	MOVL         levels+56(FP), AX
 	VMOVD        AX, X2
 	VPBROADCASTD X2, Y2
-	MOVL         ctr+72(FP), AX
-	VMOVD        AX, X10
-	VPBROADCASTD X10, Y10
-	VPADDD       laneWeyl<>(SB), Y10, Y10 // ctr + k·0x9e3779b9 in lane k
-	MOVL         k1+76(FP), AX
-	VMOVD        AX, X11
-	VPBROADCASTD X11, Y11
-	VPBROADCASTD lane32M1<>(SB), Y12
-	VPBROADCASTD lane32M2<>(SB), Y13
-	VPBROADCASTD laneWeyl8<>(SB), Y14
+	VMOVDQU      packOrder<>(SB), Y7
 	MOVQ         bits+64(FP), AX
 	MOVBLZX      nearest+80(FP), DX
 	TESTL        DX, DX
 	JNZ          nearest
+	MOVL         ctr+72(FP), DX
+	VMOVD        DX, X10
+	VPBROADCASTD X10, Y10
+	VPADDD       laneWeyl<>(SB), Y10, Y10 // ctr + k·0x9e3779b9 in lane k
+	MOVL         k1+76(FP), DX
+	VMOVD        DX, X11
+	VPBROADCASTD X11, Y11
+	VPBROADCASTD lane32M1<>(SB), Y12
+	VPBROADCASTD lane32M2<>(SB), Y13
+	VPBROADCASTD laneWeyl8<>(SB), Y14
 	VBROADCASTSS twoPow24<>(SB), Y8
 	CMPQ         AX, $8
 	JEQ          rand8
@@ -130,6 +131,7 @@ TEXT ·quantAsm(SB), NOSPLIT, $0-81
 
 nearest:
 	VBROADCASTSS half<>(SB), Y8
+	VBROADCASTSS one<>(SB), Y9
 	CMPQ         AX, $8
 	JEQ          half8
 	CMPQ         AX, $4
@@ -178,7 +180,7 @@ nearest:
 	VPACKUSDW    X4, X3, X3; \
 	VPACKUSWB    X3, X3, X3
 
-// ST8, ST4 and ST2 store the codes in X3 at 8, 4 or 2 bits each and loop.
+// ST8, ST4 and ST2 store the codes in X3 at 8, 4 or 2 bits each.
 #define ST8 \
 	VMOVQ X3, (DI); \
 	ADDQ  $8, DI; \
@@ -201,25 +203,49 @@ nearest:
 	ADDQ       $2, DI; \
 	SUBQ       $8, CX
 
-// The 32-element steps: Y3, Y4, Y5, Y6 hold t of 8 elements each (QPRE4),
-// then r is added to each (QRANDR or QHALF4), then QPOST4 truncates,
-// clamps and narrows them to 32 bytes of Y3 in element order (VPERMD by
-// Y7 = dwords 0, 4, 1, 5, 2, 6, 3, 7 undoes the packs' lane interleave),
-// which ST32x8, ST32x4 and ST32x2 store at 8, 4 and 2 bits each.
-#define QPRE4 \
-	VMOVUPS (SI), Y3; \
-	VMOVUPS 32(SI), Y4; \
-	VMOVUPS 64(SI), Y5; \
-	VMOVUPS 96(SI), Y6; \
-	VSUBPS  Y0, Y3, Y3; \
-	VSUBPS  Y0, Y4, Y4; \
-	VSUBPS  Y0, Y5, Y5; \
-	VSUBPS  Y0, Y6, Y6; \
-	VMULPS  Y1, Y3, Y3; \
-	VMULPS  Y1, Y4, Y4; \
-	VMULPS  Y1, Y5, Y5; \
-	VMULPS  Y1, Y6, Y6; \
-	ADDQ    $128, SI
+// The 32-element steps: Y3, Y4, Y5, Y6 hold x of 8 elements each (QLOAD4),
+// then t (QSUB4 or QSUBF4, then QMUL4), then r is added to each (QRANDR or
+// QHALF4), then QCVT4 truncates them, QMIN4 clamps them to L and QPACK4
+// narrows them to 32 bytes of Y3 in element order (VPERMD by Y7 = dwords
+// 0, 4, 1, 5, 2, 6, 3, 7 undoes the packs' lane interleave), which ST32x8,
+// ST32x4 and ST32x2 store at 8, 4 and 2 bits each. At 8 bits the packs'
+// unsigned saturation clamps to L = 255, so QMIN4 is left out.
+//
+// QLOAD4 prefetches 8 KiB ahead: memory serves the buckets to come while
+// this one is quantized from L1, which at 512-element buckets overlapped
+// memory and compute better than a prefetch in the range pass, and
+// quantRunAVX2, which takes the next bucket's range before it quantizes
+// this one, does best with 8 KiB rather than 4 (measured on the AVX2
+// EPYC).
+#define QLOAD4 \
+	VMOVUPS    (SI), Y3; \
+	VMOVUPS    32(SI), Y4; \
+	VMOVUPS    64(SI), Y5; \
+	VMOVUPS    96(SI), Y6; \
+	PREFETCHT0 8192(SI); \
+	PREFETCHT0 8256(SI); \
+	ADDQ       $128, SI
+
+#define QSUB4 \
+	VSUBPS Y0, Y3, Y3; \
+	VSUBPS Y0, Y4, Y4; \
+	VSUBPS Y0, Y5, Y5; \
+	VSUBPS Y0, Y6, Y6
+
+// QSUBF4 is QSUB4 as x·1 − lo in the multiply-add units (Y9 = 1): the
+// product is exact, so it rounds as the subtraction does, and it leaves the
+// adders to QHALF4 and the conversions.
+#define QSUBF4 \
+	VFMSUB132PS Y9, Y0, Y3; \
+	VFMSUB132PS Y9, Y0, Y4; \
+	VFMSUB132PS Y9, Y0, Y5; \
+	VFMSUB132PS Y9, Y0, Y6
+
+#define QMUL4 \
+	VMULPS Y1, Y3, Y3; \
+	VMULPS Y1, Y4, Y4; \
+	VMULPS Y1, Y5, Y5; \
+	VMULPS Y1, Y6, Y6
 
 #define QRAND4 \
 	QRANDR(Y3); \
@@ -233,19 +259,23 @@ nearest:
 	VADDPS Y8, Y5, Y5; \
 	VADDPS Y8, Y6, Y6
 
-#define QPOST4 \
+#define QCVT4 \
 	VCVTTPS2DQ Y3, Y3; \
 	VCVTTPS2DQ Y4, Y4; \
 	VCVTTPS2DQ Y5, Y5; \
-	VCVTTPS2DQ Y6, Y6; \
-	VPMINSD    Y2, Y3, Y3; \
-	VPMINSD    Y2, Y4, Y4; \
-	VPMINSD    Y2, Y5, Y5; \
-	VPMINSD    Y2, Y6, Y6; \
-	VPACKUSDW  Y4, Y3, Y3; \
-	VPACKUSDW  Y6, Y5, Y5; \
-	VPACKUSWB  Y5, Y3, Y3; \
-	VPERMD     Y3, Y7, Y3
+	VCVTTPS2DQ Y6, Y6
+
+#define QMIN4 \
+	VPMINSD Y2, Y3, Y3; \
+	VPMINSD Y2, Y4, Y4; \
+	VPMINSD Y2, Y5, Y5; \
+	VPMINSD Y2, Y6, Y6
+
+#define QPACK4 \
+	VPACKUSDW Y4, Y3, Y3; \
+	VPACKUSDW Y6, Y5, Y5; \
+	VPACKUSWB Y5, Y3, Y3; \
+	VPERMD    Y3, Y7, Y3
 
 #define ST32x8 \
 	VMOVDQU Y3, (DI); \
@@ -278,14 +308,19 @@ nearest:
 	SUBQ         $32, CX
 
 rand8:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand8t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand8t
+
+rand8x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QPACK4
 	ST32x8
-	JMP     rand8
+	CMPQ   CX, $32
+	JAE    rand8x
 
 rand8t:
 	TESTQ CX, CX
@@ -297,14 +332,20 @@ rand8t:
 	JMP   rand8t
 
 rand4:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand4t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand4t
+
+rand4x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x4
-	JMP     rand4
+	CMPQ   CX, $32
+	JAE    rand4x
 
 rand4t:
 	TESTQ CX, CX
@@ -316,14 +357,20 @@ rand4t:
 	JMP   rand4t
 
 rand2:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      rand2t
-	QPRE4
+	CMPQ CX, $32
+	JB   rand2t
+
+rand2x:
+	QLOAD4
+	QSUB4
+	QMUL4
 	QRAND4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x2
-	JMP     rand2
+	CMPQ   CX, $32
+	JAE    rand2x
 
 rand2t:
 	TESTQ CX, CX
@@ -335,14 +382,19 @@ rand2t:
 	JMP   rand2t
 
 half8:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half8t
-	QPRE4
+	CMPQ CX, $32
+	JB   half8t
+
+half8x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QPACK4
 	ST32x8
-	JMP     half8
+	CMPQ   CX, $32
+	JAE    half8x
 
 half8t:
 	TESTQ CX, CX
@@ -354,14 +406,20 @@ half8t:
 	JMP   half8t
 
 half4:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half4t
-	QPRE4
+	CMPQ CX, $32
+	JB   half4t
+
+half4x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x4
-	JMP     half4
+	CMPQ   CX, $32
+	JAE    half4x
 
 half4t:
 	TESTQ CX, CX
@@ -373,14 +431,20 @@ half4t:
 	JMP   half4t
 
 half2:
-	VMOVDQU packOrder<>(SB), Y7
-	CMPQ    CX, $32
-	JB      half2t
-	QPRE4
+	CMPQ CX, $32
+	JB   half2t
+
+half2x:
+	QLOAD4
+	QSUBF4
+	QMUL4
 	QHALF4
-	QPOST4
+	QCVT4
+	QMIN4
+	QPACK4
 	ST32x2
-	JMP     half2
+	CMPQ   CX, $32
+	JAE    half2x
 
 half2t:
 	TESTQ CX, CX
@@ -422,6 +486,8 @@ DATA twoPow24<>+0(SB)/4, $0x33800000 // float32 2^-24
 GLOBL twoPow24<>(SB), RODATA|NOPTR, $4
 DATA half<>+0(SB)/4, $0x3f000000 // float32 0.5
 GLOBL half<>(SB), RODATA|NOPTR, $4
+DATA one<>+0(SB)/4, $0x3f800000 // float32 1
+GLOBL one<>(SB), RODATA|NOPTR, $4
 
 // The constants of draw32 (rng.go): the counter offsets k·0x9e3779b9 of
 // lanes k = 0..7, the step 8·0x9e3779b9, the two multipliers.
@@ -443,16 +509,20 @@ GLOBL lane32M2<>(SB), RODATA|NOPTR, $4
 
 // DEQSTORE turns the 8 codes in the dwords of Y3 into lo + c·scale (Y0,
 // Y1), adds the 8 floats at DI if R9 (add) is set, stores them at DI and
-// advances DI.
+// advances DI. It prefetches out 2 KiB ahead: the hardware prefetcher
+// alone keeps too few of dst's lines in flight beside the codes' stream
+// (DecompressAdd at 64M: int8 and int2 3–15% faster, measured on the AVX2
+// EPYC); unsignAsm does the same.
 #define DEQSTORE \
-	VCVTDQ2PS Y3, Y3; \
-	VMULPS    Y1, Y3, Y3; \
-	VADDPS    Y0, Y3, Y3; \
-	TESTQ     R9, R9; \
-	JZ        2(PC); \
-	VADDPS    (DI), Y3, Y3; \
-	VMOVUPS   Y3, (DI); \
-	ADDQ      $32, DI
+	VCVTDQ2PS  Y3, Y3; \
+	VMULPS     Y1, Y3, Y3; \
+	VADDPS     Y0, Y3, Y3; \
+	TESTQ      R9, R9; \
+	JZ         2(PC); \
+	VADDPS     (DI), Y3, Y3; \
+	PREFETCHT0 2048(DI); \
+	VMOVUPS    Y3, (DI); \
+	ADDQ       $32, DI
 
 // func dequantAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
 TEXT ·dequantAsm(SB), NOSPLIT, $0-65
@@ -580,6 +650,7 @@ uloop:
 	TESTQ        R9, R9
 	JZ           2(PC)
 	VADDPS       (DI), Y3, Y3
+	PREFETCHT0   2048(DI)
 	VMOVUPS      Y3, (DI)
 	ADDQ         $32, DI
 	INCQ         SI
@@ -623,3 +694,229 @@ DATA signShifts<>+28(SB)/4, $24
 GLOBL signShifts<>(SB), RODATA|NOPTR, $32
 DATA signMask<>+0(SB)/4, $0x80000000
 GLOBL signMask<>(SB), RODATA|NOPTR, $4
+
+// FOLD(K, A, B, T) sets A to B ⊕ A·x^D, congruent modulo the polynomial,
+// lane by lane, where K holds x^(D+32) and x^(D−32) (see clmulKeys): the
+// first qword of a lane (the higher powers, bit-reflected) times the first
+// key, the second times the second. T is scratch.
+#define FOLD(K, A, B, T) \
+	VPCLMULQDQ $0x00, K, A, T; \
+	VPCLMULQDQ $0x11, K, A, A; \
+	VPXOR      B, T, T; \
+	VPXOR      T, A, A
+
+// CRCREDUCE sets AX to the CRC32C state (not yet inverted) after the
+// message that the accumulators A0..A3 hold folded, as the last 128 bytes
+// (A2, A3 are also XA2, XA3): the four fold onto the last 32 bytes and its
+// two lanes onto one 128-bit R, which is congruent to the message (the
+// initial state xored into its first 4 bytes) modulo the polynomial, and
+// the CRC32 instruction finishes: its state, from 0, after R as 16 bytes
+// is the one after the message. It clobbers BX and DX.
+#define CRCREDUCE(A0, A1, A2, A3, XA2, XA3) \
+	VMOVDQU      ·clmulKeys+32(SB), Y4; \
+	FOLD(Y4, A0, A3, Y5); \
+	VMOVDQU      ·clmulKeys+64(SB), Y4; \
+	FOLD(Y4, A1, A0, Y5); \
+	VMOVDQU      ·clmulKeys+96(SB), Y4; \
+	FOLD(Y4, A2, A1, Y5); \
+	VEXTRACTI128 $1, A2, XA3; \
+	VMOVDQU      ·clmulKeys+128(SB), X4; \
+	FOLD(X4, XA2, XA3, X5); \
+	VMOVQ        XA2, BX; \
+	VPEXTRQ      $1, XA2, DX; \
+	XORL         AX, AX; \
+	CRC32Q       BX, AX; \
+	CRC32Q       DX, AX
+
+// func crcFoldAsm(crc uint32, p []byte) uint32
+//
+// crc32.Update(crc, castagnoli, p) for len(p) a positive multiple of 128.
+// Four YMM accumulators take 128 bytes per iteration (8 independent
+// carry-less multiplies), each folded 1024 bits forward onto the next
+// 128 bytes; CRCREDUCE finishes.
+TEXT ·crcFoldAsm(SB), NOSPLIT, $0-36
+	MOVL    crc+0(FP), AX
+	NOTL    AX
+	MOVQ    p_base+8(FP), SI
+	MOVQ    p_len+16(FP), CX
+	VMOVD   AX, X0
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	ADDQ    $128, SI
+	SUBQ    $128, CX
+	JZ      reduce
+
+fold:
+	FOLD(Y4, Y0, (SI), Y5)
+	FOLD(Y4, Y1, 32(SI), Y6)
+	FOLD(Y4, Y2, 64(SI), Y7)
+	FOLD(Y4, Y3, 96(SI), Y8)
+	ADDQ $128, SI
+	SUBQ $128, CX
+	JNZ  fold
+
+reduce:
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	NOTL AX
+	MOVL AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func crcFold2Asm(a, b []byte) (ca, cb uint32)
+//
+// crc32.Checksum of a and of b, len(a) == len(b) a positive multiple of
+// 128: crcFoldAsm's loop on both at once, accumulators Y0-Y3 for a and
+// Y8-Y11 for b, prefetching 2 KiB ahead in both, for a payload not in
+// cache (a decoder's first pass).
+TEXT ·crcFold2Asm(SB), NOSPLIT, $0-56
+	MOVQ    a_base+0(FP), SI
+	MOVQ    a_len+8(FP), CX
+	MOVQ    b_base+24(FP), DI
+	MOVL    $0xffffffff, AX // the initial CRC 0, inverted
+	VMOVD   AX, X0
+	VMOVDQU Y0, Y8
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPXOR   (DI), Y8, Y8
+	VMOVDQU 32(DI), Y9
+	VMOVDQU 64(DI), Y10
+	VMOVDQU 96(DI), Y11
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	SUBQ    $128, CX
+	JZ      reduce2
+
+fold2:
+	PREFETCHT0 2048(SI)
+	PREFETCHT0 2112(SI)
+	PREFETCHT0 2048(DI)
+	PREFETCHT0 2112(DI)
+	FOLD(Y4, Y0, (SI), Y5)
+	FOLD(Y4, Y1, 32(SI), Y6)
+	FOLD(Y4, Y2, 64(SI), Y7)
+	FOLD(Y4, Y3, 96(SI), Y12)
+	FOLD(Y4, Y8, (DI), Y13)
+	FOLD(Y4, Y9, 32(DI), Y14)
+	FOLD(Y4, Y10, 64(DI), Y15)
+	FOLD(Y4, Y11, 96(DI), Y5)
+	ADDQ       $128, SI
+	ADDQ       $128, DI
+	SUBQ       $128, CX
+	JNZ        fold2
+
+reduce2:
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	NOTL AX
+	MOVL AX, ca+48(FP)
+	CRCREDUCE(Y8, Y9, Y10, Y11, X10, X11)
+	NOTL AX
+	MOVL AX, cb+52(FP)
+	VZEROUPPER
+	RET
+
+// CRCSHIFT sets DST to the CRC32C state SRC advanced past n zero bytes,
+// SRC·x^(8n) modulo the polynomial, where KEY holds x^(8n−33): the
+// carry-less product of two 32-bit reflected values, read as 64 bits,
+// is their product times x, and the CRC32 instruction from 0 multiplies
+// 64 bits by x^32. It clobbers BX, X12 and X13.
+#define CRCSHIFT(SRC, KEY, DST) \
+	VMOVD      SRC, X12; \
+	VMOVQ      KEY, X13; \
+	VPCLMULQDQ $0x00, X13, X12, X12; \
+	VMOVQ      X12, BX; \
+	XORL       DST, DST; \
+	CRC32Q     BX, DST
+
+// func crcHybridAsm(crc uint32, p []byte) uint32
+//
+// crc32.Update(crc, castagnoli, p) for len(p) a positive multiple of
+// crcBlock = 248·crcSteps bytes, crcSteps > 1. Each block is checksummed as four runs
+// at once: its first 128·crcSteps bytes by crcFoldAsm's carry-less fold
+// (vector units), and the three runs of 40·crcSteps bytes after them by
+// the CRC32 instruction (an integer unit, three chains to cover its
+// latency), 128 + 3·40 bytes a step; CRCSHIFT then moves each run's state
+// to the end of the block (the keys are in crcRunKeys).
+TEXT ·crcHybridAsm(SB), NOSPLIT, $0-36
+	MOVL crc+0(FP), AX
+	NOTL AX
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), R13
+
+block:
+	VMOVD   AX, X0
+	VPXOR   (SI), Y0, Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU ·clmulKeys+0(SB), Y4
+	LEAQ    (128*const_crcSteps)(SI), DI  // the three integer runs
+	LEAQ    (40*const_crcSteps)(DI), R8
+	LEAQ    (40*const_crcSteps)(R8), R9
+	XORL    R10, R10
+	XORL    R11, R11
+	XORL    R12, R12
+	MOVQ    $(const_crcSteps-1), CX
+	CRC32Q  (DI), R10
+	CRC32Q  8(DI), R10
+	CRC32Q  16(DI), R10
+	CRC32Q  24(DI), R10
+	CRC32Q  32(DI), R10
+	CRC32Q  (R8), R11
+	CRC32Q  8(R8), R11
+	CRC32Q  16(R8), R11
+	CRC32Q  24(R8), R11
+	CRC32Q  32(R8), R11
+	CRC32Q  (R9), R12
+	CRC32Q  8(R9), R12
+	CRC32Q  16(R9), R12
+	CRC32Q  24(R9), R12
+	CRC32Q  32(R9), R12
+
+step:
+	ADDQ   $128, SI
+	ADDQ   $40, DI
+	ADDQ   $40, R8
+	ADDQ   $40, R9
+	FOLD(Y4, Y0, (SI), Y5)
+	CRC32Q (DI), R10
+	CRC32Q (R8), R11
+	CRC32Q (R9), R12
+	FOLD(Y4, Y1, 32(SI), Y6)
+	CRC32Q 8(DI), R10
+	CRC32Q 8(R8), R11
+	CRC32Q 8(R9), R12
+	FOLD(Y4, Y2, 64(SI), Y7)
+	CRC32Q 16(DI), R10
+	CRC32Q 16(R8), R11
+	CRC32Q 16(R9), R12
+	FOLD(Y4, Y3, 96(SI), Y8)
+	CRC32Q 24(DI), R10
+	CRC32Q 24(R8), R11
+	CRC32Q 24(R9), R12
+	CRC32Q 32(DI), R10
+	CRC32Q 32(R8), R11
+	CRC32Q 32(R9), R12
+	DECQ   CX
+	JNZ    step
+
+	CRCREDUCE(Y0, Y1, Y2, Y3, X2, X3)
+	CRCSHIFT(AX, ·crcRunKeys+0(SB), AX)  // past the three integer runs
+	CRCSHIFT(R10, ·crcRunKeys+8(SB), R10) // past the second and third
+	XORL     R10, AX
+	CRCSHIFT(R11, ·crcRunKeys+16(SB), R11) // past the third
+	XORL     R11, AX
+	XORL     R12, AX
+	LEAQ     40(R9), SI
+	SUBQ     $const_crcBlock, R13
+	JNZ      block
+
+	NOTL AX
+	MOVL AX, ret+32(FP)
+	VZEROUPPER
+	RET

@@ -349,9 +349,9 @@ func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byt
 	h.put(frame)
 	var sum uint32
 	if bs != nil && bs.chunks != nil {
-		sum = crcSpan{crc: crc32.Checksum(frame[:HeaderLen], castagnoli)}.then(bs.sum()).crc
+		sum = crcSpan{crc: crcUpdate(0, frame[:HeaderLen])}.then(bs.sum()).crc
 	} else {
-		sum = crc32.Checksum(frame, castagnoli)
+		sum = crcUpdate(0, frame)
 	}
 	binary.LittleEndian.PutUint32(out[len(out)-TrailerLen:], sum)
 	return out, nil
