@@ -349,7 +349,7 @@ func crumbs(codes []byte) uint64 {
 	return (w | w>>24) & 0xffff
 }
 
-// loadGroup returns the packed codes (bits 8, 4 or 2 each) of the 8
+// loadGroup returns the packed codes (bits 8, 4, 2 or 1 each) of the 8
 // elements from index i, which is a multiple of 8.
 func loadGroup(codes []byte, i int, bits uint) uint64 {
 	switch bits {
@@ -357,8 +357,10 @@ func loadGroup(codes []byte, i int, bits uint) uint64 {
 		return binary.LittleEndian.Uint64(codes[i:])
 	case 4:
 		return uint64(binary.LittleEndian.Uint32(codes[i/2:]))
-	default: // 2
+	case 2:
 		return uint64(binary.LittleEndian.Uint16(codes[i/4:]))
+	default: // 1
+		return uint64(codes[i/8])
 	}
 }
 
@@ -480,14 +482,44 @@ func dequant(c uint8, lo, scale float32) float32 { return lo + float32(float32(c
 var dequantKernel = dequantGeneric
 
 func dequantGeneric(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
-	mask := uint8(1<<bits - 1)
+	decodeCodes(out, codes, &codeValues, lo, scale, bits, add)
+}
+
+// codeValues holds float32(c) for every code c: decodeCodes loads it
+// instead of converting c.
+var codeValues = func() (v [256]float32) {
+	for c := range v {
+		v[c] = float32(c)
+	}
+	return v
+}()
+
+// decodeCodes sets (add false) or adds to (add true) out[i] the value
+// lo + float32(f[c]·scale) of the code c of element i, for len(out) a
+// multiple of 8, from codes packed at bits (8, 4, 2 or 1) per code at the
+// start of codes: the quantizers' D(c) with f = codeValues, sign's ±scale
+// with f = {1, −1} and lo = −0 (see unsignGeneric). A byte indexes the
+// 256 entries of f without a bounds check.
+func decodeCodes(out []float32, codes []byte, f *[256]float32, lo, scale float32, bits uint, add bool) {
+	mask, s := uint64(1)<<bits-1, bits&63
 	for i := 0; i+8 <= len(out); i += 8 {
 		w := loadGroup(codes, i, bits)
 		o := (*[8]float32)(out[i : i+8])
-		for k := range o {
-			setOrAdd(&o[k], dequant(uint8(w)&mask, lo, scale), add)
-			w >>= bits
-		}
+		setOrAdd(&o[0], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[1], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[2], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[3], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[4], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[5], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[6], lo+float32(f[uint8(w&mask)]*scale), add)
+		w >>= s
+		setOrAdd(&o[7], lo+float32(f[uint8(w&mask)]*scale), add)
 	}
 }
 

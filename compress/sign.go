@@ -186,13 +186,14 @@ func signed(sb uint32, bit uint8) float32 { return math.Float32frombits(sb | uin
 // signed(sb, bit i of bits), for len(out) a multiple of 8.
 var unsignKernel = unsignGeneric
 
+// unsignGeneric decodes through decodeCodes: −0 + float32(±1·scale) is
+// ±scale exactly, −0 for a zero scale included.
 func unsignGeneric(out []float32, bits []byte, sb uint32, add bool) {
-	for i := 0; i+8 <= len(out); i += 8 {
-		b := bits[i/8]
-		o := (*[8]float32)(out[i : i+8])
-		for k := range o {
-			setOrAdd(&o[k], signed(sb, b&1), add)
-			b >>= 1
-		}
-	}
+	decodeCodes(out, bits, &signFactors, negZero, math.Float32frombits(sb), 1, add)
 }
+
+// signFactors are decodeCodes' factors for sign bits 0 and 1.
+var signFactors = [256]float32{1, -1}
+
+// negZero is −0, the float32 identity of addition.
+var negZero = float32(math.Copysign(0, -1))
