@@ -235,7 +235,8 @@ func quantGeneric(out []byte, x []float32, lo, inv float32, levels int32, bits u
 // exactly when one of them is L + 1 = 2^bits: then the caller redoes the
 // block with the clamp (clampDrawn). Testing once per block instead of
 // clamping each code saves an instruction per element; a code reaches L + 1
-// only when x is within a few ulps of hi and r within about 2^-16 of 1.
+// only where t ≥ L (x at or next to hi) and r is within half an ulp of L
+// of 1 (2^-17 for int8, 2^-23 for int2).
 //
 // The 8 elements of a group are written out so that the compiler keeps them
 // in registers without bounds checks, and their hashes, independent of each
