@@ -134,9 +134,23 @@ func nonFinite(x []float32, base int) error {
 // and b are at least as long. Error feedback's e + g.
 var addKernel = addGeneric
 
+// addGeneric adds 8 elements per iteration, written out, so that the loop
+// overhead and the bounds checks are paid once per 8.
 func addGeneric(dst, a, b []float32) {
 	a, b = a[:len(dst)], b[:len(dst)]
-	for i := range dst {
+	i := 0
+	for ; i+8 <= len(dst); i += 8 {
+		d, x, y := (*[8]float32)(dst[i:i+8]), (*[8]float32)(a[i:i+8]), (*[8]float32)(b[i:i+8])
+		d[0] = x[0] + y[0]
+		d[1] = x[1] + y[1]
+		d[2] = x[2] + y[2]
+		d[3] = x[3] + y[3]
+		d[4] = x[4] + y[4]
+		d[5] = x[5] + y[5]
+		d[6] = x[6] + y[6]
+		d[7] = x[7] + y[7]
+	}
+	for ; i < len(dst); i++ {
 		dst[i] = a[i] + b[i]
 	}
 }

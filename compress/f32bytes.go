@@ -67,3 +67,10 @@ func uint16s(b []byte) []uint16 {
 	}
 	return u
 }
+
+// float32Bits returns x as its bit patterns (math.Float32bits of each
+// element) without copying: float32 and uint32 share one byte order on every
+// host, so the view is portable.
+func float32Bits(x []float32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
+}

@@ -748,3 +748,35 @@ func TestKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantClampInKernel is TestQuantClamp with the clamped element inside
+// a bucket's whole groups of 8, where the inner loop (quantKernel), not the
+// per-element head and tail, encodes it: the generic loop takes a separate
+// path for the rare block that needs the clamp.
+func TestQuantClampInKernel(t *testing.T) {
+	const bucket = 4096
+	for _, bits := range []uint{8, 4, 2} {
+		levels := int32(1)<<bits - 1
+		key, hit := Key{Bucket: 5}, -1
+		for hit < 0 {
+			key.Step++
+			st := NewRandomStream(0, key, DomainRound)
+			for i := 8; i < bucket-8 && hit < 0; i++ {
+				if int32(float32(float32(levels)+st.Uniform(uint32(i)))) > levels {
+					hit = i
+				}
+			}
+		}
+		x := make([]float32, bucket)
+		x[hit] = 1 // the bucket is {0, 1}: t = L exactly
+		spec := fmt.Sprintf("int%d:bucket=%d", bits, bucket)
+		p, err := mustParse(t, spec).Compress(nil, x, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := refQuantBody(x, bucket, bits, false, 0, key)
+		if got := payloadBody(p); !bytes.Equal(got, want) {
+			t.Fatalf("%s, step %d, clamped element %d: body differs from the definition at byte %d", spec, key.Step, hit, firstDiff(got, want))
+		}
+	}
+}

@@ -84,7 +84,8 @@ func (s RandomStream) Draw32(i uint32) uint32 {
 // Uniform returns uniform(i): draw32(i) as a float32 in [0, 1) with 24
 // random bits.
 func (s RandomStream) Uniform(i uint32) float32 {
-	return float32(s.Draw32(i)>>8) * 0x1p-24
+	k := lanes32(s.base)
+	return uniform32(k.counter(i), k.k1)
 }
 
 // laneKeys holds the keys k0, k1 of draw32.
@@ -98,6 +99,10 @@ func (k laneKeys) draw(i uint32) uint32 { return hash32(k.counter(i), k.k1) }
 
 // counter returns draw32's x for index i: i·0x9e3779b9 + k0.
 func (k laneKeys) counter(i uint32) uint32 { return i*lane32Weyl + k.k0 }
+
+// uniform32 returns float32(hash32(x, k1) >> 8) · 2^-24: uniform(i) from
+// draw32's x on.
+func uniform32(x, k1 uint32) float32 { return float32(hash32(x, k1)>>8) * 0x1p-24 }
 
 // hash32 is draw32 from x on.
 func hash32(x, k1 uint32) uint32 {

@@ -110,22 +110,28 @@ func signBucket(bits []byte, x []float32, s int) (float32, error) {
 // of bits, and adds float64(|x[i]|) to acc[i%8] in increasing i.
 var signKernel = signGeneric
 
+// signGeneric reads each element twice, as a float for the sum and as bits
+// for the sign, which keeps both in their own registers: the float64 of the
+// float32 is exact, so math.Abs of it is absBits, and clearing its sign
+// there measured faster than clearing the float32's in an integer register.
+// The sign bits combine with LEAs (a + 2·b) instead of a shift and an OR
+// each.
 func signGeneric(bits []byte, x []float32, acc *[8]float64) {
 	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
+	u := float32Bits(x)
 	for i := 0; i+8 <= len(x); i += 8 {
-		g := (*[8]float32)(x[i : i+8])
-		u0, u1, u2, u3 := math.Float32bits(g[0]), math.Float32bits(g[1]), math.Float32bits(g[2]), math.Float32bits(g[3])
-		u4, u5, u6, u7 := math.Float32bits(g[4]), math.Float32bits(g[5]), math.Float32bits(g[6]), math.Float32bits(g[7])
-		a0 += absBits(u0)
-		a1 += absBits(u1)
-		a2 += absBits(u2)
-		a3 += absBits(u3)
-		a4 += absBits(u4)
-		a5 += absBits(u5)
-		a6 += absBits(u6)
-		a7 += absBits(u7)
-		bits[i/8] = byte(signBit(u0) | signBit(u1)<<1 | signBit(u2)<<2 | signBit(u3)<<3 |
-			signBit(u4)<<4 | signBit(u5)<<5 | signBit(u6)<<6 | signBit(u7)<<7)
+		g, b := (*[8]float32)(x[i:i+8]), (*[8]uint32)(u[i:i+8])
+		a0 += math.Abs(float64(g[0]))
+		a1 += math.Abs(float64(g[1]))
+		a2 += math.Abs(float64(g[2]))
+		a3 += math.Abs(float64(g[3]))
+		a4 += math.Abs(float64(g[4]))
+		a5 += math.Abs(float64(g[5]))
+		a6 += math.Abs(float64(g[6]))
+		a7 += math.Abs(float64(g[7]))
+		lo := signBit(b[0]) + 2*signBit(b[1]) + 4*(signBit(b[2])+2*signBit(b[3]))
+		hi := signBit(b[4]) + 2*signBit(b[5]) + 4*(signBit(b[6])+2*signBit(b[7]))
+		bits[i/8] = byte(lo + 16*hi)
 	}
 	*acc = [8]float64{a0, a1, a2, a3, a4, a5, a6, a7}
 }
@@ -134,8 +140,9 @@ func signGeneric(bits []byte, x []float32, acc *[8]float64) {
 func absBits(u uint32) float64 { return float64(math.Float32frombits(u &^ (1 << 31))) }
 
 // signBit returns 1 if the float32 with bits u is below zero (u > 1<<31:
-// negative and not −0), else 0. NaN never reaches it.
-func signBit(u uint32) uint64 { return (1<<31 - uint64(u)) >> 63 }
+// negative and not −0), else 0: bit 32 of u + (2^31 − 1). NaN never reaches
+// it.
+func signBit(u uint32) uint64 { return (uint64(u) + 1<<31 - 1) >> 32 }
 
 func (c *signCodec) check(body []byte, h *header) error {
 	n := int(h.n)
@@ -179,13 +186,14 @@ func signed(sb uint32, bit uint8) float32 { return math.Float32frombits(sb | uin
 // signed(sb, bit i of bits), for len(out) a multiple of 8.
 var unsignKernel = unsignGeneric
 
+// unsignGeneric decodes through decodeCodes: −0 + float32(±1·scale) is
+// ±scale exactly, −0 for a zero scale included.
 func unsignGeneric(out []float32, bits []byte, sb uint32, add bool) {
-	for i := 0; i+8 <= len(out); i += 8 {
-		b := bits[i/8]
-		o := (*[8]float32)(out[i : i+8])
-		for k := range o {
-			setOrAdd(&o[k], signed(sb, b&1), add)
-			b >>= 1
-		}
-	}
+	decodeCodes(out, bits, &signFactors, negZero, math.Float32frombits(sb), 1, add)
 }
+
+// signFactors are decodeCodes' factors for sign bits 0 and 1.
+var signFactors = [256]float32{1, -1}
+
+// negZero is −0, the float32 identity of addition.
+var negZero = float32(math.Copysign(0, -1))
