@@ -9,13 +9,13 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 bench gobench cuda gpu-binaries
+.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 x86-32 bench gobench cuda gpu-binaries
 
 # setup first, then the rest in a make that reads this file again: what
 # setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
 # fresh machine has none of it before setup runs.
 test: setup
-	$(MAKE) vet unit capi pytest purego race fuzz arm64 cuda
+	$(MAKE) vet unit capi pytest purego race fuzz arm64 x86-32 cuda
 
 setup:
 	./scripts/setup
@@ -110,6 +110,12 @@ else
 	  echo "make arm64: qemu-aarch64 is not registered with binfmt_misc (scripts/setup): fuzzing on arm64 skipped, seed corpora only"; \
 	fi
 endif
+
+# The compress tests as a 32-bit x86 program (GOARCH=386: generic kernels,
+# a 32-bit int, so payload counts near MaxElements must not wrap), run
+# natively. Go fuzzes only amd64 and arm64; here the seed corpora run.
+x86-32:
+	GOARCH=386 CGO_ENABLED=0 $(GO) test -count=1 -short ./compress
 
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \

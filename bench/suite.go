@@ -76,7 +76,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("bench: negative budget %v", c.Budget)
 	}
 	for _, n := range c.Sizes {
-		if n < 1 || n > compress.MaxElements {
+		if n < 1 || int64(n) > compress.MaxElements {
 			return c, fmt.Errorf("bench: size %d: want 1 to %d elements", n, uint64(compress.MaxElements))
 		}
 	}

@@ -15,7 +15,10 @@
 // is self-describing (see the wire format in wire.go) and carries a CRC32C.
 package compress
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Codec identifies an encoding on the wire. Its numeric value is part of the
 // wire format and never changes.
@@ -51,6 +54,10 @@ func (c Codec) String() string {
 // MaxElements is the largest number of float32 elements one payload may
 // carry. Top-k indices are uint32, so every codec shares this bound.
 const MaxElements = 1<<32 - 1
+
+// maxElements is the most elements a payload may carry on this platform:
+// MaxElements, or less where an int cannot count that many (32-bit).
+const maxElements = min(MaxElements, math.MaxInt)
 
 // Key names one compression call: the gradient bucket it belongs to and the
 // training step. Random-k indices and stochastic rounding are functions of

@@ -341,7 +341,7 @@ func (f *ErrorFeedback) Residual(bucket uint64) []float32 {
 // NaN or ±Inf in e is a *NonFiniteError and more than MaxElements values a
 // *SizeError; on error nothing changes.
 func (f *ErrorFeedback) SetResidual(bucket uint64, e []float32) error {
-	if len(e) > MaxElements {
+	if int64(len(e)) > MaxElements {
 		return &SizeError{What: fmt.Sprintf("residual length for bucket %d", bucket), Got: int64(len(e)), Want: MaxElements}
 	}
 	for i, v := range e {

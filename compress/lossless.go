@@ -193,11 +193,12 @@ func huff0Unpack(stored []byte, raw int) ([]byte, error) {
 		if len(stored)-off < 5 {
 			return nil, fmt.Errorf("block header truncated at offset %d", off)
 		}
-		mode, size := stored[off], int(binary.LittleEndian.Uint32(stored[off+1:]))
+		mode, claimed := stored[off], binary.LittleEndian.Uint32(stored[off+1:])
 		off += 5
-		if size > len(stored)-off {
-			return nil, fmt.Errorf("block at offset %d claims %d bytes, %d remain", off-5, size, len(stored)-off)
+		if int64(claimed) > int64(len(stored)-off) { // in int64: a 32-bit int would wrap
+			return nil, fmt.Errorf("block at offset %d claims %d bytes, %d remain", off-5, claimed, len(stored)-off)
 		}
+		size := int(claimed)
 		blk := stored[off : off+size]
 		off += size
 		switch mode {

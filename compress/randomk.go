@@ -166,7 +166,7 @@ func randomkIndex(st RandomStream, j, n, k int) int {
 // returns dst unchanged and a *SizeError.
 func RandomKIndices(dst []uint32, n, k int, seed uint64, key Key) ([]uint32, error) {
 	switch {
-	case n < 0 || n > MaxElements:
+	case n < 0 || int64(n) > MaxElements:
 		return dst, &SizeError{What: "random-k element count", Got: int64(n), Want: MaxElements}
 	case k < 0 || k > n:
 		return dst, &SizeError{What: "random-k index count", Got: int64(k), Want: int64(n)}

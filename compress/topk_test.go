@@ -145,7 +145,13 @@ func TestSparseK(t *testing.T) {
 	}{
 		{0.01, 0, 0}, {1, 0, 0}, {0.01, 1, 1}, {1e-9, 1000, 1}, {0.01, 1000, 10},
 		{0.0015, 1000, 2}, {0.0025, 1000, 3}, // round half away from zero: 1.5 → 2, 2.5 → 3
-		{1, 1000, 1000}, {0.9999, 3, 3}, {0.5, 3, 2}, {0.01, MaxElements, 42949673},
+		{1, 1000, 1000}, {0.9999, 3, 3}, {0.5, 3, 2},
+	}
+	if big := int64(MaxElements); big <= math.MaxInt {
+		cases = append(cases, struct {
+			ratio float64
+			n, k  int
+		}{0.01, int(big), 42949673}) // 64-bit int only
 	}
 	for _, c := range cases {
 		if got := sparseK(c.ratio, c.n); got != c.k {

@@ -99,8 +99,8 @@ func parsePayload(p []byte) (*header, []byte, error) {
 		return nil, nil, &CorruptInputError{Offset: 6, Reason: fmt.Sprintf("unknown source dtype %d", p[6])}
 	case p[7]&^3 != 0 || h.lossless > LosslessHuff0:
 		return nil, nil, &CorruptInputError{Offset: 7, Reason: fmt.Sprintf("unknown flags %#02x", p[7])}
-	case h.n > MaxElements:
-		return nil, nil, &CorruptInputError{Offset: 8, Reason: fmt.Sprintf("element count %d exceeds %d", h.n, uint64(MaxElements))}
+	case h.n > maxElements:
+		return nil, nil, &CorruptInputError{Offset: 8, Reason: fmt.Sprintf("element count %d exceeds %d", h.n, uint64(maxElements))}
 	case h.bodyLen != uint64(end-HeaderLen):
 		return nil, nil, &CorruptInputError{Offset: 48, Reason: fmt.Sprintf("body length %d, but the frame holds %d bytes", h.bodyLen, end-HeaderLen)}
 	}
@@ -323,7 +323,7 @@ func (c *compressor) header(n int, key Key) header {
 // chunk or none), which saves the pass over the body that the checksum
 // takes otherwise. On error it returns dst unchanged.
 func (c *compressor) encodeWith(dst []byte, n int, key Key, fill func(body []byte, bs *bodySum) error) ([]byte, error) {
-	if n < 0 || n > MaxElements {
+	if n < 0 || int64(n) > MaxElements {
 		return dst, &SizeError{What: "input length", Got: int64(n), Want: MaxElements}
 	}
 	raw := c.impl.bodyLen(n)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
+	"fmt"
 	"hash/crc32"
 	"math"
 	"math/rand/v2"
@@ -95,7 +96,7 @@ func TestWireErrors(t *testing.T) {
 		{"bad dtype", sealed(p, func(q []byte) { q[6] = 2 }), 4, corrupt(6, "unknown source dtype 2")},
 		{"flag bits 2-7", sealed(p, func(q []byte) { q[7] = 0x04 }), 4, corrupt(7, "unknown flags 0x04")},
 		{"lossless 3", sealed(p, func(q []byte) { q[7] = 3 }), 4, corrupt(7, "unknown flags 0x03")},
-		{"count > MaxElements", sealed(p, putU64(8, MaxElements+1)), 4, corrupt(8, "element count 4294967296 exceeds 4294967295")},
+		{"count > MaxElements", sealed(p, putU64(8, MaxElements+1)), 4, corrupt(8, fmt.Sprintf("element count 4294967296 exceeds %d", uint64(maxElements)))},
 		{"body length field", sealed(p, putU64(48, 15)), 4, corrupt(48, "body length 15, but the frame holds 16 bytes")},
 		{"body length huge", sealed(p, putU64(48, 1<<63)), 4, corrupt(48, "body length")},
 		{"body too long for codec", grown, 4, corrupt(48, "body of 20 bytes, none needs 16 for 4 elements")},

@@ -160,7 +160,7 @@ func (c *Codec) check(a *EncodeArgs) error {
 	}
 	n := uint64(a.N)
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case a.Status == 0:
 		return bad("null status pointer")
@@ -343,7 +343,7 @@ func (c *Codec) decodePlan(a DecodeArgs) ([]step, error) {
 		return &ArgumentError{Op: "Decode(" + c.Spec().String() + ")", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case len(a.Bodies) == 0:
 		return nil, bad("no bodies")
@@ -426,7 +426,7 @@ func (c *Codec) maskPlan(a MaskArgs) ([]step, error) {
 	switch {
 	case !topk && c.codec != compress.CodecRandomK:
 		return nil, bad("codec %s sends no index set: only top-k and random-k masks", c.codec)
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case a.N > 0 && (a.U == 0 || a.U%4 != 0):
 		return nil, bad("velocity %#x is null or not 4-byte aligned", a.U)

@@ -29,7 +29,7 @@ func averagePlan(a AverageArgs) ([]step, error) {
 		return &ArgumentError{Op: "Average", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case a.Ranks < 1 || a.Ranks > math.MaxUint16:
 		return nil, bad("%d ranks, want 1 to %d", a.Ranks, math.MaxUint16)
@@ -88,7 +88,7 @@ func momentumPlan(a MomentumArgs) ([]step, error) {
 	}
 	n := uint64(a.N)
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case !(a.M >= 0 && a.M < 1):
 		return nil, bad("momentum %v is not in [0, 1)", a.M)
@@ -149,7 +149,7 @@ func guardPlan(a GuardArgs) ([]step, error) {
 		return &ArgumentError{Op: "Guard", Reason: fmt.Sprintf(format, v...)}
 	}
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case a.N > 0 && (a.Resid == 0 || a.Grad == 0):
 		return nil, bad("null residual or gradient pointer for %d elements", a.N)
@@ -265,7 +265,7 @@ func flushPlan(a FlushArgs) ([]step, error) {
 	}
 	n := uint64(a.N)
 	switch {
-	case a.N < 0 || a.N > compress.MaxElements:
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
 		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
 	case a.N > 0 && (a.Grad == 0 || a.Resid == 0 || a.ResidOut == 0):
 		return nil, bad("null gradient, residual or residual-out pointer for %d elements", a.N)

@@ -39,7 +39,7 @@ func (c *Codec) Decode(ctx *Context, s gpu.Stream, a DecodeArgs) error {
 // Laplace(0, 1) samples drawn from (seed, key): reproducible test and
 // benchmark gradients made on the device.
 func FillLaplace(ctx *Context, s gpu.Stream, x gpu.Ptr, n int, seed uint64, key compress.Key) error {
-	if n < 0 || n > compress.MaxElements || (n > 0 && (x == 0 || x%4 != 0)) {
+	if n < 0 || int64(n) > compress.MaxElements || (n > 0 && (x == 0 || x%4 != 0)) {
 		return &ArgumentError{Op: "FillLaplace", Reason: "bad buffer or element count"}
 	}
 	if n == 0 {

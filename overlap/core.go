@@ -814,12 +814,12 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case len(sizes) == 0:
 		return fmt.Errorf("no buckets")
-	case len(sizes) > math.MaxUint32 || ranks > math.MaxUint16:
+	case int64(len(sizes)) > math.MaxUint32 || ranks > math.MaxUint16:
 		return fmt.Errorf("%d buckets on %d ranks: at most %d buckets and %d ranks", len(sizes), ranks, uint64(math.MaxUint32), math.MaxUint16)
 	}
 	for i, n := range sizes {
-		if n < 1 || n > compress.MaxElements {
-			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, compress.MaxElements)
+		if n < 1 || int64(n) > compress.MaxElements {
+			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, uint64(compress.MaxElements))
 		}
 	}
 	for i, p := range cfg.Schedule {

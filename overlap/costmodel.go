@@ -383,7 +383,7 @@ func Predict(c compress.Compressor, s Strategy, n, world int, link Link) (Predic
 	switch {
 	case c == nil:
 		return Prediction{}, fmt.Errorf("overlap: Predict: nil compressor")
-	case n < 1 || n > compress.MaxElements:
+	case n < 1 || int64(n) > compress.MaxElements:
 		return Prediction{}, fmt.Errorf("overlap: Predict: %d elements, want 1 to %d", n, uint64(compress.MaxElements))
 	case world < 1 || world > MaxPredictWorld:
 		return Prediction{}, fmt.Errorf("overlap: Predict: world size %d, want 1 to %d", world, MaxPredictWorld)

@@ -418,7 +418,7 @@ func InspectState(b []byte) (StateInfo, error) {
 	for i := range info.Buckets {
 		v := binary.LittleEndian.Uint64(take(8))
 		if v > compress.MaxElements {
-			return info, &StateError{Reason: fmt.Sprintf("bucket %d has %d elements, more than %d", i, v, compress.MaxElements)}
+			return info, &StateError{Reason: fmt.Sprintf("bucket %d has %d elements, more than %d", i, v, uint64(compress.MaxElements))}
 		}
 		info.Buckets[i] = int(v)
 	}
