@@ -111,3 +111,17 @@ type Comm interface {
 	// each implementation. Closing a closed Comm returns nil.
 	Close() error
 }
+
+// Unchecker is implemented by a Comm whose collectives first check their
+// arguments across ranks (comm/mpi with its argument check on, the
+// default). Unchecked returns a Comm over the same ranks, transport and
+// state that skips that check: a call whose arguments differ between
+// ranks is then the transport's undefined behaviour (with comm/mpi: a hang
+// until the deadline, a truncation error or wrong data). It is for a
+// caller that has established the agreement another way, as the overlap
+// engine has for its bucket collectives, whose lengths follow from the
+// configuration its handshake compared. The two Comms share everything
+// else: one collective at a time across both, one failure, one Close.
+type Unchecker interface {
+	Unchecked() Comm
+}

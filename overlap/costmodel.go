@@ -97,7 +97,7 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		var ts []float64
 		for rep := range probeReps + 1 {
 			tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-			d, err := e.timing.probe(tctx, e.c, buf[:l])
+			d, err := e.timing.probe(tctx, e.data, buf[:l])
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("overlap: cost model: link probe on rank %d: %w", e.rank, err)
@@ -179,6 +179,7 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
 	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy},
 		c: &loopback{rank: e.rank, size: e.size}}
+	s.data = s.c
 	if s.comp != nil {
 		s.exchanger = s.newExchanger()
 	}

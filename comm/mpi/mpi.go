@@ -150,10 +150,13 @@ func Init(opts ...Option) (*Comm, error) {
 type Comm struct {
 	rank, size int
 	cfg        config
-	h          handle // the MPI communicator and its state; build-specific
+	h          *handle // the MPI communicator and its state, shared with Unchecked's view; build-specific
 }
 
-var _ comm.Comm = (*Comm)(nil)
+var (
+	_ comm.Comm      = (*Comm)(nil)
+	_ comm.Unchecker = (*Comm)(nil)
+)
 
 // Rank returns this process's rank in the communicator.
 func (c *Comm) Rank() int { return c.rank }
@@ -175,6 +178,15 @@ func (c *Comm) Dup(ctx context.Context, opts ...Option) (*Comm, error) {
 		return nil, err
 	}
 	return c.dup(ctx, cfg)
+}
+
+// Unchecked implements comm.Unchecker: c's communicator without the
+// argument check (WithArgCheck(false)), sharing c's state — one collective
+// at a time across both, one failure, and Close of either closes both.
+func (c *Comm) Unchecked() comm.Comm {
+	u := *c
+	u.cfg.argCheck = false
+	return &u
 }
 
 // AllReduce implements comm.Comm.AllReduce with MPI_Iallreduce (in place,

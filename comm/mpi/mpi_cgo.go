@@ -199,7 +199,7 @@ func initWorld(cfg config) (*Comm, error) {
 		return nil, err
 	}
 	proc.inited = true
-	c := &Comm{cfg: cfg, h: handle{world: true, closing: make(chan struct{})}}
+	c := &Comm{cfg: cfg, h: &handle{world: true, closing: make(chan struct{})}}
 	if rc := mpi(func() C.int { return C.gc_world(&c.h.comm) }); rc != C.MPI_SUCCESS {
 		return nil, mpiError("Init", "MPI_Comm_dup", -1, rc)
 	}
@@ -227,7 +227,7 @@ func (c *Comm) setRankSize(op string) error {
 }
 
 func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
-	nc := &Comm{cfg: cfg, h: handle{closing: make(chan struct{})}}
+	nc := &Comm{cfg: cfg, h: &handle{closing: make(chan struct{})}}
 	err := c.collective(ctx, check.Call{Op: comm.OpDup}, func(r *request) (string, C.int) {
 		r.pin.Pin(nc)
 		return "MPI_Comm_idup", C.gc_idup(c.h.comm, &nc.h.comm, &r.req)

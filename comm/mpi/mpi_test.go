@@ -32,6 +32,27 @@ func TestConformance(t *testing.T) {
 	t.Run("unchecked", func(t *testing.T) { onRanks(t, body, WithArgCheck(false)) })
 }
 
+// TestUnchecked: the view without argument checks passes the conformance
+// suite on the checked communicator's handle, and shares its state: once
+// the view is closed, the checked Comm is closed too.
+func TestUnchecked(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		u := c.Unchecked()
+		if err := commtest.Run(ctx, u, commtest.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Barrier(ctx); err != nil { // the checked one still works
+			t.Fatal(err)
+		}
+		if err := u.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Barrier(ctx); !errors.Is(err, comm.ErrClosed) {
+			t.Errorf("checked Comm after the view's Close: got %v, want ErrClosed", err)
+		}
+	})
+}
+
 func TestThreadLevel(t *testing.T) {
 	onRanks(t, func(_ context.Context, t *testing.T, c *Comm) {
 		if got := c.ThreadLevel(); got != "MPI_THREAD_MULTIPLE" {
