@@ -28,6 +28,7 @@ func init() {
 	signKernel = signAVX2
 	unsignKernel = unsignAVX2
 	addKernel = addAVX2
+	subKernel = subAVX2
 	histTopKernel = histTopAVX2
 	collectKernel = collectAsm
 	histAtLeastKernel = histAtLeastAVX2
@@ -188,6 +189,20 @@ func addAVX2(dst, a, b []float32) {
 		addAsm(dst[:m], a, b)
 	}
 	addGeneric(dst[m:], a[m:], b[m:])
+}
+
+// subAsm is subGeneric for len(res) a positive multiple of 8.
+//
+//go:noescape
+func subAsm(res, src []float32)
+
+func subAVX2(res, src []float32) {
+	m := len(res) &^ 7
+	if m > 0 {
+		_ = src[m-1] // the length subAsm trusts
+		subAsm(res[:m], src)
+	}
+	subGeneric(res[m:], src[m:len(res)])
 }
 
 // histTopAsm is histTopGeneric for len(vals) a positive multiple of 8.

@@ -596,6 +596,23 @@ aloop:
 	VZEROUPPER
 	RET
 
+// func subAsm(res, src []float32)
+TEXT ·subAsm(SB), NOSPLIT, $0-48
+	MOVQ res_base+0(FP), DI
+	MOVQ res_len+8(FP), CX
+	MOVQ src_base+24(FP), SI
+
+subloop:
+	VMOVUPS (SI), Y0
+	VSUBPS  (DI), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JNZ     subloop
+	VZEROUPPER
+	RET
+
 // func signAsm(bits []byte, x []float32, acc *[8]float64)
 TEXT ·signAsm(SB), NOSPLIT, $0-56
 	MOVQ      bits_base+0(FP), DI
