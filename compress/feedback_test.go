@@ -45,12 +45,7 @@ func primed(t testing.TB) *compress.ErrorFeedback {
 func snapshot(f *compress.ErrorFeedback) map[uint64][]uint32 {
 	m := map[uint64][]uint32{}
 	for _, id := range f.Buckets() {
-		e := f.Residual(id)
-		bits := make([]uint32, len(e))
-		for i, v := range e {
-			bits[i] = math.Float32bits(v)
-		}
-		m[id] = bits
+		m[id] = math32bits(f.Residual(id))
 	}
 	return m
 }

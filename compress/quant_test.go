@@ -716,6 +716,15 @@ func TestKernels(t *testing.T) {
 				t.Fatalf("add n=%d: kernels differ or wrote past the end", n)
 			}
 
+			// subKernel: res = src − res, the residual's subtraction.
+			r1 := append(input(n, trial%4), 7) // a sentinel past the residual
+			r2 := append([]float32(nil), r1...)
+			subKernel(r1[:n], a)
+			subGeneric(r2[:n], a)
+			if !same(r1, r2) || r1[n] != 7 {
+				t.Fatalf("sub n=%d: kernels differ or wrote past the end", n)
+			}
+
 			s := input(m, trial%4)
 			for i := range s {
 				if r.IntN(8) == 0 {
