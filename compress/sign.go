@@ -62,12 +62,13 @@ func (c *signCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res 
 	nh := c.scalesLen(n)
 	l := bucketBody{hdr: body[:nh], codes: body[nh:], bucket: c.bucket, hdrSize: 4, bits: 1}
 	return l.encode(n, run, bs, func(from, to int) error {
+		var acc [8]float64 // one per range: signKernel's argument escapes
 		for s := from; s < to; s += c.bucket {
 			x := src[s:min(s+c.bucket, to)]
 			if e != nil {
 				addKernel(x, e[s:s+len(x)], g[s:s+len(x)])
 			}
-			scale, err := signBucket(l.codes, x, s)
+			scale, err := signBucket(l.codes, x, s, &acc)
 			if err != nil {
 				return err
 			}
@@ -83,16 +84,16 @@ func (c *signCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res 
 }
 
 // signBucket writes the sign bits of the bucket x, whose first element has
-// index s, and returns its scale (see signCodec).
-func signBucket(bits []byte, x []float32, s int) (float32, error) {
-	var acc [8]float64
+// index s, and returns its scale (see signCodec); acc is its scratch space.
+func signBucket(bits []byte, x []float32, s int, acc *[8]float64) (float32, error) {
+	*acc = [8]float64{}
 	head, end := groupSpan(s, len(x))
 	for k, v := range x[:head] {
 		u := math.Float32bits(v)
 		acc[(s+k)%8] += absBits(u)
 		putCode(bits, s+k, 1, signBit(u))
 	}
-	signKernel(bits[(s+head)/8:], x[head:end], &acc)
+	signKernel(bits[(s+head)/8:], x[head:end], acc)
 	for k := end; k < len(x); k++ {
 		u := math.Float32bits(x[k])
 		acc[(s+k)%8] += absBits(u)
