@@ -131,7 +131,7 @@ func nonFinite(x []float32, base int) error {
 }
 
 // addKernel sets dst[i] = a[i] + b[i] (float32) for the length of dst; a
-// and b are at least as long. Error feedback's e + g.
+// and b are at least as long, and dst may be a. Error feedback's e + g.
 var addKernel = addGeneric
 
 // addGeneric adds 8 elements per iteration, written out, so that the loop

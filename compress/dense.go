@@ -32,41 +32,102 @@ func (d denseCodec) width() int {
 
 func (d denseCodec) bodyLen(n int) int { return n * d.width() }
 
-func (d denseCodec) encode(body []byte, src []float32, _ Key, run runner) error {
-	var fe firstError
-	run(len(src), 1024, func(lo, hi int) {
-		fe.set(lo, d.encodeRange(body, src, lo, hi))
-	})
-	return fe.err
+func (d denseCodec) encode(body []byte, src []float32, key Key, run runner) error {
+	return d.encodeFeedback(body, nil, nil, src, key, nil, run, nil)
 }
 
-func (d denseCodec) encodeRange(body []byte, src []float32, lo, hi int) error {
-	if i := firstAtLeast(src[lo:hi], nonFiniteKey); i >= 0 {
-		return &NonFiniteError{Index: lo + i, Value: src[lo+i]}
-	}
+// encodeFeedback implements feedbackCodec: chunk by chunk, the sum e + g,
+// its conversion, the checksum of the converted bytes and the residual,
+// each while the chunk is in cache. The body is one region of codes of
+// 8·width bits, which bucketBody's chunking serves with a bucket of one
+// element and no headers.
+func (d denseCodec) encodeFeedback(body []byte, e, g, src []float32, _ Key, res []float32, run runner, bs *bodySum) error {
+	w := d.width()
+	l := bucketBody{codes: body, bucket: 1, bits: uint(8 * w)}
+	return l.encode(len(src), run, bs, func(from, to int) error {
+		x := src[from:to]
+		if e != nil {
+			addKernel(x, e[from:to], g[from:to])
+		}
+		out := body[w*from : w*to]
+		if err := d.encodeChunk(out, x); err != nil {
+			err.Index += from
+			return err
+		}
+		if res != nil {
+			r := res[from:to]
+			d.decodeChunk(r, out, false)
+			subKernel(r, x)
+		}
+		return nil
+	})
+}
+
+// encodeChunk writes the body bytes of x to out, or returns the
+// *NonFiniteError of the first element that is not finite or that the
+// half format cannot hold, its Index relative to x.
+func (d denseCodec) encodeChunk(out []byte, x []float32) *NonFiniteError {
+	ok := true
 	switch d.codec {
 	case CodecNone:
-		putFloat32s(body[4*lo:4*hi], src[lo:hi])
+		if ok = firstAtLeast(x, nonFiniteKey) < 0; ok {
+			putFloat32s(out, x)
+		}
 	case CodecFP16:
-		out := body[2*lo : 2*hi]
-		for i, x := range src[lo:hi] {
-			h := FP16FromFloat32(x)
-			if h&0x7c00 == 0x7c00 {
-				return &NonFiniteError{Index: lo + i, Value: x}
-			}
-			binary.LittleEndian.PutUint16(out[2*i:], h)
-		}
-	case CodecBF16:
-		out := body[2*lo : 2*hi]
-		for i, x := range src[lo:hi] {
-			h := BF16FromFloat32(x)
-			if h&0x7f80 == 0x7f80 {
-				return &NonFiniteError{Index: lo + i, Value: x}
-			}
-			binary.LittleEndian.PutUint16(out[2*i:], h)
-		}
+		ok = fp16Kernel(out, x)
+	default: // CodecBF16
+		ok = bf16Kernel(out, x)
 	}
-	return nil
+	if ok {
+		return nil
+	}
+	i := 0
+	for i < len(x)-1 && d.finite(x[i]) {
+		i++
+	}
+	return &NonFiniteError{Index: i, Value: x[i]}
+}
+
+// finite reports whether x is finite in the body's format.
+func (d denseCodec) finite(x float32) bool {
+	switch d.codec {
+	case CodecNone:
+		return math.Float32bits(x)&expMask != expMask
+	case CodecFP16:
+		return FP16FromFloat32(x)&0x7c00 != 0x7c00
+	default:
+		return BF16FromFloat32(x)&0x7f80 != 0x7f80
+	}
+}
+
+// fp16Kernel writes FP16FromFloat32 of every x[i] to out[2i:] (little
+// endian) and reports whether all of them are finite; bf16Kernel does the
+// same with BF16FromFloat32.
+var fp16Kernel, bf16Kernel = fp16Generic, bf16Generic
+
+// fp16Generic and bf16Generic flag a result whose exponent is all ones
+// without a branch: adding the exponent's lowest bit to it carries into
+// bit 15 exactly then.
+func fp16Generic(out []byte, x []float32) bool {
+	out = out[:2*len(x)]
+	var bad uint16
+	for i, v := range x {
+		h := FP16FromFloat32(v)
+		bad |= h&0x7c00 + 0x0400
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
+	return bad&0x8000 == 0
+}
+
+func bf16Generic(out []byte, x []float32) bool {
+	out = out[:2*len(x)]
+	var bad uint16
+	for i, v := range x {
+		h := BF16FromFloat32(v)
+		bad |= h&0x7f80 + 0x0080
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
+	return bad&0x8000 == 0
 }
 
 func (d denseCodec) check(body []byte, _ *header) error {
@@ -88,48 +149,85 @@ func (d denseCodec) check(body []byte, _ *header) error {
 		if d.codec == CodecBF16 {
 			mask = 0x7f80
 		}
-		for i, h := range uint16s(body) {
-			if h&mask == mask {
-				return &CorruptInputError{Offset: int64(2 * i), Reason: "non-finite " + d.codec.String() + " value"}
-			}
+		if i := firstHalfNonFinite(body, mask); i >= 0 {
+			return &CorruptInputError{Offset: int64(2 * i), Reason: "non-finite " + d.codec.String() + " value"}
 		}
 	}
 	return nil
 }
 
-func (d denseCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
-	run(len(dst), 1024, func(lo, hi int) {
-		out := dst[lo:hi]
-		switch {
-		case d.codec == CodecNone && !add:
-			getFloat32s(out, body[4*lo:4*hi])
-		case d.codec == CodecNone:
-			addFloat32s(out, body[4*lo:4*hi])
-		case d.codec == CodecFP16:
-			tab := fp16Table()
-			in := uint16s(body[2*lo : 2*hi])[:len(out)]
-			if !add {
-				for i, h := range in {
-					out[i] = tab[h]
-				}
-				return
-			}
-			for i, h := range in {
-				out[i] += tab[h]
-			}
-		default: // CodecBF16
-			in := uint16s(body[2*lo : 2*hi])[:len(out)]
-			if !add {
-				for i, h := range in {
-					out[i] = Float32FromBF16(h)
-				}
-				return
-			}
-			for i, h := range in {
-				out[i] += Float32FromBF16(h)
-			}
+// firstHalfNonFinite returns the index of the first 16-bit little-endian
+// value of b whose exponent bits (mask) are all ones, or -1. Four values
+// a word: each value's exponent plus its lowest bit carries into the
+// value's bit 15 exactly when the exponent is all ones, and never into the
+// next value.
+func firstHalfNonFinite(b []byte, mask uint16) int {
+	const each = 0x0001000100010001 // a value's bit 0, in each value
+	m, low := uint64(mask)*each, uint64(mask&-mask)*each
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		if (binary.LittleEndian.Uint64(b[i:])&m+low)&0x8000800080008000 != 0 {
+			break
 		}
-	})
+	}
+	for ; i+2 <= len(b); i += 2 {
+		if binary.LittleEndian.Uint16(b[i:])&mask == mask {
+			return i / 2
+		}
+	}
+	return -1
+}
+
+func (d denseCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	w := d.width()
+	run(len(dst), 1024, func(lo, hi int) { d.decodeChunk(dst[lo:hi], body[w*lo:w*hi], add) })
+}
+
+// decodeChunk sets (or, with add, adds to) out the values of the body
+// bytes in, len(out) elements.
+func (d denseCodec) decodeChunk(out []float32, in []byte, add bool) {
+	switch {
+	case d.codec == CodecNone && !add:
+		getFloat32s(out, in)
+	case d.codec == CodecNone:
+		addFloat32s(out, in)
+	case d.codec == CodecFP16:
+		fp16DecodeKernel(out, in, add)
+	default: // CodecBF16
+		bf16DecodeKernel(out, in, add)
+	}
+}
+
+// fp16DecodeKernel sets (or, with add, adds to) out[i] the float32 of the
+// binary16 value at in[2i:], little endian; bf16DecodeKernel does the same
+// for bfloat16.
+var fp16DecodeKernel, bf16DecodeKernel = fp16DecodeGeneric, bf16DecodeGeneric
+
+func fp16DecodeGeneric(out []float32, in []byte, add bool) {
+	tab := fp16Table()
+	hs := uint16s(in)[:len(out)]
+	if !add {
+		for i, h := range hs {
+			out[i] = tab[h]
+		}
+		return
+	}
+	for i, h := range hs {
+		out[i] += tab[h]
+	}
+}
+
+func bf16DecodeGeneric(out []float32, in []byte, add bool) {
+	hs := uint16s(in)[:len(out)]
+	if !add {
+		for i, h := range hs {
+			out[i] = Float32FromBF16(h)
+		}
+		return
+	}
+	for i, h := range hs {
+		out[i] += Float32FromBF16(h)
+	}
 }
 
 // FP16FromFloat32 rounds x to the nearest IEEE binary16 value, ties to even,

@@ -44,10 +44,7 @@ func getFloat32s(dst []float32, src []byte) {
 // addFloat32s adds little-endian float32 bytes src (len 4·len(dst)) to dst.
 func addFloat32s(dst []float32, src []byte) {
 	if vals, ok := float32View(src); ok {
-		vals = vals[:len(dst)]
-		for i, v := range vals {
-			dst[i] += v
-		}
+		addKernel(dst, dst, vals)
 		return
 	}
 	for i := range dst {

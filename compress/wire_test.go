@@ -120,7 +120,7 @@ func TestWireErrors(t *testing.T) {
 				dst[i] = 9
 			}
 			for _, add := range []bool{false, true} {
-				err := none.(*compressor).decompress(dst, c.payload, add)
+				err := none.(feedbackCompressor).decompress(dst, c.payload, add)
 				c.check(t, err)
 				for i, v := range dst {
 					if v != 9 {
