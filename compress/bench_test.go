@@ -189,7 +189,7 @@ func relL2(x, y []float32) float64 {
 // the payload and the new residual) of the quantizers, sign, top-k and
 // random-k, one goroutine, paired with a copy like BenchmarkCodec.
 func BenchmarkFeedback(b *testing.B) {
-	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign", "topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
+	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign", "fp16", "bf16", "topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
 		b.Run(spec, func(b *testing.B) {
 			forSizes(b, func(b *testing.B, n int) {
 				g := benchGradient(n)
