@@ -140,10 +140,11 @@ type residualCodec interface {
 	encodeResidual(body []byte, src []float32, key Key, res []float32, run runner) error
 }
 
-// feedbackCodec is implemented by the bucketed codecs (quantizers, sign),
-// which fold error feedback's sum into their first pass: each bucket of
-// e + g is summed into sum right before the bucket's range (or scale) is
-// taken, while it is in cache, so that ErrorFeedback.Begin reads e and g
+// feedbackCodec is implemented by the bucketed codecs (quantizers, sign)
+// and the dense ones, which fold error feedback's sum into their first
+// pass: each bucket (dense: chunk) of e + g is summed into sum right
+// before the bucket's range (or scale) is taken or the chunk converted,
+// while it is in cache, so that ErrorFeedback.Begin reads e and g
 // once and writes sum, the residual and the codes in that same pass,
 // instead of a pass that writes sum and a second that reads it back.
 type feedbackCodec interface {
@@ -176,7 +177,7 @@ type sparseCodec interface {
 type sparseCompressor struct{ *compressor }
 
 // feedbackCompressor is the Compressor Parse returns for a feedbackCodec
-// (the quantizers, sign): a FeedbackCompressor.
+// (the quantizers, sign, the dense codecs): a FeedbackCompressor.
 type feedbackCompressor struct{ *compressor }
 
 // CompressFeedback implements FeedbackCompressor.
