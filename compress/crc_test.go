@@ -32,27 +32,31 @@ func TestCRCCombine(t *testing.T) {
 	}
 }
 
-// TestBodySumMatchesChecksum: the bucketed codecs checksum their body
-// chunk by chunk while they encode; the trailer must be crc32.Checksum of
-// the frame (stale bytes in dst beyond its length included), for lengths around the checksum chunk, any bucket size and
+// TestBodySumMatchesChecksum: the bucketed and the dense codecs checksum
+// their body chunk by chunk while they encode; the trailer must be
+// crc32.Checksum of the frame (stale bytes in dst beyond its length
+// included), for lengths around the checksum chunk, any bucket size and
 // worker count.
 func TestBodySumMatchesChecksum(t *testing.T) {
 	x := testDistributions(3*8*sumChunk+5, 9)["student2"] // three chunks of sign
+	var specs []string
 	for _, codec := range []string{"int8", "int4", "int2", "sign"} {
 		for _, bucket := range []int{1, 3, 512, 3000} {
-			spec := fmt.Sprintf("%s:bucket=%d", codec, bucket)
-			for _, n := range []int{0, 1, 7, sumChunk - 1, sumChunk, sumChunk + 1, 8*sumChunk + 1, len(x)} {
-				for _, w := range []int{1, 3} {
-					c := mustParse(t, spec, WithWorkers(w), WithMinParallel(1))
-					dst := bytes.Repeat([]byte{0xff}, 1+c.MaxEncodedLen(n))[:1] // stale bits past len
-					p, err := c.Compress(dst, x[:n], Key{Bucket: 1, Step: 2})
-					if err != nil {
-						t.Fatal(err)
-					}
-					end := len(p) - TrailerLen
-					if got, want := binary.LittleEndian.Uint32(p[end:]), crc32.Checksum(p[1:end], castagnoli); got != want {
-						t.Fatalf("%s n=%d workers=%d: trailer %#x, want %#x", spec, n, w, got, want)
-					}
+			specs = append(specs, fmt.Sprintf("%s:bucket=%d", codec, bucket))
+		}
+	}
+	for _, spec := range append(specs, "none", "fp16", "bf16") {
+		for _, n := range []int{0, 1, 7, sumChunk - 1, sumChunk, sumChunk + 1, 8*sumChunk + 1, len(x)} {
+			for _, w := range []int{1, 3} {
+				c := mustParse(t, spec, WithWorkers(w), WithMinParallel(1))
+				dst := bytes.Repeat([]byte{0xff}, 1+c.MaxEncodedLen(n))[:1] // stale bits past len
+				p, err := c.Compress(dst, x[:n], Key{Bucket: 1, Step: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				end := len(p) - TrailerLen
+				if got, want := binary.LittleEndian.Uint32(p[end:]), crc32.Checksum(p[1:end], castagnoli); got != want {
+					t.Fatalf("%s n=%d workers=%d: trailer %#x, want %#x", spec, n, w, got, want)
 				}
 			}
 		}
