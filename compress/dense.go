@@ -107,7 +107,7 @@ var fp16Kernel, bf16Kernel = fp16Generic, bf16Generic
 
 // fp16Generic and bf16Generic flag a result whose exponent is all ones
 // without a branch: adding the exponent's lowest bit to it carries into
-// bit 15 exactly then.
+// bit 15 exactly then. Both conversions inline.
 func fp16Generic(out []byte, x []float32) bool {
 	out = out[:2*len(x)]
 	var bad uint16
@@ -232,29 +232,32 @@ func bf16DecodeGeneric(out []float32, in []byte, add bool) {
 
 // FP16FromFloat32 rounds x to the nearest IEEE binary16 value, ties to even,
 // and returns its bits. Values of magnitude ≥ 65520 become ±Inf and NaN
-// becomes a quiet NaN, as IEEE 754 conversion does.
+// becomes a quiet NaN, as IEEE 754 conversion does. It computes the normal
+// and the subnormal result and selects one, without a branch that
+// gradients, whose magnitudes straddle binary16's smallest normal (2^-14),
+// would mispredict; it inlines into the generic encode loop.
 func FP16FromFloat32(x float32) uint16 {
 	const (
-		f16max      = (127 + 16) << 23                   // 2^16: at or above, Inf or NaN
-		denormMagic = ((127 - 15) + (23 - 10) + 1) << 23 // aligns subnormal mantissas
+		// 0.5 = 2^((127-15)+(23-10)+1-127): added to a binary16 subnormal
+		// (or zero), it aligns the mantissa so that the FPU's rounding of
+		// the sum is binary16's.
+		denormMagic = 0.5
+		denormBits  = 126 << 23 // denormMagic's bits
 	)
 	u := math.Float32bits(x)
-	sign := uint16(u>>16) & 0x8000
-	u &^= 0x80000000
-	switch {
-	case u >= f16max:
-		if u > 0x7f800000 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	case u < 113<<23: // subnormal or zero in binary16
-		f := math.Float32frombits(u) + math.Float32frombits(denormMagic)
-		return sign | uint16(math.Float32bits(f)-denormMagic)
-	default:
-		odd := (u >> 13) & 1
-		u = u - (127-15)<<23 + 0xfff + odd
-		return sign | uint16(u>>13)
+	a := u &^ 0x80000000
+	// Normal: rebias the exponent, round the 13 dropped bits to nearest
+	// even (a carry may reach the exponent, up to Inf).
+	h := (a - ((127-15)<<23 - 0xfff) + (a>>13)&1) >> 13
+	// Subnormal or zero in binary16: the FPU rounds the sum.
+	if sub := math.Float32bits(math.Float32frombits(a)+denormMagic) - denormBits; a < 113<<23 {
+		h = sub
 	}
+	h = min(h, 0x7c00) // Inf from 65520 on
+	if a > 0x7f800000 {
+		h = 0x7e00 // a quiet NaN
+	}
+	return uint16(u>>16&0x8000 | h)
 }
 
 // Float32FromFP16 returns the float32 equal to the IEEE binary16 value h.
