@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 )
 
 // Average divides dst by n (n ≥ 1) in float32, dst[i] = dst[i] /
@@ -102,8 +103,11 @@ func (c *compressor) decompressAverage(dst []float32, payloads [][]byte) (int, e
 		heads[q], bodies[q] = h, body
 	}
 	run := c.runner(len(dst))
-	if t, ok := c.impl.(topkCodec); ok {
-		return t.average(dst, bodies, run), nil
+	switch impl := c.impl.(type) {
+	case topkCodec:
+		return impl.average(dst, bodies, run), nil
+	case rangeDecoder:
+		return averageRanges(impl, dst, bodies, run), nil
 	}
 	for q, body := range bodies {
 		c.impl.decode(dst, body, heads[q], q > 0, run)
@@ -111,27 +115,62 @@ func (c *compressor) decompressAverage(dst []float32, payloads [][]byte) (int, e
 	return Average(dst, len(payloads)), nil
 }
 
+// averageBlocks is the block loop of a DecompressAverage that works block
+// by block: it splits dst into ranges that start at multiples of grain, in
+// parallel by run; for each range fill returns the function that sets a
+// block dst[b:e] to the sum of the n bodies (blocks of at least
+// decodeBlock elements, a multiple of grain), which averageBlocks then
+// averages while it is in cache. It returns Average's index of the first
+// non-finite element of dst, or −1.
+func averageBlocks(dst []float32, n, grain int, run runner, fill func(lo, hi int) func(b, e int)) int {
+	block := (decodeBlock + grain - 1) / grain * grain
+	var mu sync.Mutex // guards first: the lowest range's first non-finite element
+	first := -1
+	run(len(dst), grain, func(lo, hi int) {
+		sum := fill(lo, hi)
+		found := -1
+		for b := lo; b < hi; b += block {
+			e := min(b+block, hi)
+			sum(b, e)
+			if j := Average(dst[b:e], n); j >= 0 && found < 0 {
+				found = b + j
+			}
+		}
+		if found >= 0 {
+			mu.Lock()
+			if first < 0 || found < first {
+				first = found
+			}
+			mu.Unlock()
+		}
+	})
+	return first
+}
+
+// averageRanges is DecompressAverage of validated bodies of a
+// rangeDecoder: each block decoded from the first body, the others added,
+// in body order.
+func averageRanges(r rangeDecoder, dst []float32, bodies [][]byte, run runner) int {
+	return averageBlocks(dst, len(bodies), r.decodeGrain(), run, func(int, int) func(b, e int) {
+		return func(b, e int) {
+			for q, body := range bodies {
+				r.decodeRange(dst, body, b, e, q > 0)
+			}
+		}
+	})
+}
+
 // average is DecompressAverage of validated top-k bodies: for each block
-// of decodeBlock elements of dst it clears the block, adds every body's
-// values that fall in it, in body order, and averages it while it is in
-// cache.
+// of dst it clears the block and adds every body's values that fall in
+// it, in body order.
 func (t topkCodec) average(dst []float32, bodies [][]byte, run runner) int {
-	n := len(bodies)
-	// Each range's first non-finite element; the lowest range's is the
-	// answer. Ranges start at multiples of decodeBlock.
-	bad := make([]int, (len(dst)+decodeBlock-1)/decodeBlock)
-	for i := range bad {
-		bad[i] = -1
-	}
-	run(len(dst), decodeBlock, func(lo, hi int) {
-		next := make([]int, n) // per body, its first index at or above the block
+	return averageBlocks(dst, len(bodies), decodeBlock, run, func(lo, _ int) func(b, e int) {
+		next := make([]int, len(bodies)) // per body, its first index at or above the block
 		for q, body := range bodies {
 			k := len(body) / 8
 			next[q] = sort.Search(k, func(i int) bool { return binary.LittleEndian.Uint32(body[4*i:]) >= uint32(lo) })
 		}
-		found := -1
-		for b := lo; b < hi; b += decodeBlock {
-			e := min(b+decodeBlock, hi)
+		return func(b, e int) {
 			clear(dst[b:e])
 			for q, body := range bodies {
 				k := len(body) / 8
@@ -146,16 +185,6 @@ func (t topkCodec) average(dst []float32, bodies [][]byte, run runner) int {
 				}
 				next[q] = i
 			}
-			if j := Average(dst[b:e], n); j >= 0 && found < 0 {
-				found = b + j
-			}
 		}
-		bad[lo/decodeBlock] = found
 	})
-	for _, j := range bad {
-		if j >= 0 {
-			return j
-		}
-	}
-	return -1
 }

@@ -48,12 +48,14 @@ func TestAverage(t *testing.T) {
 
 // TestDecompressAverage: DecompressAverage equals clearing dst,
 // DecompressAdd of each payload in turn and Average, bit for bit and in
-// the index it returns, for every codec (top-k over several of its blocks,
-// on one and two workers); a bad payload is a *PayloadError with its index
+// the index it returns, for every codec (over several blocks, with buckets
+// that do not divide a block and one larger than a block, on one and two
+// workers, and with sums that overflow where a codec carries the largest
+// float); a bad payload is a *PayloadError with its index
 // and leaves dst untouched.
 func TestDecompressAverage(t *testing.T) {
 	n := 3*decodeBlock + 1234
-	for _, spec := range []string{"topk:0.01", "topk:0.3", "randomk:0.05", "int8", "int4", "sign", "fp16", "none", "topk:0.02:lossless=zstd"} {
+	for _, spec := range []string{"topk:0.01", "topk:0.3", "randomk:0.05", "int8", "int4:bucket=1000", "int2:bucket=3000", "sign", "sign:bucket=100", "fp16", "bf16", "none", "topk:0.02:lossless=zstd"} {
 		for _, workers := range []int{1, 2} {
 			for _, ranks := range []int{1, 3, 4} {
 				name := fmt.Sprintf("%s/w=%d/N=%d", spec, workers, ranks)
@@ -64,7 +66,7 @@ func TestDecompressAverage(t *testing.T) {
 					for i := range x {
 						x[i] = float32(math.Sin(float64(i*(q+3)))) * float32(1+i%17)
 					}
-					if q >= ranks-2 && strings.HasPrefix(spec, "topk") {
+					if q >= ranks-2 && overflows(spec) {
 						x[2*decodeBlock+7] = math.MaxFloat32 // overflows the sum where kept
 						x[decodeBlock+5] = math.MaxFloat32
 					}
@@ -80,7 +82,7 @@ func TestDecompressAverage(t *testing.T) {
 					}
 				}
 				wantBad := Average(want, ranks)
-				if strings.HasPrefix(spec, "topk") && ranks > 1 && wantBad != decodeBlock+5 {
+				if overflows(spec) && ranks > 1 && wantBad != decodeBlock+5 {
 					t.Fatalf("%s: the reference's first non-finite is %d, want the overflow at %d", name, wantBad, decodeBlock+5)
 				}
 				got := make([]float32, n)
@@ -120,3 +122,8 @@ func TestDecompressAverage(t *testing.T) {
 		t.Error("no payloads: no error")
 	}
 }
+
+// overflows reports whether spec carries math.MaxFloat32 into its payload
+// (top-k keeps it, none sends it), so that TestDecompressAverage's sum of
+// two such payloads overflows.
+func overflows(spec string) bool { return strings.HasPrefix(spec, "topk") || spec == "none" }

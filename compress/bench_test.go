@@ -209,3 +209,29 @@ func BenchmarkFeedback(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecompressAverage times DecompressAverage of 4 payloads (the
+// rank average of a 4-rank all-gather) into n elements.
+func BenchmarkDecompressAverage(b *testing.B) {
+	for _, spec := range []string{"int8", "sign", "fp16", "topk:0.01"} {
+		b.Run(spec, func(b *testing.B) {
+			forSizes(b, func(b *testing.B, n int) {
+				c := mustParse(b, spec, WithWorkers(1))
+				g := benchGradient(n)
+				payloads := make([][]byte, 4)
+				for q := range payloads {
+					var err error
+					if payloads[q], err = c.Compress(nil, g, Key{Bucket: 1, Step: uint64(q)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				dst := make([]float32, n)
+				b.SetBytes(int64(4 * n))
+				timePaired(b, n, func() error {
+					_, err := DecompressAverage(c, dst, payloads)
+					return err
+				})
+			})
+		})
+	}
+}

@@ -179,8 +179,16 @@ func firstHalfNonFinite(b []byte, mask uint16) int {
 }
 
 func (d denseCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	decodeRanges(d, dst, body, add, run)
+}
+
+// decodeGrain implements rangeDecoder.
+func (d denseCodec) decodeGrain() int { return 1024 }
+
+// decodeRange implements rangeDecoder.
+func (d denseCodec) decodeRange(dst []float32, body []byte, from, to int, add bool) {
 	w := d.width()
-	run(len(dst), 1024, func(lo, hi int) { d.decodeChunk(dst[lo:hi], body[w*lo:w*hi], add) })
+	d.decodeChunk(dst[from:to], body[w*from:w*to], add)
 }
 
 // decodeChunk sets (or, with add, adds to) out the values of the body

@@ -489,16 +489,22 @@ func (q *quantCodec) check(body []byte, h *header) error {
 }
 
 func (q *quantCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	decodeRanges(q, dst, body, add, run)
+}
+
+// decodeGrain implements rangeDecoder: 8 buckets start on a code byte.
+func (q *quantCodec) decodeGrain() int { return 8 * q.bucket }
+
+// decodeRange implements rangeDecoder.
+func (q *quantCodec) decodeRange(dst []float32, body []byte, from, to int, add bool) {
 	nb := numBuckets(len(dst), q.bucket)
 	hdr, codes := body[:8*nb], body[8*nb:]
-	run(len(dst), 8*q.bucket, func(from, to int) {
-		for s := from; s < to; s += q.bucket {
-			h := hdr[8*(s/q.bucket):]
-			lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
-			scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
-			dequantBucket(dst[s:min(s+q.bucket, to)], codes, s, lo, scale, q.bits, add)
-		}
-	})
+	for s := from; s < to; s += q.bucket {
+		h := hdr[8*(s/q.bucket):]
+		lo := math.Float32frombits(binary.LittleEndian.Uint32(h))
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(h[4:]))
+		dequantBucket(dst[s:min(s+q.bucket, to)], codes, s, lo, scale, q.bits, add)
+	}
 }
 
 // dequantBucket sets (or adds to) out the decoded values of the bucket

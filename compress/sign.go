@@ -157,14 +157,20 @@ func (c *signCodec) check(body []byte, h *header) error {
 }
 
 func (c *signCodec) decode(dst []float32, body []byte, _ *header, add bool, run runner) {
+	decodeRanges(c, dst, body, add, run)
+}
+
+// decodeGrain implements rangeDecoder: 8 buckets start on a code byte.
+func (c *signCodec) decodeGrain() int { return 8 * c.bucket }
+
+// decodeRange implements rangeDecoder.
+func (c *signCodec) decodeRange(dst []float32, body []byte, from, to int, add bool) {
 	nh := c.scalesLen(len(dst))
 	hdr, bits := body[:nh], body[nh:]
-	run(len(dst), 8*c.bucket, func(from, to int) {
-		for s := from; s < to; s += c.bucket {
-			sb := binary.LittleEndian.Uint32(hdr[4*(s/c.bucket):])
-			unsign(dst[s:min(s+c.bucket, to)], bits, s, sb, add)
-		}
-	})
+	for s := from; s < to; s += c.bucket {
+		sb := binary.LittleEndian.Uint32(hdr[4*(s/c.bucket):])
+		unsign(dst[s:min(s+c.bucket, to)], bits, s, sb, add)
+	}
 }
 
 // unsign sets or adds to out, the bucket starting at index s, ±scale

@@ -130,6 +130,24 @@ type codec interface {
 	decode(dst []float32, body []byte, h *header, add bool, run runner)
 }
 
+// rangeDecoder is implemented by codecs whose body decodes range by range
+// (quantizers, sign, dense): decode is decodeRange over the ranges of
+// decodeRanges, and DecompressAverage sums and averages the payloads
+// block by block while each block of dst is in cache.
+type rangeDecoder interface {
+	// decodeGrain returns the multiple of which every range starts.
+	decodeGrain() int
+	// decodeRange is decode of dst[from:to] only: it sets (or, with add,
+	// adds to) those elements of dst, the whole destination, from the
+	// validated body of len(dst) elements.
+	decodeRange(dst []float32, body []byte, from, to int, add bool)
+}
+
+// decodeRanges is decode by a rangeDecoder: its ranges, in parallel by run.
+func decodeRanges(r rangeDecoder, dst []float32, body []byte, add bool, run runner) {
+	run(len(dst), r.decodeGrain(), func(from, to int) { r.decodeRange(dst, body, from, to, add) })
+}
+
 // residualCodec is implemented by codecs that compute the error-feedback
 // residual while they encode, from data still in cache, instead of
 // decoding the body afterwards.
