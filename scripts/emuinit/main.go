@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -48,9 +49,12 @@ func xgetbv() uint64
 func zmmAdd(a, b, out *[16]uint32)
 
 func main() {
-	mountAll()
+	errs := mountAll()
 	console()
 	say("EMU-INIT")
+	for _, err := range errs {
+		say("EMU-MOUNT %v", err)
+	}
 	showCPU()
 	status := run()
 	say("EMU-EXIT %d", status)
@@ -61,11 +65,15 @@ func main() {
 	}
 	// PID 1 must not exit (the kernel would panic); the script stops Bochs
 	// once it has read EMU-EXIT.
-	select {}
+	for {
+		time.Sleep(time.Hour)
+	}
 }
 
-// mountAll mounts the pseudo file systems a Go test binary may look at.
-func mountAll() {
+// mountAll mounts the pseudo file systems a Go test binary may look at. It
+// returns its errors for later: the console is not open yet.
+func mountAll() []error {
+	var errs []error
 	for _, m := range []struct{ src, dir, fstype string }{
 		{"proc", "/proc", "proc"},
 		{"sysfs", "/sys", "sysfs"},
@@ -73,11 +81,14 @@ func mountAll() {
 		{"tmpfs", "/tmp", "tmpfs"},
 	} {
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		// Errors show later: the console is not open yet.
-		syscall.Mount(m.src, m.dir, m.fstype, 0, "")
+		if err := syscall.Mount(m.src, m.dir, m.fstype, 0, ""); err != nil {
+			errs = append(errs, fmt.Errorf("mount %s on %s: %w", m.fstype, m.dir, err))
+		}
 	}
+	return errs
 }
 
 // console makes /dev/console standard input, output and error, and turns
@@ -143,18 +154,17 @@ func showCPU() {
 	buf := make([]byte, 1<<20)
 	if n, err := syscall.Klogctl(3, buf); err == nil { // SYSLOG_ACTION_READ_ALL
 		for _, line := range bytes.Split(buf[:n], []byte("\n")) {
-			if bytes.Contains(line, []byte("x86/fpu:")) {
-				if i := bytes.Index(line, []byte("x86/fpu:")); i >= 0 {
-					say("EMU-KERNEL %s", line[i:])
-				}
+			if i := bytes.Index(line, []byte("x86/fpu:")); i >= 0 {
+				say("EMU-KERNEL %s", line[i:])
 			}
 		}
 	}
 	xcr0 := xgetbv()
-	say("EMU-XCR0 %#x (opmask/ZMM state %s)", xcr0, map[bool]string{true: "enabled", false: "NOT enabled"}[xcr0&0xe6 == 0xe6])
 	if xcr0&0xe6 != 0xe6 {
+		say("EMU-XCR0 %#x (opmask/ZMM state NOT enabled)", xcr0)
 		return // VPADDD on ZMM would fault
 	}
+	say("EMU-XCR0 %#x (opmask/ZMM state enabled)", xcr0)
 	var a, b, sum [16]uint32
 	for i := range a {
 		a[i], b[i] = uint32(i), uint32(100*i)
@@ -164,7 +174,11 @@ func showCPU() {
 	for i := range sum {
 		ok = ok && sum[i] == uint32(101*i)
 	}
-	say("EMU-ZMM VPADDD on ZMM registers: %s", map[bool]string{true: "ok", false: "WRONG RESULT"}[ok])
+	if ok {
+		say("EMU-ZMM VPADDD on ZMM registers: ok")
+	} else {
+		say("EMU-ZMM VPADDD on ZMM registers: WRONG RESULT %v", sum)
+	}
 }
 
 // run runs the program and returns its exit status.
