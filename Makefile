@@ -126,10 +126,11 @@ x86-32:
 # would take over 7 minutes: 1.3 s natively).
 AVX512_RUN ?= TestKernels|TestQuantRun|TestQuantClampInKernel
 AVX512_TIMEOUT ?= 900
-HAVE_BOCHS := $(shell command -v bochs-bin >/dev/null 2>&1 && command -v xorriso >/dev/null 2>&1 && [ -f /usr/lib/ISOLINUX/isolinux.bin ] && echo yes)
+HAVE_BOCHS := $(shell command -v bochs-bin >/dev/null 2>&1 && command -v xorriso >/dev/null 2>&1 && \
+  [ -f /usr/lib/ISOLINUX/isolinux.bin ] && [ -f /usr/lib/x86_64-linux-gnu/bochs/plugins/libbx_term_gui.so ] && echo yes)
 avx512:
 ifneq ($(HAVE_BOCHS),yes)
-	@echo "make avx512: bochs, xorriso or isolinux not found (scripts/setup installs them): AVX-512 tests skipped"
+	@echo "make avx512: bochs, bochs-term, xorriso or isolinux not found (scripts/setup installs them): AVX-512 tests skipped"
 else
 	@mkdir -p build/emu
 	CGO_ENABLED=0 $(GO) test -c -o build/emu/compress.test ./compress
