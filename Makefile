@@ -9,7 +9,7 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 x86-32 bench gobench cuda gpu-binaries
+.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
 
 # setup first, then the rest in a make that reads this file again: what
 # setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
@@ -116,6 +116,26 @@ endif
 # natively. Go fuzzes only amd64 and arm64; here the seed corpora run.
 x86-32:
 	GOARCH=386 CGO_ENABLED=0 $(GO) test -count=1 -short ./compress
+
+# The compress tests on an emulated AVX-512 CPU (this machine has none):
+# scripts/emu-avx512 boots Debian's kernel under Bochs (corei7_skylake_x:
+# AVX-512 F/CD/BW/DQ/VL) and runs the test binary there, -short, the tests
+# in AVX512_RUN. Skipped, saying so, where Bochs is missing (scripts/setup
+# installs it). Bochs interprets every instruction, floating point in
+# software: about 45 s in all, 25 s of it the boot (TestQuantClamp alone
+# would take over 7 minutes: 1.3 s natively).
+AVX512_RUN ?= TestKernels|TestQuantRun|TestQuantClampInKernel
+AVX512_TIMEOUT ?= 900
+HAVE_BOCHS := $(shell command -v bochs-bin >/dev/null 2>&1 && command -v xorriso >/dev/null 2>&1 && \
+  [ -f /usr/lib/ISOLINUX/isolinux.bin ] && [ -f /usr/lib/x86_64-linux-gnu/bochs/plugins/libbx_term_gui.so ] && echo yes)
+avx512:
+ifneq ($(HAVE_BOCHS),yes)
+	@echo "make avx512: bochs, bochs-term, xorriso or isolinux not found (scripts/setup installs them): AVX-512 tests skipped"
+else
+	@mkdir -p build/emu
+	CGO_ENABLED=0 $(GO) test -c -o build/emu/compress.test ./compress
+	./scripts/emu-avx512 -timeout $(AVX512_TIMEOUT) -dir compress build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)'
+endif
 
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
