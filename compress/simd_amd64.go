@@ -9,7 +9,8 @@ import (
 
 // AVX2 versions of the codecs' inner loops, used when the CPU and the OS
 // support AVX2 and FMA (build with -tags purego to keep the generic Go
-// loops); an AVX-512 CPU runs them too. Each computes exactly what its
+// loops); an AVX-512 CPU runs them too, but for the quantizer's, which has
+// an AVX-512 version (avx512_amd64.go). Each computes exactly what its
 // generic twin computes, bit for bit: the same IEEE single-precision
 // operations lane by lane, rounded to nearest even, and the same integer
 // arithmetic. The fused multiply-adds of quantAsm, t + u·2^-24 and
@@ -36,6 +37,10 @@ func init() {
 		kernelSet = "avx2+vpclmulqdq"
 		crcUpdate = crcUpdateAVX2
 		checksum = checksumAVX2
+	}
+	if avx512Features() {
+		kernelSet += "+avx512"
+		quantKernel = quantAVX512
 	}
 }
 
@@ -101,7 +106,7 @@ func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 }
 
 // quantRunAVX2 is quantRunGeneric, leaner on whole buckets whose length is
-// a multiple of 8: it calls minMaxAVX2 and quantAsm directly (the generic
+// a multiple of 8: it calls minMaxAVX2 and quantKernel directly (the generic
 // loop's layers of calls cost about a tenth of int8 nearest encoding at
 // 512-element buckets), and it takes the range of the next bucket before
 // it quantizes the current one, so that the next bucket's loads and the
@@ -133,7 +138,7 @@ func quantRunAVX2(q *quantCodec, hdr, codes []byte, src []float32, from, to int,
 			x = src[s+b : s+2*b]
 			lo, hi, finite = minMaxAVX2(x)
 		}
-		quantAsm(codes[s*int(bits)/8:(s+b)*int(bits)/8], cur, curLo, inv, levels, bits, keys.counter(uint32(s)), keys.k1, q.nearest)
+		quantKernel(codes[s*int(bits)/8:(s+b)*int(bits)/8], cur, curLo, inv, levels, bits, keys.counter(uint32(s)), keys.k1, q.nearest)
 	}
 	return quantRunGeneric(q, hdr, codes, src, end, to, keys)
 }
