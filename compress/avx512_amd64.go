@@ -2,12 +2,13 @@
 
 package compress
 
-// The AVX-512 version of the quantizer's inner loop: the random stream of
-// stochastic rounding on 16 lanes of a ZMM register instead of 8 of a YMM
-// one. init (simd_amd64.go) installs it over the AVX2 kernels when
-// avx512Features holds; the other kernels stay AVX2. Like them it computes
-// exactly what its generic twin does, bit for bit, and TestKernelsQuant
-// compares the two.
+// AVX-512 versions of the quantizer's inner loops: the range of a bucket,
+// and its codes with the random stream of stochastic rounding, on 16 lanes
+// of a ZMM register instead of 8 of a YMM one. init (simd_amd64.go)
+// installs them over the AVX2 kernels when avx512Features holds; the other
+// kernels stay AVX2. Like those they compute exactly what their generic
+// twins do, bit for bit: TestKernels compares the kernels in use,
+// TestKernelsQuant quantAVX2 and quantAVX512 each.
 
 // avx512Features reports whether the CPU has AVX-512F, with the OS saving
 // the opmask and ZMM state besides the XMM and YMM state. It assumes
@@ -18,6 +19,22 @@ func avx512Features() bool {
 	_, ebx, _, _ := cpuid(7, 0)
 	xcr0, _ := xgetbv()
 	return ebx&avx512f != 0 && xcr0&zmmState == zmmState
+}
+
+// rangeAVX512 is rangeAVX2 for len(x) a positive multiple of 16.
+//
+//go:noescape
+func rangeAVX512(x []float32) (lo, hi float32, nan bool)
+
+// minMaxAVX512 is minMaxGeneric: the whole groups of 16 elements by
+// rangeAVX512, the rest by foldRange.
+func minMaxAVX512(x []float32) (lo, hi float32, finite bool) {
+	m := len(x) &^ 15
+	if m == 0 {
+		return minMaxAVX2(x)
+	}
+	lo, hi, nan := rangeAVX512(x[:m])
+	return foldRange(x[m:], lo, hi, nan)
 }
 
 // quantAsm512 is quantGeneric for len(x) a positive multiple of 16.

@@ -3,6 +3,80 @@
 #include "go_asm.h"
 #include "textflag.h"
 
+// func rangeAVX512(x []float32) (lo, hi float32, nan bool)
+//
+// rangeAVX2 with 16 elements to a ZMM register: 64 per iteration while
+// they last, their minimum and maximum taken as a tree, then 16 at a time.
+// The lanes that saw a NaN are the bits of K1.
+TEXT ·rangeAVX512(SB), NOSPLIT, $0-33
+	MOVQ    x_base+0(FP), SI
+	MOVQ    x_len+8(FP), CX
+	VMOVUPS (SI), Z0          // running minimum
+	VMOVAPS Z0, Z1            // running maximum
+	VCMPPS  $3, Z0, Z0, K1    // lanes that saw a NaN (unordered)
+	ADDQ    $64, SI
+	SUBQ    $16, CX
+
+rloop64:
+	CMPQ    CX, $64
+	JB      rloop16
+	VMOVUPS (SI), Z3
+	VMOVUPS 64(SI), Z4
+	VMOVUPS 128(SI), Z5
+	VMOVUPS 192(SI), Z6
+	VMINPS  Z4, Z3, Z7
+	VMAXPS  Z4, Z3, Z8
+	VCMPPS  $3, Z4, Z3, K2 // unordered: either is a NaN
+	VMINPS  Z6, Z5, Z9
+	VMAXPS  Z6, Z5, Z10
+	VCMPPS  $3, Z6, Z5, K3
+	VMINPS  Z9, Z7, Z7
+	VMAXPS  Z10, Z8, Z8
+	KORW    K3, K2, K2
+	VMINPS  Z7, Z0, Z0
+	VMAXPS  Z8, Z1, Z1
+	KORW    K2, K1, K1
+	ADDQ    $256, SI
+	SUBQ    $64, CX
+	JMP     rloop64
+
+rloop16:
+	TESTQ   CX, CX
+	JZ      rreduce
+	VMOVUPS (SI), Z3
+	VMINPS  Z3, Z0, Z0
+	VMAXPS  Z3, Z1, Z1
+	VCMPPS  $3, Z3, Z3, K2
+	KORW    K2, K1, K1
+	ADDQ    $64, SI
+	SUBQ    $16, CX
+	JMP     rloop16
+
+// Halving: the high 256 bits against the low, then 128, 64 and 32.
+rreduce:
+	VSHUFF32X4 $0x4e, Z0, Z0, Z3
+	VMINPS     Z3, Z0, Z0
+	VSHUFF32X4 $0xb1, Z0, Z0, Z3
+	VMINPS     Z3, Z0, Z0
+	VPERMILPS  $0x4e, Z0, Z3
+	VMINPS     Z3, Z0, Z0
+	VPERMILPS  $0xb1, Z0, Z3
+	VMINPS     Z3, Z0, Z0
+	VSHUFF32X4 $0x4e, Z1, Z1, Z3
+	VMAXPS     Z3, Z1, Z1
+	VSHUFF32X4 $0xb1, Z1, Z1, Z3
+	VMAXPS     Z3, Z1, Z1
+	VPERMILPS  $0x4e, Z1, Z3
+	VMAXPS     Z3, Z1, Z1
+	VPERMILPS  $0xb1, Z1, Z3
+	VMAXPS     Z3, Z1, Z1
+	VMOVSS     X0, lo+24(FP)
+	VMOVSS     X1, hi+28(FP)
+	KORTESTW   K1, K1
+	SETNE      nan+32(FP)
+	VZEROUPPER
+	RET
+
 // func quantAsm512(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 //
 // quantAsm with 16 elements to a ZMM register and AVX-512F instructions

@@ -13,29 +13,57 @@ import (
 // quantFunc is the signature of quantKernel and its versions.
 type quantFunc = func(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 
-// TestKernelsQuant compares each vector quantizer the CPU can run,
-// quantAVX2 and quantAVX512, whichever is in use, with quantGeneric bit for
-// bit (TestKernels compares only the one in use, on random inputs): every
-// width and rounding mode, lengths that leave quantAVX512 a group of 8 to
-// hand on and that cross quantGeneric's blocks, counters that wrap, and
-// the inputs of quantize's edge cases (see quantCases). A version the CPU
-// lacks is skipped, saying so.
+// TestKernelsQuant compares each version of the quantizer's kernels the
+// CPU can run, the AVX2 and the AVX-512 one, whichever is in use, with the
+// generic one (TestKernels compares only those in use, on random inputs):
+// minMaxKernel with a NaN, an ±Inf or a signed zero at every position, and
+// quantKernel on every width and rounding mode, lengths that leave
+// quantAVX512 a group of 8 to hand on and that cross quantGeneric's
+// blocks, counters that wrap, and the inputs of quantize's edge cases (see
+// quantCases). A version the CPU lacks is skipped, saying so.
 func TestKernelsQuant(t *testing.T) {
 	t.Logf("kernels in use: %s", kernelSet) // shown with -v
 	for _, k := range []struct {
 		name, lacks string
 		has         func() bool
+		minMax      func(x []float32) (lo, hi float32, finite bool)
 		quant       quantFunc
 	}{
-		{"avx2", "the CPU or the OS lacks AVX2 or FMA", cpuFeatures, quantAVX2},
-		{"avx512", "the CPU or the OS lacks AVX-512F", func() bool { return cpuFeatures() && avx512Features() }, quantAVX512},
+		{"avx2", "the CPU or the OS lacks AVX2 or FMA", cpuFeatures, minMaxAVX2, quantAVX2},
+		{"avx512", "the CPU or the OS lacks AVX-512F", func() bool { return cpuFeatures() && avx512Features() }, minMaxAVX512, quantAVX512},
 	} {
 		t.Run(k.name, func(t *testing.T) {
 			if !k.has() {
 				t.Skip(k.lacks)
 			}
+			testMinMaxFunc(t, k.minMax)
 			testQuantFunc(t, k.quant)
 		})
+	}
+}
+
+// testMinMaxFunc compares minMax with minMaxGeneric on lengths around the
+// vector widths and loop steps, each with one special value at every
+// position in turn over random ones.
+func testMinMaxFunc(t *testing.T, minMax func(x []float32) (lo, hi float32, finite bool)) {
+	r := rand.New(rand.NewPCG(13, 14))
+	special := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
+		0, float32(math.Copysign(0, -1)), math.MaxFloat32, -math.MaxFloat32, 1e-45}
+	for _, n := range []int{1, 8, 15, 16, 17, 24, 31, 32, 64, 79, 80, 88, 100, 512, 520} {
+		x := make([]float32, n)
+		for _, v := range special {
+			for at := range n {
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				x[at] = v
+				lo1, hi1, f1 := minMax(x)
+				lo2, hi2, f2 := minMaxGeneric(x)
+				if f1 != f2 || f1 && (lo1 != lo2 || hi1 != hi2) {
+					t.Fatalf("minMax n=%d, %v at %d: (%v %v %v), generic (%v %v %v)", n, v, at, lo1, hi1, f1, lo2, hi2, f2)
+				}
+			}
+		}
 	}
 }
 
