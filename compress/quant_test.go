@@ -629,6 +629,7 @@ func TestKernels(t *testing.T) {
 	if kernelSet == "generic" {
 		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
 	}
+	t.Logf("kernels in use: %s", kernelSet) // shown with -v
 	r := rand.New(rand.NewPCG(7, 7))
 	special := []float32{0, float32(math.Copysign(0, -1)), 1e-45, -1e-45, math.MaxFloat32, -math.MaxFloat32,
 		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
