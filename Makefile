@@ -15,7 +15,7 @@ FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>
 # setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
 # fresh machine has none of it before setup runs.
 test: setup
-	$(MAKE) vet unit capi pytest purego race fuzz arm64 x86-32 cuda
+	$(MAKE) vet unit capi pytest purego race fuzz arm64 x86-32 avx512 cuda
 
 setup:
 	./scripts/setup
