@@ -122,7 +122,7 @@ x86-32:
 # AVX-512 F/CD/BW/DQ/VL) and runs the test binary there, -short, the tests
 # in AVX512_RUN. Skipped, saying so, where Bochs is missing (scripts/setup
 # installs it). Bochs interprets every instruction, floating point in
-# software: about 45 s in all, 25 s of it the boot (TestQuantClamp alone
+# software: about 65 s in all, 27 s of it the boot (TestQuantClamp alone
 # would take over 7 minutes: 1.3 s natively).
 AVX512_RUN ?= TestKernels|TestQuantRun|TestQuantClampInKernel
 AVX512_TIMEOUT ?= 900
