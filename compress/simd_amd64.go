@@ -123,8 +123,8 @@ func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 // minMaxAVX2 and quantAsm or (useAVX512) minMaxAVX512 and quantAVX512 (the
 // generic loop's layers of calls cost about a tenth of int8 nearest
 // encoding at 512-element buckets, calls through minMaxKernel and
-// quantKernel 2%, measured on the AVX2 EPYC), and it takes the range of the next bucket before
-// it quantizes the current one, so that the next bucket's loads and the
+// quantKernel 2%, measured on the AVX2 EPYC), and it takes the range of
+// the next bucket before it quantizes the current one, so that the next bucket's loads and the
 // divisions of the current scale overlap the quantize pass instead of
 // waiting on each other. A bucket it cannot encode (quantRunGeneric
 // returns the error) and a partial last bucket go to quantRunGeneric.
