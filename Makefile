@@ -81,9 +81,10 @@ purego:
 race:
 	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/... ./netbench/... ./plugin/...
 
-# The compress tests on arm64 (its generic kernels, and Go's arm64 code
-# generation: fused multiply-adds are what the codecs' explicit float32
-# conversions forbid), cross-compiled and run under qemu-user (Debian's
+# The compress tests on arm64 (its NEON kernels, compared with the generic
+# ones, and Go's arm64 code generation of the generic loops: fused
+# multiply-adds are what the codecs' explicit float32 conversions forbid),
+# cross-compiled and run under qemu-user (Debian's
 # qemu-user-static; skipped, saying so, where it is missing). -short: the
 # 256 MiB cases would take minutes under emulation. Then each fuzz target
 # fuzzes for FUZZTIME_ARM64 inputs under emulation: go test's fuzzing execs

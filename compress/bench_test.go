@@ -235,3 +235,31 @@ func BenchmarkDecompressAverage(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQuantBucket times the quantizer's inner loops in use
+// (minMaxKernel, then quantKernel) on one bucket of 512 elements that stays
+// in L1: encoding's compute without memory's share. 64M elements take at
+// least 2^17 times its ns/op, which against BenchmarkMemcpy/n=64M of the
+// same run bounds the encode's ratio to memcpy from above (with -tags
+// purego, the generic loops' bound).
+func BenchmarkQuantBucket(b *testing.B) {
+	b.Logf("inner loops: %s", kernelSet) // shown with -v
+	const n = 512
+	x := benchGradient(1 << 20)[:n]
+	for _, c := range []struct {
+		name    string
+		bits    uint
+		nearest bool
+	}{{"int8", 8, false}, {"int4", 4, false}, {"int2", 2, false}, {"int8:round=nearest", 8, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			q := &quantCodec{bits: c.bits}
+			out := make([]byte, n*c.bits/8)
+			b.SetBytes(4 * n)
+			for i := range b.N {
+				lo, hi, _ := minMaxKernel(x)
+				_, inv, _ := q.scales(lo, hi)
+				quantKernel(out, x, lo, inv, q.levels(), c.bits, uint32(i)*n*lane32Weyl, 7, c.nearest)
+			}
+		})
+	}
+}

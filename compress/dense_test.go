@@ -3,7 +3,6 @@ package compress
 import (
 	"math"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"testing"
 )
@@ -86,7 +85,7 @@ func TestBF16NearestEven(t *testing.T) {
 // leave tails; the encoders' finite flags too, and the decoders on every
 // 16-bit pattern, setting and adding.
 func TestDenseKernels(t *testing.T) {
-	if reflect.ValueOf(fp16Kernel).Pointer() == reflect.ValueOf(fp16Generic).Pointer() {
+	if !accelerated(fp16Kernel, fp16Generic) {
 		t.Skip("no accelerated dense kernels in this build or on this CPU: nothing to compare")
 	}
 	r := rand.New(rand.NewPCG(3, 16))

@@ -3,6 +3,7 @@ package compress
 import (
 	"encoding/binary"
 	"hash/crc32"
+	"reflect"
 	"testing"
 )
 
@@ -35,4 +36,11 @@ func backend(c Compressor) *compressor {
 		panic(err)
 	}
 	return b
+}
+
+// accelerated reports whether the kernel variable kernel holds another
+// function than its generic twin: whether this build and CPU have a version
+// of it to compare with the twin.
+func accelerated(kernel, generic any) bool {
+	return reflect.ValueOf(kernel).Pointer() != reflect.ValueOf(generic).Pointer()
 }

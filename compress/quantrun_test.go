@@ -14,8 +14,8 @@ import (
 // run that starts past 0, and a NaN, an ±Inf or a range too wide to
 // encode in the run's first, a middle or its last bucket.
 func TestQuantRun(t *testing.T) {
-	if kernelSet == "generic" {
-		t.Skip("no accelerated kernels in this build or on this CPU: quantRunKernel is quantRunGeneric")
+	if !accelerated(quantRunKernel, quantRunGeneric) {
+		t.Skipf("quantRunKernel is quantRunGeneric in this build or on this CPU (kernels: %s): nothing to compare", kernelSet)
 	}
 	r := rand.New(rand.NewPCG(5, 6))
 	faults := map[string]func(x []float32, i, bucket int){

@@ -2,10 +2,7 @@
 
 package compress
 
-import (
-	"hash/crc32"
-	"math"
-)
+import "hash/crc32"
 
 // AVX2 versions of the codecs' inner loops, used when the CPU and the OS
 // support AVX2 and FMA (build with -tags purego to keep the generic Go
@@ -93,16 +90,6 @@ func minMaxAVX2(x []float32) (lo, hi float32, finite bool) {
 	}
 	lo, hi, nan := rangeAVX2(x[:m])
 	return foldRange(x[m:], lo, hi, nan)
-}
-
-// foldRange returns minMaxGeneric's results for a slice whose first
-// elements a range kernel found lo, hi and nan in (see rangeAVX2) and whose
-// other elements are rest.
-func foldRange(rest []float32, lo, hi float32, nan bool) (float32, float32, bool) {
-	for _, v := range rest {
-		lo, hi = min(lo, v), max(hi, v) // a NaN sticks
-	}
-	return lo, hi, !nan && lo >= -math.MaxFloat32 && hi <= math.MaxFloat32
 }
 
 // quantAsm is quantGeneric for len(x) a positive multiple of 8.

@@ -680,8 +680,8 @@ func bitsOf(x []float32) []uint32 {
 // addCollect writes included) and no write past the room given or the
 // input (sentinels).
 func TestTopKKernels(t *testing.T) {
-	if kernelSet == "generic" {
-		t.Skip("no accelerated kernels in this build or on this CPU: nothing to compare")
+	if !accelerated(histTopKernel, histTopGeneric) {
+		t.Skipf("no accelerated top-k kernels in this build or on this CPU (kernels: %s): nothing to compare", kernelSet)
 	}
 	r := rand.New(rand.NewPCG(10, 4))
 	special := []float32{0, float32(math.Copysign(0, -1)), 1e-45, math.MaxFloat32, -math.MaxFloat32,

@@ -1,0 +1,46 @@
+//go:build !purego
+
+package compress
+
+// NEON (Advanced SIMD, which every arm64 CPU has) versions of the
+// quantizer's inner loops: the range of a bucket and its quantization,
+// each computing exactly what its generic twin computes, bit for bit (the
+// same IEEE single-precision operations lane by lane, rounded to nearest
+// even, and the same integer arithmetic; the fused multiply-add of t +
+// u·2^-24 has an exact product, so it rounds once as the generic addition
+// does). Build with -tags purego to keep the generic Go loops.
+// TestKernels and TestKernelsQuant compare them with the generic ones; `make
+// arm64` runs those tests under qemu-user.
+func init() {
+	kernelSet = "neon"
+	minMaxKernel = minMaxNEON
+	quantKernel = quantNEON
+}
+
+// rangeNEON returns the least and greatest element of x as FMIN and FMAX
+// find them: NaN if x holds a NaN. len(x) is a positive multiple of 16.
+//
+//go:noescape
+func rangeNEON(x []float32) (lo, hi float32)
+
+func minMaxNEON(x []float32) (lo, hi float32, finite bool) {
+	m := len(x) &^ 15
+	if m == 0 {
+		return minMaxGeneric(x)
+	}
+	lo, hi = rangeNEON(x[:m])
+	return foldRange(x[m:], lo, hi, false) // a NaN in lo or hi is not finite
+}
+
+// quantNEONAsm is quantGeneric for len(x) a positive multiple of 8.
+//
+//go:noescape
+func quantNEONAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
+
+func quantNEON(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
+	if len(x) == 0 {
+		return
+	}
+	_ = out[len(x)*int(bits)/8-1] // the length quantNEONAsm trusts
+	quantNEONAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
+}

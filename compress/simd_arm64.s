@@ -1,0 +1,240 @@
+//go:build !purego
+
+#include "go_asm.h"
+#include "textflag.h"
+
+// The vector instructions Go's arm64 assembler has no mnemonics for, as
+// their A64 encodings: 4 lanes of float32 or uint32 (the "4S" arrangement),
+// register numbers d, n, m. `go tool objdump` names each of them.
+#define FADD4(m, n, d) WORD $(0x4E20D400 | (m)<<16 | (n)<<5 | (d)) // FADD Vd.4S, Vn.4S, Vm.4S
+#define FSUB4(m, n, d) WORD $(0x4EA0D400 | (m)<<16 | (n)<<5 | (d)) // FSUB Vd.4S, Vn.4S, Vm.4S
+#define FMUL4(m, n, d) WORD $(0x6E20DC00 | (m)<<16 | (n)<<5 | (d)) // FMUL Vd.4S, Vn.4S, Vm.4S
+#define FMIN4(m, n, d) WORD $(0x4EA0F400 | (m)<<16 | (n)<<5 | (d)) // FMIN Vd.4S, Vn.4S, Vm.4S
+#define FMAX4(m, n, d) WORD $(0x4E20F400 | (m)<<16 | (n)<<5 | (d)) // FMAX Vd.4S, Vn.4S, Vm.4S
+#define MUL4(m, n, d) WORD $(0x4EA09C00 | (m)<<16 | (n)<<5 | (d))  // MUL Vd.4S, Vn.4S, Vm.4S
+#define UCVTF4(n, d) WORD $(0x6E21D800 | (n)<<5 | (d))             // UCVTF Vd.4S, Vn.4S
+#define FCVTZU4(n, d) WORD $(0x6EA1B800 | (n)<<5 | (d))            // FCVTZU Vd.4S, Vn.4S
+#define FMINV4(n, d) WORD $(0x6EB0F800 | (n)<<5 | (d))             // FMINV Sd, Vn.4S
+#define FMAXV4(n, d) WORD $(0x6E30F800 | (n)<<5 | (d))             // FMAXV Sd, Vn.4S
+
+// func rangeNEON(x []float32) (lo, hi float32)
+//
+// FMIN and FMAX return a NaN where either operand is one, so lo and hi are
+// NaN if x holds one. 16 elements per iteration into 4 running minima and
+// maxima, then a tree. len(x) is a positive multiple of 16.
+TEXT ·rangeNEON(SB), NOSPLIT, $0-32
+	MOVD   x_base+0(FP), R0
+	MOVD   x_len+8(FP), R1
+	VLD1.P 64(R0), [V0.S4, V1.S4, V2.S4, V3.S4]
+	VMOV   V0.B16, V4.B16
+	VMOV   V1.B16, V5.B16
+	VMOV   V2.B16, V6.B16
+	VMOV   V3.B16, V7.B16
+	SUBS   $16, R1
+
+loop:
+	BEQ    fold
+	VLD1.P 64(R0), [V8.S4, V9.S4, V10.S4, V11.S4]
+	FMIN4(8, 0, 0)
+	FMIN4(9, 1, 1)
+	FMIN4(10, 2, 2)
+	FMIN4(11, 3, 3)
+	FMAX4(8, 4, 4)
+	FMAX4(9, 5, 5)
+	FMAX4(10, 6, 6)
+	FMAX4(11, 7, 7)
+	SUBS   $16, R1
+	B      loop
+
+fold:
+	FMIN4(1, 0, 0)
+	FMIN4(3, 2, 2)
+	FMIN4(2, 0, 0)
+	FMINV4(0, 0)
+	FMAX4(5, 4, 4)
+	FMAX4(7, 6, 6)
+	FMAX4(6, 4, 4)
+	FMAXV4(4, 4)
+	FMOVS  F0, lo+24(FP)
+	FMOVS  F4, hi+28(FP)
+	RET
+
+// The quantizer's steps on the 4 lanes of a vector register V (number v):
+//
+// QT sets V to t = (x − lo)·inv (V20 = lo, V21 = inv), each step rounded
+// as the generic loop's float32 conversions round it.
+#define QT(v) \
+	FSUB4(20, v, v); \
+	FMUL4(21, v, v)
+
+// QDRAW adds r = u·2^-24 to V, u the top 24 bits of draw32 of the
+// counters x = i·0x9e3779b9 + k0 in V23 (rng.go's hash32, with V24 = k1,
+// V25 and V26 its multipliers), and advances the counters by 4·0x9e3779b9
+// (V27). D and T are scratch registers, d the number of D. The product
+// u·2^-24 (V28) is exact, so the fused add rounds as an add does.
+#define QDRAW(V, D, d, T) \
+	VUSHR $16, V23.S4, D.S4; \
+	VEOR  V23.B16, D.B16, D.B16; \
+	MUL4(25, d, d); \
+	VUSHR $15, D.S4, T.S4; \
+	VEOR  T.B16, D.B16, D.B16; \
+	VEOR  V24.B16, D.B16, D.B16; \
+	MUL4(26, d, d); \
+	VUSHR $16, D.S4, T.S4; \
+	VEOR  T.B16, D.B16, D.B16; \
+	VUSHR $8, D.S4, D.S4; \
+	UCVTF4(d, d); \
+	VFMLA V28.S4, D.S4, V.S4; \
+	VADD  V27.S4, V23.S4, V23.S4
+
+// QCODE truncates V to its code and clamps it to L (V22): t + r is at
+// least 0, and below L + 2.
+#define QCODE(V, v) \
+	FCVTZU4(v, v); \
+	VUMIN V22.S4, V.S4, V.S4
+
+// func quantNEONAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
+//
+// 16 elements per iteration, then a last 8: t of each lane (QT), plus the
+// draw (QDRAW) or 1/2 (V29), truncated and clamped (QCODE), narrowed to
+// bytes in element order, packed to bits each and stored. len(x) is a
+// positive multiple of 8, out holds len(x)·bits/8 bytes.
+TEXT ·quantNEONAsm(SB), NOSPLIT, $0-81
+	MOVD   out_base+0(FP), R0
+	MOVD   x_base+24(FP), R1
+	MOVD   x_len+32(FP), R2
+	FMOVS  lo+48(FP), F20
+	VDUP   V20.S[0], V20.S4
+	FMOVS  inv+52(FP), F21
+	VDUP   V21.S[0], V21.S4
+	MOVWU  levels+56(FP), R3
+	VDUP   R3, V22.S4
+	MOVD   bits+64(FP), R4
+	MOVWU  ctr+72(FP), R3
+	VDUP   R3, V23.S4
+	MOVD   $laneWeyl4<>(SB), R5
+	VLD1   (R5), [V27.S4]
+	VADD   V27.S4, V23.S4, V23.S4 // ctr + k·0x9e3779b9 in lane k
+	MOVWU  k1+76(FP), R3
+	VDUP   R3, V24.S4
+	MOVW   $const_lane32M1, R3
+	VDUP   R3, V25.S4
+	MOVW   $const_lane32M2, R3
+	VDUP   R3, V26.S4
+	MOVW   $(4*const_lane32Weyl), R3
+	VDUP   R3, V27.S4
+	MOVW   $0x33800000, R3        // float32 2^-24
+	VDUP   R3, V28.S4
+	MOVW   $0x3f000000, R3        // float32 1/2
+	VDUP   R3, V29.S4
+	MOVBU  nearest+80(FP), R7
+
+loop16:
+	CMP    $16, R2
+	BLT    last8
+	VLD1.P 64(R1), [V0.S4, V1.S4, V2.S4, V3.S4]
+	QT(0)
+	QT(1)
+	QT(2)
+	QT(3)
+	CBNZ   R7, half16
+	QDRAW(V0, V4, 4, V8)
+	QDRAW(V1, V5, 5, V9)
+	QDRAW(V2, V6, 6, V10)
+	QDRAW(V3, V7, 7, V11)
+	B      code16
+
+half16:
+	FADD4(29, 0, 0)
+	FADD4(29, 1, 1)
+	FADD4(29, 2, 2)
+	FADD4(29, 3, 3)
+
+code16:
+	QCODE(V0, 0)
+	QCODE(V1, 1)
+	QCODE(V2, 2)
+	QCODE(V3, 3)
+	VUZP1  V1.H8, V0.H8, V0.H8     // the low halves of lanes 0-7
+	VUZP1  V3.H8, V2.H8, V2.H8
+	VUZP1  V2.B16, V0.B16, V0.B16  // their low bytes: codes 0-15
+	SUB    $16, R2
+	CMP    $8, R4
+	BNE    pack16
+	VST1.P [V0.B16], 16(R0)
+	B      loop16
+
+pack16:
+	CMP    $4, R4
+	BNE    crumbs16
+	VUZP2  V0.B16, V0.B16, V1.B16  // odd codes
+	VUZP1  V0.B16, V0.B16, V0.B16  // even codes
+	VSLI   $4, V1.B16, V0.B16      // even | odd<<4
+	VMOV   V0.D[0], R3
+	MOVD.P R3, 8(R0)
+	B      loop16
+
+crumbs16:
+	// Each lane holds codes c0..c3 in its bytes: adding the lane shifted
+	// right by 6, then by 12, gathers c0 | c1<<2 | c2<<4 | c3<<6 in its
+	// low byte (the fields never overlap, so adds are ors).
+	VUSRA  $6, V0.S4, V0.S4
+	VUSRA  $12, V0.S4, V0.S4
+	VUZP1  V0.H8, V0.H8, V0.H8
+	VUZP1  V0.B16, V0.B16, V0.B16
+	VMOV   V0.S[0], R3
+	MOVW.P R3, 4(R0)
+	B      loop16
+
+last8:
+	CBZ    R2, done
+	VLD1   (R1), [V0.S4, V1.S4]
+	QT(0)
+	QT(1)
+	CBNZ   R7, half8
+	QDRAW(V0, V4, 4, V8)
+	QDRAW(V1, V5, 5, V9)
+	B      code8
+
+half8:
+	FADD4(29, 0, 0)
+	FADD4(29, 1, 1)
+
+code8:
+	QCODE(V0, 0)
+	QCODE(V1, 1)
+	VUZP1  V1.H8, V0.H8, V0.H8
+	VUZP1  V0.B16, V0.B16, V0.B16  // codes 0-7 in the low 8 bytes
+	CMP    $8, R4
+	BNE    pack8
+	VMOV   V0.D[0], R3
+	MOVD   R3, (R0)
+	RET
+
+pack8:
+	CMP    $4, R4
+	BNE    crumbs8
+	VUZP2  V0.B16, V0.B16, V1.B16
+	VUZP1  V0.B16, V0.B16, V0.B16
+	VSLI   $4, V1.B16, V0.B16
+	VMOV   V0.S[0], R3
+	MOVW   R3, (R0)
+	RET
+
+crumbs8:
+	VUSRA  $6, V0.S4, V0.S4
+	VUSRA  $12, V0.S4, V0.S4
+	VUZP1  V0.H8, V0.H8, V0.H8
+	VUZP1  V0.B16, V0.B16, V0.B16
+	VMOV   V0.H[0], R3
+	MOVH   R3, (R0)
+
+done:
+	RET
+
+// 0, 1, 2, 3 times the Weyl step, the counters' offsets in lanes 0-3.
+DATA laneWeyl4<>+0(SB)/4, $0
+DATA laneWeyl4<>+4(SB)/4, $const_lane32Weyl
+DATA laneWeyl4<>+8(SB)/4, $(2*const_lane32Weyl)
+DATA laneWeyl4<>+12(SB)/4, $(3*const_lane32Weyl)
+GLOBL laneWeyl4<>(SB), RODATA|NOPTR, $16
