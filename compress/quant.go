@@ -73,8 +73,8 @@ func init() {
 // bucket and byte boundaries, so they write the same bytes as a serial run.
 // The inner loops (minMaxKernel, quantKernel, which draws the random
 // numbers itself, and dequantKernel) have AVX2 twins on amd64
-// (simd_amd64.go), and the first two AVX-512 ones (avx512_amd64.go) and
-// NEON ones on arm64 (simd_arm64.go), that compute the same bits.
+// (simd_amd64.go), the first two AVX-512 ones (avx512_amd64.go), and all
+// three NEON ones on arm64 (simd_arm64.go), that compute the same bits.
 type quantCodec struct {
 	codec   Codec
 	bits    uint // 8, 4 or 2

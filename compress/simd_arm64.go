@@ -3,18 +3,19 @@
 package compress
 
 // NEON (Advanced SIMD, which every arm64 CPU has) versions of the
-// quantizer's inner loops: the range of a bucket and its quantization,
-// each computing exactly what its generic twin computes, bit for bit (the
-// same IEEE single-precision operations lane by lane, rounded to nearest
-// even, and the same integer arithmetic; the fused multiply-add of t +
-// u·2^-24 has an exact product, so it rounds once as the generic addition
-// does). Build with -tags purego to keep the generic Go loops.
-// TestKernels and TestKernelsQuant compare them with the generic ones; `make
-// arm64` runs those tests under qemu-user.
+// quantizers' inner loops: the range of a bucket, its quantization and the
+// decoding of its codes, each computing exactly what its generic twin
+// computes, bit for bit (the same IEEE single-precision operations lane by
+// lane, rounded to nearest even, and the same integer arithmetic; the
+// fused multiply-add of t + u·2^-24 has an exact product, so it rounds once
+// as the generic addition does). Build with -tags purego to keep the
+// generic Go loops. TestKernels and TestKernelsQuant compare them with the
+// generic ones; `make arm64` runs those tests under qemu-user.
 func init() {
 	kernelSet = "neon"
 	minMaxKernel = minMaxNEON
 	quantKernel = quantNEON
+	dequantKernel = dequantNEON
 }
 
 // rangeNEON returns the least and greatest element of x as FMIN and FMAX
@@ -43,4 +44,17 @@ func quantNEON(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 	}
 	_ = out[len(x)*int(bits)/8-1] // the length quantNEONAsm trusts
 	quantNEONAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
+}
+
+// dequantNEONAsm is dequantGeneric for len(out) a positive multiple of 8.
+//
+//go:noescape
+func dequantNEONAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
+
+func dequantNEON(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
+	if len(out) == 0 {
+		return
+	}
+	_ = codes[len(out)*int(bits)/8-1] // the length dequantNEONAsm trusts
+	dequantNEONAsm(out, codes, lo, scale, bits, add)
 }

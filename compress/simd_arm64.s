@@ -232,6 +232,121 @@ crumbs8:
 done:
 	RET
 
+// UNPACK splits each of the low 8 bytes of V0 into two codes, its bits
+// under the mask in M (15 or 3) and its bits from s on, and interleaves
+// them (low part first) into the 16 bytes of V0: nibbles to bytes, or, a
+// second time, crumb pairs to crumbs.
+#define UNPACK(M, s) \
+	VAND  M.B16, V0.B16, V1.B16; \
+	VUSHR $s, V0.B16, V2.B16; \
+	VZIP1 V2.B16, V1.B16, V0.B16
+
+// DQ widens the 8 halfword codes of H to lanes, the low 4 into A and the
+// high 4 into B (register numbers a and b), and sets each to lo + c·scale
+// (V20 = lo, V21 = scale, each step rounded as the generic loop rounds).
+#define DQ(H, A, a, B, b) \
+	VUXTL  H.H4, A.S4; \
+	VUXTL2 H.H8, B.S4; \
+	UCVTF4(a, a); \
+	UCVTF4(b, b); \
+	FMUL4(21, a, a); \
+	FMUL4(21, b, b); \
+	FADD4(20, a, a); \
+	FADD4(20, b, b)
+
+// func dequantNEONAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
+//
+// 16 elements per iteration, then a last 8: their codes unpacked to bytes
+// of V0, widened, decoded (DQ) and stored or added. len(out) is a positive
+// multiple of 8, codes holds len(out)·bits/8 bytes.
+TEXT ·dequantNEONAsm(SB), NOSPLIT, $0-65
+	MOVD   out_base+0(FP), R0
+	MOVD   out_len+8(FP), R2
+	MOVD   codes_base+24(FP), R1
+	FMOVS  lo+48(FP), F20
+	VDUP   V20.S[0], V20.S4
+	FMOVS  scale+52(FP), F21
+	VDUP   V21.S[0], V21.S4
+	MOVD   bits+56(FP), R4
+	MOVBU  add+64(FP), R7
+	VMOVI  $15, V30.B16
+	VMOVI  $3, V31.B16
+
+loop16:
+	CMP    $16, R2
+	BLT    last8
+	CMP    $8, R4
+	BNE    nibbles16
+	VLD1.P 16(R1), [V0.B16]
+	B      decode16
+
+nibbles16:
+	CMP    $4, R4
+	BNE    crumbs16
+	MOVD.P 8(R1), R3
+	VMOV   R3, V0.D[0]
+	UNPACK(V30, 4)
+	B      decode16
+
+crumbs16:
+	MOVWU.P 4(R1), R3
+	VMOV   R3, V0.S[0]
+	UNPACK(V30, 4)
+	UNPACK(V31, 2)
+
+decode16:
+	VUXTL  V0.B8, V1.H8
+	VUXTL2 V0.B16, V2.H8
+	DQ(V1, V4, 4, V5, 5)
+	DQ(V2, V6, 6, V7, 7)
+	CBZ    R7, set16
+	VLD1   (R0), [V8.S4, V9.S4, V10.S4, V11.S4]
+	FADD4(8, 4, 4)
+	FADD4(9, 5, 5)
+	FADD4(10, 6, 6)
+	FADD4(11, 7, 7)
+
+set16:
+	VST1.P [V4.S4, V5.S4, V6.S4, V7.S4], 64(R0)
+	SUB    $16, R2
+	B      loop16
+
+last8:
+	CBZ    R2, done
+	CMP    $8, R4
+	BNE    nibbles8
+	MOVD   (R1), R3
+	VMOV   R3, V0.D[0]
+	B      decode8
+
+nibbles8:
+	CMP    $4, R4
+	BNE    crumbs8
+	MOVWU  (R1), R3
+	VMOV   R3, V0.S[0]
+	UNPACK(V30, 4)
+	B      decode8
+
+crumbs8:
+	MOVHU  (R1), R3
+	VMOV   R3, V0.H[0]
+	UNPACK(V30, 4)
+	UNPACK(V31, 2)
+
+decode8:
+	VUXTL  V0.B8, V1.H8
+	DQ(V1, V4, 4, V5, 5)
+	CBZ    R7, set8
+	VLD1   (R0), [V8.S4, V9.S4]
+	FADD4(8, 4, 4)
+	FADD4(9, 5, 5)
+
+set8:
+	VST1   [V4.S4, V5.S4], (R0)
+
+done:
+	RET
+
 // 0, 1, 2, 3 times the Weyl step, the counters' offsets in lanes 0-3.
 DATA laneWeyl4<>+0(SB)/4, $0
 DATA laneWeyl4<>+4(SB)/4, $const_lane32Weyl
