@@ -178,6 +178,7 @@ gpu-binaries: plugin
 	$(GO) test -c -tags cuda -o build/gpu/kernels.test ./kernels
 	$(GO) test -c -tags cuda -o build/gpu/overlap.test ./overlap
 	$(GO) test -c -tags cuda -o build/gpu/plugin.test ./plugin
+	$(GO) test -c -o build/gpu/compress.test ./compress
 	cp build/libgradcomp.so build/libgradcomp_cuda.so build/gpu/
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/gpu/capi_cuda_test tests/capi/capi_cuda_test.c -Lbuild/gpu -lgradcomp_cuda -lcuda -lm -Wl,-rpath,'$$ORIGIN'
