@@ -20,10 +20,16 @@ test: setup
 setup:
 	./scripts/setup
 
+# gofmt, then go vet: everything, and compress again for arm64 and 386
+# (asmdecl checks each assembly frame against its Go declaration) and
+# with its purego twins.
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./compress
+	GOARCH=386 CGO_ENABLED=0 $(GO) vet ./compress
+	$(GO) vet -tags purego ./compress
 
 unit:
 	$(GO) test -count=1 ./...
