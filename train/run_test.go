@@ -154,10 +154,11 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 	}
 }
 
-// failing is an Exchanger whose Ready fails on one rank at one step.
+// failing is an Exchanger whose Ready fails at one step (-1: never); the
+// test gives that step to one rank.
 type failing struct {
 	Exchanger
-	rank, step, steps int
+	step, steps int
 }
 
 func (f *failing) Ready(i int, g []float32) error {
