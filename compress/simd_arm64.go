@@ -3,8 +3,9 @@
 package compress
 
 // NEON (Advanced SIMD, which every arm64 CPU has) versions of the
-// quantizers' inner loops: the range of a bucket, its quantization and the
-// decoding of its codes, each computing exactly what its generic twin
+// quantizers' inner loops (the range of a bucket, its quantization and the
+// decoding of its codes) and of sign's (its bits and sums, and their
+// decoding), each computing exactly what its generic twin
 // computes, bit for bit (the same IEEE single-precision operations lane by
 // lane, rounded to nearest even, and the same integer arithmetic; the
 // fused multiply-add of t + u·2^-24 has an exact product, so it rounds once
@@ -16,6 +17,8 @@ func init() {
 	minMaxKernel = minMaxNEON
 	quantKernel = quantNEON
 	dequantKernel = dequantNEON
+	signKernel = signNEON
+	unsignKernel = unsignNEON
 }
 
 // rangeNEON returns the least and greatest element of x as FMIN and FMAX
@@ -57,4 +60,30 @@ func dequantNEON(out []float32, codes []byte, lo, scale float32, bits uint, add 
 	}
 	_ = codes[len(out)*int(bits)/8-1] // the length dequantNEONAsm trusts
 	dequantNEONAsm(out, codes, lo, scale, bits, add)
+}
+
+// signNEONAsm is signGeneric.
+//
+//go:noescape
+func signNEONAsm(bits []byte, x []float32, acc *[8]float64)
+
+func signNEON(bits []byte, x []float32, acc *[8]float64) {
+	if len(x) == 0 {
+		return
+	}
+	_ = bits[len(x)/8-1] // the length signNEONAsm trusts
+	signNEONAsm(bits, x, acc)
+}
+
+// unsignNEONAsm is unsignGeneric.
+//
+//go:noescape
+func unsignNEONAsm(out []float32, bits []byte, sb uint32, add bool)
+
+func unsignNEON(out []float32, bits []byte, sb uint32, add bool) {
+	if len(out) == 0 {
+		return
+	}
+	_ = bits[len(out)/8-1] // the length unsignNEONAsm trusts
+	unsignNEONAsm(out, bits, sb, add)
 }

@@ -16,6 +16,11 @@
 #define FCVTZU4(n, d) WORD $(0x6EA1B800 | (n)<<5 | (d))            // FCVTZU Vd.4S, Vn.4S
 #define FMINV4(n, d) WORD $(0x6EB0F800 | (n)<<5 | (d))             // FMINV Sd, Vn.4S
 #define FMAXV4(n, d) WORD $(0x6E30F800 | (n)<<5 | (d))             // FMAXV Sd, Vn.4S
+#define FABS4(n, d) WORD $(0x4EA0F800 | (n)<<5 | (d))              // FABS Vd.4S, Vn.4S
+#define CMHI4(m, n, d) WORD $(0x6EA03400 | (m)<<16 | (n)<<5 | (d)) // CMHI Vd.4S, Vn.4S, Vm.4S
+#define FCVTL2S(n, d) WORD $(0x0E617800 | (n)<<5 | (d))            // FCVTL Vd.2D, Vn.2S
+#define FCVTL4S(n, d) WORD $(0x4E617800 | (n)<<5 | (d))            // FCVTL2 Vd.2D, Vn.4S
+#define FADD2D(m, n, d) WORD $(0x4E60D400 | (m)<<16 | (n)<<5 | (d)) // FADD Vd.2D, Vn.2D, Vm.2D
 
 // func rangeNEON(x []float32) (lo, hi float32)
 //
@@ -346,6 +351,102 @@ set8:
 
 done:
 	RET
+
+// func signNEONAsm(bits []byte, x []float32, acc *[8]float64)
+//
+// 8 elements per iteration: the byte of their sign bits (bit k set where
+// x[k]'s bits as uint32 exceed 0x80000000: below zero, −0 not), and
+// float64(|x[k]|) added to acc[k] (V16-V19, two lanes each), in the
+// generic loop's order. len(x) is a multiple of 8.
+TEXT ·signNEONAsm(SB), NOSPLIT, $0-56
+	MOVD   bits_base+0(FP), R0
+	MOVD   x_base+24(FP), R1
+	MOVD   x_len+32(FP), R2
+	MOVD   acc+48(FP), R3
+	VLD1   (R3), [V16.D2, V17.D2, V18.D2, V19.D2]
+	MOVW   $0x80000000, R4
+	VDUP   R4, V20.S4
+	MOVD   $signWeights<>(SB), R5
+	VLD1   (R5), [V21.S4, V22.S4]
+
+loop:
+	CBZ    R2, done
+	VLD1.P 32(R1), [V0.S4, V1.S4]
+	CMHI4(20, 0, 2)               // all ones where the bits exceed 0x80000000
+	CMHI4(20, 1, 3)
+	VAND   V21.B16, V2.B16, V2.B16 // bit k of element k
+	VAND   V22.B16, V3.B16, V3.B16
+	VORR   V3.B16, V2.B16, V2.B16
+	VADDV  V2.S4, V2              // distinct bits: their sum is their or
+	VMOV   V2.S[0], R6
+	MOVB.P R6, 1(R0)
+	FABS4(0, 0)
+	FABS4(1, 1)
+	FCVTL2S(0, 4)
+	FCVTL4S(0, 5)
+	FCVTL2S(1, 6)
+	FCVTL4S(1, 7)
+	FADD2D(4, 16, 16)
+	FADD2D(5, 17, 17)
+	FADD2D(6, 18, 18)
+	FADD2D(7, 19, 19)
+	SUB    $8, R2
+	B      loop
+
+done:
+	VST1   [V16.D2, V17.D2, V18.D2, V19.D2], (R3)
+	RET
+
+// func unsignNEONAsm(out []float32, bits []byte, sb uint32, add bool)
+//
+// 8 elements per iteration: their byte of sign bits in every lane, each
+// lane's bit tested (CMTST with its weight), its sign set on the scale's
+// bits sb, the value stored or added. len(out) is a multiple of 8.
+TEXT ·unsignNEONAsm(SB), NOSPLIT, $0-53
+	MOVD    out_base+0(FP), R0
+	MOVD    out_len+8(FP), R2
+	MOVD    bits_base+24(FP), R1
+	MOVWU   sb+48(FP), R3
+	VDUP    R3, V20.S4
+	MOVBU   add+52(FP), R7
+	MOVW    $0x80000000, R4
+	VDUP    R4, V23.S4
+	MOVD    $signWeights<>(SB), R5
+	VLD1    (R5), [V21.S4, V22.S4]
+
+loop:
+	CBZ     R2, done
+	MOVBU.P 1(R1), R4
+	VDUP    R4, V0.S4
+	VCMTST  V21.S4, V0.S4, V1.S4  // all ones where the lane's bit is set
+	VCMTST  V22.S4, V0.S4, V2.S4
+	VAND    V23.B16, V1.B16, V1.B16
+	VAND    V23.B16, V2.B16, V2.B16
+	VORR    V20.B16, V1.B16, V1.B16 // ±scale
+	VORR    V20.B16, V2.B16, V2.B16
+	CBZ     R7, set
+	VLD1    (R0), [V3.S4, V4.S4]
+	FADD4(3, 1, 1)
+	FADD4(4, 2, 2)
+
+set:
+	VST1.P  [V1.S4, V2.S4], 32(R0)
+	SUB     $8, R2
+	B       loop
+
+done:
+	RET
+
+// The bit of each of 8 elements in its byte, lanes 0-3 and 4-7.
+DATA signWeights<>+0(SB)/4, $1
+DATA signWeights<>+4(SB)/4, $2
+DATA signWeights<>+8(SB)/4, $4
+DATA signWeights<>+12(SB)/4, $8
+DATA signWeights<>+16(SB)/4, $16
+DATA signWeights<>+20(SB)/4, $32
+DATA signWeights<>+24(SB)/4, $64
+DATA signWeights<>+28(SB)/4, $128
+GLOBL signWeights<>(SB), RODATA|NOPTR, $32
 
 // 0, 1, 2, 3 times the Weyl step, the counters' offsets in lanes 0-3.
 DATA laneWeyl4<>+0(SB)/4, $0
