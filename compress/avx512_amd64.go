@@ -46,8 +46,7 @@ func quantAsm512(out []byte, x []float32, lo, inv float32, levels int32, bits ui
 // quantAsm512, a last group of 8 by quantAVX2.
 func quantAVX512(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
 	m := len(x) &^ 15
-	if m > 0 {
-		_ = out[m*int(bits)/8-1] // the length quantAsm512 trusts
+	if holds(out, m*int(bits)/8) { // the length quantAsm512 trusts
 		quantAsm512(out, x[:m], lo, inv, levels, bits, ctr, k1, nearest)
 	}
 	quantAVX2(out[m*int(bits)/8:], x[m:], lo, inv, levels, bits, ctr+uint32(m)*lane32Weyl, k1, nearest)

@@ -54,8 +54,7 @@ func bf16AVX2(out []byte, x []float32) bool {
 func halfAVX2(out []byte, x []float32, asm, generic func([]byte, []float32) bool) bool {
 	m := len(x) &^ 7
 	ok := true
-	if m > 0 {
-		_ = out[2*m-1] // the length the assembly trusts
+	if holds(out, 2*m) { // the length the assembly trusts
 		ok = asm(out, x[:m])
 	}
 	return generic(out[2*m:], x[m:]) && ok
@@ -73,8 +72,7 @@ func bf16DecodeAVX2(out []float32, in []byte, add bool) {
 // loop and the rest with its generic twin.
 func halfDecodeAVX2(out []float32, in []byte, add bool, asm, generic func([]float32, []byte, bool)) {
 	m := len(out) &^ 7
-	if m > 0 {
-		_ = in[2*m-1] // the length the assembly trusts
+	if holds(in, 2*m) { // the length the assembly trusts
 		asm(out[:m], in, add)
 	}
 	generic(out[m:], in[2*m:], add)

@@ -4,6 +4,17 @@ package compress
 
 import "math"
 
+// holds reports whether n > 0, having checked that b holds n bytes (else
+// it panics as an index out of range does): the assembly loops trust their
+// lengths, and take no empty input.
+func holds(b []byte, n int) bool {
+	if n == 0 {
+		return false
+	}
+	_ = b[n-1]
+	return true
+}
+
 // foldRange returns minMaxGeneric's results for a slice whose first
 // elements a range kernel found lo, hi and nan in (see rangeAVX2 and
 // rangeNEON) and whose other elements are rest.

@@ -98,11 +98,9 @@ func minMaxAVX2(x []float32) (lo, hi float32, finite bool) {
 func quantAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 
 func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
-	if len(x) == 0 {
-		return
+	if holds(out, len(x)*int(bits)/8) { // the length quantAsm trusts
+		quantAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
 	}
-	_ = out[len(x)*int(bits)/8-1] // the length quantAsm trusts
-	quantAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
 }
 
 // quantRunAVX2 is quantRunGeneric, leaner on whole buckets whose length is
@@ -166,11 +164,9 @@ func quantRunAVX2(q *quantCodec, hdr, codes []byte, src []float32, from, to int,
 func dequantAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
 
 func dequantAVX2(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
-	if len(out) == 0 {
-		return
+	if holds(codes, len(out)*int(bits)/8) { // the length dequantAsm trusts
+		dequantAsm(out, codes, lo, scale, bits, add)
 	}
-	_ = codes[len(out)*int(bits)/8-1] // the length dequantAsm trusts
-	dequantAsm(out, codes, lo, scale, bits, add)
 }
 
 // signAsm is signGeneric for len(x) a positive multiple of 8.
@@ -179,11 +175,9 @@ func dequantAVX2(out []float32, codes []byte, lo, scale float32, bits uint, add 
 func signAsm(bits []byte, x []float32, acc *[8]float64)
 
 func signAVX2(bits []byte, x []float32, acc *[8]float64) {
-	if len(x) == 0 {
-		return
+	if holds(bits, len(x)/8) { // the length signAsm trusts
+		signAsm(bits, x, acc)
 	}
-	_ = bits[len(x)/8-1] // the length signAsm trusts
-	signAsm(bits, x, acc)
 }
 
 // unsignAsm is unsignGeneric for len(out) a positive multiple of 8.
@@ -192,11 +186,9 @@ func signAVX2(bits []byte, x []float32, acc *[8]float64) {
 func unsignAsm(out []float32, bits []byte, sb uint32, add bool)
 
 func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
-	if len(out) == 0 {
-		return
+	if holds(bits, len(out)/8) { // the length unsignAsm trusts
+		unsignAsm(out, bits, sb, add)
 	}
-	_ = bits[len(out)/8-1] // the length unsignAsm trusts
-	unsignAsm(out, bits, sb, add)
 }
 
 // addAsm is addGeneric for len(dst) a positive multiple of 8.

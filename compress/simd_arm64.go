@@ -42,11 +42,9 @@ func minMaxNEON(x []float32) (lo, hi float32, finite bool) {
 func quantNEONAsm(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool)
 
 func quantNEON(out []byte, x []float32, lo, inv float32, levels int32, bits uint, ctr, k1 uint32, nearest bool) {
-	if len(x) == 0 {
-		return
+	if holds(out, len(x)*int(bits)/8) { // the length quantNEONAsm trusts
+		quantNEONAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
 	}
-	_ = out[len(x)*int(bits)/8-1] // the length quantNEONAsm trusts
-	quantNEONAsm(out, x, lo, inv, levels, bits, ctr, k1, nearest)
 }
 
 // dequantNEONAsm is dequantGeneric for len(out) a positive multiple of 8.
@@ -55,11 +53,9 @@ func quantNEON(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 func dequantNEONAsm(out []float32, codes []byte, lo, scale float32, bits uint, add bool)
 
 func dequantNEON(out []float32, codes []byte, lo, scale float32, bits uint, add bool) {
-	if len(out) == 0 {
-		return
+	if holds(codes, len(out)*int(bits)/8) { // the length dequantNEONAsm trusts
+		dequantNEONAsm(out, codes, lo, scale, bits, add)
 	}
-	_ = codes[len(out)*int(bits)/8-1] // the length dequantNEONAsm trusts
-	dequantNEONAsm(out, codes, lo, scale, bits, add)
 }
 
 // signNEONAsm is signGeneric.
@@ -68,11 +64,9 @@ func dequantNEON(out []float32, codes []byte, lo, scale float32, bits uint, add 
 func signNEONAsm(bits []byte, x []float32, acc *[8]float64)
 
 func signNEON(bits []byte, x []float32, acc *[8]float64) {
-	if len(x) == 0 {
-		return
+	if holds(bits, len(x)/8) { // the length signNEONAsm trusts
+		signNEONAsm(bits, x, acc)
 	}
-	_ = bits[len(x)/8-1] // the length signNEONAsm trusts
-	signNEONAsm(bits, x, acc)
 }
 
 // unsignNEONAsm is unsignGeneric.
@@ -81,9 +75,7 @@ func signNEON(bits []byte, x []float32, acc *[8]float64) {
 func unsignNEONAsm(out []float32, bits []byte, sb uint32, add bool)
 
 func unsignNEON(out []float32, bits []byte, sb uint32, add bool) {
-	if len(out) == 0 {
-		return
+	if holds(bits, len(out)/8) { // the length unsignNEONAsm trusts
+		unsignNEONAsm(out, bits, sb, add)
 	}
-	_ = bits[len(out)/8-1] // the length unsignNEONAsm trusts
-	unsignNEONAsm(out, bits, sb, add)
 }
