@@ -236,29 +236,43 @@ func BenchmarkDecompressAverage(b *testing.B) {
 	}
 }
 
-// BenchmarkQuantBucket times the quantizer's inner loops in use
-// (minMaxKernel, then quantKernel) on one bucket of 512 elements that stays
-// in L1: encoding's compute without memory's share. 64M elements take at
+// BenchmarkBucketKernels times the encoding inner loops in use on one
+// bucket of 512 elements that stays in L1: encoding's compute without
+// memory's share. For the quantizers that is the range and the quantize
+// loop (minMaxKernel, quantKernel), for sign its bits and sums
+// (signKernel), for fp16 and bf16 the conversion. 64M elements take at
 // least 2^17 times its ns/op, which against BenchmarkMemcpy/n=64M of the
-// same run bounds the encode's ratio to memcpy from above (with -tags
-// purego, the generic loops' bound).
-func BenchmarkQuantBucket(b *testing.B) {
+// same run bounds the encode's ratio to memcpy from above; with -tags
+// purego, the generic loops' bound, and the ratio of the two runs is what
+// the accelerated loops gain.
+func BenchmarkBucketKernels(b *testing.B) {
 	b.Logf("inner loops: %s", kernelSet) // shown with -v
 	const n = 512
 	x := benchGradient(1 << 20)[:n]
+	out := make([]byte, 2*n)
+	quant := func(bits uint, nearest bool) func(i int) {
+		q := &quantCodec{bits: bits}
+		return func(i int) {
+			lo, hi, _ := minMaxKernel(x)
+			_, inv, _ := q.scales(lo, hi)
+			quantKernel(out[:n*bits/8], x, lo, inv, q.levels(), bits, uint32(i)*n*lane32Weyl, 7, nearest)
+		}
+	}
+	var acc [8]float64
 	for _, c := range []struct {
-		name    string
-		bits    uint
-		nearest bool
-	}{{"int8", 8, false}, {"int4", 4, false}, {"int2", 2, false}, {"int8:round=nearest", 8, true}} {
+		name string
+		run  func(i int)
+	}{
+		{"int8", quant(8, false)}, {"int4", quant(4, false)}, {"int2", quant(2, false)},
+		{"int8:round=nearest", quant(8, true)},
+		{"sign", func(int) { signKernel(out[:n/8], x, &acc) }},
+		{"fp16", func(int) { fp16Kernel(out, x) }},
+		{"bf16", func(int) { bf16Kernel(out, x) }},
+	} {
 		b.Run(c.name, func(b *testing.B) {
-			q := &quantCodec{bits: c.bits}
-			out := make([]byte, n*c.bits/8)
 			b.SetBytes(4 * n)
 			for i := range b.N {
-				lo, hi, _ := minMaxKernel(x)
-				_, inv, _ := q.scales(lo, hi)
-				quantKernel(out, x, lo, inv, q.levels(), c.bits, uint32(i)*n*lane32Weyl, 7, c.nearest)
+				c.run(i)
 			}
 		})
 	}

@@ -42,38 +42,17 @@ func fp16DecodeAsm(out []float32, in []byte, add bool)
 func bf16DecodeAsm(out []float32, in []byte, add bool)
 
 func fp16AVX2(out []byte, x []float32) bool {
-	return halfAVX2(out, x, fp16Asm, fp16Generic)
+	return halfSplit(out, x, fp16Asm, fp16Generic)
 }
 
 func bf16AVX2(out []byte, x []float32) bool {
-	return halfAVX2(out, x, bf16Asm, bf16Generic)
-}
-
-// halfAVX2 converts the whole groups of 8 elements with the assembly loop
-// and the rest with its generic twin.
-func halfAVX2(out []byte, x []float32, asm, generic func([]byte, []float32) bool) bool {
-	m := len(x) &^ 7
-	ok := true
-	if holds(out, 2*m) { // the length the assembly trusts
-		ok = asm(out, x[:m])
-	}
-	return generic(out[2*m:], x[m:]) && ok
+	return halfSplit(out, x, bf16Asm, bf16Generic)
 }
 
 func fp16DecodeAVX2(out []float32, in []byte, add bool) {
-	halfDecodeAVX2(out, in, add, fp16DecodeAsm, fp16DecodeGeneric)
+	halfDecodeSplit(out, in, add, fp16DecodeAsm, fp16DecodeGeneric)
 }
 
 func bf16DecodeAVX2(out []float32, in []byte, add bool) {
-	halfDecodeAVX2(out, in, add, bf16DecodeAsm, bf16DecodeGeneric)
-}
-
-// halfDecodeAVX2 decodes the whole groups of 8 elements with the assembly
-// loop and the rest with its generic twin.
-func halfDecodeAVX2(out []float32, in []byte, add bool, asm, generic func([]float32, []byte, bool)) {
-	m := len(out) &^ 7
-	if holds(in, 2*m) { // the length the assembly trusts
-		asm(out[:m], in, add)
-	}
-	generic(out[m:], in[2*m:], add)
+	halfDecodeSplit(out, in, add, bf16DecodeAsm, bf16DecodeGeneric)
 }

@@ -121,6 +121,18 @@ func TestDenseKernels(t *testing.T) {
 				t.Fatalf("%s: finite %v, generic %v, for %v", k.name, okGot, okWant, blk)
 			}
 		}
+		// One non-finite input in a block of values finite in both formats,
+		// at each position: among them the NaNs whose bfloat16 rounding
+		// carries out of the word (0x7fffffff + 0x8000).
+		for _, bad := range []uint32{0x7f800000, 0xff800000, 0x7f800001, 0x7fc00000, 0x7fffffff, 0xffffffff} {
+			for at := range 8 {
+				blk := []float32{1, -2, 3.5, 1e-3, -7, 0.25, 1000, -0.5}
+				blk[at] = math.Float32frombits(bad)
+				if k.kernel(make([]byte, 16), blk) || k.twin(make([]byte, 16), blk) {
+					t.Fatalf("%s: %#08x at %d: reported finite", k.name, bad, at)
+				}
+			}
+		}
 		for i := 0; i < len(got); i += 2 {
 			if math.IsNaN(float64(x[i/2])) {
 				continue // a NaN fails the encode whatever its bits

@@ -15,6 +15,27 @@ func holds(b []byte, n int) bool {
 	return true
 }
 
+// halfSplit converts the whole groups of 8 elements with the assembly loop
+// asm (fp16 or bf16) and the rest with its generic twin.
+func halfSplit(out []byte, x []float32, asm, generic func([]byte, []float32) bool) bool {
+	m := len(x) &^ 7
+	ok := true
+	if holds(out, 2*m) { // the length the assembly trusts
+		ok = asm(out, x[:m])
+	}
+	return generic(out[2*m:], x[m:]) && ok
+}
+
+// halfDecodeSplit decodes the whole groups of 8 elements with the assembly
+// loop asm and the rest with its generic twin.
+func halfDecodeSplit(out []float32, in []byte, add bool, asm, generic func([]float32, []byte, bool)) {
+	m := len(out) &^ 7
+	if holds(in, 2*m) { // the length the assembly trusts
+		asm(out[:m], in, add)
+	}
+	generic(out[m:], in[2*m:], add)
+}
+
 // foldRange returns minMaxGeneric's results for a slice whose first
 // elements a range kernel found lo, hi and nan in (see rangeAVX2 and
 // rangeNEON) and whose other elements are rest.

@@ -4,8 +4,8 @@ package compress
 
 // NEON (Advanced SIMD, which every arm64 CPU has) versions of the
 // quantizers' inner loops (the range of a bucket, its quantization and the
-// decoding of its codes) and of sign's (its bits and sums, and their
-// decoding), each computing exactly what its generic twin
+// decoding of its codes), of sign's (its bits and sums, and their
+// decoding) and of the fp16 and bf16 conversions, each computing exactly what its generic twin
 // computes, bit for bit (the same IEEE single-precision operations lane by
 // lane, rounded to nearest even, and the same integer arithmetic; the
 // fused multiply-add of t + u·2^-24 has an exact product, so it rounds once
@@ -19,6 +19,8 @@ func init() {
 	dequantKernel = dequantNEON
 	signKernel = signNEON
 	unsignKernel = unsignNEON
+	fp16Kernel, bf16Kernel = fp16NEON, bf16NEON
+	fp16DecodeKernel, bf16DecodeKernel = fp16DecodeNEON, bf16DecodeNEON
 }
 
 // rangeNEON returns the least and greatest element of x as FMIN and FMAX
@@ -78,4 +80,34 @@ func unsignNEON(out []float32, bits []byte, sb uint32, add bool) {
 	if holds(bits, len(out)/8) { // the length unsignNEONAsm trusts
 		unsignNEONAsm(out, bits, sb, add)
 	}
+}
+
+// fp16NEONAsm and bf16NEONAsm are fp16Generic and bf16Generic for len(x) a
+// positive multiple of 8.
+//
+//go:noescape
+func fp16NEONAsm(out []byte, x []float32) bool
+
+//go:noescape
+func bf16NEONAsm(out []byte, x []float32) bool
+
+// fp16DecodeNEONAsm and bf16DecodeNEONAsm are fp16DecodeGeneric and
+// bf16DecodeGeneric for len(out) a positive multiple of 8.
+//
+//go:noescape
+func fp16DecodeNEONAsm(out []float32, in []byte, add bool)
+
+//go:noescape
+func bf16DecodeNEONAsm(out []float32, in []byte, add bool)
+
+func fp16NEON(out []byte, x []float32) bool { return halfSplit(out, x, fp16NEONAsm, fp16Generic) }
+
+func bf16NEON(out []byte, x []float32) bool { return halfSplit(out, x, bf16NEONAsm, bf16Generic) }
+
+func fp16DecodeNEON(out []float32, in []byte, add bool) {
+	halfDecodeSplit(out, in, add, fp16DecodeNEONAsm, fp16DecodeGeneric)
+}
+
+func bf16DecodeNEON(out []float32, in []byte, add bool) {
+	halfDecodeSplit(out, in, add, bf16DecodeNEONAsm, bf16DecodeGeneric)
 }

@@ -21,6 +21,10 @@
 #define FCVTL2S(n, d) WORD $(0x0E617800 | (n)<<5 | (d))            // FCVTL Vd.2D, Vn.2S
 #define FCVTL4S(n, d) WORD $(0x4E617800 | (n)<<5 | (d))            // FCVTL2 Vd.2D, Vn.4S
 #define FADD2D(m, n, d) WORD $(0x4E60D400 | (m)<<16 | (n)<<5 | (d)) // FADD Vd.2D, Vn.2D, Vm.2D
+#define FCVTN4H(n, d) WORD $(0x0E216800 | (n)<<5 | (d))            // FCVTN Vd.4H, Vn.4S
+#define FCVTN8H(n, d) WORD $(0x4E216800 | (n)<<5 | (d))            // FCVTN2 Vd.8H, Vn.4S
+#define FCVTL4H(n, d) WORD $(0x0E217800 | (n)<<5 | (d))            // FCVTL Vd.4S, Vn.4H
+#define FCVTL8H(n, d) WORD $(0x4E217800 | (n)<<5 | (d))            // FCVTL2 Vd.4S, Vn.8H
 
 // func rangeNEON(x []float32) (lo, hi float32)
 //
@@ -447,6 +451,147 @@ DATA signWeights<>+20(SB)/4, $32
 DATA signWeights<>+24(SB)/4, $64
 DATA signWeights<>+28(SB)/4, $128
 GLOBL signWeights<>(SB), RODATA|NOPTR, $32
+
+// NONZERO sets R6 to 1 if any bit of V21 is set, else 0.
+#define NONZERO \
+	VMOV V21.D[0], R4; \
+	VMOV V21.D[1], R5; \
+	ORR  R5, R4, R4; \
+	CMP  $0, R4; \
+	CSET NE, R6
+
+// func fp16NEONAsm(out []byte, x []float32) bool
+//
+// 8 elements per iteration: FCVTN rounds to nearest even as
+// FP16FromFloat32 does, subnormals included (Go leaves FPCR's FZ and FZ16
+// clear), and overflows to ±Inf from 65520 on; a result whose exponent is
+// all ones is not finite. len(x) is a multiple of 8.
+TEXT ·fp16NEONAsm(SB), NOSPLIT, $0-49
+	MOVD   out_base+0(FP), R0
+	MOVD   x_base+24(FP), R1
+	MOVD   x_len+32(FP), R2
+	MOVW   $0x7c00, R3
+	VDUP   R3, V20.H8             // binary16's exponent
+	VEOR   V21.B16, V21.B16, V21.B16
+
+loop:
+	CBZ    R2, done
+	VLD1.P 32(R1), [V0.S4, V1.S4]
+	FCVTN4H(0, 2)
+	FCVTN8H(1, 2)
+	VAND   V20.B16, V2.B16, V3.B16
+	VCMEQ  V20.H8, V3.H8, V3.H8    // Inf or NaN
+	VORR   V3.B16, V21.B16, V21.B16
+	VST1.P [V2.B16], 16(R0)
+	SUB    $8, R2
+	B      loop
+
+done:
+	NONZERO
+	EOR    $1, R6, R6
+	MOVB   R6, ret+48(FP)
+	RET
+
+// BF16 sets V to the bfloat16 of each lane in its high half, u + 0x7fff +
+// (bit 16 of u) (BF16FromFloat32 for every u but a NaN, which is flagged),
+// and marks in V21 each lane whose input or result has an exponent of all
+// ones (V20 = 0x7f800000, V22 = 1, V23 = 0x7fff; T, U scratch).
+#define BF16(V, T, U) \
+	VAND  V20.B16, V.B16, T.B16; \
+	VCMEQ V20.S4, T.S4, T.S4; \
+	VORR  T.B16, V21.B16, V21.B16; \
+	VUSHR $16, V.S4, T.S4; \
+	VAND  V22.B16, T.B16, T.B16; \
+	VADD  V23.S4, V.S4, V.S4; \
+	VADD  T.S4, V.S4, V.S4; \
+	VAND  V20.B16, V.B16, U.B16; \
+	VCMEQ V20.S4, U.S4, U.S4; \
+	VORR  U.B16, V21.B16, V21.B16
+
+// func bf16NEONAsm(out []byte, x []float32) bool
+//
+// 8 elements per iteration, rounded (BF16) and their high halves taken
+// (UZP2). len(x) is a multiple of 8.
+TEXT ·bf16NEONAsm(SB), NOSPLIT, $0-49
+	MOVD   out_base+0(FP), R0
+	MOVD   x_base+24(FP), R1
+	MOVD   x_len+32(FP), R2
+	MOVW   $0x7f800000, R3
+	VDUP   R3, V20.S4
+	MOVW   $1, R3
+	VDUP   R3, V22.S4
+	MOVW   $0x7fff, R3
+	VDUP   R3, V23.S4
+	VEOR   V21.B16, V21.B16, V21.B16
+
+loop:
+	CBZ    R2, done
+	VLD1.P 32(R1), [V0.S4, V1.S4]
+	BF16(V0, V4, V5)
+	BF16(V1, V6, V7)
+	VUZP2  V1.H8, V0.H8, V2.H8     // the high halves, elements 0-7
+	VST1.P [V2.B16], 16(R0)
+	SUB    $8, R2
+	B      loop
+
+done:
+	NONZERO
+	EOR    $1, R6, R6
+	MOVB   R6, ret+48(FP)
+	RET
+
+// HSTORE stores (R7 = 0) or adds to (R7 ≠ 0) the 8 floats of V1 and V2 at
+// R0, and advances R0.
+#define HSTORE \
+	CBZ     R7, 4(PC); \
+	VLD1    (R0), [V3.S4, V4.S4]; \
+	FADD4(3, 1, 1); \
+	FADD4(4, 2, 2); \
+	VST1.P  [V1.S4, V2.S4], 32(R0)
+
+// func fp16DecodeNEONAsm(out []float32, in []byte, add bool)
+//
+// 8 elements per iteration; FCVTL is exact. len(out) is a multiple of 8.
+TEXT ·fp16DecodeNEONAsm(SB), NOSPLIT, $0-49
+	MOVD   out_base+0(FP), R0
+	MOVD   out_len+8(FP), R2
+	MOVD   in_base+24(FP), R1
+	MOVBU  add+48(FP), R7
+
+loop:
+	CBZ    R2, done
+	VLD1.P 16(R1), [V0.B16]
+	FCVTL4H(0, 1)
+	FCVTL8H(0, 2)
+	HSTORE
+	SUB    $8, R2
+	B      loop
+
+done:
+	RET
+
+// func bf16DecodeNEONAsm(out []float32, in []byte, add bool)
+//
+// 8 elements per iteration, each half put in the high half of a lane (ZIP
+// with zeros). len(out) is a multiple of 8.
+TEXT ·bf16DecodeNEONAsm(SB), NOSPLIT, $0-49
+	MOVD   out_base+0(FP), R0
+	MOVD   out_len+8(FP), R2
+	MOVD   in_base+24(FP), R1
+	MOVBU  add+48(FP), R7
+	VEOR   V31.B16, V31.B16, V31.B16
+
+loop:
+	CBZ    R2, done
+	VLD1.P 16(R1), [V0.B16]
+	VZIP1  V0.H8, V31.H8, V1.H8
+	VZIP2  V0.H8, V31.H8, V2.H8
+	HSTORE
+	SUB    $8, R2
+	B      loop
+
+done:
+	RET
 
 // 0, 1, 2, 3 times the Weyl step, the counters' offsets in lanes 0-3.
 DATA laneWeyl4<>+0(SB)/4, $0
