@@ -5,13 +5,14 @@ package compress
 // NEON (Advanced SIMD, which every arm64 CPU has) versions of the
 // quantizers' inner loops (the range of a bucket, its quantization and the
 // decoding of its codes), of sign's (its bits and sums, and their
-// decoding) and of the fp16 and bf16 conversions, each computing exactly what its generic twin
-// computes, bit for bit (the same IEEE single-precision operations lane by
-// lane, rounded to nearest even, and the same integer arithmetic; the
-// fused multiply-add of t + u·2^-24 has an exact product, so it rounds once
-// as the generic addition does). Build with -tags purego to keep the
-// generic Go loops. TestKernels and TestKernelsQuant compare them with the
-// generic ones; `make arm64` runs those tests under qemu-user.
+// decoding) and of the fp16 and bf16 conversions. Each computes exactly
+// what its generic twin computes, bit for bit: the same IEEE operations
+// lane by lane, rounded to nearest even (Go leaves FPCR's FZ, FZ16 and DN
+// clear), and the same integer arithmetic; the fused multiply-add of t +
+// u·2^-24 has an exact product, so it rounds once as the generic addition
+// does. Build with -tags purego to keep the generic Go loops. TestKernels,
+// TestKernelsQuant and TestDenseKernels compare them with the generic
+// ones; `make arm64` runs those tests under qemu-user.
 func init() {
 	kernelSet = "neon"
 	minMaxKernel = minMaxNEON
