@@ -15,6 +15,30 @@ func holds(b []byte, n int) bool {
 	return true
 }
 
+// addSplit adds the whole groups of 8 elements with the assembly loop asm
+// (addGeneric for len(dst) a positive multiple of 8) and the rest with
+// addGeneric.
+func addSplit(dst, a, b []float32, asm func(dst, a, b []float32)) {
+	m := len(dst) &^ 7
+	if m > 0 {
+		_, _ = a[m-1], b[m-1] // the lengths the assembly trusts
+		asm(dst[:m], a, b)
+	}
+	addGeneric(dst[m:], a[m:], b[m:])
+}
+
+// subSplit subtracts the whole groups of 8 elements with the assembly loop
+// asm (subGeneric for len(res) a positive multiple of 8) and the rest with
+// subGeneric.
+func subSplit(res, src []float32, asm func(res, src []float32)) {
+	m := len(res) &^ 7
+	if m > 0 {
+		_ = src[m-1] // the length the assembly trusts
+		asm(res[:m], src)
+	}
+	subGeneric(res[m:], src[m:len(res)])
+}
+
 // halfSplit converts the whole groups of 8 elements with the assembly loop
 // asm (fp16 or bf16) and the rest with its generic twin.
 func halfSplit(out []byte, x []float32, asm, generic func([]byte, []float32) bool) bool {

@@ -196,28 +196,14 @@ func unsignAVX2(out []float32, bits []byte, sb uint32, add bool) {
 //go:noescape
 func addAsm(dst, a, b []float32)
 
-func addAVX2(dst, a, b []float32) {
-	m := len(dst) &^ 7
-	if m > 0 {
-		_, _ = a[m-1], b[m-1] // the lengths addAsm trusts
-		addAsm(dst[:m], a, b)
-	}
-	addGeneric(dst[m:], a[m:], b[m:])
-}
+func addAVX2(dst, a, b []float32) { addSplit(dst, a, b, addAsm) }
 
 // subAsm is subGeneric for len(res) a positive multiple of 8.
 //
 //go:noescape
 func subAsm(res, src []float32)
 
-func subAVX2(res, src []float32) {
-	m := len(res) &^ 7
-	if m > 0 {
-		_ = src[m-1] // the length subAsm trusts
-		subAsm(res[:m], src)
-	}
-	subGeneric(res[m:], src[m:len(res)])
-}
+func subAVX2(res, src []float32) { subSplit(res, src, subAsm) }
 
 // histTopAsm is histTopGeneric for len(vals) a positive multiple of 8.
 //

@@ -5,7 +5,8 @@ package compress
 // NEON (Advanced SIMD, which every arm64 CPU has) versions of the
 // quantizers' inner loops (the range of a bucket, its quantization and the
 // decoding of its codes), of sign's (its bits and sums, and their
-// decoding) and of the fp16 and bf16 conversions. Each computes exactly
+// decoding), of the fp16 and bf16 conversions, and of error feedback's e +
+// g and residual subtraction. Each computes exactly
 // what its generic twin computes, bit for bit: the same IEEE operations
 // lane by lane, rounded to nearest even (Go leaves FPCR's FZ, FZ16 and DN
 // clear), and the same integer arithmetic; the fused multiply-add of t +
@@ -22,6 +23,7 @@ func init() {
 	unsignKernel = unsignNEON
 	fp16Kernel, bf16Kernel = fp16NEON, bf16NEON
 	fp16DecodeKernel, bf16DecodeKernel = fp16DecodeNEON, bf16DecodeNEON
+	addKernel, subKernel = addNEON, subNEON
 }
 
 // rangeNEON returns the least and greatest element of x as FMIN and FMAX
@@ -112,3 +114,16 @@ func fp16DecodeNEON(out []float32, in []byte, add bool) {
 func bf16DecodeNEON(out []float32, in []byte, add bool) {
 	halfDecodeSplit(out, in, add, bf16DecodeNEONAsm, bf16DecodeGeneric)
 }
+
+// addNEONAsm and subNEONAsm are addGeneric and subGeneric for a length (of
+// dst, res) that is a positive multiple of 8.
+//
+//go:noescape
+func addNEONAsm(dst, a, b []float32)
+
+//go:noescape
+func subNEONAsm(res, src []float32)
+
+func addNEON(dst, a, b []float32) { addSplit(dst, a, b, addNEONAsm) }
+
+func subNEON(res, src []float32) { subSplit(res, src, subNEONAsm) }

@@ -593,6 +593,49 @@ loop:
 done:
 	RET
 
+// func addNEONAsm(dst, a, b []float32)
+//
+// dst = a + b, 8 elements per iteration.
+TEXT ·addNEONAsm(SB), NOSPLIT, $0-72
+	MOVD   dst_base+0(FP), R0
+	MOVD   dst_len+8(FP), R2
+	MOVD   a_base+24(FP), R1
+	MOVD   b_base+48(FP), R3
+
+loop:
+	CBZ    R2, done
+	VLD1.P 32(R1), [V0.S4, V1.S4]
+	VLD1.P 32(R3), [V2.S4, V3.S4]
+	FADD4(2, 0, 0)
+	FADD4(3, 1, 1)
+	VST1.P [V0.S4, V1.S4], 32(R0)
+	SUB    $8, R2
+	B      loop
+
+done:
+	RET
+
+// func subNEONAsm(res, src []float32)
+//
+// res = src − res, 8 elements per iteration.
+TEXT ·subNEONAsm(SB), NOSPLIT, $0-48
+	MOVD   res_base+0(FP), R0
+	MOVD   res_len+8(FP), R2
+	MOVD   src_base+24(FP), R1
+
+loop:
+	CBZ    R2, done
+	VLD1   (R0), [V0.S4, V1.S4]
+	VLD1.P 32(R1), [V2.S4, V3.S4]
+	FSUB4(0, 2, 0)
+	FSUB4(1, 3, 1)
+	VST1.P [V0.S4, V1.S4], 32(R0)
+	SUB    $8, R2
+	B      loop
+
+done:
+	RET
+
 // 0, 1, 2, 3 times the Weyl step, the counters' offsets in lanes 0-3.
 DATA laneWeyl4<>+0(SB)/4, $0
 DATA laneWeyl4<>+4(SB)/4, $const_lane32Weyl
