@@ -52,24 +52,21 @@ rloop16:
 	SUBQ    $16, CX
 	JMP     rloop16
 
-// Halving: the high 256 bits against the low, then 128, 64 and 32.
+// ZHALVE folds the 16 lanes of Z into lane 0 by OP (VMINPS or VMAXPS),
+// halving: the high 256 bits against the low, then 128, 64 and 32.
+#define ZHALVE(OP, Z) \
+	VSHUFF32X4 $0x4e, Z, Z, Z3; \
+	OP         Z3, Z, Z; \
+	VSHUFF32X4 $0xb1, Z, Z, Z3; \
+	OP         Z3, Z, Z; \
+	VPERMILPS  $0x4e, Z, Z3; \
+	OP         Z3, Z, Z; \
+	VPERMILPS  $0xb1, Z, Z3; \
+	OP         Z3, Z, Z
+
 rreduce:
-	VSHUFF32X4 $0x4e, Z0, Z0, Z3
-	VMINPS     Z3, Z0, Z0
-	VSHUFF32X4 $0xb1, Z0, Z0, Z3
-	VMINPS     Z3, Z0, Z0
-	VPERMILPS  $0x4e, Z0, Z3
-	VMINPS     Z3, Z0, Z0
-	VPERMILPS  $0xb1, Z0, Z3
-	VMINPS     Z3, Z0, Z0
-	VSHUFF32X4 $0x4e, Z1, Z1, Z3
-	VMAXPS     Z3, Z1, Z1
-	VSHUFF32X4 $0xb1, Z1, Z1, Z3
-	VMAXPS     Z3, Z1, Z1
-	VPERMILPS  $0x4e, Z1, Z3
-	VMAXPS     Z3, Z1, Z1
-	VPERMILPS  $0xb1, Z1, Z3
-	VMAXPS     Z3, Z1, Z1
+	ZHALVE(VMINPS, Z0)
+	ZHALVE(VMAXPS, Z1)
 	VMOVSS     X0, lo+24(FP)
 	VMOVSS     X1, hi+28(FP)
 	KORTESTW   K1, K1

@@ -109,9 +109,9 @@ func quantAVX2(out []byte, x []float32, lo, inv float32, levels int32, bits uint
 // generic loop's layers of calls cost about a tenth of int8 nearest
 // encoding at 512-element buckets, calls through minMaxKernel and
 // quantKernel 2%, measured on the AVX2 EPYC), and it takes the range of
-// the next bucket before it quantizes the current one, so that the next bucket's loads and the
-// divisions of the current scale overlap the quantize pass instead of
-// waiting on each other. A bucket it cannot encode (quantRunGeneric
+// the next bucket before it quantizes the current one, so that the next
+// bucket's loads and the divisions of the current scale overlap the
+// quantize pass instead of waiting on each other. A bucket it cannot encode (quantRunGeneric
 // returns the error) and a partial last bucket go to quantRunGeneric.
 func quantRunAVX2(q *quantCodec, hdr, codes []byte, src []float32, from, to int, keys laneKeys) error {
 	b, bits, levels := q.bucket, q.bits, q.levels()
