@@ -162,11 +162,10 @@ func (f *ErrorFeedback) Flush(grad []float32, key Key) (*Pending, error) {
 // FeedbackCompressor is a Compressor that folds error feedback's sum into
 // its first pass; Parse returns one for int8, int4, int2, sign, fp16, bf16
 // and none, and ErrorFeedback uses it to read e and g once per step.
-// CompressFeedback
-// sets sum[i] = e[i] + g[i] (one float32 addition) and then does exactly
-// what CompressResidual(dst, sum, key, res) does, in the same pass. All
-// four slices have g's length (else a *SizeError, dst unchanged); sum
-// overlaps none of the others.
+// CompressFeedback sets sum[i] = e[i] + g[i] (one float32 addition) and
+// then does exactly what CompressResidual(dst, sum, key, res) does, in the
+// same pass. All four slices have g's length (else a *SizeError, dst
+// unchanged); sum overlaps none of the others.
 type FeedbackCompressor interface {
 	Compressor
 	CompressFeedback(dst []byte, e, g, sum []float32, key Key, res []float32) ([]byte, error)
