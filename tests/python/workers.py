@@ -440,3 +440,99 @@ def peer_dies(rank, world, spec, dead, timeout):
             out.append({"type": type(e).__name__, "is_comm": isinstance(e, gradcomp.CommError), "message": str(e),
                         "seconds": time.monotonic() - t0})
     return out
+
+
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads, b and c; forward(x, head) uses one of them,
+    so the other's parameters get no gradient that step."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.trunk = torch.nn.Linear(64, 96)
+        self.b = torch.nn.Linear(96, 10)
+        self.c = torch.nn.Linear(96, 10)
+        self.frozen = torch.nn.Linear(4, 4)  # never used
+
+    def forward(self, x, head):
+        return getattr(self, head)(torch.relu(self.trunk(x)))
+
+
+def _params_hex(module):
+    return [p.detach().numpy().tobytes().hex() for p in module.parameters()]
+
+
+def unused_parameters(rank, world, spec, case, steps):
+    """DDP(find_unused_parameters=True) over TwoHeads with the hook
+    (decision pinned, warm-up 2, a 20 s timeout), `steps` steps of `case`:
+    "alternate" (head c every third step, else b, on every rank), "per
+    rank" (rank r uses head c when (step + r) is odd: ranks differ),
+    "no_sync" (alternate, with two accumulation steps under no_sync before
+    each synchronized one). Returns the parameters (hex), the State's
+    counters and the seconds taken."""
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 3))
+    model = TwoHeads(3)
+    ddp = DDP(model, find_unused_parameters=True)
+    state = gct.State(spec, warmup_steps=2, decision="compressed", workers=1, timeout=20, model=model)
+    ddp.register_comm_hook(state, gct.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    t0 = time.monotonic()
+    for step in range(steps):
+        head = "c" if step % 3 == 0 else "b"
+        if case == "per rank":
+            head = "c" if (step + rank) % 2 else "b"
+        xb, yb = data[step % len(data)]
+        opt.zero_grad()
+        if case == "no_sync":
+            with ddp.no_sync():
+                for k in range(2):
+                    torch.nn.functional.cross_entropy(ddp(xb[k::3], head), yb[k::3]).backward()
+            xb, yb = xb[2::3], yb[2::3]
+        torch.nn.functional.cross_entropy(ddp(xb, head), yb).backward()
+        opt.step()
+    out = {"params": _params_hex(model), "stats": state.stats, "seconds": time.monotonic() - t0,
+           "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
+    state.close()
+    return out
+
+
+def resume_exact(rank, world, spec, steps, cut, warmup, phase, path):
+    """Bit-exact resume. Phase "straight": DDP over two_bucket_mlp with the
+    hook (decision pinned, `warmup` warm-up steps) trains `steps` steps and
+    returns its parameters; then a second model trains `cut` steps and
+    saves model, optimizer and State to path.rank (torch.save). Phase
+    "resume" (a new process group, new processes): a fresh model, DDP and
+    State load that checkpoint and train the remaining steps; returns the
+    parameters and the State's counters."""
+    x, y, _, _ = digits()
+    data = [b for epoch in range(3) for b in batches(rank, world, x, y, epoch, 11)][:steps]
+
+    def fresh():
+        model = two_bucket_mlp(11)
+        ddp, state = make_ddp(model, spec, warmup_steps=warmup, decision="compressed")
+        return model, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+    ckpt = "%s.%d" % (path, rank)
+    if phase == "straight":
+        model, ddp, state, opt = fresh()
+        for xb, yb in data:
+            train_step(ddp, opt, xb, yb)
+        out = {"params": _params_hex(model), "stats": state.stats}
+        state.close()
+        model, ddp, state, opt = fresh()
+        for xb, yb in data[:cut]:
+            train_step(ddp, opt, xb, yb)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, ckpt)
+        state.close()
+        return out
+    saved = torch.load(ckpt)
+    model, ddp, state, opt = fresh()
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["hook"])
+    for xb, yb in data[cut:]:
+        train_step(ddp, opt, xb, yb)
+    out = {"params": _params_hex(model), "stats": state.stats}
+    state.close()
+    return out

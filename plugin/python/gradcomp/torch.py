@@ -36,6 +36,18 @@ Steps:
   engine's gc_engine_wait returned; the wait runs on a thread once the
   step's last bucket was handed over, so backward is never blocked
   (``overlap=False`` waits in the last bucket's hook instead).
+* The engine's collectives run on a process group of their own
+  (``engine_group``; by default one the State makes with
+  ``dist.new_group`` when it creates the engine, over every rank, with the
+  State's ``timeout``), never on DDP's: DDP issues collectives of its own
+  there from the autograd thread (with ``find_unused_parameters=True``,
+  the all-reduce of its used-parameter map), and gloo and NCCL match
+  collectives by their order on a group. So models with unused parameters
+  (found or not, the same on every rank or not), ``no_sync()``
+  accumulation and buckets handed over in any order work, and a
+  collective that cannot finish fails within ``timeout``. When DDP's
+  process group is a subgroup, pass ``engine_group``, a group of the same
+  ranks made with ``dist.new_group`` on every process.
 
 What a user sees:
 
@@ -69,21 +81,42 @@ raises its errors itself, and an error of the exchange is set on the
 futures.
 
 Checkpoints: :meth:`State.state_dict` holds the engine's state
-(error-feedback memories, step number, spec, strategy, bucket layout) and
-the hook's step count; :meth:`State.load_state_dict` refuses, with
-ValueError and changing nothing, a state of another spec or strategy, or
+(error-feedback memories, momentum, step number, spec, strategy, bucket
+layout), the hook's step count and the parameters of the engine's
+buckets in order (their shapes and places among DDP's initial buckets);
+:meth:`State.load_state_dict` refuses, with ValueError and changing
+nothing, a state of another spec, strategy or error-feedback setting, or
 for another model (total elements against ``model``'s parameters, or the
-bucket layout against the engine's). A State restored before its engine
-exists (a new process) applies the state when it creates the engine:
-like any new State it exchanges its first two steps dense (DDP rebuilds
-its buckets), then continues from the saved error feedback and step.
+bucket layout against the engine's).
+
+Resume is bit-exact: a State restored in a new process (new process group,
+model, optimizer and DDP restored from the same checkpoint) gives, after k
+more steps, the parameters the uninterrupted run has after the same steps,
+bit for bit, whether the checkpoint was taken inside the warm-up or after
+it (tests/python/test_hook.py, 2 and 4 ranks). It creates its engine at its
+first step and runs its first two steps "staged": DDP's buckets are then
+its initial ones (DDP rebuilds them after its first step, in the order the
+gradients became ready), so the hook keeps each bucket until the step's
+last, gathers the gradients into the engine's bucket order (parameter by
+parameter), runs one engine step and scatters the averages back. The
+engine sees exactly the buckets of the uninterrupted run; only the
+overlap of those two steps is lost. From the third step DDP's buckets
+are the engine's and each goes to the engine as it comes. (Should DDP's
+final buckets differ from the checkpoint's, every step stays staged, with
+a warning.) Exactness needs the decision pinned (``decision="compressed"``
+or ``"dense"``): the cost model decides from timings. A state saved
+before the engine existed (hook steps 0 and 1) has no engine state; the
+State runs the plain steps it has left, then creates its engine.
 
 CUDA buckets need libgradcomp_cuda.so (loaded when torch sees a GPU) and a
 NCCL group; that path has NOT run on a GPU yet.
 """
 
 import collections
+import contextlib
+import datetime
 import logging
+import math
 import threading
 
 import torch
@@ -99,11 +132,54 @@ logger = logging.getLogger("gradcomp")
 
 #: Steps exchanged with torch's all-reduce before the engine exists.
 PLAIN_STEPS = 2
-_FORMAT = "gradcomp.torch.State/2"
+_FORMAT = "gradcomp.torch.State/3"
+_FORMATS = ("gradcomp.torch.State/2", _FORMAT)  # /2 has no "params"
 _STAGED_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
 _ON_NONFINITE = ("dense", "raise")
 _DECISIONS = ("auto", "compressed", "dense")
 _STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
+
+
+def _bucket_params(bucket):
+    """A DDP bucket's parameters, in its order (None for a bucket that does
+    not say: GradBucket.parameters() missing or empty)."""
+    try:
+        params = bucket.parameters()
+    except AttributeError:
+        return None
+    return list(params) or None
+
+
+def _signature(params, positions):
+    """Parameters as [position, shape] pairs, position being the
+    parameter's place among the State's first step's parameters (None when
+    either is unknown)."""
+    if params is None or positions is None:
+        return None
+    return [[positions.get(id(p), -1), list(p.shape)] for p in params]
+
+
+def _valid_signature(sig, layout):
+    """Whether sig is a list of [index, shape] pairs (ints) whose shapes
+    hold sum(layout) elements."""
+    if not isinstance(sig, list) or layout is None:
+        return False
+    total = 0
+    for p in sig:
+        if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], list)
+                and all(isinstance(d, int) and d >= 0 for d in p[1])):
+            return False
+        n = 1
+        for d in p[1]:
+            n *= d
+        total += n
+    return total == sum(layout)
+
+
+def _shapes(sig, limit=6):
+    """A short text of a signature's shapes."""
+    shown = ["x".join(map(str, shape)) or "scalar" for _, shape in sig[:limit]]
+    return "[%s%s]" % (", ".join(shown), ", ..." if len(sig) > limit else "")
 
 
 def _ms(seconds):
@@ -116,7 +192,10 @@ class _Step:
     def __init__(self, number, in_backward):
         self.number = number
         self.in_backward = in_backward
+        self.mode = None  # "plain", "staged" or "direct", chosen at the step's first bucket
         self.started = False  # gc_engine_step was called
+        self.buckets = {}  # staged: bucket index -> (buffer, its parameters, future)
+        self.unpermute = None  # staged: (DDP's concatenation, gather index, the engine's) to scatter back
         self.pending = []  # (future, bucket buffer, staged float32 buffer)
         self.readied = set()
         self.error = None
@@ -166,6 +245,9 @@ class State:
     a checkpoint resumes it where it was. E.g. ``State("topk:0.004",
     decision="compressed", schedule=[(100, "topk:0.25"), (100, "topk:0.0625"),
     (100, "topk:0.016")])``.
+    ``engine_group``: the process group the engine's collectives run on
+    (None: a new group over the ranks of ``process_group``, made when the
+    engine is created; see the module documentation).
     ``guard``: the accuracy guard's threshold, 0 for none (needs
     ``error_feedback``; CPU or CUDA buckets): every rank measures, for each bucket
     it compresses, how much error feedback holds back against the
@@ -178,7 +260,7 @@ class State:
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
                  on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
-                 momentum=0.0, schedule=None, guard=0.0, momentum_masking=False):
+                 momentum=0.0, schedule=None, guard=0.0, momentum_masking=False, engine_group=None):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -226,15 +308,21 @@ class State:
         self._params = None
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self._engine_group_arg = engine_group
         #: Steps this State has seen (its hook's step count; restored by
         #: load_state_dict).
         self.iter = 0
         self._local = 0  # steps seen since this State was made: the plain steps are 0 and 1
-        self._layout = {}  # bucket index -> elements, as seen in plain step 1
+        self._first = {}  # bucket index -> its parameters, in this State's first step (DDP's initial buckets)
+        self._layout = {}  # bucket index -> (elements, parameters), as seen in plain step 1
         self._sizes = None  # the engine's bucket sizes
+        self._params_sig = None  # the engine's buckets' parameters as _signature pairs (None: unknown)
+        self._confirmed = False  # DDP's buckets are the engine's in this process (direct steps)
+        self._warned_staged = False
         self._engine = None
         self._pending = None  # engine state bytes to load when the engine is created
         self._pending_layout = None  # and the layout it records
+        self._pending_params = None  # and the parameters of that layout
         self._broken = None  # the error that ended this State's engine
         self._cur = None
         self._decided = {}  # bucket -> (strategy, decided_compressed) last logged
@@ -306,13 +394,16 @@ class State:
     def state_dict(self):
         """The state to checkpoint: the engine's state bytes
         (gc_engine_state_save; a state loaded and not yet applied, or None
-        before the engine exists), the hook's step count and the bucket
-        layout."""
+        before the engine exists), the hook's step count, the bucket layout
+        and the parameters of those buckets in order (shapes, and indices
+        in ``model``'s parameters where the State has ``model``)."""
         if self._engine is not None:
-            data = self._engine.save_state()
+            data, layout, params = self._engine.save_state(), self._sizes, self._params_sig
+        elif self._pending_layout is not None:
+            data, layout, params = self._pending, self._pending_layout, self._pending_params
         else:
-            data = self._pending
-        layout = self._sizes or self._pending_layout or self._seen_layout()
+            data, layout = self._pending, self._seen_layout()
+            params = self._seen_params() if layout else None
         return {
             "format": _FORMAT,
             "spec": self.spec,
@@ -320,28 +411,33 @@ class State:
             "error_feedback": self.error_feedback,
             "iter": self.iter,
             "layout": list(layout) if layout else None,
+            "params": params,
             "engine": data,
         }
 
     def load_state_dict(self, sd):
         """Restores a :meth:`state_dict`. Everything is checked before
         anything changes: ValueError for a dict that is not one, a state of
-        another spec or error-feedback setting, or of another
+        another spec, strategy or error-feedback setting, or of another
         model (its total elements against ``model``'s parameters; its
         bucket layout against the engine's, or the layout this State saw);
         the engine then validates its state whole (gc_engine_state_load).
         Before the engine exists the state is kept and applied when it is
-        created."""
+        created, and the State's next steps are exact continuations (see
+        the module documentation, "Checkpoints")."""
         where = "gradcomp.torch.State.load_state_dict"
-        if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
+        if not isinstance(sd, dict) or sd.get("format") not in _FORMATS:
             raise ValueError("%s: not a %s state dict" % (where, _FORMAT))
         try:
             spec, strategy, ef = sd["spec"], sd["strategy"], sd["error_feedback"]
             it, layout, data = sd["iter"], sd["layout"], sd["engine"]
         except KeyError as e:
             raise ValueError("%s: the state dict lacks %s" % (where, e))
+        params = sd.get("params")
         if spec != self.spec:
             raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
+        if strategy != self.strategy:
+            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
         if bool(ef) != self.error_feedback:
             raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
                              % (where, bool(ef), self.error_feedback))
@@ -349,6 +445,9 @@ class State:
             raise ValueError("%s: iter %r is not a step count" % (where, it))
         if layout is not None and not (isinstance(layout, list) and all(isinstance(n, int) and n > 0 for n in layout)):
             raise ValueError("%s: layout %r is not a list of bucket sizes" % (where, layout))
+        if params is not None and not _valid_signature(params, layout):
+            raise ValueError("%s: params %r is not a list of [index, shape] pairs for the layout %s"
+                             % (where, params if len(repr(params)) < 200 else "(...)", layout))
         if data is not None:
             if not isinstance(data, (bytes, bytearray)):
                 raise ValueError("%s: engine state is %s, not bytes" % (where, type(data).__name__))
@@ -375,14 +474,34 @@ class State:
                                  "exists" % (where, PLAIN_STEPS))
             self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
         else:
-            self._pending, self._pending_layout = data, layout
+            self._pending, self._pending_layout, self._pending_params = data, layout, params if layout else None
         self.iter = it
 
     def _seen_layout(self):
-        """The bucket sizes plain step 1 saw, once it ended (else None)."""
-        if self._local < PLAIN_STEPS or not self._layout:
+        """The bucket sizes of DDP's final buckets, from a plain step after
+        this State's first, once it ended (else None)."""
+        if self._local < PLAIN_STEPS or not self._layout or sorted(self._layout) != list(range(len(self._layout))):
             return None
-        return [self._layout.get(i, 0) for i in range(max(self._layout) + 1)]
+        return [self._layout[i][0] for i in range(len(self._layout))]
+
+    def _seen_params(self):
+        """The parameters of the buckets of _seen_layout, in bucket order,
+        as _signature pairs (None when unknown)."""
+        params = [self._layout[i][1] for i in range(len(self._layout))]
+        if any(p is None for p in params):
+            return None
+        return _signature([p for ps in params for p in ps], self._positions())
+
+    def _positions(self):
+        """Each parameter's place (by id) in the concatenation of this
+        State's first step's buckets, DDP's initial buckets, which are the
+        same in every process for the same model and DDP arguments (None
+        when unknown)."""
+        n = len(self._first)
+        if not n or sorted(self._first) != list(range(n)) or any(self._first[i] is None for i in range(n)):
+            return None
+        params = [p for i in range(n) for p in self._first[i]]
+        return {id(p): k for k, p in enumerate(params)}
 
     # ---- the hook
 
@@ -413,7 +532,7 @@ class State:
             self._cur.in_backward = self._queue_end_of_backward(self._cur)
         st = self._cur
         try:
-            return self._bucket(st, buf, index, last)
+            return self._bucket(st, bucket, buf, index, last)
         except BaseException as e:
             st.fail(e)
             if not st.in_backward:
@@ -446,14 +565,18 @@ class State:
         if not buf.is_floating_point():
             raise TypeError("gradcomp.torch: bucket holds %s gradients; want a floating-point dtype" % buf.dtype)
 
-    def _bucket(self, st, buf, index, last):
+    def _bucket(self, st, bucket, buf, index, last):
         if self._broken is not None:
             raise self._broken
         self._check(buf)
-        if self._engine is None and self._local < PLAIN_STEPS:
-            return self._plain(st, buf, index)
-        if self._engine is None:
-            self._create(buf)
+        if self._local == 0:
+            self._first[index] = _bucket_params(bucket)
+        if st.mode is None:
+            st.mode = self._mode(buf)
+        if st.mode == "plain":
+            return self._plain(st, bucket, buf, index)
+        if st.mode == "staged":
+            return self._staged(st, bucket, buf, index, last)
         eng = self._engine
         try:
             if not st.started:
@@ -464,29 +587,142 @@ class State:
                     "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
                     "DDP built (each once per step); DDP never changes them after its first step: was the model "
                     "or its DDP wrapper replaced under this State?" % (st.number, index, buf.numel(), eng.sizes))
-            staged = self._stage(buf)
-            if buf.device.type == "cuda":  # UNTESTED: the device engine
-                st.stream = torch.cuda.current_stream(buf.device)
-                eng.ready_device(index, staged, st.stream.cuda_stream)
-            else:
-                eng.ready(index, staged)
-            st.readied.add(index)
-            fut = torch.futures.Future()
-            st.pending.append((fut, buf, staged))
+            fut = self._ready(st, eng, index, buf, self._stage(buf))
             if last:
-                if len(st.readied) != eng.nbuckets:
-                    missing = sorted(set(range(eng.nbuckets)) - st.readied)
-                    raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
-                if st.stream is not None:
-                    eng.done(st.stream.cuda_stream)
-                if self.overlap:
-                    threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True).start()
-                else:
-                    self._finish(st)
+                self._launch_wait(st, eng)
             return fut
         except BaseException as e:
             self._abort(st, e)
             raise
+
+    def _mode(self, buf):
+        """How this step's buckets reach the engine: "plain" (torch's
+        all-reduce, before the engine), "direct" (each bucket as DDP hands
+        it over, once DDP's buckets are known to be the engine's), or
+        "staged" (the whole step after its last bucket, mapped onto the
+        engine's buckets: a State resumed in a new process, whose DDP may
+        still rebuild its buckets)."""
+        if self._engine is None and self.iter < PLAIN_STEPS:
+            return "plain"
+        if self._engine is None and self._pending_layout is None and self._seen_layout() is not None:
+            self._create(self._seen_layout(), buf, self._seen_params())
+            self._confirmed = True
+        if self._engine is not None and self._confirmed:
+            return "direct"
+        return "staged"
+
+    def _ready(self, st, eng, index, buf, staged):
+        """Hands ``staged`` (float32, contiguous) to the engine as bucket
+        ``index``; returns the future of ``buf``, which gets the average."""
+        if staged.device.type == "cuda":  # UNTESTED: the device engine
+            st.stream = torch.cuda.current_stream(staged.device)
+            eng.ready_device(index, staged, st.stream.cuda_stream)
+        else:
+            eng.ready(index, staged)
+        st.readied.add(index)
+        fut = torch.futures.Future()
+        st.pending.append((fut, buf, staged))
+        return fut
+
+    def _launch_wait(self, st, eng):
+        """After the step's last bucket: checks every bucket came, then
+        waits for the engine on a thread (overlap) or here."""
+        if len(st.readied) != eng.nbuckets:
+            missing = sorted(set(range(eng.nbuckets)) - st.readied)
+            raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
+        if st.stream is not None:
+            eng.done(st.stream.cuda_stream)
+        if self.overlap:
+            threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True).start()
+        else:
+            self._finish(st)
+
+    def _staged(self, st, bucket, buf, index, last):
+        """A staged step's bucket: kept, with a future, until the step's
+        last; then the step's buckets, concatenated in index order, are
+        cut at the engine's bucket sizes and exchanged as one engine step,
+        and each DDP bucket gets its part of the averages back. The result
+        is bit for bit that of a step whose DDP buckets are the engine's:
+        the engine sees the same bucket contents."""
+        if index in st.buckets:
+            raise ValueError("gradcomp.torch: step %d: bucket %d came twice" % (st.number, index))
+        fut = torch.futures.Future()
+        st.buckets[index] = (buf, _bucket_params(bucket), fut)
+        if not last:
+            return fut
+        n = len(st.buckets)
+        if sorted(st.buckets) != list(range(n)):
+            raise ValueError("gradcomp.torch: step %d ended with buckets %s, not 0..%d" % (st.number, sorted(st.buckets),
+                                                                                      n - 1))
+        bufs = [st.buckets[i][0] for i in range(n)]
+        sizes = [b.numel() for b in bufs]
+        params = [st.buckets[i][1] for i in range(n)]
+        sig = None if None in params else _signature([p for ps in params for p in ps], self._positions())
+        if self._engine is None:
+            if self._pending_layout is not None:
+                self._create(self._pending_layout, buf, self._pending_params)
+            else:
+                self._create(sizes, buf, sig)
+        eng = self._engine
+        try:
+            try:
+                perm = self._line_up(st, sizes, sig)
+            except ValueError as e:
+                self._broken = e
+                raise
+            ddp_flat = torch.cat([b.reshape(-1).to(torch.float32) for b in bufs])
+            flat = ddp_flat if perm is None else ddp_flat[perm]
+            eng.step()
+            st.started = True
+            start = 0
+            for i, m in enumerate(eng.sizes):
+                self._ready(st, eng, i, flat, flat.narrow(0, start, m))
+                start += m
+            st.pending = []  # one future per DDP bucket, over its part of the averages
+            st.unpermute = None if perm is None else (ddp_flat, perm, flat)
+            start = 0
+            for i, b in enumerate(bufs):
+                st.pending.append((st.buckets[i][2], b, ddp_flat.narrow(0, start, b.numel())))
+                start += b.numel()
+            if self._local >= 1 and sizes == eng.sizes:
+                self._confirmed = True  # DDP has rebuilt: its buckets are the engine's from now on
+            elif self._local >= 1 and not self._warned_staged:
+                self._warned_staged = True
+                logger.warning("DDP's buckets %s differ from the engine's %s (from the checkpoint): every step is "
+                               "exchanged whole after backward, without overlap", sizes, eng.sizes)
+            self._launch_wait(st, eng)
+            return fut
+        except BaseException as e:
+            self._abort(st, e)
+            for b, _, f in st.buckets.values():
+                if not f.done():
+                    f.set_result(b)
+            raise
+
+    def _line_up(self, st, sizes, sig):
+        """Where each element of the engine's buckets sits in DDP's buckets
+        of this step: None when at the same place (the concatenations are
+        equal), else a gather index (a LongTensor over DDP's concatenation).
+        ValueError when they cannot line up (other totals, other
+        parameters)."""
+        eng = self._engine
+        if sum(sizes) != sum(eng.sizes):
+            raise ValueError("gradcomp.torch: step %d: DDP's buckets %s hold %d elements, the engine's %s (from the "
+                             "checkpoint or step 1) %d: not the model this State was made for"
+                             % (st.number, sizes, sum(sizes), eng.sizes, sum(eng.sizes)))
+        want = self._params_sig
+        if sig is None or want is None or sig == want:
+            return None
+        if sorted(sig) != sorted(want) or len({p for p, _ in sig}) != len(sig) or min(p for p, _ in sig) < 0:
+            raise ValueError("gradcomp.torch: step %d: DDP's buckets hold the parameters %s, the engine's buckets "
+                             "(from the checkpoint) %s: their gradients do not line up"
+                             % (st.number, _shapes(sig), _shapes(want)))
+        where, start = {}, 0
+        for pos, shape in sig:
+            n = math.prod(shape)
+            where[pos] = (start, n)
+            start += n
+        return torch.cat([torch.arange(where[pos][0], where[pos][0] + where[pos][1]) for pos, _ in want])
 
     @staticmethod
     def _stage(buf):
@@ -497,28 +733,48 @@ class State:
                             % buf.dtype)
         return buf.to(torch.float32).contiguous()
 
-    def _plain(self, st, buf, index):
-        """torch's default exchange: an all-reduce of bucket/world."""
+    def _plain(self, st, bucket, buf, index):
+        """torch's default exchange: an all-reduce of bucket/world. The
+        buckets of a plain step after this State's first are DDP's final
+        ones (DDP rebuilds them once, after its first step): the engine's
+        layout."""
         group = self.process_group
         world = dist.get_world_size(group)
-        if self._local == 1:
-            self._layout[index] = buf.numel()
+        if self._local >= 1:
+            self._layout[index] = (buf.numel(), _bucket_params(bucket))
         st.plain_sent += 2 * (world - 1) * 4 * buf.numel() // world
         st.plain_buckets += 1
         buf.div_(world)
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
-    def _create(self, buf):
-        """Creates the engine for the layout seen in step 1 (and applies a
-        loaded state): the handshake runs here, through the host thread."""
-        n = len(self._layout)
-        sizes = [self._layout.get(i) for i in range(n)]
+    def _engine_group(self):
+        """The process group the engine's collectives run on: the State's
+        ``engine_group``, else a new group of the DDP group's ranks with
+        the State's timeout, made here (every rank of the job creates it,
+        in the same order: DDP's group must hold every rank). Never DDP's
+        own group: DDP issues collectives of its own on it (the used-
+        parameter map of ``find_unused_parameters=True``) from the autograd
+        thread while the host's thread runs the engine's, and gloo matches
+        collectives by their order on a group."""
+        if self._engine_group_arg is not None:
+            return self._engine_group_arg
+        group = self.process_group
+        world = dist.get_world_size()
+        if dist.get_world_size(group) != world:
+            raise ValueError("gradcomp.torch.State: process_group holds %d of the job's %d ranks: pass engine_group=, "
+                             "a group of the same ranks made with dist.new_group on every rank, for the engine's "
+                             "collectives" % (dist.get_world_size(group), world))
+        return dist.new_group(timeout=datetime.timedelta(seconds=self.timeout), backend=dist.get_backend(group))
+
+    def _create(self, sizes, buf, params=None):
+        """Creates the engine for the bucket ``sizes`` (on ``buf``'s device)
+        and applies a loaded state: the handshake runs here, through the
+        host thread. ``params``: the parameters in bucket order, where known
+        (checked against DDP's in staged steps)."""
         try:
-            if not n or None in sizes:
-                raise ValueError("gradcomp.torch: step 1 saw buckets %s, not 0..%d" % (sorted(self._layout), n - 1))
             device = -1 if buf.device.type == "cpu" else buf.device.index
-            eng = Engine(self.spec, sizes, process_group=self.process_group, strategy=self.strategy,
+            eng = Engine(self.spec, sizes, process_group=self._engine_group(), strategy=self.strategy,
                          decision=self.decision, error_feedback=self.error_feedback,
                          fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                          timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum,
@@ -542,8 +798,8 @@ class State:
                 eng.close()
                 self._broken = e
                 raise
-            self._pending = self._pending_layout = None
-        self._engine, self._sizes = eng, sizes
+        self._pending = self._pending_layout = self._pending_params = None
+        self._engine, self._sizes, self._params_sig = eng, list(sizes), params
         logger.info("engine for %s (strategy %s, decision %s) on %d ranks, %d buckets %s, warm-up until "
                     "step %d", self.spec, self.strategy, self.decision, eng.world, len(sizes), sizes,
                     self.warmup_steps)
@@ -587,12 +843,12 @@ class State:
             if not isinstance(err, _lib.NonFiniteError):
                 self._broken = err  # GC_ERR_COMM: the engine is broken
         else:
-            for fut, buf, staged in st.pending:
-                if staged is not buf:
-                    if st.stream is not None:
-                        with torch.cuda.stream(st.stream):
-                            buf.copy_(staged)
-                    else:
+            with torch.cuda.stream(st.stream) if st.stream is not None else contextlib.nullcontext():
+                if st.unpermute is not None:
+                    ddp_flat, perm, flat = st.unpermute
+                    ddp_flat[perm] = flat
+                for fut, buf, staged in st.pending:
+                    if staged is not buf:
                         buf.copy_(staged)
         self._resolve(st, err)
 
