@@ -75,8 +75,9 @@ type hostRun struct {
 // its protocol version, canonical spec, strategy, error-feedback flag,
 // decision mode, FailOnNonFinite, warm-up steps, momentum and bucket
 // layout, and a difference is a *ConfigMismatchError on every rank naming
-// the field and both values; a rank whose configuration is invalid gets its own error
-// and the others a *ConfigError naming it. With DecideAuto and a
+// the field and both values; a rank whose configuration is invalid sends
+// only why, and every rank gets a *ConfigError naming it (its own wraps
+// its error; see also Refuse). With DecideAuto and a
 // compressed path it then probes the link and measures the compressor
 // (see the package doc) to decide each bucket, identically on every rank.
 // New's collectives are bounded by ctx and Config.Timeout each.

@@ -37,16 +37,24 @@ func (e *UsageError) Error() string {
 func (e *UsageError) Unwrap() error { return e.Err }
 
 // ConfigError reports an invalid configuration: this rank's own (Rank is
-// this rank), or, from the handshake, another rank's, so that every rank
-// fails and none waits for the others.
+// this rank, Err its error), or, from the handshake, another rank's (Err
+// nil: only the reason crossed the wire), so that every rank fails and
+// none waits for the others. CheckState reports a configuration it cannot
+// check a state against with Rank -1 (no rank is concerned).
 type ConfigError struct {
 	Rank   int
 	Reason string
+	Err    error
 }
 
 func (e *ConfigError) Error() string {
+	if e.Rank < 0 {
+		return "overlap: invalid configuration: " + e.Reason
+	}
 	return fmt.Sprintf("overlap: rank %d has an invalid configuration: %s", e.Rank, e.Reason)
 }
+
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 // ConfigMismatchError reports ranks whose configurations differ, found by
 // the handshake in New. Every rank gets the same error: the first field, in

@@ -1,11 +1,15 @@
 package overlap
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
+	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
 )
 
@@ -20,16 +24,9 @@ const protocolVersion = 1
 type field struct{ name, value string }
 
 // handshakeRecord lists what every rank must agree on, in the order a
-// mismatch is reported; invalid is this rank's configuration error.
-func handshakeRecord(e *core, sizes []int, invalid error) []field {
-	reason := ""
-	if invalid != nil {
-		reason = invalid.Error()
-	}
-	spec := e.spec
-	if spec == "" {
-		spec = e.cfg.Spec
-	}
+// mismatch is reported. Its first field, "invalid", is empty: a rank whose
+// configuration is invalid sends invalidRecord instead.
+func handshakeRecord(e *core, sizes []int) []field {
 	onOff := func(b bool) string {
 		if b {
 			return "on"
@@ -37,10 +34,10 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		return "off"
 	}
 	f := []field{
-		{"invalid", reason},
+		{"invalid", ""},
 		{"protocol version", strconv.Itoa(protocolVersion)},
 		{"random stream", compress.RandomStreamVersion}, // stochastic rounding's draws
-		{"spec", spec},
+		{"spec", e.spec},
 		{"strategy", e.strategy.String()},
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},
 		{"decision", e.cfg.Decision.String()},
@@ -48,7 +45,7 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
 		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
 		{"momentum masking", onOff(e.cfg.MomentumMasking)},
-		{"schedule", schedule(e)},
+		{"schedule", cmp.Or(schedule(e), "none")},
 		{"accuracy guard", strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
@@ -57,6 +54,10 @@ func handshakeRecord(e *core, sizes []int, invalid error) []field {
 	}
 	return f
 }
+
+// invalidRecord is the record of a rank whose configuration is invalid:
+// the reason alone (the other fields would not be compared).
+func invalidRecord(reason error) []field { return []field{{"invalid", reason.Error()}} }
 
 func encodeRecord(fs []field) []byte {
 	var b []byte
@@ -94,48 +95,47 @@ func decodeRecord(b []byte) ([]field, error) {
 	return fs, nil
 }
 
-// handshake exchanges every rank's record (an all-gather of the lengths,
-// then of the records padded to the longest) and compares them. It runs
-// even when this rank's configuration is invalid, so that the other ranks
-// fail at once instead of waiting for it.
+// handshake runs New's handshake for e, whose configuration is invalid
+// when invalid is not nil (then it tells the others, as Refuse does).
 func handshake(ctx context.Context, e *core, sizes []int, invalid error) error {
-	c, n := e.host, e.size
-	rec := encodeRecord(handshakeRecord(e, sizes, invalid))
-	timeout := e.cfg.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
-	gather := func(dst, src []byte) error {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		if err := c.AllGather(ctx, dst, src); err != nil {
-			return fmt.Errorf("overlap: handshake on rank %d: %w", e.rank, err)
-		}
-		return nil
-	}
-	lens := make([]byte, 8*n)
-	if err := gather(lens, binary.LittleEndian.AppendUint64(nil, uint64(len(rec)))); err != nil {
-		return err
-	}
-	longest := 0
-	for r := range n {
-		longest = max(longest, int(binary.LittleEndian.Uint64(lens[8*r:])))
-	}
-	all := make([]byte, n*longest)
-	if err := gather(all, append(rec, make([]byte, longest-len(rec))...)); err != nil {
-		return err
-	}
-	recs := make([][]field, n)
-	for r := range n {
-		l := int(binary.LittleEndian.Uint64(lens[8*r:]))
-		fs, err := decodeRecord(all[r*longest : r*longest+l])
-		if err != nil || len(fs) == 0 || fs[0].name != "invalid" {
-			return fmt.Errorf("overlap: handshake: rank %d sent an unreadable record (%v)", r, err)
-		}
-		recs[r] = fs
-	}
 	if invalid != nil {
-		return &ConfigError{Rank: e.rank, Reason: invalid.Error()}
+		return agree(ctx, e.host, e.cfg.Timeout, invalidRecord(invalid), invalid)
+	}
+	return agree(ctx, e.host, e.cfg.Timeout, handshakeRecord(e, sizes), nil)
+}
+
+// Refuse takes part in the handshake of New (or NewDevice) for a rank that
+// cannot build its engine, so that the other ranks fail at once with a
+// *ConfigError naming this rank and reason, instead of waiting for it until
+// their timeout. It returns this rank's *ConfigError, whose Err is reason,
+// whether or not the others could be told (the all-gathers are bounded by
+// timeout each, DefaultTimeout when it is not positive). Use it where the
+// configuration cannot even be read into a Config (a front end's parse
+// error); New and NewDevice refuse by themselves when the Config is invalid.
+// A nil reason refuses with "no reason given".
+func Refuse(ctx context.Context, c comm.Comm, timeout time.Duration, reason error) error {
+	if c == nil {
+		return fmt.Errorf("overlap: Refuse: nil comm.Comm")
+	}
+	if reason == nil {
+		reason = errors.New("no reason given")
+	}
+	return agree(ctx, c, timeout, invalidRecord(reason), reason)
+}
+
+// agree exchanges every rank's record (an all-gather of the lengths, then
+// of the records padded to the longest) and compares them. A rank whose
+// configuration is invalid (invalid, with invalidRecord as rec) takes part
+// too, so that the others fail at once, and gets its own *ConfigError
+// whatever the exchange gave. Each all-gather is bounded by timeout
+// (DefaultTimeout when not positive).
+func agree(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field, invalid error) error {
+	recs, err := exchangeRecords(ctx, c, timeout, encodeRecord(rec))
+	switch {
+	case invalid != nil:
+		return &ConfigError{Rank: c.Rank(), Reason: invalid.Error(), Err: invalid}
+	case err != nil:
+		return err
 	}
 	for r, fs := range recs {
 		if fs[0].value != "" {
@@ -143,6 +143,45 @@ func handshake(ctx context.Context, e *core, sizes []int, invalid error) error {
 		}
 	}
 	return compareRecords(recs)
+}
+
+// exchangeRecords all-gathers this rank's encoded record rec and returns
+// every rank's, decoded.
+func exchangeRecords(ctx context.Context, c comm.Comm, timeout time.Duration, rec []byte) ([][]field, error) {
+	rank, n := c.Rank(), c.Size()
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	gather := func(dst, src []byte) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := c.AllGather(ctx, dst, src); err != nil {
+			return fmt.Errorf("overlap: handshake on rank %d: %w", rank, err)
+		}
+		return nil
+	}
+	lens := make([]byte, 8*n)
+	if err := gather(lens, binary.LittleEndian.AppendUint64(nil, uint64(len(rec)))); err != nil {
+		return nil, err
+	}
+	longest := 0
+	for r := range n {
+		longest = max(longest, int(binary.LittleEndian.Uint64(lens[8*r:])))
+	}
+	all := make([]byte, n*longest)
+	if err := gather(all, append(rec, make([]byte, longest-len(rec))...)); err != nil {
+		return nil, err
+	}
+	recs := make([][]field, n)
+	for r := range n {
+		l := int(binary.LittleEndian.Uint64(lens[8*r:]))
+		fs, err := decodeRecord(all[r*longest : r*longest+l])
+		if err != nil || len(fs) == 0 || fs[0].name != "invalid" {
+			return nil, fmt.Errorf("overlap: handshake: rank %d sent an unreadable record (%v)", r, err)
+		}
+		recs[r] = fs
+	}
+	return recs, nil
 }
 
 // compareRecords returns the first field, in record order, on which the
@@ -177,11 +216,11 @@ func orNone(s string) string {
 	return s
 }
 
-// schedule is the handshake's view of the compression warm-up: the phases
-// with canonical specs ("none" without one).
+// schedule is the compression warm-up as the handshake and the state
+// compare it: the phases with canonical specs, "" without a Schedule.
 func schedule(e *core) string {
 	if e.phases == nil {
-		return "none"
+		return ""
 	}
 	ps := make([]Phase, len(e.phases)-1)
 	for i := range ps {

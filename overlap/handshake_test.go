@@ -107,3 +107,30 @@ func TestHandshakeInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestRefuse: a rank that cannot build its engine refuses in the
+// handshake, and the ranks calling New fail at once with a *ConfigError
+// naming it and its reason, although their timeout is long.
+func TestRefuse(t *testing.T) {
+	reason := errors.New("warmup -1 is negative")
+	t0 := time.Now()
+	errs := onRanks(group(t, 3), func(r int, c comm.Comm) error {
+		if r == 1 {
+			return Refuse(context.Background(), c, 0, reason)
+		}
+		_, err := New(context.Background(), c, []int{8}, Config{Spec: "int8", Decision: DecideCompressed, Timeout: time.Minute})
+		return err
+	})
+	for r, err := range errs {
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Rank != 1 || ce.Reason != reason.Error() {
+			t.Errorf("rank %d: got %v, want a *ConfigError naming rank 1 and %q", r, err, reason)
+		}
+	}
+	if !errors.Is(errs[1], reason) {
+		t.Errorf("the refusing rank's error %v does not wrap its reason", errs[1])
+	}
+	if err := within(time.Since(t0), 5*time.Second); err != nil {
+		t.Error(err)
+	}
+}

@@ -110,8 +110,13 @@ type rawEngineConfig struct {
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
+// On error the configuration holds the timeout when that is valid.
 func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 	c := engineConfig{device: r.device}
+	if !(r.timeout >= 0 && r.timeout <= 86400) {
+		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", r.timeout)
+	}
+	c.Timeout = time.Duration(r.timeout * float64(time.Second))
 	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = r.spec, r.ef, r.failNonFinite, r.warmup, r.workers
 	c.Momentum, c.MomentumMasking, c.Guard = r.momentum, r.momentumMasking, r.guard
 	var err error
@@ -129,8 +134,6 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 		}
 	}
 	switch {
-	case !(r.timeout >= 0 && r.timeout <= 86400):
-		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", r.timeout)
 	case r.warmup < 0:
 		return c, errorf(errInvalid, "warmup %d is negative", r.warmup)
 	case r.workers < 0:
@@ -138,7 +141,6 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 	case r.device < -1:
 		return c, errorf(errInvalid, "device %d: want -1 (host buckets) or a CUDA device ordinal", r.device)
 	}
-	c.Timeout = time.Duration(r.timeout * float64(time.Second))
 	return c, nil
 }
 
@@ -157,7 +159,13 @@ type engine struct {
 
 // newEngine is gc_engine_create's core: it runs the handshake (and the
 // cost model's measurements) through tr, so another thread must serve it.
-func newEngine(tr *transport, c engineConfig, sizes []int) (*engine, error) {
+// A rank that cannot build its engine, because its configuration is
+// invalid (invalid, from readEngineConfig) or its device does not open,
+// still takes part in the handshake (overlap.Refuse), so that the other
+// ranks fail at once with a *overlap.ConfigError naming it; it returns its
+// *overlap.ConfigError, or the device's own error. Only a transport that
+// already has an engine takes no part.
+func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engine, error) {
 	tr.mu.Lock()
 	if tr.engine {
 		tr.mu.Unlock()
@@ -165,14 +173,20 @@ func newEngine(tr *transport, c engineConfig, sizes []int) (*engine, error) {
 	}
 	tr.engine = true
 	tr.mu.Unlock()
+	ctx, host := context.Background(), tr.t.Host()
 	e := &engine{tr: tr, sizes: sizes}
 	var err error
-	if c.device < 0 {
-		e.host, err = overlap.New(context.Background(), tr.t.Host(), sizes, c.Config)
-	} else {
+	switch {
+	case invalid != nil:
+		err = overlap.Refuse(ctx, host, c.Timeout, invalid)
+	case c.device < 0:
+		e.host, err = overlap.New(ctx, host, sizes, c.Config)
+	default:
 		var d *deviceContext
-		if d, err = openDevice(c.device); err == nil {
-			e.device, err = overlap.NewDevice(context.Background(), overlap.CUDA(d.ctx), tr.t.Device(), tr.t.Host(), sizes, c.Config)
+		if d, err = openDevice(c.device); err != nil {
+			_ = overlap.Refuse(ctx, host, c.Timeout, err) // this rank reports the device's own error
+		} else {
+			e.device, err = overlap.NewDevice(ctx, overlap.CUDA(d.ctx), tr.t.Device(), host, sizes, c.Config)
 		}
 	}
 	if err != nil {

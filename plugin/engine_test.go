@@ -82,7 +82,7 @@ func TestEngineOverHosted(t *testing.T) {
 			for r := range ranks {
 				trs[r], _ = newTransport(r, ranks)
 				go serve(trs[r], hostGroup[r])
-				wg.Go(func() { viaPlugin[r], errs[r] = newEngine(trs[r], conf, sizes) })
+				wg.Go(func() { viaPlugin[r], errs[r] = newEngine(trs[r], conf, sizes, nil) })
 				wg.Go(func() { viaGo[r], errs[ranks+r] = overlap.New(context.Background(), goGroup[r], sizes, conf.Config) })
 			}
 			wg.Wait()

@@ -196,17 +196,37 @@ func gc_hosted_complete(h C.uint64_t, id C.uint64_t, status C.int, message *C.ch
 func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t, out *C.uint64_t) (st C.int) {
 	const fn = "gc_engine_create"
 	defer guard(fn, &st)
+	if out == nil {
+		return C.int(fail(errInvalid, fn, "null out"))
+	}
+	tr, err := lookupTransport(t)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	conf, sz, invalid := readEngineConfig(cfg, sizes, nbuckets)
+	e, err := newEngine(tr, conf, sz, invalid)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*out = C.uint64_t(newHandle(e))
+	return C.int(statusOK)
+}
+
+// readEngineConfig reads gc_engine_config and the bucket sizes. On error
+// the configuration holds what could be read: its timeout at least, or 0
+// (the default) where that could not be read.
+func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) (engineConfig, []int, error) {
 	switch {
-	case cfg == nil || out == nil:
-		return C.int(fail(errInvalid, fn, "null %s", nullName(cfg == nil, "cfg", "out")))
+	case cfg == nil:
+		return engineConfig{}, nil, errorf(errInvalid, "null cfg")
 	case sizes == nil && nbuckets > 0:
-		return C.int(fail(errInvalid, fn, "null sizes with %d buckets", uint64(nbuckets)))
+		return engineConfig{}, nil, errorf(errInvalid, "null sizes with %d buckets", uint64(nbuckets))
 	case uint64(nbuckets) > math.MaxUint32:
-		return C.int(fail(errInvalid, fn, "%d buckets: at most %d", uint64(nbuckets), uint64(math.MaxUint32)))
+		return engineConfig{}, nil, errorf(errInvalid, "%d buckets: at most %d", uint64(nbuckets), uint64(math.MaxUint32))
 	}
 	c := (*cEngineConfig)(cfg)
 	if c.Size < engineConfigSize20 {
-		return C.int(fail(errInvalid, fn, "cfg->size %d: want sizeof(gc_engine_config), %d (ABI 2.0: %d; set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{}), engineConfigSize20))
+		return engineConfig{}, nil, errorf(errInvalid, "cfg->size %d: want sizeof(gc_engine_config), %d (ABI 2.0: %d; set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{}), engineConfigSize20)
 	}
 	str := func(p *C.char) string {
 		if p == nil {
@@ -214,10 +234,7 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		}
 		return C.GoString(p)
 	}
-	if c.Spec == nil {
-		return C.int(fail(errInvalid, fn, "null cfg->spec"))
-	}
-	raw := rawEngineConfig{spec: C.GoString(c.Spec), strategy: str(c.Strategy), decision: str(c.Decision),
+	raw := rawEngineConfig{spec: str(c.Spec), strategy: str(c.Strategy), decision: str(c.Decision),
 		ef: c.ErrorFeedback != 0, failNonFinite: c.FailOnNonFinite != 0, warmup: int(c.Warmup),
 		timeout: float64(c.Timeout), workers: int(c.Workers), device: int(c.Device)}
 	if c.Size >= engineConfigSize21 { // an older caller's struct ends before them
@@ -227,26 +244,20 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
 	}
 	conf, err := parseEngineConfig(raw)
+	if err == nil && c.Spec == nil {
+		err = errorf(errInvalid, "null cfg->spec")
+	}
 	if err != nil {
-		return C.int(failErr(fn, err))
+		return conf, nil, err
 	}
 	sz := make([]int, int(nbuckets))
 	for i, n := range unsafe.Slice((*uint64)(unsafe.Pointer(sizes)), int(nbuckets)) {
 		if n > math.MaxInt32 {
-			return C.int(fail(errInvalid, fn, "sizes[%d] = %d is not a plausible bucket size", i, n))
+			return conf, nil, errorf(errInvalid, "sizes[%d] = %d is not a plausible bucket size", i, n)
 		}
 		sz[i] = int(n)
 	}
-	tr, err := lookupTransport(t)
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	e, err := newEngine(tr, conf, sz)
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	*out = C.uint64_t(newHandle(e))
-	return C.int(statusOK)
+	return conf, sz, nil
 }
 
 //export gc_engine_destroy

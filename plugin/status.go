@@ -91,8 +91,10 @@ func statusOf(err error) status {
 
 // engineStatus maps the errors of the engine and its transport; ok is
 // false for others. Order matters: a *overlap.BrokenError wraps the step
-// failure that broke the engine, and a step failure wraps the comm error,
-// which may wrap the *statusError of a host's failed completion.
+// failure that broke the engine, a step failure wraps the comm error,
+// which may wrap the *statusError of a host's failed completion, and a
+// rank's own *overlap.ConfigError wraps its reason (a *statusError where
+// gc_engine_config did not parse).
 func engineStatus(err error) (st status, ok bool) {
 	var (
 		own      *statusError
@@ -111,6 +113,8 @@ func engineStatus(err error) (st status, ok bool) {
 	switch {
 	case errors.As(err, &broken): // before own: the cause may carry a host's status
 		return errBroken, true
+	case errors.As(err, &mismatch), errors.As(err, &config): // before own: this rank's wraps its reason
+		return errConfig, true
 	case errors.As(err, &own):
 		return own.st, true
 	case errors.As(err, &nonFin):
@@ -123,8 +127,6 @@ func engineStatus(err error) (st status, ok bool) {
 			return errSize, true
 		}
 		return errState, true
-	case errors.As(err, &mismatch), errors.As(err, &config):
-		return errConfig, true
 	case errors.As(err, &state):
 		return errCorrupt, true
 	case errors.As(err, &stepErr), errors.As(err, &host), errors.As(err, &protocol), errors.As(err, &inc), errors.As(err, &poisoned):

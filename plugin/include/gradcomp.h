@@ -357,7 +357,17 @@ typedef struct gc_engine_config {
  * model's link probe and compressor timing) through t: it BLOCKS until
  * those posts are completed, so another thread must take them. A rank
  * whose configuration differs from another's gets GC_ERR_CONFIG naming the
- * field and both values, on every rank. One engine per transport. */
+ * field and both values, on every rank. A rank whose configuration is
+ * invalid (cfg NULL or shorter than ABI 2.0's, a string that does not
+ * parse, a value out of range, NULL or implausible sizes) still takes part
+ * in the handshake to say so: every rank gets GC_ERR_CONFIG at once, naming
+ * that rank and the setting (the rank waits for the others up to cfg's
+ * timeout, or 60 s where it cannot be read). A rank whose device does not
+ * open does the same but returns the device's status (GC_ERR_NOCUDA,
+ * GC_ERR_NODEVICE, GC_ERR_CUDA). Only a NULL out (GC_ERR_INVALID), an
+ * unknown transport (GC_ERR_HANDLE) and a transport that already has an
+ * engine (GC_ERR_STATE) fail without taking part: the other ranks then
+ * wait until their timeout. One engine per transport. */
 gc_status gc_engine_create(gc_hosted t, const gc_engine_config *cfg, const uint64_t *sizes, size_t nbuckets, gc_engine *out);
 
 /* Destroys e: a step in flight is abandoned (its memory as after a

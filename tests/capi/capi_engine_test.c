@@ -10,8 +10,9 @@
  * every average and every rank's final engine state against the Go engine's
  * files bit for bit. Then the bad inputs: a post nobody takes, a host
  * error, a completion with a wrong length, an unknown or finished id, a
- * dead peer, take after destroy, engine misuse, and states that must be
- * refused with the engine unchanged.
+ * dead peer, take after destroy, a rank whose configuration is invalid,
+ * engine misuse, and states that must be refused with the engine
+ * unchanged.
  *
  * Run from the repository root (make capi): it reads tests/golden/testdata.
  */
@@ -459,16 +460,109 @@ static void test_untaken(void) {
 	CHECK(e == 0, "a failed create set the engine handle");
 	/* An ABI 2.0 caller's config (56 bytes, no momentum) and a 2.1
 	 * caller's (72, no guard) are accepted (the create then fails for
-	 * want of a host, not of a field); a shorter one is refused. */
+	 * want of a host, not of a field); test_invalid_config refuses a
+	 * shorter one. */
 	cfg.size = 72;
 	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
 	cfg.size = 56;
 	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_COMM, "");
-	cfg.size = 48;
-	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_INVALID, "cfg->size 48");
 	OK(gc_hosted_destroy(t));
 	printf("untaken post: gc_engine_create failed with GC_ERR_COMM after %.2f s (timeout 0.5 s): %s\n", took,
 	       gc_last_error());
+	/* What cannot take part in the handshake fails at once. */
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, NULL), GC_ERR_INVALID, "null out");
+	FAILS(gc_engine_create(t, &cfg, sizes, NBUCKETS, &e), GC_ERR_HANDLE, "");
+}
+
+/* One rank's gc_engine_create in test_invalid_config. */
+struct creator {
+	gc_hosted t;
+	const gc_engine_config *cfg;
+	const uint64_t *sizes;
+	size_t nbuckets;
+	gc_engine e;
+	gc_status st;
+	char msg[512];
+};
+
+static void *creator_main(void *arg) {
+	struct creator *c = arg;
+	c->st = gc_engine_create(c->t, c->cfg, c->sizes, c->nbuckets, &c->e);
+	snprintf(c->msg, sizeof c->msg, "%s", c->st == GC_OK ? "" : gc_last_error());
+	return NULL;
+}
+
+/* A rank whose configuration is invalid before the handshake (a string
+ * that does not parse, a value out of range, a short or null cfg, bad
+ * sizes) still tells the others: on 4 ranks with a 30 s timeout, rank 2's
+ * bad setting fails gc_engine_create with GC_ERR_CONFIG on every rank,
+ * naming rank 2 and the setting, long before the timeout. */
+static void test_invalid_config(void) {
+	enum { BAD = 2 };
+	static const uint64_t zero[NBUCKETS] = {1000, 0}, huge[NBUCKETS] = {1ull << 40, 37};
+	struct {
+		const char *name, *want;
+		const uint64_t *sizes;
+		int null_cfg;
+		gc_engine_config cfg;
+	} cases[] = {
+		{"strategy", "unknown strategy \"bogus\"", sizes, 0, config("int8", "bogus")},
+		{"decision", "unknown decision", sizes, 0, config("int8", "auto")},
+		{"schedule", "schedule", sizes, 0, config("int8", "auto")},
+		{"warmup", "warmup -1 is negative", sizes, 0, config("int8", "auto")},
+		{"timeout", "timeout_seconds NaN", sizes, 0, config("int8", "auto")},
+		{"workers", "workers -1 is negative", sizes, 0, config("int8", "auto")},
+		{"device", "device -2", sizes, 0, config("int8", "auto")},
+		{"size", "cfg->size 48", sizes, 0, config("int8", "auto")},
+		{"null spec", "null cfg->spec", sizes, 0, config(NULL, "auto")},
+		{"spec", "topk", sizes, 0, config("topk:2", "auto")},
+		{"null cfg", "null cfg", sizes, 1, config("int8", "auto")},
+		{"null sizes", "null sizes with 2 buckets", NULL, 0, config("int8", "auto")},
+		{"empty bucket", "bucket 1 has 0 elements", zero, 0, config("int8", "auto")},
+		{"huge bucket", "sizes[0] = 1099511627776", huge, 0, config("int8", "auto")},
+	};
+	cases[1].cfg.decision = "bogus";
+	cases[2].cfg.schedule = "x@int8";
+	cases[3].cfg.warmup = -1;
+	cases[4].cfg.timeout_seconds = NAN;
+	cases[5].cfg.workers = -1;
+	cases[6].cfg.device = -2;
+	cases[7].cfg.size = 48;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct group g;
+		struct host hs[RANKS];
+		struct creator cs[RANKS];
+		gc_engine_config good = config("int8", "auto");
+		good.timeout_seconds = 30;
+		cases[i].cfg.timeout_seconds = isnan(cases[i].cfg.timeout_seconds) ? NAN : 30;
+		group_init(&g, RANKS, 30);
+		hosts_start(hs, &g, RANKS);
+		pthread_t th[RANKS];
+		double t0 = now();
+		for (int r = 0; r < RANKS; r++) {
+			cs[r] = (struct creator){.t = hs[r].t, .cfg = &good, .sizes = sizes, .nbuckets = NBUCKETS};
+			if (r == BAD) {
+				cs[r].cfg = cases[i].null_cfg ? NULL : &cases[i].cfg;
+				cs[r].sizes = cases[i].sizes;
+			}
+			pthread_create(&th[r], NULL, creator_main, &cs[r]);
+		}
+		for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+		double took = now() - t0;
+		for (int r = 0; r < RANKS; r++) {
+			CHECK(cs[r].st == GC_ERR_CONFIG && cs[r].e == 0, "invalid %s: rank %d: gc_engine_create = %d (%s), want GC_ERR_CONFIG",
+			      cases[i].name, r, cs[r].st, cs[r].msg);
+			CHECK(strstr(cs[r].msg, "gc_engine_create: overlap: rank 2 has an invalid configuration: ") == cs[r].msg &&
+			          strstr(cs[r].msg, cases[i].want) != NULL,
+			      "invalid %s: rank %d's message %s does not name rank 2 and say %s", cases[i].name, r, cs[r].msg,
+			      cases[i].want);
+			if (cs[r].e) OK(gc_engine_destroy(cs[r].e));
+		}
+		CHECK(took < 15, "invalid %s: gc_engine_create took %.2f s (timeout 30 s)", cases[i].name, took);
+		hosts_stop(hs, RANKS);
+		group_free(&g);
+		printf("invalid %-13s every rank GC_ERR_CONFIG after %.2f s: %s\n", cases[i].name, took, cs[0].msg);
+	}
 }
 
 /* The accuracy guard through the ABI: top-k 5 % with threshold 1.2 on 2
@@ -677,6 +771,7 @@ int main(void) {
 	CHECK(live == 0, "%zu live handles at start", live);
 	test_golden();
 	test_untaken();
+	test_invalid_config();
 	test_guard();
 	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
 	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
