@@ -7,6 +7,7 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"math"
 	"time"
 	"unsafe"
@@ -184,7 +185,16 @@ func gc_hosted_complete(h C.uint64_t, id C.uint64_t, status C.int, message *C.ch
 		hostErr = errorf(errComm, "status %d: %s", int(status), msg)
 	}
 	if recvBytes > maxBuffer {
-		return C.int(fail(errInvalid, fn, "recv_bytes %d is not a plausible length", uint64(recvBytes)))
+		// A wrong length like any other: the op fails at once, with
+		// this message unless the host reported a failure of its own.
+		bad := fmt.Sprintf("recv_bytes %d is not a plausible length", uint64(recvBytes))
+		if hostErr == nil {
+			hostErr = errorf(errComm, "%s", bad)
+		}
+		if err := tr.complete(uint64(id), 0, hostErr); err != nil {
+			return C.int(failErr(fn, err))
+		}
+		return C.int(fail(errInvalid, fn, "op %d: %s: the op failed", uint64(id), bad))
 	}
 	if err := tr.complete(uint64(id), int(recvBytes), hostErr); err != nil {
 		return C.int(failErr(fn, err))

@@ -317,7 +317,8 @@ gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
  * communicator; the engine's step then fails with GC_ERR_COMM and that
  * message. An id not taken, already completed, or a wrong recv_bytes is
  * GC_ERR_STATE here and fails the transport (the engine's step ends with
- * GC_ERR_COMM). */
+ * GC_ERR_COMM); a recv_bytes above 2^47, which no op has, is
+ * GC_ERR_INVALID and fails the op at once just the same. */
 gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *message, uint64_t recv_bytes);
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later

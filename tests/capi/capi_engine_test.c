@@ -9,10 +9,10 @@
  * engine's steps. With 4 ranks it runs every case of tests/golden and checks
  * every average and every rank's final engine state against the Go engine's
  * files bit for bit. Then the bad inputs: a post nobody takes, a host
- * error, a completion with a wrong length, an unknown or finished id, a
- * dead peer, take after destroy, a rank whose configuration is invalid,
- * engine misuse, and states that must be refused with the engine
- * unchanged.
+ * error, a completion with a wrong or implausible length, an unknown or
+ * finished id, a dead peer, take after destroy, a rank whose configuration
+ * is invalid, engine misuse, and states that must be refused with the
+ * engine unchanged.
  *
  * Run from the repository root (make capi): it reads tests/golden/testdata.
  */
@@ -119,7 +119,7 @@ static int arrive(struct group *g) {
 }
 
 /* Faults a host thread can inject into the first op it takes once armed. */
-enum fault { FAULT_NONE, FAULT_ERROR, FAULT_WRONG_LENGTH, FAULT_UNKNOWN_ID, FAULT_TWICE };
+enum fault { FAULT_NONE, FAULT_ERROR, FAULT_WRONG_LENGTH, FAULT_HUGE_LENGTH, FAULT_UNKNOWN_ID, FAULT_TWICE };
 
 struct host {
 	gc_hosted t;
@@ -197,6 +197,9 @@ static void *host_main(void *arg) {
 				continue;
 			case FAULT_WRONG_LENGTH:
 				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes + 4);
+				continue;
+			case FAULT_HUGE_LENGTH: /* no plausible length: refused, and the op fails at once */
+				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, 1ull << 63);
 				continue;
 			case FAULT_UNKNOWN_ID:
 				h->fault_status = gc_hosted_complete(h->t, op.id + 1000, GC_OK, NULL, op.recv_bytes);
@@ -775,6 +778,7 @@ int main(void) {
 	test_guard();
 	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
 	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
+	test_fault(FAULT_HUGE_LENGTH, "implausible length", GC_ERR_INVALID, "recv_bytes 9223372036854775808 is not a plausible length");
 	test_fault(FAULT_UNKNOWN_ID, "unknown id", GC_ERR_STATE, "");
 	test_fault(FAULT_TWICE, "completed twice", GC_ERR_STATE, "");
 	test_dead_peer();
