@@ -40,14 +40,18 @@ unit:
 # CUDA headers are (cuda.h, from nvidia-cuda-toolkit), libgradcomp_cuda.so
 # (-tags cuda: the device calls; links libcuda.so.1), both copied next to
 # the Python package.
+# The copies are renamed into place, never rewritten: a test that has the
+# previous library loaded (another make, running beside this one) keeps
+# its mapping instead of crashing on a truncated file.
 HAVE_CUDA_H := $(shell $(CC) -E -include cuda.h -x c /dev/null >/dev/null 2>&1 && echo yes)
+PKGDIR := plugin/python/gradcomp
 plugin:
-	mkdir -p build plugin/python/gradcomp
+	mkdir -p build $(PKGDIR)
 	$(GO) build -buildmode=c-shared -o build/libgradcomp.so ./plugin
-	cp build/libgradcomp.so plugin/python/gradcomp/libgradcomp.so
+	cp build/libgradcomp.so $(PKGDIR)/.new-$$$$.so && mv -f $(PKGDIR)/.new-$$$$.so $(PKGDIR)/libgradcomp.so
 ifeq ($(HAVE_CUDA_H),yes)
 	$(GO) build -tags cuda -buildmode=c-shared -o build/libgradcomp_cuda.so ./plugin
-	cp build/libgradcomp_cuda.so plugin/python/gradcomp/libgradcomp_cuda.so
+	cp build/libgradcomp_cuda.so $(PKGDIR)/.new-$$$$.so && mv -f $(PKGDIR)/.new-$$$$.so $(PKGDIR)/libgradcomp_cuda.so
 else
 	@echo "make plugin: cuda.h not found: libgradcomp_cuda.so not built (scripts/setup installs nvidia-cuda-toolkit)"
 endif
