@@ -32,8 +32,8 @@ type Config struct {
 	// average the engine returns already carries the momentum (run the
 	// optimizer without its own), and error feedback accumulates u: its
 	// residual is DGC's v. u is part of the engine's state; a gradient
-	// with NaN or Inf leaves it unchanged, and so does, on a DeviceEngine,
-	// a step that fails or is skipped (FailOnNonFinite).
+	// with NaN or Inf leaves it unchanged, and so does a step skipped
+	// (FailOnNonFinite) and, on a DeviceEngine, a step that fails.
 	Momentum float64
 	// MomentumMasking is DGC's momentum factor masking (needs Momentum):
 	// after a compressed payload of a sparse codec (top-k, random-k) was
@@ -170,10 +170,11 @@ type backend interface {
 	// conclude completes the runs' outcomes and statistics after a step
 	// without a fatal failure; its error is fatal.
 	conclude(st *step) error
-	// settle ends the step's error-feedback updates: a step that succeeded
-	// installs what its compressed buckets held back; one that failed
-	// keeps the memory as the backend's doc says.
-	settle(st *step, failed bool)
+	// settle ends the step's error-feedback (and momentum) updates: a
+	// step delivered installs what its compressed buckets held back, a
+	// skipped one leaves everything as it was before the step, a failed
+	// one keeps the memory as the backend's doc says.
+	settle(st *step, how stepEnd)
 	// memory returns the error-feedback memories the state holds (copies
 	// of device memory), or why they cannot be read.
 	memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error)
@@ -224,6 +225,18 @@ const (
 	pathCompressed
 	pathDense
 	pathSkipped // not exchanged: non-finite with FailOnNonFinite
+)
+
+// stepEnd is how a step ended, for settle.
+type stepEnd int
+
+const (
+	stepDelivered stepEnd = iota // every bucket's average was delivered
+	// stepSkipped: a *NonFiniteStepError on every rank (FailOnNonFinite);
+	// the caller skips the step, and so does every memory, on every rank
+	// alike.
+	stepSkipped
+	stepFailed // a fatal failure: the engine is broken
 )
 
 // run is one bucket in one step.
@@ -641,11 +654,13 @@ func (c *core) ready(call string, i int, check func(b *bucket) error, encode fun
 // on error). Without a step it returns a *UsageError (ErrNoStep). If a
 // bucket was never made ready, it fails at once with ErrNotReady.
 //
-// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine usable;
-// any other error (a *StepError: a collective failed or timed out, a
-// payload did not decode, ctx ended; or ErrNotReady) breaks it, since the
-// ranks may be out of step. What a failed step leaves in error-feedback
-// memory is the backend's (Engine: e + g; DeviceEngine: e).
+// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine
+// usable and skips the step: every rank's error-feedback memory and
+// momentum velocity are as before it. Any other error (a *StepError: a
+// collective failed or timed out, a payload did not decode, ctx ended; or
+// ErrNotReady) breaks it, since the ranks may be out of step. What a
+// failed step leaves in error-feedback memory is the backend's (Engine:
+// e + g; DeviceEngine: e).
 func (c *core) Wait(ctx context.Context) (StepStats, error) {
 	c.mu.Lock()
 	if err := c.usable("Wait"); err != nil {
@@ -725,7 +740,14 @@ func (c *core) finish(ctx context.Context, st *step) {
 				nf.Details = append(nf.Details, r.fallback)
 			}
 		}
-		c.be.settle(st, fatal != nil || nf != nil)
+		switch {
+		case fatal != nil:
+			c.be.settle(st, stepFailed)
+		case nf != nil:
+			c.be.settle(st, stepSkipped)
+		default:
+			c.be.settle(st, stepDelivered)
+		}
 		if fatal == nil && nf == nil {
 			c.guardStep(st)
 		}

@@ -180,8 +180,8 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // optimizer (AMP) skips the step; its error-feedback memory keeps e. Wait
 // reports it in BucketStats (NonFinite, Reason), or returns a
 // *NonFiniteStepError with Config.FailOnNonFinite: then the caller skips the
-// step, and so does every bucket's memory (Engine instead keeps e + g);
-// the engine stays usable. Under SRA a bad part reaches the other ranks
+// step, and so does every bucket's memory and momentum velocity (as on
+// Engine); the engine stays usable. Under SRA a bad part reaches the other ranks
 // through its owner's stage-2 status. A dense bucket whose average is
 // non-finite is reported the same way. A
 // collective that does not finish ends Wait with a *StepError within the
@@ -872,13 +872,13 @@ func (e *DeviceEngine) conclude(st *step) error {
 	return nil
 }
 
-// settle installs, after a step that succeeded, the residuals Encode
+// settle installs, after a step delivered, the residuals Encode
 // wrote for its compressed, finite buckets, the zeroed stage-1 residuals
 // of its finite flushes (the accuracy guard's, written by kernels.Flush)
 // and the momentum velocities m·u + g that are finite (swaps); a step
 // that failed or was skipped leaves every memory and velocity as it was.
-func (e *DeviceEngine) settle(st *step, failed bool) {
-	if failed {
+func (e *DeviceEngine) settle(st *step, how stepEnd) {
+	if how != stepDelivered {
 		return
 	}
 	for _, r := range st.runs {

@@ -92,8 +92,9 @@
 // value never enters it, and a step the caller skips (AMP's grad scaler)
 // loses nothing. With Config.FailOnNonFinite every rank's Wait instead
 // returns the same *NonFiniteStepError (the bucket is not exchanged further;
-// the engine stays usable). A dense bucket's result is checked after the
-// all-reduce, the same on every rank.
+// the engine stays usable) and the step is skipped: every rank's memories
+// and momentum velocities stay as they were before it. A dense bucket's
+// result is checked after the all-reduce, the same on every rank.
 //
 // # Handshake and cost model
 //
@@ -152,11 +153,12 @@
 // Every collective has Config.Timeout: a rank that stops calling (dead,
 // hung) makes the others' Wait return a *StepError within it. Misuse (Ready
 // of an unknown or already ready bucket, Wait without Step, Step during a
-// step) is a *UsageError that changes nothing. A failed step leaves every
-// compressed bucket's memory holding e + g — nothing of the step is lost —
-// and, unless it was a *NonFiniteStepError, breaks the engine: the ranks may be
-// out of step, so later calls return a *BrokenError; build a new engine on
-// a new Comm (comm/mpi: see its doc on abandoned collectives).
+// step) is a *UsageError that changes nothing. A failed step (other than
+// a *NonFiniteStepError, which skips it) leaves every compressed bucket's
+// memory holding e + g — nothing of the step is lost — and breaks the
+// engine: the ranks may be out of step, so later calls return a
+// *BrokenError; build a new engine on a new Comm (comm/mpi: see its doc on
+// abandoned collectives).
 //
 // # Limits
 //

@@ -247,13 +247,16 @@ func (e *Engine) enqueueDecode(st *step, r *run) {
 // on error). Without a step it returns a *UsageError (ErrNoStep). If a
 // bucket was never made ready, it fails at once with ErrNotReady.
 //
-// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine usable;
-// any other error (a *StepError: a collective failed or timed out, a
-// payload did not decode, ctx ended; or ErrNotReady) breaks it, since the
-// ranks may be out of step. After a failed step every compressed bucket's
-// error-feedback memory holds e + g: nothing of the step is lost (a
-// non-finite gradient never enters it), and the gradients' contents are
-// unspecified.
+// Failures: a *NonFiniteStepError (FailOnNonFinite) leaves the engine
+// usable and skips the step: on every rank, every bucket's error-feedback
+// memory and momentum velocity are as before it (the caller skips the
+// optimizer step, and the step's gradients are dropped as they would be
+// without compression). Any other error (a *StepError: a collective
+// failed or timed out, a payload did not decode, ctx ended; or
+// ErrNotReady) breaks it, since the ranks may be out of step. After such a
+// failed step every compressed bucket's error-feedback memory holds e + g:
+// nothing of the step is lost (a non-finite gradient never enters it),
+// and the gradients' contents are unspecified.
 func (e *Engine) Wait(ctx context.Context) (StepStats, error) { return e.core.Wait(ctx) }
 
 // Close ends the engine: a step in flight is abandoned (its Wait, if any,
@@ -307,31 +310,34 @@ func (e *Engine) drain() {
 	}
 }
 
-// settle ends every error-feedback Begin of st. A successful step commits
+// settle ends every error-feedback Begin of st. A delivered step commits
 // what was delivered compressed, and the flushes of the accuracy guard
 // (their memory went dense with the gradient), and discards the rest
-// (delivered dense); a failed one retains e + g, folding in the gradients
-// that were never compressed, and discards the second memory's.
-func (e *Engine) settle(st *step, failed bool) {
+// (delivered dense); a skipped one discards everything, momentum
+// included; a failed one retains e + g, folding in the gradients that
+// were never compressed, and discards the second memory's.
+func (e *Engine) settle(st *step, how stepEnd) {
 	for _, r := range st.runs {
 		if r.momentum {
-			// u ← m·u + g whatever the outcome (a failed step keeps
-			// e + u in error feedback: nothing was sent).
-			r.b.mom, r.b.next = r.b.next, r.b.mom
+			if how != stepSkipped {
+				// u ← m·u + g (a failed step keeps e + u in error
+				// feedback: nothing was sent).
+				r.b.mom, r.b.next = r.b.next, r.b.mom
+			}
 			r.momentum = false
 		}
 		switch {
-		case !failed && r.outcome == pathCompressed:
+		case how == stepDelivered && r.outcome == pathCompressed:
 			if r.pend1 != nil && r.b.mom != nil && e.cfg.MomentumMasking {
 				r.pend1.CommitMasked(r.b.mom)
 			}
 			commit(r.pend1)
 			commit(r.pend2)
 			continue
-		case !failed && r.flush && !r.nonFinite:
+		case how == stepDelivered && r.flush && !r.nonFinite:
 			commit(r.pend1) // the memory went with the gradient: e ← 0
 			continue
-		case !failed:
+		case how != stepFailed:
 		case r.pend1 != nil:
 			r.pend1.Retain()
 		case r.grad != nil && (r.compressed || r.flush) && !r.begun && e.gradEF != nil:

@@ -106,8 +106,9 @@ func (e *BrokenError) Unwrap() error { return e.Cause }
 
 // NonFiniteStepError reports a step that failed because a gradient held NaN or
 // Inf, with Config.FailOnNonFinite. Every rank gets it for the same
-// buckets; the engine stays usable and the step's gradients stay in
-// error-feedback memory (see the package doc).
+// buckets; the engine stays usable and the step is skipped: every rank's
+// error-feedback memory and momentum velocity are as before it (see the
+// package doc). Skip the optimizer step.
 type NonFiniteStepError struct {
 	Step    uint64
 	Buckets []int    // ascending

@@ -396,7 +396,9 @@ gc_status gc_engine_done(gc_engine e, gc_stream stream);
 /* Blocks until the step has ended (bounded by timeout_seconds, 0: none
  * beyond the engine's per-collective timeout). GC_ERR_NONFINITE (with
  * fail_on_nonfinite): a gradient held NaN/Inf; the message names the
- * buckets and ranks; the engine stays usable. GC_ERR_COMM: a collective
+ * buckets and ranks; the engine stays usable and the step is skipped on
+ * every rank (skip the optimizer step): every error-feedback memory and
+ * momentum velocity is as before it, host and device. GC_ERR_COMM: a collective
  * failed or timed out, the engine is broken; every error-feedback memory
  * of a host engine holds e + g (the step's gradients are kept), a device
  * engine's keeps e (they are lost). The statistics of the step are
