@@ -303,14 +303,19 @@ func (st *step) failure() error {
 // this rank's invalid configuration, which the handshake reports to every
 // rank; the core is usable for the handshake either way.
 func newCore(host comm.Comm, cfg Config, sizes []int, t timing, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) (*core, error) {
+	c := &core{host: host, cfg: withDefaults(cfg), rank: host.Rank(), size: host.Size(), timing: t}
+	return c, c.configure(sizes, strategyFor)
+}
+
+// withDefaults is cfg with the defaults of Timeout and Workers filled in.
+func withDefaults(cfg Config) Config {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	c := &core{host: host, cfg: cfg, rank: host.Rank(), size: host.Size(), timing: t}
-	return c, c.configure(sizes, strategyFor)
+	return cfg
 }
 
 func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) error {

@@ -123,11 +123,15 @@ func (e *NonFiniteStepError) Error() string {
 	return fmt.Sprintf("overlap: step %d: non-finite gradient values in %s", e.Step, strings.Join(parts, ", "))
 }
 
-// StateError reports a saved engine state Load cannot accept. The engine is
-// unchanged.
+// StateError reports a saved engine state Load (or CheckState) cannot
+// accept. The engine is unchanged.
 type StateError struct {
 	Reason string
-	Err    error // the underlying error, if any
+	// Setting names the setting on which a well-formed state differs from
+	// the engine (e.g. "spec", "strategy", "schedule"), Saved and Current
+	// its value in the state and in the engine; all "" otherwise.
+	Setting, Saved, Current string
+	Err                     error // the underlying error, if any
 }
 
 func (e *StateError) Error() string {

@@ -160,7 +160,8 @@ func testAccuracyGuardCheckpoint(t *testing.T, backend string) {
 	}
 
 	// Version 2 (no guard part) still loads, with no flush pending.
-	v2 := append([]byte(nil), states[0][:len(states[0])-4-2-len(reason)]...)
+	v3 := downgrade(t, states[0])
+	v2 := append([]byte(nil), v3[:len(v3)-4-2-len(reason)]...)
 	v2 = append(v2, 0, 0, 0, 0)
 	v2[4] = 2
 	fixCRC(v2)

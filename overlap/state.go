@@ -2,20 +2,30 @@ package overlap
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"math"
+	"strconv"
 
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// The engine state format, version 2, little-endian:
+// The engine state format, version 4, little-endian:
 //
 //	"GCOV", version (1 byte)
 //	world size (uint32), rank (uint32), next step (uint64)
-//	spec length (uint32), spec; strategy (1 byte), error feedback (1 byte)
+//	spec length (uint32), spec (canonical); strategy in use (1 byte:
+//	  Config.Strategy resolved), error feedback (1 byte)
+//	the other settings that shape the exchange: Config.Strategy as
+//	  configured (1 byte, StrategyAuto included), momentum masking
+//	  (1 byte), accuracy guard (float64, Config.Guard), schedule length
+//	  (uint32), schedule (the phases with canonical specs as
+//	  FormatSchedule writes them, "" for none)
 //	bucket count (uint32), per bucket its element count (uint64)
 //	per memory (stage 1, then SRA's stage 2): present (1 byte), then, if
 //	  1, the memory as compress.ErrorFeedback.Save writes it
@@ -26,13 +36,21 @@ import (
 //	  length of its reason (uint16, 0: none), the reason (UTF-8)
 //	CRC32C of every byte before it (uint32)
 //
-// Version 2 is version 3 without the guard part, version 1 version 2
-// without the momentum part; Load reads all three.
+// Version 3 is version 4 without the settings after the error-feedback
+// byte, version 2 version 3 without the guard part, version 1 version 2
+// without the momentum part; Load reads all four and checks every
+// setting a version records against the engine (checkSettings; the
+// configured strategy only where the strategies in use differ, which is
+// allowed between two engines configured auto). What the state does not
+// record are run-time settings, which may change on resume: Decision,
+// Warmup (it moves where a Schedule's phases start), Timeout, Workers and
+// FailOnNonFinite.
 const (
-	stateMagic   = "GCOV"
-	stateVersion = 3
-	maxSpecLen   = 1 << 12
-	maxGuardLen  = 1 << 10
+	stateMagic     = "GCOV"
+	stateVersion   = 4
+	maxSpecLen     = 1 << 12
+	maxScheduleLen = 1 << 16
+	maxGuardLen    = 1 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -74,6 +92,12 @@ func (e *core) Save(w io.Writer) error {
 	bw.WriteString(e.spec)
 	bw.WriteByte(byte(e.strategy))
 	bw.WriteByte(boolByte(e.cfg.ErrorFeedback))
+	bw.WriteByte(byte(e.cfg.Strategy))
+	bw.WriteByte(boolByte(e.cfg.MomentumMasking))
+	put64(math.Float64bits(e.cfg.Guard))
+	sched := schedule(e)
+	put32(uint32(len(sched)))
+	bw.WriteString(sched)
 	put32(uint32(len(e.buckets)))
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
@@ -121,15 +145,21 @@ func boolByte(v bool) byte {
 
 // Load replaces the engine's error-feedback memories and step number with
 // a state Save wrote. The state must come from an engine with the same
-// spec, error-feedback flag and bucket layout, else a *StateError; it is
-// validated whole (format, checksum, residual lengths) before anything is
-// replaced, so on error the engine is unchanged. The stage-1 memory is
-// per bucket and loads under any world size and rank; SRA's second memory
-// belongs to this rank's part of each bucket, and loads only into the same
-// rank of a group of the same size with the same strategy: otherwise it
-// starts empty (its content, the re-quantization error of the averaged
-// gradient, is a fraction of one step's update). Load fails with a
-// *UsageError while a step is in flight or (DeviceEngine) after Close.
+// settings, as far as its version records them (see the format above:
+// spec, strategy, error feedback, momentum, momentum masking, accuracy
+// guard, schedule) and the same bucket layout, else a *StateError naming
+// the setting and both values; it is validated whole (format, checksum,
+// residual lengths) before anything is replaced, so on error the engine is
+// unchanged. The strategy in use must be the engine's, unless both were
+// configured StrategyAuto, which resolves with the world size and the
+// backend (see checkStrategy). The stage-1 memory is per bucket and loads under any
+// world size and rank; SRA's second memory belongs to this rank's part of
+// each bucket, and loads only into the same rank of a group of the same
+// size with the same strategy in use: otherwise it starts empty (its
+// content, the re-quantization error of the averaged gradient, is a
+// fraction of one step's update). Load fails with a *UsageError while a
+// step is in flight or (DeviceEngine) after Close. CheckState makes the
+// same checks without an engine.
 func (e *core) Load(r io.Reader) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -141,160 +171,345 @@ func (e *core) Load(r io.Reader) error {
 			return err
 		}
 	}
-	crc := crc32.New(castagnoli)
-	tr := io.TeeReader(r, crc)
-	var b [8]byte
-	var rerr error
-	read := func(p []byte) bool {
-		if rerr == nil {
-			if _, err := io.ReadFull(tr, p); err != nil {
-				rerr = &StateError{Reason: "truncated", Err: err}
-			}
-		}
-		return rerr == nil
-	}
-	get32 := func() uint32 { read(b[:4]); return binary.LittleEndian.Uint32(b[:4]) }
-	get64 := func() uint64 { read(b[:]); return binary.LittleEndian.Uint64(b[:]) }
-	var hdr [5]byte
-	if !read(hdr[:]) {
-		return rerr
-	}
-	if string(hdr[:4]) != stateMagic {
-		return &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", hdr[:4], stateMagic)}
-	}
-	if hdr[4] < 1 || hdr[4] > stateVersion {
-		return &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 to %d", hdr[4], stateVersion)}
-	}
-	size, rank, next := int(get32()), int(get32()), get64()
-	specLen := get32()
-	if rerr != nil {
-		return rerr
-	}
-	if specLen > maxSpecLen {
-		return &StateError{Reason: fmt.Sprintf("spec length %d exceeds %d", specLen, maxSpecLen)}
-	}
-	spec := make([]byte, specLen)
-	var flags [2]byte
-	read(spec)
-	read(flags[:])
-	count := get32()
-	if rerr != nil {
-		return rerr
-	}
-	switch {
-	case string(spec) != e.spec:
-		return &StateError{Reason: fmt.Sprintf("saved with spec %s, this engine has %s", spec, e.spec)}
-	case (flags[1] == 1) != e.cfg.ErrorFeedback:
-		return &StateError{Reason: fmt.Sprintf("saved with error feedback %v, this engine has %v", flags[1] == 1, e.cfg.ErrorFeedback)}
-	case int(count) != len(e.buckets):
-		return &StateError{Reason: fmt.Sprintf("saved with %d buckets, this engine has %d", count, len(e.buckets))}
-	}
-	for i, bk := range e.buckets {
-		if n := get64(); rerr == nil && n != uint64(bk.n) {
-			return &StateError{Reason: fmt.Sprintf("bucket %d has %d elements in the state, %d in this engine", i, n, bk.n)}
-		}
-	}
-	var mem [2]*compress.ErrorFeedback
-	for stage, f := range []compress.Compressor{e.mem1, e.mem2} {
-		var present [1]byte
-		if !read(present[:]) {
-			return rerr
-		}
-		if present[0] == 0 {
-			continue
-		}
-		if f == nil && stage == 0 {
-			return &StateError{Reason: "the state has error-feedback memory, this engine has none"}
-		}
-		if f == nil {
-			f = e.comp // read to skip: SRA's memory in another strategy's engine
-		}
-		fresh := compress.NewErrorFeedback(f)
-		if err := fresh.Load(tr); err != nil {
-			return &StateError{Reason: fmt.Sprintf("stage-%d error-feedback memory", stage+1), Err: err}
-		}
-		mem[stage] = fresh
-	}
-	momentum, velocity, err := e.readVelocity(hdr[4], get64, read)
-	if rerr != nil {
-		return rerr
-	}
+	st, err := e.readState(r)
 	if err != nil {
 		return err
 	}
-	guards, err := e.readGuards(hdr[4], read)
-	if rerr != nil {
-		return rerr
-	}
-	if err != nil {
+	if err := e.be.install(st.mem[0], st.mem[1]); err != nil {
 		return err
 	}
-	if momentum != e.cfg.Momentum {
-		return &StateError{Reason: fmt.Sprintf("saved with momentum %v, this engine has %v", momentum, e.cfg.Momentum)}
-	}
-	want := crc.Sum32()
-	if _, err := io.ReadFull(r, b[:4]); err != nil {
-		return &StateError{Reason: "truncated before its checksum", Err: err}
-	}
-	if got := binary.LittleEndian.Uint32(b[:4]); got != want {
-		return &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
-	}
-	if err := e.checkMemory(mem[0], 1, func(bk *bucket) int { return bk.n }); err != nil {
-		return err
-	}
-	keep2 := mem[1] != nil && e.mem2 != nil && size == e.size && rank == e.rank && Strategy(flags[0]) == e.strategy
-	if keep2 {
-		// This rank's part of each bucket (the bucket's buffers exist only
-		// once it has taken the compressed path).
-		part := &parts{count: e.size}
-		if err := e.checkMemory(mem[1], 2, func(bk *bucket) int { lo, hi := part.bounds(bk.n, e.rank); return hi - lo }); err != nil {
-			return err
-		}
-	}
-	if mem[0] == nil && e.mem1 != nil {
-		mem[0] = compress.NewErrorFeedback(e.mem1)
-	}
-	if !keep2 {
-		mem[1] = nil
-		if e.mem2 != nil {
-			mem[1] = compress.NewErrorFeedback(e.mem2)
-		}
-	}
-	if err := e.be.install(mem[0], mem[1]); err != nil {
-		return err
-	}
-	if err := e.be.setVelocity(velocity); err != nil {
+	if err := e.be.setVelocity(st.velocity); err != nil {
 		return err
 	}
 	for i, bk := range e.buckets {
 		bk.guard = ""
 		if e.cfg.Guard > 0 {
-			bk.guard = guards[i]
+			bk.guard = st.guards[i]
 		}
 	}
-	e.next = next
+	e.next = st.info.NextStep
 	return nil
 }
 
-// readGuards reads the accuracy guard's part of a version-3 state (older
-// versions: no flush pending): per bucket the reason of its pending
-// flush, or "".
-func (e *core) readGuards(version byte, read func([]byte) bool) ([]string, error) {
+// CheckState reports whether Load would accept the state b (one state,
+// all of b, as Save wrote it) into an engine of worldSize ranks built with
+// cfg and sizes, without building one: nil, or the error Load of b's bytes
+// would return after InspectState (a *StateError, with the same message).
+// It checks SRA's second memory as Load does on the rank that saved b
+// (another rank's Load starts that memory empty instead). A cfg, sizes or
+// worldSize that New would refuse is a *ConfigError with Rank -1. The
+// strategy auto resolves as on the host Engine; Load accepts a state of
+// auto whatever it resolved to, so a DeviceEngine's Load agrees.
+func CheckState(b []byte, cfg Config, sizes []int, worldSize int) error {
+	info, err := InspectState(b)
+	if err != nil {
+		return err
+	}
+	if worldSize < 1 || worldSize > math.MaxUint16 {
+		return &ConfigError{Rank: -1, Reason: fmt.Sprintf("world size %d: want 1 to %d", worldSize, math.MaxUint16)}
+	}
+	c := &core{cfg: withDefaults(cfg), size: worldSize}
+	if info.Rank < worldSize {
+		c.rank = info.Rank
+	}
+	if err := c.configure(sizes, resolve); err != nil {
+		return &ConfigError{Rank: -1, Reason: err.Error(), Err: err}
+	}
+	_, err = c.readState(bytes.NewReader(b))
+	return err
+}
+
+// savedState is a state readState validated, ready to install.
+type savedState struct {
+	info     StateInfo
+	mem      [2]*compress.ErrorFeedback // stage 1, SRA's stage 2 (nil: start empty)
+	velocity [][]float32
+	guards   []string
+}
+
+// readState reads a state Save wrote from r and checks it against e
+// whole: format, the settings it records (checkSettings), the bucket
+// layout, the memories and velocities, the checksum. It changes nothing.
+func (e *core) readState(r io.Reader) (*savedState, error) {
+	sr := newStateReader(r)
+	info, err := readHeader(sr)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.checkSettings(info); err != nil {
+		return nil, err
+	}
+	st := &savedState{info: info}
+	for stage, f := range []compress.Compressor{e.mem1, e.mem2} {
+		if !sr.bool() {
+			if sr.err != nil {
+				return nil, sr.err
+			}
+			continue
+		}
+		if f == nil && stage == 0 {
+			return nil, &StateError{Reason: "the state has error-feedback memory, this engine has none"}
+		}
+		if f == nil {
+			f = e.comp // read to skip: SRA's memory in another strategy's engine
+		}
+		fresh := compress.NewErrorFeedback(f)
+		if err := fresh.Load(sr.tee); err != nil {
+			return nil, &StateError{Reason: fmt.Sprintf("stage-%d error-feedback memory", stage+1), Err: err}
+		}
+		st.mem[stage] = fresh
+	}
+	momentum, velocity, err := e.readVelocity(byte(info.Version), sr)
+	if err == nil {
+		st.velocity = velocity
+		st.guards, err = e.readGuards(byte(info.Version), sr)
+	}
+	switch {
+	case sr.err != nil:
+		return nil, sr.err
+	case err != nil:
+		return nil, err
+	case momentum != e.cfg.Momentum:
+		return nil, settingError("momentum", formatFloat(momentum), formatFloat(e.cfg.Momentum))
+	}
+	if err := sr.checksum(r); err != nil {
+		return nil, err
+	}
+	if err := e.checkMemory(st.mem[0], 1, func(bk *bucket) int { return bk.n }); err != nil {
+		return nil, err
+	}
+	if st.mem[1] != nil && e.mem2 != nil && info.WorldSize == e.size && info.Rank == e.rank && info.Strategy == e.strategy {
+		// This rank's part of each bucket (the bucket's buffers exist only
+		// once it has taken the compressed path).
+		part := &parts{count: e.size}
+		if err := e.checkMemory(st.mem[1], 2, func(bk *bucket) int { lo, hi := part.bounds(bk.n, e.rank); return hi - lo }); err != nil {
+			return nil, err
+		}
+	} else {
+		st.mem[1] = nil
+	}
+	if st.mem[0] == nil && e.mem1 != nil {
+		st.mem[0] = compress.NewErrorFeedback(e.mem1)
+	}
+	if st.mem[1] == nil && e.mem2 != nil {
+		st.mem[1] = compress.NewErrorFeedback(e.mem2)
+	}
+	return st, nil
+}
+
+// checkSettings checks the settings and the bucket layout a state's header
+// records against e's: a *StateError naming the first that differs (or a
+// strategy byte this build does not know, in any version).
+func (e *core) checkSettings(info StateInfo) error {
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	if info.Spec != e.spec {
+		return settingError("spec", info.Spec, e.spec)
+	}
+	if err := e.checkStrategy(info); err != nil {
+		return err
+	}
+	if info.ErrorFeedback != e.cfg.ErrorFeedback {
+		return settingError("error feedback", onOff(info.ErrorFeedback), onOff(e.cfg.ErrorFeedback))
+	}
+	if info.Version >= 4 {
+		switch {
+		case info.MomentumMasking != e.cfg.MomentumMasking:
+			return settingError("momentum masking", onOff(info.MomentumMasking), onOff(e.cfg.MomentumMasking))
+		case info.Guard != e.cfg.Guard:
+			return settingError("accuracy guard", formatFloat(info.Guard), formatFloat(e.cfg.Guard))
+		case info.Schedule != schedule(e):
+			return settingError("schedule", cmp.Or(info.Schedule, "none"), cmp.Or(schedule(e), "none"))
+		}
+	}
+	if len(info.Buckets) != len(e.buckets) {
+		return &StateError{Reason: fmt.Sprintf("saved with %d buckets, this engine has %d", len(info.Buckets), len(e.buckets))}
+	}
+	for i, bk := range e.buckets {
+		if n := info.Buckets[i]; n != bk.n {
+			return &StateError{Reason: fmt.Sprintf("bucket %d has %d elements in the state, %d in this engine", i, n, bk.n)}
+		}
+	}
+	return nil
+}
+
+// checkStrategy checks a state's strategy against e's: the strategy in
+// use must be e's, unless both were configured auto (which resolves with
+// the world size and the backend), and then the state's must carry the
+// spec's codec. Before version 4 the state does not record what was
+// configured, and one in use that differs from e's loads when e's is auto.
+// A strategy byte this build does not know is refused in any version.
+func (e *core) checkStrategy(info StateInfo) error {
+	known := func(s Strategy) bool { return s > StrategyAuto && s <= StrategyQuantAllGather }
+	switch {
+	case !known(info.Strategy):
+		return &StateError{Reason: fmt.Sprintf("strategy byte %d names no strategy this build knows", int(info.Strategy))}
+	case info.Configured != StrategyAuto && !known(info.Configured):
+		return &StateError{Reason: fmt.Sprintf("configured strategy byte %d names no strategy this build knows", int(info.Configured))}
+	case info.Version >= 4 && info.Configured != StrategyAuto && info.Configured != info.Strategy:
+		return &StateError{Reason: fmt.Sprintf("configured strategy %v, %v in use", info.Configured, info.Strategy)}
+	case info.Strategy == e.strategy:
+		return nil
+	case e.cfg.Strategy != StrategyAuto || info.Version >= 4 && info.Configured != StrategyAuto:
+		saved := info.Strategy.String()
+		if info.Version >= 4 && info.Configured == StrategyAuto {
+			saved = "auto (" + saved + ")"
+		}
+		current := e.strategy.String()
+		if e.cfg.Strategy == StrategyAuto {
+			current = "auto (" + current + ")"
+		}
+		return settingError("strategy", saved, current)
+	}
+	if e.comp == nil {
+		return nil // codec none: the dense all-reduce, whatever the strategy
+	}
+	if _, err := resolve(info.Strategy, e.comp.Codec(), info.WorldSize); err != nil {
+		return &StateError{Reason: fmt.Sprintf("strategy %v cannot carry spec %s", info.Strategy, info.Spec), Err: err}
+	}
+	return nil
+}
+
+// settingError is the *StateError of a state saved with setting = saved
+// where this engine has current.
+func settingError(setting, saved, current string) *StateError {
+	return &StateError{Reason: fmt.Sprintf("saved with %s %s, this engine has %s", setting, saved, current),
+		Setting: setting, Saved: saved, Current: current}
+}
+
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// stateReader reads a state's fields in order, keeping the first error
+// (a *StateError: truncated) and the CRC32C of what it read; after an
+// error its reads return zeros.
+type stateReader struct {
+	tee io.Reader // the input, through the checksum
+	crc hash.Hash32
+	err error
+	b   [8]byte
+}
+
+func newStateReader(r io.Reader) *stateReader {
+	crc := crc32.New(castagnoli)
+	return &stateReader{tee: io.TeeReader(r, crc), crc: crc}
+}
+
+// read fills p, reporting whether it could.
+func (s *stateReader) read(p []byte) bool {
+	if s.err == nil {
+		if _, err := io.ReadFull(s.tee, p); err != nil {
+			s.err = &StateError{Reason: "truncated", Err: err}
+		}
+	}
+	if s.err != nil {
+		clear(p)
+	}
+	return s.err == nil
+}
+
+func (s *stateReader) byte() byte   { s.read(s.b[:1]); return s.b[0] }
+func (s *stateReader) bool() bool   { return s.byte() == 1 }
+func (s *stateReader) u16() uint16  { s.read(s.b[:2]); return binary.LittleEndian.Uint16(s.b[:2]) }
+func (s *stateReader) u32() uint32  { s.read(s.b[:4]); return binary.LittleEndian.Uint32(s.b[:4]) }
+func (s *stateReader) u64() uint64  { s.read(s.b[:]); return binary.LittleEndian.Uint64(s.b[:]) }
+func (s *stateReader) f64() float64 { return math.Float64frombits(s.u64()) }
+
+// text reads a length (uint32, at most limit) and that many bytes.
+func (s *stateReader) text(what string, limit int) string {
+	n := s.u32()
+	if s.err == nil && n > uint32(limit) {
+		s.err = &StateError{Reason: fmt.Sprintf("%s length %d exceeds %d", what, n, limit)}
+	}
+	if s.err != nil {
+		return ""
+	}
+	b := make([]byte, n)
+	s.read(b)
+	return string(b)
+}
+
+// checksum reads the CRC32C that follows what s read, from r (not
+// through the checksum), and compares it.
+func (s *stateReader) checksum(r io.Reader) error {
+	want := s.crc.Sum32()
+	if _, err := io.ReadFull(r, s.b[:4]); err != nil {
+		return &StateError{Reason: "truncated before its checksum", Err: err}
+	}
+	if got := binary.LittleEndian.Uint32(s.b[:4]); got != want {
+		return &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
+	}
+	return nil
+}
+
+// readHeader reads a state's magic, version and header, through the
+// bucket sizes.
+func readHeader(s *stateReader) (StateInfo, error) {
+	version, err := readVersion(s)
+	if err != nil {
+		return StateInfo{}, err
+	}
+	return readSettings(s, version)
+}
+
+// readVersion reads a state's magic and version and checks them.
+func readVersion(s *stateReader) (byte, error) {
+	var magic [4]byte
+	s.read(magic[:])
+	version := s.byte()
+	switch {
+	case s.err != nil:
+		return 0, s.err
+	case string(magic[:]) != stateMagic:
+		return 0, &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", magic[:], stateMagic)}
+	case version < 1 || version > stateVersion:
+		return 0, &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 to %d", version, stateVersion)}
+	}
+	return version, nil
+}
+
+// readSettings reads the header after the version, through the bucket
+// sizes (before version 4 Configured is Strategy).
+func readSettings(s *stateReader, version byte) (StateInfo, error) {
+	info := StateInfo{Version: int(version)}
+	info.WorldSize, info.Rank, info.NextStep = int(s.u32()), int(s.u32()), s.u64()
+	info.Spec = s.text("spec", maxSpecLen)
+	info.Strategy, info.ErrorFeedback = Strategy(s.byte()), s.bool()
+	info.Configured = info.Strategy
+	if version >= 4 {
+		info.Configured, info.MomentumMasking, info.Guard = Strategy(s.byte()), s.bool(), s.f64()
+		info.Schedule = s.text("schedule", maxScheduleLen)
+	}
+	count := s.u32()
+	info.Buckets = make([]int, 0, min(count, 1<<12)) // grows only as the input holds sizes
+	for i := uint32(0); i < count && s.err == nil; i++ {
+		v := s.u64()
+		if v > compress.MaxElements {
+			return info, &StateError{Reason: fmt.Sprintf("bucket %d has %d elements, more than %d", i, v, uint64(compress.MaxElements))}
+		}
+		info.Buckets = append(info.Buckets, int(v))
+	}
+	return info, s.err
+}
+
+// readGuards reads the accuracy guard's part of a state of version 3 or
+// later (older versions: no flush pending): per bucket the reason of its
+// pending flush, or "".
+func (e *core) readGuards(version byte, s *stateReader) ([]string, error) {
 	guards := make([]string, len(e.buckets))
 	if version < 3 {
 		return guards, nil
 	}
 	for i := range guards {
-		var l [2]byte
-		if !read(l[:]) {
-			return nil, nil
-		}
-		n := binary.LittleEndian.Uint16(l[:])
+		n := s.u16()
 		if n > maxGuardLen {
 			return nil, &StateError{Reason: fmt.Sprintf("bucket %d's accuracy-guard reason has %d bytes, more than %d", i, n, maxGuardLen)}
 		}
 		reason := make([]byte, n)
-		if !read(reason) {
+		if !s.read(reason) {
 			return nil, nil
 		}
 		guards[i] = string(reason)
@@ -302,25 +517,21 @@ func (e *core) readGuards(version byte, read func([]byte) bool) ([]string, error
 	return guards, nil
 }
 
-// readVelocity reads the momentum part of a version-2 state (version 1:
-// momentum 0, no velocities): the momentum and, per bucket, its velocity
-// or nil. A non-finite velocity is a *StateError.
-func (e *core) readVelocity(version byte, get64 func() uint64, read func([]byte) bool) (float64, [][]float32, error) {
+// readVelocity reads the momentum part of a state of version 2 or later
+// (version 1: momentum 0, no velocities): the momentum and, per bucket,
+// its velocity or nil. A non-finite velocity is a *StateError.
+func (e *core) readVelocity(version byte, s *stateReader) (float64, [][]float32, error) {
 	velocity := make([][]float32, len(e.buckets))
 	if version == 1 {
 		return 0, velocity, nil
 	}
-	momentum := math.Float64frombits(get64())
+	momentum := s.f64()
 	for i, bk := range e.buckets {
-		var present [1]byte
-		if !read(present[:]) {
-			return 0, nil, nil
-		}
-		if present[0] == 0 {
+		if !s.bool() {
 			continue
 		}
 		raw := make([]byte, 4*bk.n)
-		if !read(raw) {
+		if !s.read(raw) {
 			return 0, nil, nil
 		}
 		u := make([]float32, bk.n)
@@ -355,72 +566,38 @@ func (e *core) checkMemory(f *compress.ErrorFeedback, stage int, want func(*buck
 // StateInfo is what a saved engine state says about the engine that wrote
 // it (see the format above).
 type StateInfo struct {
+	Version         int // of the format
 	WorldSize, Rank int
 	NextStep        uint64
-	Spec            string // canonical
-	Strategy        Strategy
+	Spec            string   // canonical
+	Strategy        Strategy // in use: Config.Strategy resolved
 	ErrorFeedback   bool
-	Buckets         []int // element count per bucket
+	// The settings version 4 added; before it Configured is Strategy and
+	// the others are zero.
+	Configured      Strategy // Config.Strategy as configured, StrategyAuto included
+	MomentumMasking bool
+	Guard           float64
+	Schedule        string // canonical phases as FormatSchedule writes them, "" for none
+	Buckets         []int  // element count per bucket
 }
 
 // InspectState reads the header of a state Save wrote, after checking its
 // magic, version and checksum over all of b; it does not decode the
-// error-feedback memories (Load validates those). A state that fails a
-// check is a *StateError.
+// error-feedback memories (Load validates those) nor check the settings
+// against an engine (CheckState does). A state that fails a check is a
+// *StateError.
 func InspectState(b []byte) (StateInfo, error) {
-	var info StateInfo
 	if len(b) < len(stateMagic)+1+4 {
-		return info, &StateError{Reason: fmt.Sprintf("%d bytes, too short for an engine state", len(b))}
-	}
-	if string(b[:4]) != stateMagic {
-		return info, &StateError{Reason: fmt.Sprintf("bad magic %q, want %q", b[:4], stateMagic)}
-	}
-	if b[4] < 1 || b[4] > stateVersion {
-		return info, &StateError{Reason: fmt.Sprintf("format version %d, this build reads versions 1 to %d", b[4], stateVersion)}
+		return StateInfo{}, &StateError{Reason: fmt.Sprintf("%d bytes, too short for an engine state", len(b))}
 	}
 	body := b[:len(b)-4]
+	s := newStateReader(bytes.NewReader(body))
+	version, err := readVersion(s)
+	if err != nil {
+		return StateInfo{}, err
+	}
 	if got, want := binary.LittleEndian.Uint32(b[len(b)-4:]), crc32.Checksum(body, castagnoli); got != want {
-		return info, &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
+		return StateInfo{}, &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
 	}
-	p := body[5:]
-	short := &StateError{Reason: "truncated header"}
-	take := func(n int) []byte {
-		if len(p) < n {
-			return nil
-		}
-		v := p[:n]
-		p = p[n:]
-		return v
-	}
-	hdr := take(20)
-	if hdr == nil {
-		return info, short
-	}
-	info.WorldSize = int(binary.LittleEndian.Uint32(hdr))
-	info.Rank = int(binary.LittleEndian.Uint32(hdr[4:]))
-	info.NextStep = binary.LittleEndian.Uint64(hdr[8:])
-	specLen := binary.LittleEndian.Uint32(hdr[16:])
-	if specLen > maxSpecLen {
-		return info, &StateError{Reason: fmt.Sprintf("spec length %d exceeds %d", specLen, maxSpecLen)}
-	}
-	spec := take(int(specLen))
-	flags := take(2)
-	count := take(4)
-	if count == nil {
-		return info, short
-	}
-	info.Spec, info.Strategy, info.ErrorFeedback = string(spec), Strategy(flags[0]), flags[1] == 1
-	n := binary.LittleEndian.Uint32(count)
-	if uint64(n)*8 > uint64(len(p)) {
-		return info, &StateError{Reason: fmt.Sprintf("%d buckets, but only %d bytes follow", n, len(p))}
-	}
-	info.Buckets = make([]int, n)
-	for i := range info.Buckets {
-		v := binary.LittleEndian.Uint64(take(8))
-		if v > compress.MaxElements {
-			return info, &StateError{Reason: fmt.Sprintf("bucket %d has %d elements, more than %d", i, v, uint64(compress.MaxElements))}
-		}
-		info.Buckets[i] = int(v)
-	}
-	return info, nil
+	return readSettings(s, version)
 }

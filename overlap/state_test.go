@@ -3,8 +3,11 @@ package overlap
 import (
 	"bytes"
 	"errors"
+	"os"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestSaveLoad: engines restored from a state continue exactly as the
@@ -148,7 +151,8 @@ func TestInspectState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := StateInfo{WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true, Buckets: sizes}
+	want := StateInfo{Version: 4, WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true,
+		Configured: StrategyAuto, Buckets: sizes}
 	if !reflect.DeepEqual(info, want) {
 		t.Fatalf("InspectState = %+v, want %+v", info, want)
 	}
@@ -160,5 +164,175 @@ func TestInspectState(t *testing.T) {
 		if _, err := InspectState(bad); !errors.As(err, &se) {
 			t.Errorf("InspectState of a damaged state (%d bytes): %v, want *StateError", len(bad), err)
 		}
+	}
+}
+
+// downgrade turns a version-4 state into version 3, which lacks the
+// settings after the error-feedback byte.
+func downgrade(t *testing.T, v4 []byte) []byte {
+	t.Helper()
+	info, err := InspectState(v4)
+	if err != nil || info.Version != 4 {
+		t.Fatalf("not a version-4 state: %+v, %v", info, err)
+	}
+	at := 4 + 1 + 4 + 4 + 8 + 4 + len(info.Spec) + 2
+	n := 1 + 1 + 8 + 4 + len(info.Schedule)
+	v3 := append(append([]byte(nil), v4[:at]...), v4[at+n:]...)
+	v3[4] = 3
+	fixCRC(v3)
+	return v3
+}
+
+// savedBy runs one step on ranks engines of cfg and returns rank 0's
+// state.
+func savedBy(t *testing.T, ranks int, sizes []int, cfg Config) []byte {
+	t.Helper()
+	engines := newEngines(t, ranks, sizes, cfg)
+	_, errs := runStep(engines, stepGrads(ranks, 0, sizes), inOrder(len(sizes)))
+	mustNoErrors(t, "step", errs)
+	var buf bytes.Buffer
+	if err := engines[0].Save(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestLoadSettings: a state loads only into an engine whose settings that
+// shape the exchange are the state's: each other one is a *StateError
+// naming it and both values, from Load and CheckState alike, and the
+// engine is unchanged. The strategy may differ where both engines were
+// configured auto (a change of world size); the run-time settings may
+// change.
+func TestLoadSettings(t *testing.T) {
+	sizes := []int{64, 20}
+	base := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
+	with := func(f func(*Config)) Config { c := base; f(&c); return c }
+	topk := Config{Spec: "topk:0.1", ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.9}
+	for _, c := range []struct {
+		name           string
+		saved, load    Config
+		ranks, loadOn  int
+		setting, value string // "": loads
+	}{
+		{"auto on another world size", base, base, 4, 2, "", ""},
+		{"auto, then the strategy it took", base, with(func(c *Config) { c.Strategy = StrategyQuantSRA }), 4, 4, "", ""},
+		{"run-time settings", base, with(func(c *Config) {
+			c.Decision, c.Warmup, c.Timeout, c.Workers, c.FailOnNonFinite = DecideDense, 3, time.Minute, 1, true
+		}), 4, 4, "", ""},
+		{"strategy", with(func(c *Config) { c.Strategy = StrategyQuantSRA }), with(func(c *Config) { c.Strategy = StrategySparseGather }), 4, 4,
+			"strategy", "saved with strategy sra, this engine has sparse-gather"},
+		{"auto, then another strategy", base, with(func(c *Config) { c.Strategy = StrategyQuantAllGather }), 4, 4,
+			"strategy", "saved with strategy auto (sra), this engine has allgather"},
+		{"spec", base, with(func(c *Config) { c.Spec = "int4" }), 2, 2, "spec", "saved with spec int8, this engine has int4"},
+		{"error feedback", base, with(func(c *Config) { c.ErrorFeedback = false }), 2, 2,
+			"error feedback", "saved with error feedback on, this engine has off"},
+		{"schedule", with(func(c *Config) { c.Schedule = []Phase{{5, "int8:bucket=64"}}; c.Spec = "int4" }), with(func(c *Config) { c.Spec = "int4" }), 2, 2,
+			"schedule", "saved with schedule 5@int8:bucket=64, this engine has none"},
+		{"accuracy guard", with(func(c *Config) { c.Guard = 1.5 }), with(func(c *Config) { c.Guard = 2 }), 2, 2,
+			"accuracy guard", "saved with accuracy guard 1.5, this engine has 2"},
+		{"momentum masking", topk, func() Config { c := topk; c.MomentumMasking = true; return c }(), 2, 2,
+			"momentum masking", "saved with momentum masking off, this engine has on"},
+		{"momentum", topk, func() Config { c := topk; c.Momentum = 0.5; return c }(), 2, 2,
+			"momentum", "saved with momentum 0.9, this engine has 0.5"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			state := savedBy(t, c.ranks, sizes, c.saved)
+			e := newEngines(t, c.loadOn, sizes, c.load)[0]
+			before := savedMemory(t, e)
+			err := e.Load(bytes.NewReader(state))
+			check := CheckState(state, c.load, sizes, c.loadOn)
+			if c.setting == "" {
+				if err != nil || check != nil {
+					t.Fatalf("Load = %v, CheckState = %v; want both nil", err, check)
+				}
+				return
+			}
+			var se *StateError
+			if !errors.As(err, &se) || se.Setting != c.setting || !strings.Contains(err.Error(), c.value) {
+				t.Errorf("Load = %v; want a *StateError on %s saying %q", err, c.setting, c.value)
+			}
+			if check == nil || err == nil || check.Error() != err.Error() {
+				t.Errorf("CheckState = %v; want Load's error %v", check, err)
+			}
+			if !bytes.Equal(savedMemory(t, e), before) {
+				t.Error("a refused Load changed the engine")
+			}
+		})
+	}
+}
+
+// TestLoadUnknownStrategy: a strategy byte that names no strategy is
+// refused in every version, even with its checksum made good; an older
+// state loads where its strategy fits.
+func TestLoadUnknownStrategy(t *testing.T) {
+	sizes := []int{1000, 37}
+	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
+	v4 := savedBy(t, 4, sizes, cfg)
+	v3, err := os.ReadFile("testdata/state-v3-int8-sra-rank0.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1, err := os.ReadFile("testdata/state-v1-int8-sra-rank0.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const strategyAt = 4 + 1 + 4 + 4 + 8 + 4 + len("int8") // after the spec
+	e := newEngines(t, 4, sizes, cfg)[0]
+	for name, state := range map[string][]byte{"version 4": v4, "version 3": v3, "version 1": v1, "downgraded to 3": downgrade(t, v4)} {
+		if err := e.Load(bytes.NewReader(state)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		for _, at := range []int{strategyAt, strategyAt + 2} {
+			if at == strategyAt+2 && state[4] < 4 {
+				continue // no configured strategy before version 4
+			}
+			bad := bytes.Clone(state)
+			bad[at] = 77
+			fixCRC(bad)
+			err := e.Load(bytes.NewReader(bad))
+			var se *StateError
+			if !errors.As(err, &se) || !strings.Contains(err.Error(), "strategy byte 77 names no strategy") {
+				t.Errorf("%s with strategy byte 77 at %d: Load = %v, want a *StateError", name, at, err)
+			}
+			if check := CheckState(bad, cfg, sizes, 4); check == nil || err == nil || check.Error() != err.Error() {
+				t.Errorf("%s with strategy byte 77 at %d: CheckState = %v, want Load's error", name, at, check)
+			}
+		}
+	}
+	allgather := cfg
+	allgather.Strategy = StrategyQuantAllGather
+	e = newEngines(t, 4, sizes, allgather)[0]
+	var se *StateError
+	if err := e.Load(bytes.NewReader(v3)); !errors.As(err, &se) || se.Setting != "strategy" || se.Saved != "sra" || se.Current != "allgather" {
+		t.Errorf("a version-3 SRA state into an allgather engine: %v, want a *StateError on the strategy", err)
+	}
+}
+
+// TestCheckStateConfig: CheckState refuses a configuration New would
+// refuse with a *ConfigError of no rank, and checks a good state.
+func TestCheckStateConfig(t *testing.T) {
+	sizes := []int{64}
+	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
+	state := savedBy(t, 2, sizes, cfg)
+	if err := CheckState(state, cfg, sizes, 2); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		cfg   Config
+		sizes []int
+		world int
+	}{
+		"spec":       {Config{Spec: "int8:nope"}, sizes, 2},
+		"sizes":      {cfg, []int{0}, 2},
+		"world size": {cfg, sizes, 0},
+	} {
+		var ce *ConfigError
+		if err := CheckState(state, c.cfg, c.sizes, c.world); !errors.As(err, &ce) || ce.Rank != -1 {
+			t.Errorf("%s: CheckState = %v, want a *ConfigError of rank -1", name, err)
+		}
+	}
+	var se *StateError
+	if err := CheckState(state[:len(state)-1], cfg, sizes, 2); !errors.As(err, &se) {
+		t.Errorf("a cut state: CheckState = %v, want a *StateError", err)
 	}
 }

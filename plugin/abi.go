@@ -17,7 +17,7 @@ import "github.com/gradcomp/gradcomp/comm"
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 2
+	abiMinor   = 3
 	abiVersion = abiMajor<<16 | abiMinor
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// The engine exports of gradcomp.h (ABI 2.0), documented there, over the
+// The engine exports of gradcomp.h (ABI 2.0 to 2.3), documented there, over the
 // cores in engine.go. The structs the header declares are passed as
 // pointers and read or written through the Go mirrors below, whose
 // layouts equal the C structs' on every 64-bit target (checked by
@@ -503,6 +503,27 @@ func gc_engine_state_load(h C.uint64_t, src unsafe.Pointer, length C.size_t) (st
 		err = e.loadState(in)
 	}
 	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_state_check
+func gc_engine_state_check(src unsafe.Pointer, length C.size_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t, world C.int) (st C.int) {
+	const fn = "gc_engine_state_check"
+	defer guard(fn, &st)
+	in, err := cBytes(src, length, "src")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if world < 1 || world > math.MaxUint16 {
+		return C.int(fail(errInvalid, fn, "world_size %d: want 1 to %d", int(world), math.MaxUint16))
+	}
+	conf, sz, err := readEngineConfig(cfg, sizes, nbuckets)
+	if err != nil {
+		return C.int(failErr(fn, &overlap.ConfigError{Rank: -1, Reason: err.Error(), Err: err}))
+	}
+	if err := overlap.CheckState(in, conf.Config, sz, int(world)); err != nil {
 		return C.int(failErr(fn, err))
 	}
 	return C.int(statusOK)

@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 2
+#define GRADCOMP_ABI_MINOR 3
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -437,24 +437,44 @@ gc_status gc_engine_stats(gc_engine e, size_t bucket, gc_bucket_stats *out,
  * step was waited for. */
 gc_status gc_engine_held_back(gc_engine e, size_t bucket, double *held_back);
 
-/* The engine's state (error-feedback memories, next step number, spec,
- * strategy, bucket layout, world size and rank; versioned, checksummed):
- * size, save (GC_ERR_SIZE if cap is short, *written the size needed) and
- * load (validated whole first: a state of another spec, error feedback or
- * bucket layout is GC_ERR_CORRUPT naming what differs, and e
- * is unchanged; it loads at another world size). GC_ERR_STATE during a
- * step. */
+/* The engine's state (error-feedback memories and momentum velocities,
+ * next step number, world size and rank, bucket layout, and the settings
+ * that shape the exchange: spec, strategy as configured and in use, error
+ * feedback, momentum and its masking, guard, schedule; versioned,
+ * checksummed): size, save (GC_ERR_SIZE if cap is short, *written the
+ * size needed) and load (validated whole first: a damaged state, or one
+ * saved with another of those settings or bucket layout, or whose
+ * strategy byte names no strategy, is GC_ERR_CORRUPT naming what differs
+ * with both values, and e is unchanged). It loads at another world size:
+ * the strategy in use may then differ where both engines were configured
+ * "auto". decision, warmup, timeout_seconds, workers and fail_on_nonfinite
+ * are not recorded and may change on resume. GC_ERR_STATE during a step. */
 gc_status gc_engine_state_size(gc_engine e, size_t *len);
 gc_status gc_engine_state_save(gc_engine e, uint8_t *dst, size_t cap, size_t *written);
 gc_status gc_engine_state_load(gc_engine e, const uint8_t *src, size_t len);
 
 /* Reads what a saved engine state records, without an engine (checksum
- * checked): the canonical spec and strategy (NUL-terminated, cut to
+ * checked): the canonical spec and strategy in use (NUL-terminated, cut to
  * spec_cap / strategy_cap), world size, rank, next step and bucket count;
  * sizes (if not NULL, sizes_cap entries) gets the bucket sizes. */
 gc_status gc_engine_state_info(const uint8_t *src, size_t len, char *spec, size_t spec_cap,
                                char *strategy, size_t strategy_cap, int *world, int *rank,
                                uint64_t *next_step, size_t *nbuckets, uint64_t *sizes, size_t sizes_cap);
+
+/* Checks a saved engine state against a configuration, without an engine
+ * (since 2.3): GC_OK when gc_engine_state_load would accept src[0..len) into
+ * an engine created with cfg, sizes and nbuckets on world_size ranks, else
+ * the status and message (after the function's name) that load would give:
+ * GC_ERR_CORRUPT for a damaged state or one saved with other settings (the
+ * message names the setting and both values). SRA's second memory is
+ * checked as the rank that saved the state would load it. A cfg or sizes
+ * that gc_engine_create would refuse are GC_ERR_CONFIG; world_size outside
+ * 1 to 65535 is GC_ERR_INVALID. cfg's timeout_seconds, workers and device
+ * play no part ("auto" resolves as for host buckets; a state saved with
+ * "auto" passes whatever it resolved to, as either kind of engine loads
+ * it). */
+gc_status gc_engine_state_check(const uint8_t *src, size_t len, const gc_engine_config *cfg,
+                                const uint64_t *sizes, size_t nbuckets, int world_size);
 
 /* In libgradcomp_cuda.so, gc_settle of a device bucket only swaps device
  * pointers, and gc_state_size/save copy device residuals to the host on

@@ -685,6 +685,18 @@ static void test_take_after_destroy(void) {
 	FAILS(gc_hosted_complete(h.t, 1, GC_OK, NULL, 0), GC_ERR_HANDLE, "");
 }
 
+/* state_crc makes a state's CRC32C (its last 4 bytes, little-endian) good
+ * again after an edit. */
+static void state_crc(uint8_t *state, size_t len) {
+	uint32_t c = 0xFFFFFFFFu;
+	for (size_t i = 0; i + 4 < len; i++) {
+		c ^= state[i];
+		for (int k = 0; k < 8; k++) c = c >> 1 ^ (0x82F63B78u & -(c & 1u));
+	}
+	c = ~c;
+	for (int k = 0; k < 4; k++) state[len - 4 + (size_t)k] = (uint8_t)(c >> (8 * k));
+}
+
 static uint8_t *save(gc_engine e, size_t *len) {
 	OK(gc_engine_state_size(e, len));
 	uint8_t *buf = malloc(*len);
@@ -693,9 +705,43 @@ static uint8_t *save(gc_engine e, size_t *len) {
 	return buf;
 }
 
+/* gc_engine_state_check of e's state (saved with cfg on 2 ranks) says
+ * what gc_engine_state_load says, with the same message: a state whose
+ * strategy byte is 77 (no strategy; its checksum made good) is refused by
+ * both, and so is a state checked against another strategy; bad arguments
+ * and an invalid cfg are refused. */
+static void test_state_check(gc_engine e, const gc_engine_config *cfg, const uint8_t *state, size_t len) {
+	enum { STRATEGY_AT = 4 + 1 + 4 + 4 + 8 + 4 + 4 }; /* after the spec, "int8" */
+	OK(gc_engine_state_check(state, len, cfg, sizes, NBUCKETS, 2));
+	uint8_t *bad = malloc(len);
+	memcpy(bad, state, len);
+	bad[STRATEGY_AT] = 77;
+	state_crc(bad, len);
+	FAILS(gc_engine_state_load(e, bad, len), GC_ERR_CORRUPT, "strategy byte 77 names no strategy");
+	char want[512];
+	snprintf(want, sizeof want, "%s", gc_last_error() + strlen("gc_engine_state_load"));
+	FAILS(gc_engine_state_check(bad, len, cfg, sizes, NBUCKETS, 2), GC_ERR_CORRUPT, want);
+	free(bad);
+	gc_engine_config other = *cfg;
+	other.strategy = "sra";
+	FAILS(gc_engine_state_check(state, len, &other, sizes, NBUCKETS, 2), GC_ERR_CORRUPT,
+	      "saved with strategy auto (allgather), this engine has sra");
+	other = *cfg;
+	other.warmup = 7; /* a run-time setting: may change */
+	other.decision = "dense";
+	OK(gc_engine_state_check(state, len, &other, sizes, NBUCKETS, 2));
+	other.warmup = -1;
+	FAILS(gc_engine_state_check(state, len, &other, sizes, NBUCKETS, 2), GC_ERR_CONFIG, "warmup -1 is negative");
+	const uint64_t fewer[1] = {sizes[0]};
+	FAILS(gc_engine_state_check(state, len, cfg, fewer, 1, 2), GC_ERR_CORRUPT, "saved with 2 buckets, this engine has 1");
+	FAILS(gc_engine_state_check(state, len, cfg, sizes, NBUCKETS, 0), GC_ERR_INVALID, "world_size 0");
+	FAILS(gc_engine_state_check(NULL, len, cfg, sizes, NBUCKETS, 2), GC_ERR_INVALID, "null src");
+	FAILS(gc_engine_state_check(state, len - 1, cfg, sizes, NBUCKETS, 2), GC_ERR_CORRUPT, "");
+}
+
 /* Misuse of one engine takes nothing and leaves it usable; states of
- * another spec or a corrupt one are refused with the engine unchanged; a
- * state of another world size loads. */
+ * another spec or strategy or a corrupt one are refused with the engine
+ * unchanged, by gc_engine_state_load and gc_engine_state_check alike. */
 static void test_misuse_and_states(void) {
 	struct group g;
 	struct host hs[2];
@@ -732,7 +778,9 @@ static void test_misuse_and_states(void) {
 		uint8_t *other = read_file(GOLDEN "/int4-allgather.state0", &glen);
 		CHECK(other != NULL, "cannot read the int4 golden state");
 		if (other) {
-			FAILS(gc_engine_state_load(e, other, glen), GC_ERR_CORRUPT, "int4");
+			FAILS(gc_engine_state_load(e, other, glen), GC_ERR_CORRUPT, "saved with spec int4, this engine has int8");
+			FAILS(gc_engine_state_check(other, glen, &ms[0].cfg, sizes, NBUCKETS, 2), GC_ERR_CORRUPT,
+			      "saved with spec int4, this engine has int8");
 			char spec[64], strategy[32];
 			int world = 0, rank = -1;
 			uint64_t next = 0, bs[4] = {0};
@@ -749,6 +797,7 @@ static void test_misuse_and_states(void) {
 			      GC_ERR_CORRUPT, "");
 			free(other);
 		}
+		test_state_check(e, &ms[0].cfg, before, before_len);
 		FAILS(gc_engine_state_load(e, before, before_len - 1), GC_ERR_CORRUPT, "");
 		before[before_len - 1] ^= 0x80;
 		FAILS(gc_engine_state_load(e, before, before_len), GC_ERR_CORRUPT, "");
@@ -757,10 +806,16 @@ static void test_misuse_and_states(void) {
 		CHECK(after_len == before_len && memcmp(before, after, before_len) == 0,
 		      "refused loads changed the engine's state");
 		free(after);
-		/* The SRA golden state of 4 ranks loads into this 2-rank engine. */
+		/* The SRA golden state of 4 ranks (strategy "sra") is refused by
+		 * this 2-rank engine ("auto": allgather in use), and fits a 2-rank
+		 * engine configured "sra": the world size may change. */
 		uint8_t *four = read_file(GOLDEN "/int8-sra.state0", &glen);
 		if (four) {
-			OK(gc_engine_state_load(e, four, glen));
+			FAILS(gc_engine_state_load(e, four, glen), GC_ERR_CORRUPT,
+			      "saved with strategy sra, this engine has auto (allgather)");
+			gc_engine_config sra = ms[0].cfg;
+			sra.strategy = "sra";
+			OK(gc_engine_state_check(four, glen, &sra, sizes, NBUCKETS, 2));
 			free(four);
 		}
 		free(before);

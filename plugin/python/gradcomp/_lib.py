@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -304,6 +304,9 @@ _PROTOTYPES.update({
 # Functions added after ABI 2.0: name -> (minor version, restype, argtypes).
 _OPTIONAL = {
     "gc_engine_held_back": (2, ctypes.c_int, [_u64, ctypes.c_size_t, _double_p]),
+    "gc_engine_state_check": (
+        3, ctypes.c_int, [_byte_p, ctypes.c_size_t, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, ctypes.c_int],
+    ),
 }
 
 _lock = threading.Lock()
