@@ -27,12 +27,6 @@ type field struct{ name, value string }
 // mismatch is reported. Its first field, "invalid", is empty: a rank whose
 // configuration is invalid sends invalidRecord instead.
 func handshakeRecord(e *core, sizes []int) []field {
-	onOff := func(b bool) string {
-		if b {
-			return "on"
-		}
-		return "off"
-	}
 	f := []field{
 		{"invalid", ""},
 		{"protocol version", strconv.Itoa(protocolVersion)},
@@ -207,6 +201,14 @@ func compareRecords(recs [][]field) error {
 		}
 	}
 	return nil
+}
+
+// onOff names a switch's setting as the handshake and the state report it.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 func orNone(s string) string {

@@ -301,12 +301,6 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 // records against e's: a *StateError naming the first that differs (or a
 // strategy byte this build does not know, in any version).
 func (e *core) checkSettings(info StateInfo) error {
-	onOff := func(b bool) string {
-		if b {
-			return "on"
-		}
-		return "off"
-	}
 	if info.Spec != e.spec {
 		return settingError("spec", info.Spec, e.spec)
 	}
