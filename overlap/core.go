@@ -334,6 +334,9 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	if c.strategy, err = strategyFor(cfg.Strategy, comp.Codec(), c.size); err != nil {
 		return err
 	}
+	if err := fits(fmt.Sprintf("the bookkeeping of %d buckets on %d ranks", len(sizes), c.size), bookkeeping(len(sizes), c.size)); err != nil {
+		return err
+	}
 	c.buckets = make([]*bucket, len(sizes))
 	for i, n := range sizes {
 		c.buckets[i] = &bucket{idx: i, n: n}

@@ -164,5 +164,7 @@
 //
 // Payloads are exchanged in fixed-size slots, so a spec with a lossless
 // stage (whose payload lengths vary) is refused. Lengths are bounded by
-// compress.MaxElements per bucket and 65535 ranks.
+// compress.MaxElements per bucket and 65535 ranks, and an engine's host
+// memory by what the machine can give: New refuses, before allocating,
+// buckets whose buffers would not fit (a *MemoryError; see memory.go).
 package overlap

@@ -77,7 +77,10 @@ type hostRun struct {
 // layout, and a difference is a *ConfigMismatchError on every rank naming
 // the field and both values; a rank whose configuration is invalid sends
 // only why, and every rank gets a *ConfigError naming it (its own wraps
-// its error; see also Refuse). With DecideAuto and a
+// its error; see also Refuse). Buckets whose host buffers would need more
+// memory than the machine can give make a configuration invalid too (its
+// *ConfigError wraps a *MemoryError), checked before anything is
+// allocated. With DecideAuto and a
 // compressed path it then probes the link and measures the compressor
 // (see the package doc) to decide each bucket, identically on every rank.
 // New's collectives are bounded by ctx and Config.Timeout each.
@@ -96,6 +99,9 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if local == nil && e.comp != nil {
 		e.exchanger = e.newExchanger()
 	}
+	if local == nil {
+		local = fits(fmt.Sprintf("the host buffers of %d buckets on rank %d", len(sizes), e.rank), e.memoryNeed())
+	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
 	}
@@ -108,6 +114,48 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	}
 	e.compute, e.wire, e.between, e.decode = newStream(), newStream(), newStream(), newStream()
 	return e, nil
+}
+
+// efBytesPerElement is the host memory error feedback takes per element
+// of a bucket: the residual, and Begin's sum and decoded payload
+// (compress.ErrorFeedback).
+const efBytesPerElement = 12
+
+// memoryNeed is the host memory e's buckets may come to hold (fits checks
+// it before New allocates any of it): each one's bucketNeed and, with
+// DecideAuto, the largest one's again for the cost model's scratch engine.
+func (e *Engine) memoryNeed() uint64 {
+	var need bytesNeed
+	largest := 0
+	for _, b := range e.buckets {
+		need.add(e.bucketNeed(b.n))
+		largest = max(largest, b.n)
+	}
+	if e.cfg.Decision == DecideAuto {
+		need.add(e.bucketNeed(largest))
+	}
+	return uint64(need)
+}
+
+// bucketNeed is the host memory a bucket of n elements may come to hold:
+// its buffers for the compressed path (unless Decision pins dense; they
+// are allocated when it first takes it), error feedback's (both memories)
+// and momentum correction's u and m·u + g.
+func (e *Engine) bucketNeed(n int) uint64 {
+	var need bytesNeed
+	if e.exchanger != nil && e.cfg.Decision != DecideDense {
+		need.add(e.exchanger.bufferBytes(n))
+	}
+	if e.mem1 != nil {
+		need.addTimes(efBytesPerElement, uint64(n))
+	}
+	if e.mem2 != nil {
+		need.addTimes(efBytesPerElement, uint64(n/e.size+1))
+	}
+	if e.cfg.Momentum != 0 {
+		need.addTimes(8, uint64(n))
+	}
+	return uint64(need)
 }
 
 // stageParts returns the compressors of a strategy's stages on rank of

@@ -20,6 +20,8 @@ type exchanger interface {
 	useMemory(gradEF, partEF *compress.ErrorFeedback)
 	// setup allocates b's buffers.
 	setup(b *bucket)
+	// bufferBytes is what setup allocates for a bucket of n elements.
+	bufferBytes(n int) uint64
 	// encode compresses r.grad into the send buffer, setting r.local and
 	// r.pend1; a gradient that cannot be compressed is a status, not an
 	// error.
@@ -130,6 +132,10 @@ func (g *gatherExchanger) setup(b *bucket) {
 	b.recv = make([]byte, g.e.size*b.slot)
 }
 
+func (g *gatherExchanger) bufferBytes(n int) uint64 {
+	return uint64(g.e.size+1) * uint64(g.c.p.slotLen(n))
+}
+
 func (g *gatherExchanger) encode(r *run) (err error) {
 	r.pend1, r.local, err = encodeInto(g.c, r.b.send, r.grad, r.key, g.e.cfg.Guard > 0)
 	return err
@@ -168,6 +174,11 @@ func (s *sraExchanger) setup(b *bucket) {
 	lo, hi := s.c1.p.bounds(b.n, s.e.rank)
 	b.mid = make([]float32, hi-lo)
 	b.send2, b.recv2 = make([]byte, b.slot), make([]byte, n*b.slot)
+}
+
+func (s *sraExchanger) bufferBytes(n int) uint64 {
+	lo, hi := s.c1.p.bounds(n, s.e.rank)
+	return uint64(3*s.e.size+1)*uint64(s.c1.p.slotLen(n)) + 4*uint64(hi-lo)
 }
 
 func (s *sraExchanger) encode(r *run) (err error) {
@@ -265,6 +276,10 @@ func (s *sharedExchanger) setup(b *bucket) {
 	b.send = make([]byte, b.slot)
 	b.vals = make([]float32, s.head()+s.k(b.n))
 	b.picks = make([]uint32, 0, s.k(b.n))
+}
+
+func (s *sharedExchanger) bufferBytes(n int) uint64 {
+	return uint64(s.c.p.slotLen(n)) + 4*uint64(s.head()+2*s.k(n))
 }
 
 func (s *sharedExchanger) encode(r *run) error {

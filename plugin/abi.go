@@ -62,6 +62,7 @@ const (
 	errComm      status = 15 // GC_ERR_COMM (since ABI 2.0)
 	errConfig    status = 16 // GC_ERR_CONFIG (since ABI 2.0)
 	errBroken    status = 17 // GC_ERR_BROKEN (since ABI 2.0)
+	errNoMem     status = 18 // GC_ERR_NOMEM (since ABI 2.3)
 )
 
 // The gc_op_kind values: comm.Op's, which hosted.Op carries.

@@ -27,7 +27,7 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_FEATURE_CUDA": featureCUDA,
 		"GC_ERR_NOCUDA":   int64(errNoCUDA), "GC_ERR_NODEVICE": int64(errNoDevice), "GC_ERR_CUDA": int64(errCUDA),
 		"GC_ERR_TIMEOUT": int64(errTimeout), "GC_ERR_CLOSED": int64(errClosed), "GC_ERR_COMM": int64(errComm),
-		"GC_ERR_CONFIG": int64(errConfig), "GC_ERR_BROKEN": int64(errBroken),
+		"GC_ERR_CONFIG": int64(errConfig), "GC_ERR_BROKEN": int64(errBroken), "GC_ERR_NOMEM": int64(errNoMem),
 		"GC_OP_ALLREDUCE": opAllReduce, "GC_OP_ALLGATHER": opAllGather, "GC_OP_REDUCESCATTER": opReduceScatter,
 		"GC_OP_ALLTOALL": opAllToAll, "GC_OP_BROADCAST": opBroadcast, "GC_OP_BARRIER": opBarrier,
 	}

@@ -103,6 +103,7 @@ func engineStatus(err error) (st status, ok bool) {
 		usage    *overlap.UsageError
 		mismatch *overlap.ConfigMismatchError
 		config   *overlap.ConfigError
+		memory   *overlap.MemoryError
 		state    *overlap.StateError
 		stepErr  *overlap.StepError
 		host     *hosted.HostError
@@ -113,6 +114,8 @@ func engineStatus(err error) (st status, ok bool) {
 	switch {
 	case errors.As(err, &broken): // before own: the cause may carry a host's status
 		return errBroken, true
+	case errors.As(err, &memory): // before config: this rank's *overlap.ConfigError wraps it
+		return errNoMem, true
 	case errors.As(err, &mismatch), errors.As(err, &config): // before own: this rank's wraps its reason
 		return errConfig, true
 	case errors.As(err, &own):

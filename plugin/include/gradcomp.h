@@ -55,7 +55,9 @@ typedef enum gc_status {
 	GC_ERR_CLOSED = 14,    /* since 2.0: the hosted transport or engine is closed */
 	GC_ERR_COMM = 15,      /* since 2.0: a collective failed or did not finish in time (host error, dead peer): the engine is broken */
 	GC_ERR_CONFIG = 16,    /* since 2.0: the ranks' engine configurations differ, or one rank's is invalid (the message names both sides) */
-	GC_ERR_BROKEN = 17     /* since 2.0: an earlier step failed; destroy the engine and its transport */
+	GC_ERR_BROKEN = 17,    /* since 2.0: an earlier step failed; destroy the engine and its transport */
+	GC_ERR_NOMEM = 18      /* since 2.3: the host memory an engine would need is more than the machine can give
+	                        * (the message says how much of what); nothing was allocated */
 } gc_status;
 
 typedef uint64_t gc_compressor;
@@ -364,8 +366,11 @@ typedef struct gc_engine_config {
  * in the handshake to say so: every rank gets GC_ERR_CONFIG at once, naming
  * that rank and the setting (the rank waits for the others up to cfg's
  * timeout, or 60 s where it cannot be read). A rank whose device does not
- * open does the same but returns the device's status (GC_ERR_NOCUDA,
- * GC_ERR_NODEVICE, GC_ERR_CUDA). Only a NULL out (GC_ERR_INVALID), an
+ * open, or whose buffers would need more host memory than the machine can
+ * give (checked before anything is allocated: at most 7/8 of MemAvailable
+ * or of the container's memory cgroup, whichever is less), does the same
+ * but returns its own status (GC_ERR_NOCUDA, GC_ERR_NODEVICE, GC_ERR_CUDA;
+ * GC_ERR_NOMEM). Only a NULL out (GC_ERR_INVALID), an
  * unknown transport (GC_ERR_HANDLE) and a transport that already has an
  * engine (GC_ERR_STATE) fail without taking part: the other ranks then
  * wait until their timeout. One engine per transport. */

@@ -11,8 +11,8 @@
  * files bit for bit. Then the bad inputs: a post nobody takes, a host
  * error, a completion with a wrong or implausible length, an unknown or
  * finished id, a dead peer, take after destroy, a rank whose configuration
- * is invalid, engine misuse, and states that must be refused with the
- * engine unchanged.
+ * is invalid or needs more memory than the machine has, engine misuse, and
+ * states that must be refused with the engine unchanged.
  *
  * Run from the repository root (make capi): it reads tests/golden/testdata.
  */
@@ -495,6 +495,16 @@ static void *creator_main(void *arg) {
 	return NULL;
 }
 
+/* create_all runs the n creators' gc_engine_create at once and returns the
+ * seconds they took together. */
+static double create_all(struct creator *cs, int n) {
+	pthread_t th[RANKS];
+	double t0 = now();
+	for (int r = 0; r < n; r++) pthread_create(&th[r], NULL, creator_main, &cs[r]);
+	for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+	return now() - t0;
+}
+
 /* A rank whose configuration is invalid before the handshake (a string
  * that does not parse, a value out of range, a short or null cfg, bad
  * sizes) still tells the others: on 4 ranks with a 30 s timeout, rank 2's
@@ -540,18 +550,14 @@ static void test_invalid_config(void) {
 		cases[i].cfg.timeout_seconds = isnan(cases[i].cfg.timeout_seconds) ? NAN : 30;
 		group_init(&g, RANKS, 30);
 		hosts_start(hs, &g, RANKS);
-		pthread_t th[RANKS];
-		double t0 = now();
 		for (int r = 0; r < RANKS; r++) {
 			cs[r] = (struct creator){.t = hs[r].t, .cfg = &good, .sizes = sizes, .nbuckets = NBUCKETS};
 			if (r == BAD) {
 				cs[r].cfg = cases[i].null_cfg ? NULL : &cases[i].cfg;
 				cs[r].sizes = cases[i].sizes;
 			}
-			pthread_create(&th[r], NULL, creator_main, &cs[r]);
 		}
-		for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
-		double took = now() - t0;
+		double took = create_all(cs, RANKS);
 		for (int r = 0; r < RANKS; r++) {
 			CHECK(cs[r].st == GC_ERR_CONFIG && cs[r].e == 0, "invalid %s: rank %d: gc_engine_create = %d (%s), want GC_ERR_CONFIG",
 			      cases[i].name, r, cs[r].st, cs[r].msg);
@@ -565,6 +571,46 @@ static void test_invalid_config(void) {
 		hosts_stop(hs, RANKS);
 		group_free(&g);
 		printf("invalid %-13s every rank GC_ERR_CONFIG after %.2f s: %s\n", cases[i].name, took, cs[0].msg);
+	}
+}
+
+/* Buffers no machine has (256 buckets of 2^31 - 1 elements: 6 TB of error
+ * feedback) are refused before anything is allocated: the rank that asked
+ * gets GC_ERR_NOMEM saying how much, the other GC_ERR_CONFIG naming it;
+ * when both ask, both get GC_ERR_NOMEM. */
+static void test_nomem(void) {
+	enum { HUGE_BUCKETS = 256 };
+	static uint64_t huge[HUGE_BUCKETS];
+	for (int i = 0; i < HUGE_BUCKETS; i++) huge[i] = (1ull << 31) - 1;
+	for (unsigned both = 0; both < 2; both++) {
+		struct group g;
+		struct host hs[2];
+		struct creator cs[2];
+		gc_engine_config cfg = config("int8", "auto");
+		cfg.timeout_seconds = 30;
+		group_init(&g, 2, 30);
+		hosts_start(hs, &g, 2);
+		for (int r = 0; r < 2; r++) {
+			cs[r] = (struct creator){.t = hs[r].t, .cfg = &cfg, .sizes = sizes, .nbuckets = NBUCKETS};
+			if (r == 1 || both) cs[r].sizes = huge, cs[r].nbuckets = HUGE_BUCKETS;
+		}
+		double took = create_all(cs, 2);
+		for (int r = 0; r < 2; r++) {
+			int asked = r == 1 || both;
+			CHECK(cs[r].st == (asked ? GC_ERR_NOMEM : GC_ERR_CONFIG) && cs[r].e == 0,
+			      "huge buckets (both %u): rank %d: gc_engine_create = %d (%s), want %s", both, r, cs[r].st, cs[r].msg,
+			      asked ? "GC_ERR_NOMEM" : "GC_ERR_CONFIG");
+			char want[128];
+			snprintf(want, sizeof want, "rank %d has an invalid configuration: the host buffers of 256 buckets on rank %d need",
+			         asked ? r : 1, asked ? r : 1);
+			CHECK(strstr(cs[r].msg, want) != NULL, "huge buckets (both %u): rank %d's message %s does not say %s", both, r,
+			      cs[r].msg, want);
+			if (cs[r].e) OK(gc_engine_destroy(cs[r].e));
+		}
+		CHECK(took < 15, "huge buckets: gc_engine_create took %.2f s (timeout 30 s)", took);
+		hosts_stop(hs, 2);
+		group_free(&g);
+		if (both) printf("huge buckets: GC_ERR_NOMEM after %.2f s: %s\n", took, cs[1].msg);
 	}
 }
 
@@ -830,6 +876,7 @@ int main(void) {
 	test_golden();
 	test_untaken();
 	test_invalid_config();
+	test_nomem();
 	test_guard();
 	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
 	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
