@@ -197,7 +197,8 @@ func (e *core) Load(r io.Reader) error {
 // would return after InspectState (a *StateError, with the same message).
 // It checks SRA's second memory as Load does on the rank that saved b
 // (another rank's Load starts that memory empty instead). A cfg, sizes or
-// worldSize that New would refuse is a *ConfigError with Rank -1. The
+// worldSize that New would refuse is a *ConfigError with Rank -1 (wrapping
+// a *MemoryError where the buckets' bookkeeping would not fit). The
 // strategy auto resolves as on the host Engine; Load accepts a state of
 // auto whatever it resolved to, so a DeviceEngine's Load agrees.
 func CheckState(b []byte, cfg Config, sizes []int, worldSize int) error {

@@ -254,7 +254,7 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
 	}
 	conf, err := parseEngineConfig(raw)
-	if err == nil && c.Spec == nil {
+	if err == nil && c.Spec == nil { // after parsing, so that conf holds the timeout
 		err = errorf(errInvalid, "null cfg->spec")
 	}
 	if err != nil {

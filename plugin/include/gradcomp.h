@@ -473,8 +473,9 @@ gc_status gc_engine_state_info(const uint8_t *src, size_t len, char *spec, size_
  * GC_ERR_CORRUPT for a damaged state or one saved with other settings (the
  * message names the setting and both values). SRA's second memory is
  * checked as the rank that saved the state would load it. A cfg or sizes
- * that gc_engine_create would refuse are GC_ERR_CONFIG; world_size outside
- * 1 to 65535 is GC_ERR_INVALID. cfg's timeout_seconds, workers and device
+ * that gc_engine_create would refuse are GC_ERR_CONFIG (GC_ERR_NOMEM where
+ * the buckets' bookkeeping alone would not fit in memory); world_size
+ * outside 1 to 65535 is GC_ERR_INVALID. cfg's timeout_seconds, workers and device
  * play no part ("auto" resolves as for host buckets; a state saved with
  * "auto" passes whatever it resolved to, as either kind of engine loads
  * it). */
