@@ -195,6 +195,14 @@ class OneRank(unittest.TestCase):
         with self.assertRaises(NotImplementedError):
             gct.hook(state, workers.FakeBucket(torch.zeros(10, device="meta")))
 
+    def test_engine_too_large_for_the_machine_is_a_memory_error(self):
+        # 256 buckets of 2^31 - 1 elements: refused before anything is
+        # allocated (Go's allocator would end the process).
+        with self.assertRaises(MemoryError) as cm:
+            gradcomp.Engine("int8", [2 ** 31 - 1] * 256, workers=1)
+        self.assertIsInstance(cm.exception, gradcomp.OutOfMemoryError)
+        self.assertEqual(cm.exception.status, gradcomp.Status.NOMEM)
+
     def test_layout_change_is_an_error(self):
         state = self.state("int8")
         self.run_steps(state, lambda: torch.randn(1000), 3)
@@ -325,6 +333,26 @@ class Ranks(unittest.TestCase):
         self.assertIn("error feedback", results[0][5]["message"])
         self.assertIn("accuracy guard", results[0][6]["message"])
 
+    def test_invalid_setting_on_one_rank_fails_every_rank(self):
+        # Settings the State passes on and the engine refuses when it is
+        # created (step 2): the rank that has one still takes part in the
+        # handshake, so every rank fails at once, naming it.
+        variants = [
+            [dict(timeout=30), dict(timeout=30, workers=-1)],
+            [dict(timeout=30), dict(timeout=30, schedule="10@nonsense")],
+        ]
+        results = ranks.run(workers.mismatched_configs, 2, variants, timeout=150)
+        for rank, per_variant in enumerate(results):
+            for variant, got in zip(variants, per_variant):
+                with self.subTest(rank=rank, variant=variant):
+                    self.assertIsNotNone(got, "rank %d trained on without an error" % rank)
+                    self.assertTrue(got["is_value_error"], got)
+                    self.assertEqual(got["step"], 2, got)
+                    self.assertLess(got["seconds"], 15, got)  # not the 30 s timeout
+                    self.assertIn("rank 1", got["message"])
+        self.assertIn("workers", results[0][0]["message"])
+        self.assertIn("nonsense", results[0][1]["message"])
+
     def test_nan_bucket_goes_dense_or_raises(self):
         results = ranks.run(workers.nonfinite_bucket, WORLD, "topk:0.01", 1, timeout=150)
         for rank, per_mode in enumerate(results):
@@ -375,6 +403,9 @@ class Ranks(unittest.TestCase):
                         self.assertTrue(refusal["unchanged"], refusal)
                         self.assertTrue(refusal.get("usable", True), refusal)
                 self.assertIn("int8", r["refusals"]["other spec"]["message"])
+                self.assertIn("allgather", r["refusals"]["other strategy"]["message"])
+                self.assertIn("guard", r["refusals"]["other guard (engine state)"]["message"])
+                self.assertIn("strategy", r["refusals"]["other strategy (engine state)"]["message"])
                 self.assertIn("4810", r["refusals"]["other model (model=)"]["message"])
                 self.assertIn("9610", r["refusals"]["other model (engine)"]["message"])
 

@@ -306,6 +306,16 @@ def checkpoint_resume(rank, world, spec, steps, cut):
         state.close()
 
     refuse("other spec", gct.State("sign", workers=1, **kw))
+    refuse("other strategy", gct.State(spec, strategy="allgather", workers=1, **kw))
+    refuse("other guard (engine state)", gct.State(spec, guard=5.0, workers=1, **kw))
+    relabeled = dict(saved, strategy="allgather")  # the dict says allgather; its engine state says auto
+    st = gct.State(spec, strategy="allgather", workers=1, **kw)
+    try:
+        st.load_state_dict(relabeled)
+        out["refusals"]["other strategy (engine state)"] = {"refused": False}
+    except ValueError as e:
+        out["refusals"]["other strategy (engine state)"] = {"refused": True, "message": str(e),
+                                                            "unchanged": st.state_dict()["engine"] is None}
     _, ddp, st, opt = fresh(hidden=64)
     refuse("other model (model=)", st)
     _, ddp, st, opt = fresh(hidden=64, with_model=False)

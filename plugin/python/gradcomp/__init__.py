@@ -48,6 +48,7 @@ from ._lib import (
     LibraryNotFoundError,
     NonFiniteError,
     OpKind,
+    OutOfMemoryError,
     Settle,
     Status,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "LibraryNotFoundError",
     "NonFiniteError",
     "OpKind",
+    "OutOfMemoryError",
     "Settle",
     "StateInfo",
     "Status",

@@ -345,6 +345,33 @@ def format_schedule(schedule):
     return ",".join(parts)
 
 
+def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True, fail_on_nonfinite=False, warmup=0,
+                  timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False):
+    """A gc_engine_config of :class:`Engine`'s settings (its docstring
+    says what each means); ValueError for a decision the library does not
+    know, or settings this library's ABI lacks."""
+    if decision not in _DECISIONS:
+        raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
+    if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
+        raise ValueError("gradcomp: guard and momentum_masking need libgradcomp ABI 2.2; %s is older" % _lib.path())
+    cfg = _lib.EngineConfig()
+    cfg.size = ctypes.sizeof(_lib.EngineConfig)
+    cfg.error_feedback = 1 if error_feedback else 0
+    cfg.spec = _lib.cstring("spec", spec)
+    cfg.strategy = _lib.cstring("strategy", strategy)
+    cfg.decision = decision.encode("utf-8")
+    cfg.fail_on_nonfinite = 1 if fail_on_nonfinite else 0
+    cfg.warmup = int(warmup)
+    cfg.timeout_seconds = float(timeout)
+    cfg.workers = int(workers)
+    cfg.device = int(device)
+    cfg.momentum = float(momentum)
+    cfg.schedule = _lib.cstring("schedule", format_schedule(schedule))
+    cfg.guard = float(guard)
+    cfg.momentum_masking = 1 if momentum_masking else 0
+    return cfg
+
+
 class Engine:
     """gradcomp's engine (gc_engine) for buckets of ``sizes`` float32
     elements, exchanging over ``process_group`` (None: torch.distributed's
@@ -382,13 +409,10 @@ class Engine:
                  guard=0.0, momentum_masking=False):
         import torch.distributed as dist
 
-        if decision not in _DECISIONS:
-            raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
-        cspec, cstrategy = _lib.cstring("spec", spec), _lib.cstring("strategy", strategy)
-        cschedule = _lib.cstring("schedule", format_schedule(schedule))
-        if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
-            raise ValueError("gradcomp: guard and momentum_masking need libgradcomp ABI 2.2; %s is older"
-                             % _lib.path())
+        cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
+                            fail_on_nonfinite=fail_on_nonfinite, warmup=warmup, timeout=timeout, workers=workers,
+                            device=device, momentum=momentum, schedule=schedule, guard=guard,
+                            momentum_masking=momentum_masking)
         self.sizes = [int(n) for n in sizes]
         self.spec = spec
         self.timeout = float(timeout)
@@ -396,21 +420,6 @@ class Engine:
         rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
         self.hosted = Hosted(rank, size)
         self.host = TorchHost(self.hosted, process_group)
-        cfg = _lib.EngineConfig()
-        cfg.size = ctypes.sizeof(_lib.EngineConfig)
-        cfg.error_feedback = 1 if error_feedback else 0
-        cfg.spec = cspec
-        cfg.strategy = cstrategy
-        cfg.decision = decision.encode("utf-8")
-        cfg.fail_on_nonfinite = 1 if fail_on_nonfinite else 0
-        cfg.warmup = int(warmup)
-        cfg.timeout_seconds = float(timeout)
-        cfg.workers = int(workers)
-        cfg.device = int(device)
-        cfg.momentum = float(momentum)
-        cfg.schedule = cschedule
-        cfg.guard = float(guard)
-        cfg.momentum_masking = 1 if momentum_masking else 0
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:
@@ -510,6 +519,24 @@ class Engine:
         data = bytes(data)
         try:
             _lib.call("gc_engine_state_load", self._h(), data, len(data))
+        except _lib.LibraryError as e:
+            if e.status == Status.CORRUPT:
+                raise ValueError(str(e)) from e
+            raise
+
+    @staticmethod
+    def check_state(data, sizes, world, **settings):
+        """Checks a saved state against an engine of ``settings``
+        (:class:`Engine`'s keywords, spec included) for buckets of ``sizes``
+        on ``world`` ranks, without one (gc_engine_state_check): ValueError
+        naming the setting and both values where :meth:`load_state` would
+        refuse it."""
+        data = bytes(data)
+        cfg = engine_config(**settings)
+        sizes = [int(n) for n in sizes]
+        arr = (ctypes.c_uint64 * max(len(sizes), 1))(*sizes)
+        try:
+            _lib.call("gc_engine_state_check", data, len(data), ctypes.byref(cfg), arr, len(sizes), int(world))
         except _lib.LibraryError as e:
             if e.status == Status.CORRUPT:
                 raise ValueError(str(e)) from e

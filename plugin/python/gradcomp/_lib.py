@@ -58,6 +58,7 @@ class Status(enum.IntEnum):
     COMM = 15
     CONFIG = 16
     BROKEN = 17
+    NOMEM = 18
 
 
 class OpKind(enum.IntEnum):
@@ -130,6 +131,12 @@ class BrokenError(LibraryError):
     engine and its transport."""
 
 
+class OutOfMemoryError(LibraryError, MemoryError):
+    """GC_ERR_NOMEM (ABI 2.3): the engine's buffers would not fit in the
+    memory the machine can give; nothing was allocated (a MemoryError as
+    well as a LibraryError)."""
+
+
 class DeviceError(LibraryError):
     """A device call failed for want of CUDA (GC_ERR_NOCUDA: the CPU library
     is loaded; GC_ERR_NODEVICE: the driver sees no such GPU) or in the CUDA
@@ -150,6 +157,7 @@ _CLASSES = {
     Status.COMM: CommError,
     Status.CLOSED: ClosedError,
     Status.BROKEN: BrokenError,
+    Status.NOMEM: OutOfMemoryError,
 }
 
 _size_p = ctypes.POINTER(ctypes.c_size_t)

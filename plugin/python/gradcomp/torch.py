@@ -232,7 +232,7 @@ class State:
     bucket becomes u = m·u + g before its exchange, and u is checkpointed
     with the error feedback; ``momentum_masking=True`` adds DGC's momentum
     factor masking (top-k and random-k zero u where they sent; off by
-    default, it cost accuracy in this project's runs, see the README). Pair
+    default, it cost accuracy in this project's runs, see docs/ACCURACY.md). Pair
     it with an optimizer WITHOUT momentum, e.g. ``SGD(params, lr,
     momentum=0)`` with ``State(..., momentum=0.9)`` instead of
     ``SGD(params, lr, momentum=0.9)``. (Steps 0 and 1, before the engine
@@ -474,6 +474,10 @@ class State:
                                  "exists" % (where, PLAIN_STEPS))
             self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
         else:
+            if data is not None and dist.is_initialized():
+                # The engine's own word, as its load will give it: every setting that shapes the exchange.
+                Engine.check_state(data, layout, dist.get_world_size(self.process_group), spec=self.spec,
+                                   **self._settings())
             self._pending, self._pending_layout, self._pending_params = data, layout, params if layout else None
         self.iter = it
 
@@ -748,6 +752,13 @@ class State:
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
+    def _settings(self):
+        """The engine's settings, as Engine and Engine.check_state take them."""
+        return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
+                    fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
+                    timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
+                    guard=self.guard, momentum_masking=self.momentum_masking)
+
     def _engine_group(self):
         """The process group the engine's collectives run on: the State's
         ``engine_group``, else a new group of the DDP group's ranks with
@@ -774,11 +785,7 @@ class State:
         (checked against DDP's in staged steps)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
-            eng = Engine(self.spec, sizes, process_group=self._engine_group(), strategy=self.strategy,
-                         decision=self.decision, error_feedback=self.error_feedback,
-                         fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
-                         timeout=self.timeout, workers=self.workers, device=device, momentum=self.momentum,
-                         schedule=self.schedule, guard=self.guard, momentum_masking=self.momentum_masking)
+            eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, **self._settings())
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
