@@ -608,7 +608,9 @@ func TestInitTimeout(t *testing.T) {
 
 func TestWait(t *testing.T) {
 	l := open(t)
-	c := world(t, l, 1, ncclmock.ModeOK, nccl.WithTimeout(100*time.Millisecond))[0]
+	// 100 polls take about 30 ms, more on a loaded machine: a timeout of
+	// 10 s leaves them room; the last check below has 100 ms.
+	c := world(t, l, 1, ncclmock.ModeOK, nccl.WithTimeout(10*time.Second))[0]
 	polls := 0
 	if err := c.Wait(t.Context(), func() (bool, error) { polls++; return polls == 100, nil }); err != nil || polls != 100 {
 		t.Fatalf("Wait: %v after %d polls", err, polls)
@@ -620,6 +622,7 @@ func TestWait(t *testing.T) {
 	if err := c.AsyncError(); err != nil {
 		t.Fatalf("a probe error ended the Comm: %v", err)
 	}
+	c = world(t, l, 1, ncclmock.ModeOK, nccl.WithTimeout(100*time.Millisecond))[0]
 	start := time.Now()
 	err := c.Wait(t.Context(), func() (bool, error) { return false, nil })
 	var ae *nccl.AbortError
