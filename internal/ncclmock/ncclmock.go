@@ -4,6 +4,10 @@
 // paths on machines without a GPU. Only _test.go files import it; nothing
 // that ships loads the mock.
 //
+// It also finds the real NCCL for the tests that use it (RealLibrary,
+// RealHeader) and runs such tests in a process of their own (Isolate):
+// a process holds one libnccl.so.2, and the mock, once loaded, is it.
+//
 // The mock implements NCCL's C ABI on host memory: a "device pointer" is a
 // host address (Alloc gives memory outside the Go heap), streams are
 // ignored and every operation completes before it returns. Ranks are
@@ -34,21 +38,28 @@ var source []byte
 // skip with it as the reason).
 var ErrNoCompiler = errors.New("ncclmock: no C compiler (cc or gcc, or $CC) on PATH to build the mock libnccl.so.2")
 
-// Build compiles the mock into dir/libnccl.so.2 (soname libnccl.so.2) and
-// returns its path. defines are extra -D macros, e.g. "MOCK_NO_SEND" for a
-// library that lacks ncclSend.
-func Build(dir string, defines ...string) (string, error) {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		for _, name := range []string{"cc", "gcc"} {
-			if p, err := exec.LookPath(name); err == nil {
-				cc = p
-				break
-			}
+// CC returns the C compiler the package uses: $CC when set, else cc or gcc
+// on PATH; ErrNoCompiler when there is none.
+func CC() (string, error) {
+	if cc := os.Getenv("CC"); cc != "" {
+		return cc, nil
+	}
+	for _, name := range []string{"cc", "gcc"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p, nil
 		}
 	}
-	if cc == "" {
-		return "", ErrNoCompiler
+	return "", ErrNoCompiler
+}
+
+// Build compiles the mock into dir/libnccl.so.2 (soname libnccl.so.2) and
+// returns its path. defines are extra -D macros: "MOCK_NO_SEND" for a
+// library that lacks ncclSend, "MOCK_VERSION=30000" for one whose
+// ncclGetVersion reports 3.0.0.
+func Build(dir string, defines ...string) (string, error) {
+	cc, err := CC()
+	if err != nil {
+		return "", err
 	}
 	src := filepath.Join(dir, "mocknccl.c")
 	if err := os.WriteFile(src, source, 0o644); err != nil {

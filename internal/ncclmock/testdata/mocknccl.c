@@ -21,7 +21,8 @@
  *                   ncclRemoteError;
  *   "mock:fail:…"   operations return ncclInvalidUsage with a last error.
  * Build with -DMOCK_NO_SEND to leave out ncclSend (a library that lacks a
- * function the binding needs).
+ * function the binding needs), and with -DMOCK_VERSION=<code> to make
+ * ncclGetVersion report another version (30000: an NCCL 3.0.0).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -108,9 +109,13 @@ static ncclResult_t fail(struct mock_comm* c, ncclResult_t r, const char* fmt, .
 
 /* ---- version, ids, errors ---- */
 
+#ifndef MOCK_VERSION
+#define MOCK_VERSION 21903 /* 2.19.3 */
+#endif
+
 ncclResult_t ncclGetVersion(int* version) {
 	if (version == NULL) return ncclInvalidArgument;
-	*version = 21903; /* 2.19.3 */
+	*version = MOCK_VERSION;
 	return ncclSuccess;
 }
 
