@@ -21,7 +21,7 @@ var cudaDriver = sync.OnceValues(func() (*cudaLib, error) {
 	l := &cudaLib{errorName: dlsym(h, "cuGetErrorName")}
 	for i, name := range cudaFuncs {
 		if l.fns[i] = dlsym(h, name); l.fns[i] == 0 {
-			return nil, fmt.Errorf("nccl: %s has no function %s", dlpath(l.fns[0]), name)
+			return nil, fmt.Errorf("nccl: %s (loaded as %s) has no function %s, which WithDevice calls", dlhandlePath(h), CUDADriverName, name)
 		}
 	}
 	return l, nil

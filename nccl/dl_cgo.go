@@ -5,16 +5,16 @@ package nccl
 /*
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-// The few NCCL types the calls need, declared here so that no NCCL header
-// is needed to build: ncclResult_t, ncclDataType_t and ncclRedOp_t are C
-// enums (int), ncclComm_t and cudaStream_t are pointers, and ncclUniqueId
-// is a struct of 128 bytes passed by value to ncclCommInitRank.
-typedef struct { char internal[128]; } gc_unique_id;
+// The NCCL types and prototypes as the binding declares them (no NCCL
+// header is needed to build): gc_enum, gc_handle, gc_unique_id and one
+// gc_<symbol>_fn per function.
+#include "gcnccl.h"
 
 // The function ids; the Go constants fn* mirror them one for one.
 enum {
@@ -41,6 +41,17 @@ static uintptr_t gc_dlopen(const char* name, int noload, char** err) {
 // gc_dlsym returns the address of name in the object h, 0 when it has none.
 static uintptr_t gc_dlsym(uintptr_t h, const char* name) { return (uintptr_t)dlsym((void*)h, name); }
 
+// gc_dlhandle_path returns the file name of the object h was opened for,
+// NULL when unknown.
+static const char* gc_dlhandle_path(uintptr_t h) {
+	struct link_map* m = NULL;
+	if (dlinfo((void*)h, RTLD_DI_LINKMAP, &m) != 0 || m == NULL || m->l_name == NULL || m->l_name[0] == 0) return NULL;
+	return m->l_name;
+}
+
+// gc_dlclose drops the reference dlopen took on h.
+static void gc_dlclose(uintptr_t h) { dlclose((void*)h); }
+
 // gc_dlpath returns the file name of the loaded object that holds addr.
 static const char* gc_dlpath(uintptr_t addr) {
 	Dl_info info;
@@ -56,37 +67,39 @@ static int gc_call(uintptr_t fn, int id, const uintptr_t* a, void* out, const vo
 	void* f = (void*)fn;
 	switch (id) {
 	case GC_GET_VERSION:
-		return ((int (*)(int*))f)((int*)out);
+		return ((gc_ncclGetVersion_fn)f)((int*)out);
 	case GC_GET_UNIQUE_ID:
-		return ((int (*)(gc_unique_id*))f)((gc_unique_id*)out);
+		return ((gc_ncclGetUniqueId_fn)f)((gc_unique_id*)out);
 	case GC_COMM_INIT_RANK:
-		return ((int (*)(void**, int, gc_unique_id, int))f)((void**)out, (int)a[0], *(const gc_unique_id*)in, (int)a[1]);
+		return ((gc_ncclCommInitRank_fn)f)((gc_handle*)out, (int)a[0], *(const gc_unique_id*)in, (int)a[1]);
 	case GC_COMM_DESTROY:
+		return ((gc_ncclCommDestroy_fn)f)((gc_handle)a[0]);
 	case GC_COMM_ABORT:
-		return ((int (*)(void*))f)((void*)a[0]);
+		return ((gc_ncclCommAbort_fn)f)((gc_handle)a[0]);
 	case GC_COMM_GET_ASYNC_ERROR:
-		return ((int (*)(void*, int*))f)((void*)a[0], (int*)out);
+		return ((gc_ncclCommGetAsyncError_fn)f)((gc_handle)a[0], (gc_enum*)out);
 	case GC_ALL_REDUCE:
-		return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
-			(const void*)a[0], (void*)a[1], (size_t)a[2], (int)a[3], (int)a[4], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclAllReduce_fn)f)((const void*)a[0], (void*)a[1], (size_t)a[2], (gc_enum)a[3], (gc_enum)a[4],
+						(gc_handle)a[5], (gc_handle)a[6]);
 	case GC_ALL_GATHER:
-		return ((int (*)(const void*, void*, size_t, int, void*, void*))f)(
-			(const void*)a[0], (void*)a[1], (size_t)a[2], (int)a[3], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclAllGather_fn)f)((const void*)a[0], (void*)a[1], (size_t)a[2], (gc_enum)a[3], (gc_handle)a[5],
+						(gc_handle)a[6]);
 	case GC_REDUCE_SCATTER:
-		return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
-			(const void*)a[0], (void*)a[1], (size_t)a[2], (int)a[3], (int)a[4], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclReduceScatter_fn)f)((const void*)a[0], (void*)a[1], (size_t)a[2], (gc_enum)a[3],
+						    (gc_enum)a[4], (gc_handle)a[5], (gc_handle)a[6]);
 	case GC_BROADCAST:
-		return ((int (*)(const void*, void*, size_t, int, int, void*, void*))f)(
-			(const void*)a[0], (void*)a[1], (size_t)a[2], (int)a[3], (int)a[4], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclBroadcast_fn)f)((const void*)a[0], (void*)a[1], (size_t)a[2], (gc_enum)a[3], (int)a[4],
+						(gc_handle)a[5], (gc_handle)a[6]);
 	case GC_SEND:
-		return ((int (*)(const void*, size_t, int, int, void*, void*))f)(
-			(const void*)a[0], (size_t)a[2], (int)a[3], (int)a[4], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclSend_fn)f)((const void*)a[0], (size_t)a[2], (gc_enum)a[3], (int)a[4], (gc_handle)a[5],
+					   (gc_handle)a[6]);
 	case GC_RECV:
-		return ((int (*)(void*, size_t, int, int, void*, void*))f)(
-			(void*)a[1], (size_t)a[2], (int)a[3], (int)a[4], (void*)a[5], (void*)a[6]);
+		return ((gc_ncclRecv_fn)f)((void*)a[1], (size_t)a[2], (gc_enum)a[3], (int)a[4], (gc_handle)a[5],
+					   (gc_handle)a[6]);
 	case GC_GROUP_START:
+		return ((gc_ncclGroupStart_fn)f)();
 	case GC_GROUP_END:
-		return ((int (*)(void))f)();
+		return ((gc_ncclGroupEnd_fn)f)();
 	}
 	return -1;
 }
@@ -95,9 +108,9 @@ static int gc_call(uintptr_t fn, int id, const uintptr_t* a, void* out, const vo
 static const char* gc_string(uintptr_t fn, int id, uintptr_t a) {
 	switch (id) {
 	case GC_GET_ERROR_STRING:
-		return ((const char* (*)(int))fn)((int)a);
+		return ((gc_ncclGetErrorString_fn)fn)((gc_enum)a);
 	case GC_GET_LAST_ERROR:
-		return ((const char* (*)(void*))fn)((void*)a);
+		return ((gc_ncclGetLastError_fn)fn)((gc_handle)a);
 	}
 	return NULL;
 }
@@ -172,6 +185,20 @@ func dlsym(h uintptr, name string) uintptr {
 	defer C.free(unsafe.Pointer(cname))
 	return uintptr(C.gc_dlsym(C.uintptr_t(h), cname))
 }
+
+// dlhandlePath returns the file the object h was opened from, "" when
+// unknown.
+func dlhandlePath(h uintptr) string {
+	p := C.gc_dlhandle_path(C.uintptr_t(h))
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}
+
+// dlclose drops the reference dlopen took on h; the object is unloaded
+// when no other reference holds it.
+func dlclose(h uintptr) { C.gc_dlclose(C.uintptr_t(h)) }
 
 // dlpath returns the file that holds the symbol at addr, "" when unknown.
 func dlpath(addr uintptr) string {

@@ -12,6 +12,8 @@ const cgoEnabled = false
 func dlopen(string, bool) (uintptr, error) { return 0, ErrNoCgo }
 func dlsym(uintptr, string) uintptr        { return 0 }
 func dlpath(uintptr) string                { return "" }
+func dlhandlePath(uintptr) string          { return "" }
+func dlclose(uintptr)                      {}
 func ccall(uintptr, fnID, *[7]uintptr, unsafe.Pointer, unsafe.Pointer) Result {
 	return ResultInternalError
 }

@@ -34,18 +34,47 @@ type Attempt struct {
 	Err  error  // dlerror()'s message
 }
 
-// LoadError reports a library that could not be used: none of the
-// Attempts opened one (Symbol == ""; errors.Is(err, ErrNotFound) holds), or
-// the library at Path lacks the function Symbol.
+// ErrIncompatible is matched (errors.Is) by the *LoadError Open returns
+// when it opened a library but cannot use it: a function is missing, or
+// its version is not NCCL 2.x.
+var ErrIncompatible = errors.New("nccl: the library is not a usable NCCL 2.x")
+
+// LoadError reports a library that could not be used. Either none of the
+// Attempts opened one (Path == ""; errors.Is(err, ErrNotFound) holds), or
+// the library at Path was opened and refused (errors.Is(err,
+// ErrIncompatible) holds): it lacks the functions Missing, or
+// ncclGetVersion failed (Err), or it reports a major Version other than 2.
 type LoadError struct {
 	Attempts []Attempt
-	Path     string // the library that was opened, when Symbol != ""
-	Symbol   string // the missing function, "" when nothing was opened
+	Path     string   // the library that was opened and refused; "" when none was opened
+	Symbol   string   // the first function in Missing, "" when none is missing
+	Missing  []string // the functions the package calls that the library lacks, in the package's order
+	Version  Version  // the library's ncclGetVersion; zero when it has none or it failed
+	Err      error    // ncclGetVersion's failure (an *Error), nil otherwise
 }
 
 func (e *LoadError) Error() string {
-	if e.Symbol != "" {
-		return fmt.Sprintf("nccl: %s has no function %s (gradcomp needs NCCL 2.7 or newer)", e.Path, e.Symbol)
+	switch {
+	case len(e.Missing) > 0 && e.Missing[0] == "ncclGetVersion":
+		s := fmt.Sprintf("nccl: %s is not an NCCL library: it has no function ncclGetVersion", e.Path)
+		if n := len(e.Missing) - 1; n > 0 {
+			s += fmt.Sprintf(", nor %d of the %d other functions the package calls (%s)", n, len(functions)-1, strings.Join(e.Missing[1:], ", "))
+		}
+		return s
+	case len(e.Missing) > 0:
+		what := "function " + e.Missing[0]
+		if len(e.Missing) > 1 {
+			what = "functions " + strings.Join(e.Missing, ", ")
+		}
+		ver := ""
+		if e.Version.Code != 0 {
+			ver = fmt.Sprintf("it is NCCL %v; ", e.Version)
+		}
+		return fmt.Sprintf("nccl: %s has no %s, which the package calls (%sthe package needs NCCL 2.7 or newer)", e.Path, what, ver)
+	case e.Err != nil:
+		return fmt.Sprintf("nccl: %s: reading its version: %v", e.Path, e.Err)
+	case e.Path != "":
+		return fmt.Sprintf("nccl: %s is NCCL %v (ncclGetVersion code %d), but the package calls the C ABI of NCCL 2.x (%s), 2.7 or newer", e.Path, e.Version, e.Version.Code, LibraryName)
 	}
 	var b strings.Builder
 	b.WriteString("nccl: cannot load " + LibraryName + ":")
@@ -59,8 +88,14 @@ func (e *LoadError) Error() string {
 	return b.String()
 }
 
-// Is reports whether target is ErrNotFound and nothing could be opened.
-func (e *LoadError) Is(target error) bool { return target == ErrNotFound && e.Symbol == "" }
+// Is reports whether target is ErrNotFound and nothing could be opened, or
+// ErrIncompatible and a library was opened and refused.
+func (e *LoadError) Is(target error) bool {
+	return target == ErrNotFound && e.Path == "" || target == ErrIncompatible && e.Path != ""
+}
+
+// Unwrap returns Err: ncclGetVersion's failure, nil otherwise.
+func (e *LoadError) Unwrap() error { return e.Err }
 
 // Error reports an NCCL function that returned a result other than
 // ncclSuccess, or an asynchronous error ncclCommGetAsyncError reported.

@@ -106,8 +106,11 @@ var errNotLoaded = dlError("no copy is loaded in this process")
 //     (LD_LIBRARY_PATH, the ld.so cache).
 //
 // When nothing loads, the error is a *LoadError listing every attempt with
-// dlerror's message (errors.Is(err, ErrNotFound)); a library without one of
-// the functions the package needs is a *LoadError naming it. Without cgo,
+// dlerror's message (errors.Is(err, ErrNotFound)). A library that loads but
+// cannot be used is a *LoadError too (errors.Is(err, ErrIncompatible)):
+// one without a function the package calls (Missing; a library that is not
+// NCCL at all lacks ncclGetVersion), or one whose ncclGetVersion fails or
+// reports a major version other than 2; Open closes it again. Without cgo,
 // Open returns ErrNoCgo.
 func Open(opts ...LoadOption) (*Library, error) {
 	var o loadOptions
@@ -148,26 +151,42 @@ func Open(opts ...LoadOption) (*Library, error) {
 	return nil, &LoadError{Attempts: attempts}
 }
 
-// load resolves the functions of the opened library h and reads its version.
+// load resolves the functions of the opened library h and reads its
+// version. It refuses, with a *LoadError, and closes h, a library that
+// lacks a required function or whose major version is not 2.
 func load(h uintptr, source string) (*Library, error) {
-	l := &Library{source: source}
-	for f := range fnCount {
-		l.fns[f] = dlsym(h, functions[f].name)
-	}
-	l.path = dlpath(l.fns[fnGetVersion])
+	l := &Library{source: source, path: dlhandlePath(h)}
 	if l.path == "" {
 		l.path = source
 	}
+	var missing []string
 	for f := range fnCount {
-		if l.fns[f] == 0 && functions[f].required {
-			return nil, &LoadError{Path: l.path, Symbol: functions[f].name}
+		if l.fns[f] = dlsym(h, functions[f].name); l.fns[f] == 0 && functions[f].required {
+			missing = append(missing, functions[f].name)
 		}
 	}
-	code := new(int32)
-	if r := ccall(l.fns[fnGetVersion], fnGetVersion, &[7]uintptr{}, unsafe.Pointer(code), nil); r != ResultSuccess {
-		return nil, l.errorf(fnGetVersion, -1, r, 0)
+	var code int32
+	r := ResultSuccess
+	if l.fns[fnGetVersion] != 0 {
+		r = ccall(l.fns[fnGetVersion], fnGetVersion, &[7]uintptr{}, unsafe.Pointer(&code), nil)
 	}
-	l.version = VersionFromCode(int(*code))
+	var version Version
+	if r == ResultSuccess && l.fns[fnGetVersion] != 0 {
+		version = VersionFromCode(int(code))
+	}
+	switch {
+	case len(missing) > 0:
+		dlclose(h)
+		return nil, &LoadError{Path: l.path, Symbol: missing[0], Missing: missing, Version: version}
+	case r != ResultSuccess:
+		err := l.errorf(fnGetVersion, -1, r, 0)
+		dlclose(h)
+		return nil, &LoadError{Path: l.path, Err: err}
+	case version.Major != 2:
+		dlclose(h)
+		return nil, &LoadError{Path: l.path, Version: version}
+	}
+	l.version = version
 	return l, nil
 }
 
@@ -188,7 +207,9 @@ func (l *Library) ErrorString(r Result) string {
 
 // GetUniqueID returns a new ncclUniqueId (ncclGetUniqueId). Call it on one
 // rank and hand the id to every rank's InitRank. NCCL may open a listening
-// socket here (its bootstrap root), so call it once per communicator.
+// socket here (its bootstrap root), so call it once per communicator. It
+// needs no GPU; it fails (an *Error) when NCCL cannot set up its bootstrap,
+// for example without a usable network interface.
 func (l *Library) GetUniqueID() (UniqueID, error) {
 	id := new(UniqueID)
 	if r := ccall(l.fns[fnGetUniqueID], fnGetUniqueID, &[7]uintptr{}, unsafe.Pointer(id), nil); r != ResultSuccess {

@@ -19,11 +19,12 @@ const (
 	ResultInvalidUsage       Result = 5 // ncclInvalidUsage
 	ResultRemoteError        Result = 6 // ncclRemoteError
 	ResultInProgress         Result = 7 // ncclInProgress
+	ResultTimeout            Result = 8 // ncclTimeout (newer 2.x headers)
 )
 
 var resultNames = [...]string{
 	"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-	"ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress",
+	"ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress", "ncclTimeout",
 }
 
 // String returns the C name of r ("ncclInvalidUsage"), or "ncclResult(N)".
