@@ -546,3 +546,24 @@ def resume_exact(rank, world, spec, steps, cut, warmup, phase, path):
     out = {"params": _params_hex(model), "stats": state.stats}
     state.close()
     return out
+
+
+def bucket_orders(rank, world, spec, steps):
+    """The hook on three crafted buckets (warm-up 2, decision pinned) that
+    each rank hands over in its own order, changing every step. Returns
+    per step the averages (hex), and the exact average of the gradients."""
+    sizes = [300, 1000, 37]
+    state = gct.State(spec, warmup_steps=2, decision="compressed", workers=1)
+    out = {"averages": [], "exact": []}
+    for step in range(steps):
+        grads = [golden_gradient(rank, step, b, n) for b, n in enumerate(sizes)]
+        order = [(b + rank + step) % 3 for b in range(3)]
+        futs = {}
+        for k, b in enumerate(order):
+            futs[b] = gct.hook(state, FakeBucket(grads[b].clone(), b, k == 2))
+        out["averages"].append([futs[b].wait().numpy().tobytes().hex() for b in range(3)])
+        exact = [sum(golden_gradient(r, step, b, n) for r in range(world)) / world for b, n in enumerate(sizes)]
+        out["exact"].append([e.numpy().tobytes().hex() for e in exact])
+    out["compressed"] = state.stats["compressed"]
+    state.close()
+    return out

@@ -182,6 +182,17 @@ def _shapes(sig, limit=6):
     return "[%s%s]" % (", ".join(shown), ", ..." if len(sig) > limit else "")
 
 
+def _complete(out, f, buf):
+    """Completes the future ``out`` with ``buf`` once the collective of
+    future ``f`` ended, or with its error."""
+    try:
+        f.wait()
+    except Exception as e:
+        out.set_exception(e)
+    else:
+        out.set_result(buf)
+
+
 def _ms(seconds):
     return "%.3f ms" % (seconds * 1e3) if seconds else "-"
 
@@ -194,7 +205,8 @@ class _Step:
         self.in_backward = in_backward
         self.mode = None  # "plain", "staged" or "direct", chosen at the step's first bucket
         self.started = False  # gc_engine_step was called
-        self.buckets = {}  # staged: bucket index -> (buffer, its parameters, future)
+        self.buckets = {}  # staged and plain: bucket index -> (buffer, its parameters, future), until used
+        self.launched = 0  # plain: buckets 0..launched-1 are on the wire
         self.unpermute = None  # staged: (DDP's concatenation, gather index, the engine's) to scatter back
         self.pending = []  # (future, bucket buffer, staged float32 buffer)
         self.readied = set()
@@ -578,7 +590,7 @@ class State:
         if st.mode is None:
             st.mode = self._mode(buf)
         if st.mode == "plain":
-            return self._plain(st, bucket, buf, index)
+            return self._plain(st, bucket, buf, index, last)
         if st.mode == "staged":
             return self._staged(st, bucket, buf, index, last)
         eng = self._engine
@@ -737,20 +749,34 @@ class State:
                             % buf.dtype)
         return buf.to(torch.float32).contiguous()
 
-    def _plain(self, st, bucket, buf, index):
-        """torch's default exchange: an all-reduce of bucket/world. The
-        buckets of a plain step after this State's first are DDP's final
-        ones (DDP rebuilds them once, after its first step): the engine's
-        layout."""
+    def _plain(self, st, bucket, buf, index, last):
+        """torch's default exchange: an all-reduce of bucket/world, bucket i
+        launched once buckets 0..i have come (so every rank issues them in
+        one order, whatever order it got them in). The buckets of a plain
+        step after this State's first are DDP's final ones (DDP rebuilds
+        them once, after its first step): the engine's layout."""
         group = self.process_group
         world = dist.get_world_size(group)
+        if index in st.buckets or index < st.launched:
+            raise ValueError("gradcomp.torch: step %d: bucket %d came twice" % (st.number, index))
         if self._local >= 1:
             self._layout[index] = (buf.numel(), _bucket_params(bucket))
-        st.plain_sent += 2 * (world - 1) * 4 * buf.numel() // world
-        st.plain_buckets += 1
-        buf.div_(world)
-        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
+        fut = torch.futures.Future()
+        st.buckets[index] = (buf, None, fut)
+        while st.launched in st.buckets:
+            b, _, out = st.buckets.pop(st.launched)
+            st.launched += 1
+            st.plain_sent += 2 * (world - 1) * 4 * b.numel() // world
+            st.plain_buckets += 1
+            b.div_(world)
+            dist.all_reduce(b, group=group, async_op=True).get_future().then(
+                lambda f, b=b, out=out: _complete(out, f, b))
+        if last and st.buckets:
+            missing = sorted(set(range(max(st.buckets))) - set(st.buckets) - set(range(st.launched)))
+            for b, _, out in st.buckets.values():
+                out.set_result(b)
+            raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
+        return fut
 
     def _settings(self):
         """The engine's settings, as Engine and Engine.check_state take them."""
