@@ -9,16 +9,21 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
+.PHONY: test setup setup-check vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
 
 # setup first, then the rest in a make that reads this file again: what
 # setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
 # fresh machine has none of it before setup runs.
 test: setup
-	$(MAKE) vet unit capi pytest purego race fuzz arm64 x86-32 avx512 cuda
+	$(MAKE) setup-check vet unit capi pytest purego race fuzz arm64 x86-32 avx512 cuda
 
 setup:
 	./scripts/setup
+
+# scripts/apt-components (what setup runs to enable contrib and non-free)
+# on made-up /etc trees of both source formats.
+setup-check:
+	./scripts/apt-components-test
 
 # gofmt, then go vet: everything, and compress again for arm64 and 386
 # (asmdecl checks each assembly frame against its Go declaration) and
