@@ -11,11 +11,21 @@ FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>
 
 .PHONY: test setup setup-check vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
 
+# SUMMARY collects one line per part that says how it ran: where the
+# cross-built tests ran (arm64, x86-32, avx512) and, plainly, what did NOT
+# run on this machine and why. make test prints it at the end, passed or
+# failed; a target made on its own prints its lines as it goes.
+SUMMARY ?= /dev/null
+
 # setup first, then the rest in a make that reads this file again: what
 # setup installs (cuda.h, qemu) is probed when the Makefile is read, and a
 # fresh machine has none of it before setup runs.
+TEST_PARTS := setup-check vet unit capi pytest purego race fuzz arm64 x86-32 avx512 cuda
 test: setup
-	$(MAKE) setup-check vet unit capi pytest purego race fuzz arm64 x86-32 avx512 cuda
+	@mkdir -p build; sum=$$(mktemp build/summary.XXXXXX); \
+	  $(MAKE) SUMMARY=$$sum $(TEST_PARTS); rc=$$?; \
+	  echo; if [ $$rc = 0 ]; then echo "make test: passed"; else echo "make test: FAILED (exit $$rc)"; fi; \
+	  cat $$sum; rm -f $$sum; exit $$rc
 
 setup:
 	./scripts/setup
@@ -96,69 +106,119 @@ purego:
 race:
 	$(GO) test -count=1 -race -short -skip 'TestTopKExactMatchesBruteForce|TestTopKSampledShortcut' ./compress/... ./bench/... ./cmd/... ./overlap/... ./comm/... ./train/... ./netbench/... ./plugin/...
 
+# The cross targets below build their test binary (and vet it) always,
+# then run it where this machine can: scripts/canrun builds a Go program
+# that does nothing for the target and runs it, and says why it cannot
+# (a kernel without IA-32 emulation: "exec format error"; an emulator that
+# crashes at start). Where it cannot, the target says plainly that the
+# tests did NOT run and why, into SUMMARY too, and succeeds: the build and
+# vet still checked the code. PROBE_386 and PROBE_ARM64 replace the probe
+# (e.g. `make x86-32 PROBE_386=false` shows the not-run path).
+
 # The compress tests on arm64 (its NEON kernels, compared with the generic
 # ones, and Go's arm64 code generation of the generic loops: fused
 # multiply-adds are what the codecs' explicit float32 conversions forbid),
-# cross-compiled and run under qemu-user (Debian's
-# qemu-user-static; skipped, saying so, where it is missing). -short: the
-# 256 MiB cases would take minutes under emulation. Then each fuzz target
-# fuzzes for FUZZTIME_ARM64 inputs under emulation: go test's fuzzing execs
-# the test binary again for its workers, which needs qemu registered with
-# binfmt_misc (scripts/setup does it where it can; elsewhere only the seed
-# corpora run, in the tests, and this says so). About 3 minutes on 2
-# loaded cores.
+# cross-compiled and run under qemu-user (Debian's qemu-user-static), or
+# directly where the kernel runs arm64 programs itself (an arm64 machine,
+# or qemu registered with binfmt_misc). -short: the 256 MiB cases would
+# take minutes under emulation. Then each fuzz target fuzzes for
+# FUZZTIME_ARM64 inputs: go test's fuzzing execs the test binary again for
+# its workers, which needs the kernel to run it (scripts/setup registers
+# qemu with binfmt_misc where it can; elsewhere only the seed corpora run,
+# in the tests, and this says so). About 3 minutes on 2 loaded cores.
 QEMU_ARM64 := $(shell command -v qemu-aarch64-static || command -v qemu-aarch64)
 FUZZTIME_ARM64 ?= 2000x
+PROBE_ARM64 ?= ./scripts/canrun arm64
 arm64:
-ifeq ($(QEMU_ARM64),)
-	@echo "make arm64: qemu-aarch64-static not found (apt-get install qemu-user-static): arm64 tests skipped"
-else
 	@mkdir -p build/arm64
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./compress
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o build/arm64/compress.test ./compress
-	cd compress && $(QEMU_ARM64) ../build/arm64/compress.test -test.short -test.count=1
-	@if [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then \
+	@direct=yes; why=$$($(PROBE_ARM64)) || direct=""; \
+	  runner=""; how="directly (natively or through binfmt_misc)"; \
+	  if [ -n "$(QEMU_ARM64)" ]; then \
+	    if qwhy=$$($(PROBE_ARM64) $(QEMU_ARM64)); then runner="$(QEMU_ARM64)"; how="under $(notdir $(QEMU_ARM64))"; \
+	    elif [ -z "$$direct" ]; then \
+	      echo "make arm64: NOT RUN: $$qwhy; nor directly: $$why. build/arm64/compress.test was built and vetted; its tests did not run" | tee -a $(SUMMARY); exit 0; fi; \
+	  elif [ -z "$$direct" ]; then \
+	    echo "make arm64: NOT RUN: qemu-aarch64-static not found (scripts/setup installs qemu-user-static) and $$why. build/arm64/compress.test was built and vetted; its tests did not run" | tee -a $(SUMMARY); exit 0; \
+	  fi; \
+	  echo "cd compress && $$runner ../build/arm64/compress.test -test.short -test.count=1 -test.timeout=20m"; \
+	  (cd compress && $$runner ../build/arm64/compress.test -test.short -test.count=1 -test.timeout=20m) || exit 1; \
+	  if [ -z "$$direct" ]; then \
+	    echo "make arm64: compress tests passed $$how; fuzzing NOT RUN ($$why: go test -fuzz execs the test binary itself), seed corpora only" | tee -a $(SUMMARY); exit 0; \
+	  fi; \
+	  log=$$(mktemp build/arm64/fuzz.XXXXXX.log); \
 	  for f in $(FUZZ_TARGETS); do \
 	    echo "fuzz $$f on arm64 ($(FUZZTIME_ARM64))"; \
-	    GOARCH=arm64 CGO_ENABLED=0 $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME_ARM64) >/tmp/gradcomp-fuzz-arm64.log 2>&1 \
-	      || { cat /tmp/gradcomp-fuzz-arm64.log; exit 1; }; \
-	  done; \
-	else \
-	  echo "make arm64: qemu-aarch64 is not registered with binfmt_misc (scripts/setup): fuzzing on arm64 skipped, seed corpora only"; \
-	fi
-endif
+	    GOARCH=arm64 CGO_ENABLED=0 $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME_ARM64) >$$log 2>&1 \
+	      || { cat $$log; rm -f $$log; exit 1; }; \
+	  done; rm -f $$log; \
+	  echo "make arm64: compress tests passed $$how; each fuzz target fuzzed $(FUZZTIME_ARM64)" | tee -a $(SUMMARY)
 
 # The compress tests as a 32-bit x86 program (GOARCH=386: generic kernels,
 # a 32-bit int, so payload counts near MaxElements must not wrap), run
-# natively. Go fuzzes only amd64 and arm64; here the seed corpora run.
+# natively where the kernel runs 32-bit programs. Some kernels do not
+# (exec format error): Debian's qemu-i386-static is no way out there, it
+# crashes a Go 386 binary at start, so the tests do not run and this says
+# so. Go fuzzes only amd64 and arm64; here the seed corpora run.
+PROBE_386 ?= ./scripts/canrun 386
 x86-32:
-	GOARCH=386 CGO_ENABLED=0 $(GO) test -count=1 -short ./compress
+	@mkdir -p build/386
+	GOARCH=386 CGO_ENABLED=0 $(GO) vet ./compress
+	GOARCH=386 CGO_ENABLED=0 $(GO) test -c -o build/386/compress.test ./compress
+	@if why=$$($(PROBE_386)); then \
+	  echo "cd compress && ../build/386/compress.test -test.short -test.count=1 -test.timeout=10m"; \
+	  (cd compress && ../build/386/compress.test -test.short -test.count=1 -test.timeout=10m) || exit 1; \
+	  echo "make x86-32: compress tests passed as a 32-bit x86 program" | tee -a $(SUMMARY); \
+	else \
+	  echo "make x86-32: NOT RUN: $${why:-the probe failed}. build/386/compress.test was built and vetted; its tests did not run" | tee -a $(SUMMARY); \
+	fi
 
-# The compress tests on an emulated AVX-512 CPU (this machine has none):
-# scripts/emu-avx512 boots Debian's kernel under Bochs (corei7_skylake_x:
-# AVX-512 F/CD/BW/DQ/VL) and runs the test binary there, -short, the tests
-# in AVX512_RUN. Skipped, saying so, where Bochs is missing (scripts/setup
-# installs it). Bochs interprets every instruction, floating point in
-# software: about 65 s in all, 27 s of it the boot (TestQuantClamp alone
-# would take over 7 minutes: 1.3 s natively).
+# The compress tests on an AVX-512 CPU: natively where this one has
+# AVX-512, else emulated: scripts/emu-avx512 boots Debian's kernel under
+# Bochs (corei7_skylake_x: AVX-512 F/CD/BW/DQ/VL) and runs the test binary
+# there, -short, the tests in AVX512_RUN. Bochs interprets every
+# instruction, floating point in software: about 65 s in all, 27 s of it
+# the boot (TestQuantClamp alone would take over 7 minutes: 1.3 s
+# natively). The kernel is downloaded once (apt-get download) into
+# EMU_CACHE, shared by every clone. The test binary is built always; where
+# Bochs is missing, or the emulator cannot boot (exit 125: no kernel, no
+# network to fetch it, ...), this says the tests did NOT run and why.
+# AVX512_NATIVE=no emulates even on an AVX-512 CPU.
+AVX512_NATIVE ?= yes
 AVX512_RUN ?= TestKernels|TestQuantRun|TestQuantClampInKernel
 AVX512_TIMEOUT ?= 900
+export EMU_CACHE ?= $(HOME)/.cache/gradcomp/emu
 HAVE_BOCHS := $(shell command -v bochs-bin >/dev/null 2>&1 && command -v xorriso >/dev/null 2>&1 && \
   [ -f /usr/lib/ISOLINUX/isolinux.bin ] && [ -f /usr/lib/x86_64-linux-gnu/bochs/plugins/libbx_term_gui.so ] && echo yes)
 avx512:
-ifneq ($(HAVE_BOCHS),yes)
-	@echo "make avx512: bochs, bochs-term, xorriso or isolinux not found (scripts/setup installs them): AVX-512 tests skipped"
-else
 	@mkdir -p build/emu
 	CGO_ENABLED=0 $(GO) test -c -o build/emu/compress.test ./compress
-	./scripts/emu-avx512 -timeout $(AVX512_TIMEOUT) -dir compress build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)'
-endif
+	@if [ "$(AVX512_NATIVE)" != no ] && grep -qw avx512f /proc/cpuinfo; then \
+	  echo "cd compress && ../build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)'"; \
+	  (cd compress && ../build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)') || exit 1; \
+	  echo "make avx512: the AVX-512 tests passed natively (this CPU has AVX-512)" | tee -a $(SUMMARY); \
+	elif [ "$(HAVE_BOCHS)" != yes ]; then \
+	  echo "make avx512: NOT RUN: this CPU has no AVX-512 and bochs, bochs-term, xorriso or isolinux is missing (scripts/setup installs them). build/emu/compress.test was built; its tests did not run" | tee -a $(SUMMARY); \
+	else \
+	  log=$$(mktemp build/emu/avx512.XXXXXX.log); \
+	  echo "./scripts/emu-avx512 -timeout $(AVX512_TIMEOUT) -dir compress build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)'"; \
+	  ./scripts/emu-avx512 -timeout $(AVX512_TIMEOUT) -dir compress build/emu/compress.test -test.short -test.v -test.run '$(AVX512_RUN)' 2>&1 | tee $$log; \
+	  rc=$${PIPESTATUS[0]}; why=$$(grep '^emu-avx512:' $$log | tail -n 1); rm -f $$log; \
+	  case $$rc in \
+	  0) echo "make avx512: the AVX-512 tests passed under Bochs (corei7_skylake_x)" | tee -a $(SUMMARY) ;; \
+	  125) echo "make avx512: NOT RUN: the emulator could not run the tests ($${why:-exit 125}). build/emu/compress.test was built; its tests did not run" | tee -a $(SUMMARY) ;; \
+	  *) exit $$rc ;; \
+	  esac; \
+	fi
 
 fuzz:
-	@for f in $(FUZZ_TARGETS); do \
+	@mkdir -p build; log=$$(mktemp build/fuzz.XXXXXX.log); \
+	for f in $(FUZZ_TARGETS); do \
 	  echo "fuzz $$f ($(FUZZTIME))"; \
-	  $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/gradcomp-fuzz.log 2>&1 \
-	    || { cat /tmp/gradcomp-fuzz.log; exit 1; }; \
-	done
+	  $(GO) test ./compress -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >$$log 2>&1 \
+	    || { cat $$log; rm -f $$log; exit 1; }; \
+	done; rm -f $$log
 
 # The main job: compressor benchmark on the CPU (see README).
 bench:
