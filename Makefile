@@ -11,10 +11,11 @@ FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>
 
 .PHONY: test setup setup-check vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
 
-# SUMMARY collects one line per part that says how it ran: where the
-# cross-built tests ran (arm64, x86-32, avx512) and, plainly, what did NOT
-# run on this machine and why. make test prints it at the end, passed or
-# failed; a target made on its own prints its lines as it goes.
+# SUMMARY collects one line per part that says how it ran: each torch's
+# test counts (pytest), where the cross-built tests ran (arm64, x86-32,
+# avx512) and, plainly, what did NOT run on this machine and why. make
+# test prints it at the end, passed or failed; a target made on its own
+# prints its lines as it goes.
 SUMMARY ?= /dev/null
 
 # setup first, then the rest in a make that reads this file again: what
@@ -71,11 +72,19 @@ else
 	@echo "make plugin: cuda.h not found: libgradcomp_cuda.so not built (scripts/setup installs nvidia-cuda-toolkit)"
 endif
 
-# The Python package (plugin/python) under Debian's torch and sklearn:
-# the ctypes binding, the DDP hook on 4 gloo ranks, digits accuracy.
-PYTHON ?= /usr/bin/python3
+# The Python package (plugin/python) under two torches: Debian's
+# python3-torch 1.13 (/usr/bin/python3) and torch 2.15 from PyPI in the
+# virtual environment scripts/setup makes (TORCH_VENV; GRADCOMP_VENV
+# moves it): the ctypes binding, the DDP hook on 4 gloo ranks, digits
+# accuracy. Each run names its torch first and ends with its counts
+# (scripts/pytest-torches). `make pytest PYTHON=...` runs one Python.
+TORCH_VENV ?= $(or $(GRADCOMP_VENV),$(HOME)/.cache/gradcomp/torch-venv)
+PYTHONS ?= /usr/bin/python3 $(TORCH_VENV)/bin/python
+ifeq ($(origin PYTHON),command line)
+PYTHONS := $(PYTHON)
+endif
 pytest: plugin
-	cd tests/python && PYTHONPATH=$(CURDIR)/plugin/python $(PYTHON) -m unittest discover -v -s . -t .
+	GRADCOMP_SUMMARY=$(SUMMARY) ./scripts/pytest-torches $(PYTHONS)
 
 # The C programs that drive every function of the ABI, linked against
 # build/libgradcomp.so (found through its rpath): capi_test (codecs,
