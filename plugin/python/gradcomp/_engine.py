@@ -24,7 +24,11 @@ One step::
     eng.stats()           # StepStats: bytes sent, stage times, decisions
 
 Host buffers are viewed without a copy (``torch.frombuffer`` over the op's
-addresses). Device ops (gc_op.device == 1, from libgradcomp_cuda.so's
+addresses). All-gather and reduce-scatter use torch's whole-tensor forms
+(``all_gather_into_tensor``, ``reduce_scatter_tensor``) where the group's
+backend takes them for CPU tensors (gloo in torch 2.x), and the list
+all-gather and an all-reduce of a copy where it refuses them (gloo in
+torch 1.13). Device ops (gc_op.device == 1, from libgradcomp_cuda.so's
 device engine) run the same collectives on ``torch.cuda.ExternalStream
 (op.stream)`` over tensors made from the device pointers and are completed
 once enqueued; that path has NOT run on a GPU yet.
@@ -192,6 +196,49 @@ def check_op(op, size):
     return kind
 
 
+#: Backend name -> whether it took the whole-tensor all-gather and
+#: reduce-scatter for CPU tensors; a backend not in it is tried first.
+_TENSOR_FORMS = {}
+
+
+def _refused(e):
+    """Whether ``e`` is a backend refusing a collective it does not
+    implement: raised by the call itself, before anything is sent, and on
+    every rank alike (torch 1.13's gloo: "no support for _allgather_base",
+    "does not support _reduce_scatter_base")."""
+    msg = str(e)
+    return isinstance(e, (RuntimeError, NotImplementedError)) and (
+        "no support for" in msg or "does not support" in msg)
+
+
+def _whole_or_fallback(group, whole, fallback):
+    """Runs ``whole()`` (a whole-tensor collective, async_op=True; returns
+    its Work) and waits for it where the group's backend takes it, else
+    ``fallback()``; remembers the answer per backend.
+
+    They cost the same on torch 2.15's gloo, whose whole-tensor forms run the
+    fallback's algorithm inside (the all-gather gathers into a flat
+    temporary and copies out; the reduce-scatter all-reduces a clone, so it
+    sends an all-reduce's bytes); a backend that implements them natively
+    saves the copies."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group))
+    if _TENSOR_FORMS.get(backend, True):
+        try:
+            work = whole()
+        except Exception as e:
+            if not _refused(e):
+                raise
+            _log.debug("gradcomp: backend %s refuses whole-tensor collectives (%s): falling back", backend, e)
+            _TENSOR_FORMS[backend] = False
+        else:
+            _TENSOR_FORMS[backend] = True
+            work.wait()
+            return
+    fallback()
+
+
 def run_op(op, group, rank, size):
     """Carries out one posted collective on the torch.distributed ``group``
     (None: the default group), in which this process is ``rank`` of
@@ -214,14 +261,21 @@ def run_op(op, group, rank, size):
     elif kind == K.ALLGATHER:
         send = _host_tensor(op.send, op.send_bytes, torch.uint8)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
-        dist.all_gather(list(recv.view(size, n).unbind(0)), send, group=group, async_op=True).wait()
+        _whole_or_fallback(
+            group,
+            lambda: dist.all_gather_into_tensor(recv, send, group=group, async_op=True),
+            lambda: dist.all_gather(list(recv.view(size, n).unbind(0)), send, group=group, async_op=True).wait())
     elif kind == K.REDUCESCATTER:
-        # torch 1.13's gloo has no reduce-scatter: all-reduce a copy, keep our chunk.
         send = _host_tensor(op.send, op.send_bytes, torch.float32)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.float32)
-        total = send.clone()
-        dist.all_reduce(total, group=group, async_op=True).wait()
-        recv.copy_(total[rank * n : (rank + 1) * n])
+
+        def all_reduce_a_copy():  # keeps our chunk of the sum; send stays as it was
+            total = send.clone()
+            dist.all_reduce(total, group=group, async_op=True).wait()
+            recv.copy_(total[rank * n : (rank + 1) * n])
+
+        _whole_or_fallback(
+            group, lambda: dist.reduce_scatter_tensor(recv, send, group=group, async_op=True), all_reduce_a_copy)
     elif kind == K.ALLTOALL:
         send = _host_tensor(op.send, op.send_bytes, torch.uint8)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
