@@ -424,6 +424,12 @@ class Ranks(unittest.TestCase):
                     self.assertEqual(r["stats"]["compressed"], 7)  # one bucket, 7 engine steps
                     self.assertLess(r["seconds"], 20)  # no collective waited for its timeout
                 self.assertEqual(results[0]["params"], results[1]["params"])  # the ranks agree
+        # Without find_unused_parameters, DDP refuses the step after one
+        # with an unused parameter, under this hook as under its own.
+        results = ranks.run(workers.unused_parameters, 2, "int8", "not found", 9, timeout=150)
+        for rank, r in enumerate(results):
+            self.assertIn("Expected to have finished reduction", r["error"] or "", (rank, r))
+            self.assertLess(r["seconds"], 20)
 
     def test_buckets_in_a_different_order_on_each_rank(self):
         # The engine launches bucket i's exchange once buckets 0..i are

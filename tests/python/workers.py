@@ -473,21 +473,25 @@ def _params_hex(module):
 
 
 def unused_parameters(rank, world, spec, case, steps):
-    """DDP(find_unused_parameters=True) over TwoHeads with the hook
+    """DDP over TwoHeads with the hook
     (decision pinned, warm-up 2, a 20 s timeout), `steps` steps of `case`:
     "alternate" (head c every third step, else b, on every rank), "per
     rank" (rank r uses head c when (step + r) is odd: ranks differ),
     "no_sync" (alternate, with two accumulation steps under no_sync before
-    each synchronized one). Returns the parameters (hex), the State's
-    counters and the seconds taken."""
+    each synchronized one), "not found" (alternate, without
+    find_unused_parameters: DDP itself must refuse the next step, as it
+    does under its default hook, and nothing may hang). Returns the
+    parameters (hex), the State's counters, the seconds taken and the
+    error a step raised (None if none did)."""
     x, y, _, _ = digits()
     data = list(batches(rank, world, x, y, 0, 3))
     model = TwoHeads(3)
-    ddp = DDP(model, find_unused_parameters=True)
+    ddp = DDP(model, find_unused_parameters=case != "not found")
     state = gct.State(spec, warmup_steps=2, decision="compressed", workers=1, timeout=20, model=model)
     ddp.register_comm_hook(state, gct.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     t0 = time.monotonic()
+    error = None
     for step in range(steps):
         head = "c" if step % 3 == 0 else "b"
         if case == "per rank":
@@ -499,10 +503,14 @@ def unused_parameters(rank, world, spec, case, steps):
                 for k in range(2):
                     torch.nn.functional.cross_entropy(ddp(xb[k::3], head), yb[k::3]).backward()
             xb, yb = xb[2::3], yb[2::3]
-        torch.nn.functional.cross_entropy(ddp(xb, head), yb).backward()
+        try:
+            torch.nn.functional.cross_entropy(ddp(xb, head), yb).backward()
+        except RuntimeError as e:
+            error = str(e)
+            break
         opt.step()
     out = {"params": _params_hex(model), "stats": state.stats, "seconds": time.monotonic() - t0,
-           "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
+           "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()), "error": error}
     state.close()
     return out
 
