@@ -51,15 +51,29 @@ import (
 )
 
 // NewGroup returns the n ranks of a new group; element r is rank r. Each
-// rank is meant to be driven by its own goroutine.
+// rank is meant to be driven by its own goroutine. Every rank implements
+// comm.Topologist and reports one node holding all n ranks.
 func NewGroup(n int) ([]comm.Comm, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("inproc: group size %d, want at least 1", n)
 	}
+	return NewNodeGroup(make([]int, n))
+}
+
+// NewNodeGroup returns the len(nodeOf) ranks of a new group in which rank r
+// pretends to run on the node named nodeOf[r]; each rank's Topology is the
+// one comm.NodeTopologies gives. Nodes holding different numbers of ranks
+// are refused with NodeTopologies' error.
+func NewNodeGroup(nodeOf []int) ([]comm.Comm, error) {
+	topo, err := comm.NodeTopologies(nodeOf)
+	if err != nil {
+		return nil, fmt.Errorf("inproc: %w", err)
+	}
+	n := len(nodeOf)
 	g := &group{n: n, rounds: make(map[uint64]*round), failedCh: make(chan struct{})}
 	ranks := make([]comm.Comm, n)
 	for r := range ranks {
-		ranks[r] = &rank{g: g, r: r}
+		ranks[r] = &rank{g: g, r: r, topo: topo[r]}
 	}
 	return ranks, nil
 }
@@ -99,6 +113,7 @@ type args struct {
 type rank struct {
 	g      *group
 	r      int
+	topo   comm.Topology
 	guard  check.Guard
 	seq    uint64 // sequence number of this rank's next call; guarded by guard
 	closed bool   // Close was called; guarded by g.mu
@@ -106,6 +121,9 @@ type rank struct {
 
 func (k *rank) Rank() int { return k.r }
 func (k *rank) Size() int { return k.g.n }
+
+// Topology implements comm.Topologist.
+func (k *rank) Topology() comm.Topology { return k.topo }
 
 // AllReduce implements comm.Comm.AllReduce.
 func (k *rank) AllReduce(ctx context.Context, buf []float32) error {

@@ -375,3 +375,27 @@ func BenchmarkAllReduce(b *testing.B) {
 		})
 	}
 }
+
+func TestNodeGroupTopology(t *testing.T) {
+	ranks, err := NewNodeGroup([]int{5, 5, 9, 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range ranks {
+		got := c.(comm.Topologist).Topology()
+		want := comm.Topology{Node: r / 2, Nodes: 2, LocalRank: r % 2, LocalSize: 2}
+		if got != want {
+			t.Errorf("rank %d: Topology %+v, want %+v", r, got, want)
+		}
+	}
+	ranks, err = NewGroup(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ranks[2].(comm.Topologist).Topology(), (comm.Topology{Node: 0, Nodes: 1, LocalRank: 2, LocalSize: 3}); got != want {
+		t.Errorf("NewGroup rank 2: Topology %+v, want %+v", got, want)
+	}
+	if _, err := NewNodeGroup([]int{0, 0, 1}); err == nil {
+		t.Error("unequal node sizes: no error")
+	}
+}
