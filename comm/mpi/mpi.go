@@ -149,14 +149,27 @@ func Init(opts ...Option) (*Comm, error) {
 // comm.Comm. Make one with Init and more with Dup.
 type Comm struct {
 	rank, size int
+	topo       comm.Topology
 	cfg        config
 	h          *handle // the MPI communicator and its state, shared with Unchecked's view; build-specific
 }
 
 var (
-	_ comm.Comm      = (*Comm)(nil)
-	_ comm.Unchecker = (*Comm)(nil)
+	_ comm.Comm       = (*Comm)(nil)
+	_ comm.Unchecker  = (*Comm)(nil)
+	_ comm.Topologist = (*Comm)(nil)
 )
+
+// RanksPerNodeEnv names the environment variable that, set to a positive
+// integer k dividing the world size, makes Init place world rank r on node
+// r/k instead of asking MPI which ranks share a node
+// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED). Tests on one machine use
+// it to pretend there are several nodes.
+const RanksPerNodeEnv = "GRADCOMP_MPI_RANKS_PER_NODE"
+
+// Topology implements comm.Topologist: the node of this rank, as Init
+// found it (see RanksPerNodeEnv); a Dup or Unchecked view keeps it.
+func (c *Comm) Topology() comm.Topology { return c.topo }
 
 // Rank returns this process's rank in the communicator.
 func (c *Comm) Rank() int { return c.rank }

@@ -24,6 +24,19 @@ static int gc_abort(MPI_Comm c, int code) { return MPI_Abort(c, code); }
 static int gc_test(MPI_Request *r, int *flag) { return MPI_Test(r, flag, MPI_STATUS_IGNORE); }
 static int gc_error_string(int code, char *buf, int *len) { return MPI_Error_string(code, buf, len); }
 
+// gc_node_leaders sets leaders[r] to the lowest rank of c that shares a node
+// with rank r of c.
+static int gc_node_leaders(MPI_Comm c, int rank, int *leaders) {
+	MPI_Comm shared;
+	int leader, rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared);
+	if (rc != MPI_SUCCESS) return rc;
+	rc = MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, shared);
+	int rc2 = MPI_Comm_free(&shared);
+	if (rc != MPI_SUCCESS) return rc;
+	if (rc2 != MPI_SUCCESS) return rc2;
+	return MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, c);
+}
+
 static int gc_idup(MPI_Comm c, MPI_Comm *out, MPI_Request *r) { return MPI_Comm_idup(c, out, r); }
 static int gc_iallreduce(float *buf, int n, MPI_Comm c, MPI_Request *r) {
 	return MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, c, r);
@@ -50,6 +63,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,7 +217,40 @@ func initWorld(cfg config) (*Comm, error) {
 	if rc := mpi(func() C.int { return C.gc_world(&c.h.comm) }); rc != C.MPI_SUCCESS {
 		return nil, mpiError("Init", "MPI_Comm_dup", -1, rc)
 	}
-	return c, c.setRankSize("Init")
+	if err := c.setRankSize("Init"); err != nil {
+		return nil, err
+	}
+	return c, c.setTopology()
+}
+
+// setTopology finds the node of every rank of c, from RanksPerNodeEnv or
+// MPI_COMM_TYPE_SHARED, and sets c.topo. Every rank sees the same node
+// list, so a refusal is the same on every rank.
+func (c *Comm) setTopology() error {
+	nodeOf := make([]int, c.size)
+	if v := os.Getenv(RanksPerNodeEnv); v != "" {
+		k, err := strconv.Atoi(v)
+		if err != nil || k < 1 || c.size%k != 0 {
+			return fmt.Errorf("comm/mpi: Init: %s=%q: want a positive integer dividing the world size %d", RanksPerNodeEnv, v, c.size)
+		}
+		for r := range nodeOf {
+			nodeOf[r] = r / k
+		}
+	} else {
+		leaders := make([]C.int, c.size)
+		if rc := mpi(func() C.int { return C.gc_node_leaders(c.h.comm, C.int(c.rank), &leaders[0]) }); rc != C.MPI_SUCCESS {
+			return mpiError("Init", "MPI_Comm_split_type", -1, rc)
+		}
+		for r, l := range leaders {
+			nodeOf[r] = int(l)
+		}
+	}
+	topo, err := comm.NodeTopologies(nodeOf)
+	if err != nil {
+		return fmt.Errorf("comm/mpi: Init: %w", err)
+	}
+	c.topo = topo[c.rank]
+	return nil
 }
 
 // setRankSize sets MPI_ERRORS_RETURN on c's communicator and reads its rank
@@ -227,7 +274,7 @@ func (c *Comm) setRankSize(op string) error {
 }
 
 func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
-	nc := &Comm{cfg: cfg, h: &handle{closing: make(chan struct{})}}
+	nc := &Comm{topo: c.topo, cfg: cfg, h: &handle{closing: make(chan struct{})}}
 	err := c.collective(ctx, check.Call{Op: comm.OpDup}, func(r *request) (string, C.int) {
 		r.pin.Pin(nc)
 		return "MPI_Comm_idup", C.gc_idup(c.h.comm, &nc.h.comm, &r.req)

@@ -345,3 +345,33 @@ func BenchmarkAllReduce(b *testing.B) {
 		}
 	}
 }
+
+// TestTopology: in the shared job, on one machine, every rank is on node 0
+// of 1, its local rank its rank; a Dup keeps it.
+func TestTopology(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		want := comm.Topology{Node: 0, Nodes: 1, LocalRank: c.Rank(), LocalSize: np}
+		if got := c.Topology(); got != want {
+			t.Errorf("rank %d: Topology %+v, want %+v", c.Rank(), got, want)
+		}
+	})
+}
+
+// TestTopologyEnv: with RanksPerNodeEnv=2, the 4 ranks are 2 nodes of 2.
+func TestTopologyEnv(t *testing.T) {
+	if world == nil {
+		j := mpilaunch.Run(t, np, []string{scenarioEnv + "=" + t.Name(), RanksPerNodeEnv + "=2"}, "-test.v=true", "-test.run=^"+t.Name()+"$")
+		if j.Err != nil {
+			t.Errorf("%s: %v\n%s", j.Cmd, j.Err, j.Out)
+		}
+		return
+	}
+	if os.Getenv(scenarioEnv) != t.Name() {
+		t.Skip("runs in a job of its own, started by the launcher")
+	}
+	r := world.Rank()
+	want := comm.Topology{Node: r / 2, Nodes: 2, LocalRank: r % 2, LocalSize: 2}
+	if got := world.Topology(); got != want {
+		t.Errorf("rank %d: Topology %+v, want %+v", r, got, want)
+	}
+}
