@@ -1,6 +1,9 @@
 package comm
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // Topology places one rank of a Comm on the machines of the job: the rank
 // runs on node Node of Nodes, where it is local rank LocalRank of the
@@ -51,4 +54,15 @@ func NodeTopologies(nodeOf []int) ([]Topology, error) {
 		t[r] = Topology{Node: index[id], Nodes: len(sizes), LocalRank: local[r], LocalSize: sizes[0]}
 	}
 	return t, nil
+}
+
+// Splitter is implemented by a Comm that can split itself by node. Split is
+// collective on the parent: node is a new Comm over the ranks of the
+// caller's node, ordered by rank (its rank is the caller's LocalRank), and
+// cross is a new Comm over the ranks of every node with the caller's local
+// rank, ordered by node (its rank is the caller's Node). Both are
+// independent of the parent: a failure in one poisons only that Comm, and
+// each is closed on its own.
+type Splitter interface {
+	Split(ctx context.Context) (node, cross Comm, err error)
 }

@@ -70,7 +70,7 @@ func NewNodeGroup(nodeOf []int) ([]comm.Comm, error) {
 		return nil, fmt.Errorf("inproc: %w", err)
 	}
 	n := len(nodeOf)
-	g := &group{n: n, rounds: make(map[uint64]*round), failedCh: make(chan struct{})}
+	g := &group{n: n, topo: topo, rounds: make(map[uint64]*round), splits: make(map[int][][]comm.Comm), failedCh: make(chan struct{})}
 	ranks := make([]comm.Comm, n)
 	for r := range ranks {
 		ranks[r] = &rank{g: g, r: r, topo: topo[r]}
@@ -80,12 +80,14 @@ func NewNodeGroup(nodeOf []int) ([]comm.Comm, error) {
 
 // group is the state the ranks share.
 type group struct {
-	n int
+	n    int
+	topo []comm.Topology // of every rank
 
 	mu       sync.Mutex
-	rounds   map[uint64]*round // collectives some but not all ranks have reached
-	failed   error             // the poison cause; nil while the group is healthy
-	failedCh chan struct{}     // closed when failed is set
+	rounds   map[uint64]*round     // collectives some but not all ranks have reached
+	splits   map[int][][]comm.Comm // the Comms of the k-th Split: node groups, then cross groups
+	failed   error                 // the poison cause; nil while the group is healthy
+	failedCh chan struct{}         // closed when failed is set
 }
 
 // round is one collective: the k-th call of every rank.
@@ -116,6 +118,7 @@ type rank struct {
 	topo   comm.Topology
 	guard  check.Guard
 	seq    uint64 // sequence number of this rank's next call; guarded by guard
+	splits int    // Split calls made; guarded by g.mu
 	closed bool   // Close was called; guarded by g.mu
 }
 
@@ -124,6 +127,34 @@ func (k *rank) Size() int { return k.g.n }
 
 // Topology implements comm.Topologist.
 func (k *rank) Topology() comm.Topology { return k.topo }
+
+// Split implements comm.Splitter. It is a Barrier on the parent, with its
+// failures, after which every rank takes its node and cross groups from the
+// new groups its split made, one per node and one per local rank.
+func (k *rank) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	if err := k.Barrier(ctx); err != nil {
+		return nil, nil, err
+	}
+	g := k.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k.splits++
+	s, ok := g.splits[k.splits]
+	if !ok {
+		t := g.topo[0]
+		s = make([][]comm.Comm, t.Nodes+t.LocalSize)
+		for i := range s {
+			size := t.LocalSize
+			if i >= t.Nodes {
+				size = t.Nodes
+			}
+			s[i], _ = NewGroup(size)
+		}
+		g.splits[k.splits] = s
+	}
+	t := k.topo
+	return s[t.Node][t.LocalRank], s[t.Nodes+t.LocalRank][t.Node], nil
+}
 
 // AllReduce implements comm.Comm.AllReduce.
 func (k *rank) AllReduce(ctx context.Context, buf []float32) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -398,4 +399,36 @@ func TestNodeGroupTopology(t *testing.T) {
 	if _, err := NewNodeGroup([]int{0, 0, 1}); err == nil {
 		t.Error("unequal node sizes: no error")
 	}
+}
+
+func TestSplit(t *testing.T) {
+	ranks, err := NewNodeGroup([]int{0, 0, 0, 0, 1, 1, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for r, c := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			node, cross, err := c.(comm.Splitter).Split(ctx)
+			if err != nil {
+				t.Errorf("rank %d: Split: %v", r, err)
+				return
+			}
+			if node.Size() != 4 || node.Rank() != r%4 || cross.Size() != 2 || cross.Rank() != r/4 {
+				t.Errorf("rank %d: node %d of %d, cross %d of %d", r, node.Rank(), node.Size(), cross.Rank(), cross.Size())
+			}
+			buf := []float32{float32(r)}
+			if err := node.AllReduce(ctx, buf); err != nil || buf[0] != float32(r/4*16+6) {
+				t.Errorf("rank %d: node AllReduce %v, %v", r, buf, err)
+			}
+			buf[0] = float32(r)
+			if err := cross.AllReduce(ctx, buf); err != nil || buf[0] != float32(2*(r%4)+4) {
+				t.Errorf("rank %d: cross AllReduce %v, %v", r, buf, err)
+			}
+		}()
+	}
+	wg.Wait()
 }
