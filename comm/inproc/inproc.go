@@ -70,7 +70,7 @@ func NewNodeGroup(nodeOf []int) ([]comm.Comm, error) {
 		return nil, fmt.Errorf("inproc: %w", err)
 	}
 	n := len(nodeOf)
-	g := &group{n: n, topo: topo, rounds: make(map[uint64]*round), splits: make(map[int][][]comm.Comm), failedCh: make(chan struct{})}
+	g := &group{n: n, topo: topo, rounds: make(map[uint64]*round), splits: make(map[int]*split), failedCh: make(chan struct{})}
 	ranks := make([]comm.Comm, n)
 	for r := range ranks {
 		ranks[r] = &rank{g: g, r: r, topo: topo[r]}
@@ -84,10 +84,10 @@ type group struct {
 	topo []comm.Topology // of every rank
 
 	mu       sync.Mutex
-	rounds   map[uint64]*round     // collectives some but not all ranks have reached
-	splits   map[int][][]comm.Comm // the Comms of the k-th Split: node groups, then cross groups
-	failed   error                 // the poison cause; nil while the group is healthy
-	failedCh chan struct{}         // closed when failed is set
+	rounds   map[uint64]*round // collectives some but not all ranks have reached
+	splits   map[int]*split    // the k-th Split's groups, until every rank has taken its own
+	failed   error             // the poison cause; nil while the group is healthy
+	failedCh chan struct{}     // closed when failed is set
 }
 
 // round is one collective: the k-th call of every rank.
@@ -142,18 +142,28 @@ func (k *rank) Split(ctx context.Context) (node, cross comm.Comm, err error) {
 	s, ok := g.splits[k.splits]
 	if !ok {
 		t := g.topo[0]
-		s = make([][]comm.Comm, t.Nodes+t.LocalSize)
-		for i := range s {
+		s = &split{groups: make([][]comm.Comm, t.Nodes+t.LocalSize)}
+		for i := range s.groups {
 			size := t.LocalSize
 			if i >= t.Nodes {
 				size = t.Nodes
 			}
-			s[i], _ = NewGroup(size)
+			s.groups[i], _ = NewGroup(size)
 		}
 		g.splits[k.splits] = s
 	}
+	if s.taken++; s.taken == g.n {
+		delete(g.splits, k.splits) // every rank holds its own: the group keeps nothing
+	}
 	t := k.topo
-	return s[t.Node][t.LocalRank], s[t.Nodes+t.LocalRank][t.Node], nil
+	return s.groups[t.Node][t.LocalRank], s.groups[t.Nodes+t.LocalRank][t.Node], nil
+}
+
+// split is one Split's groups: the node groups, then the cross groups,
+// and how many ranks have taken theirs.
+type split struct {
+	groups [][]comm.Comm
+	taken  int
 }
 
 // AllReduce implements comm.Comm.AllReduce.
