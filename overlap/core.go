@@ -134,6 +134,8 @@ type core struct {
 	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
 	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none
 	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
+	sched      string              // StrategyHier: the Schedule with canonical specs (its engine across nodes runs it)
+	layout     comm.Topology       // StrategyHier: this rank's place; zero otherwise
 	active     int                 // the phase comp, mem1 and mem2 are of
 	strategy   Strategy
 	// The compressors whose error-feedback memories the state holds: stage
@@ -253,6 +255,7 @@ type run struct {
 	stats     BucketStats
 
 	readyAt, doneAt time.Time // Ready's call, the end of decode (verification's measure)
+	decoded         *event    // host backend: fires after the decode (set when it is enqueued)
 	hostRun                   // the host backend's part
 	deviceRun                 // the device backend's part
 }
@@ -271,6 +274,10 @@ type step struct {
 	warmup bool   // a warm-up step (Config.Warmup): every bucket dense
 	done   *event // host backend: fires after the last bucket's decode; nil until launched
 	held   *run   // host backend: the launched bucket whose second round waits for the next launch
+	// StrategyHier: the step of the engine across nodes (set at the first
+	// launch) and, once its Wait returned, its statistics.
+	nested       *step
+	nestedResult StepStats
 
 	errMu  sync.Mutex
 	err    error         // the first fatal failure
@@ -340,6 +347,11 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	c.buckets = make([]*bucket, len(sizes))
 	for i, n := range sizes {
 		c.buckets[i] = &bucket{idx: i, n: n}
+	}
+	if c.strategy == StrategyHier {
+		// The engine across nodes compresses (hier.go): this core keeps
+		// no compressor, memory or decision of its own.
+		return c.configureHier()
 	}
 	if comp.Codec() == compress.CodecNone {
 		if len(cfg.Schedule) > 0 {
@@ -522,6 +534,9 @@ func (c *core) Strategy() Strategy { return c.strategy }
 // dense, warm-up steps are dense, and a verification trial takes the
 // other path: see BucketStats).
 func (c *core) Compressed() []bool {
+	if h, ok := c.be.(*hierBackend); ok {
+		return h.inner.Compressed()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]bool, len(c.buckets))

@@ -322,6 +322,8 @@ func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	switch {
 	case err != nil:
 		return 0, err
+	case r == StrategyHier:
+		return 0, fmt.Errorf("strategy hier is not available on the device backend yet: its node stages need a device comm split by node (ncclCommSplit) and device streams for them")
 	case c == compress.CodecNone:
 		return r, nil
 	case s == StrategyAuto && c == compress.CodecTopK:

@@ -38,6 +38,9 @@ type Engine struct {
 	// between a two-round strategy's collectives (SRA's reduce), decode
 	// decodes and averages.
 	compute, wire, between, decode *stream
+	// hier runs a StrategyHier engine (the core's backend then): the node
+	// stages and the engine across nodes; nil for the flat strategies.
+	hier *hierBackend
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -99,11 +102,26 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if local == nil && e.comp != nil {
 		e.exchanger = e.newExchanger()
 	}
-	if local == nil {
+	hier := local == nil && e.strategy == StrategyHier
+	if hier {
+		var topo comm.Topology
+		if topo, local = hierLayout(c); local == nil {
+			core.layout = topo
+			local = fits(fmt.Sprintf("the node buffers of %d buckets on rank %d", len(sizes), e.rank), hierNeed(sizes, topo.LocalSize))
+		}
+	} else if local == nil {
 		local = fits(fmt.Sprintf("the host buffers of %d buckets on rank %d", len(sizes), e.rank), e.memoryNeed())
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
+	}
+	if hier {
+		h, err := newHier(ctx, e, sizes, t)
+		if err != nil {
+			return nil, err
+		}
+		e.hier, core.be = h, h
+		return e, nil
 	}
 	e.data = c
 	if u, ok := c.(comm.Unchecker); ok {
@@ -230,6 +248,9 @@ func (e *Engine) Ready(i int, grad []float32) error {
 		return nil
 	}, func(st *step, r *run) error {
 		r.grad = grad
+		if e.hier != nil {
+			return nil // the node stage takes it at launch
+		}
 		if e.cfg.Momentum != 0 {
 			e.compute.enqueue(func() { e.momentumTask(r) })
 		}
@@ -288,6 +309,7 @@ func (e *Engine) enqueueSecond(st *step, r *run) {
 func (e *Engine) enqueueDecode(st *step, r *run) {
 	e.decode.waitEvent(e.wire.record())
 	e.decode.enqueue(func() { e.decodeTask(st, r) })
+	r.decoded = e.decode.record()
 }
 
 // Wait blocks until every bucket of the step is exchanged and averaged, or

@@ -160,7 +160,7 @@ func testAccuracyGuardCheckpoint(t *testing.T, backend string) {
 	}
 
 	// Version 2 (no guard part) still loads, with no flush pending.
-	v3 := downgrade(t, states[0])
+	v3 := downgrade(t, states[0], 3)
 	v2 := append([]byte(nil), v3[:len(v3)-4-2-len(reason)]...)
 	v2 = append(v2, 0, 0, 0, 0)
 	v2[4] = 2

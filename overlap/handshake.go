@@ -33,6 +33,7 @@ func handshakeRecord(e *core, sizes []int) []field {
 		{"random stream", compress.RandomStreamVersion}, // stochastic rounding's draws
 		{"spec", e.spec},
 		{"strategy", e.strategy.String()},
+		{"layout", layoutName(e.layout)},
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},
 		{"decision", e.cfg.Decision.String()},
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
@@ -222,11 +223,20 @@ func orNone(s string) string {
 // compare it: the phases with canonical specs, "" without a Schedule.
 func schedule(e *core) string {
 	if e.phases == nil {
-		return ""
+		return e.sched
 	}
 	ps := make([]Phase, len(e.phases)-1)
 	for i := range ps {
 		ps[i] = Phase{Steps: e.cfg.Schedule[i].Steps, Spec: e.phases[i].spec}
 	}
 	return FormatSchedule(ps)
+}
+
+// layoutName is a StrategyHier layout as the handshake and the state
+// errors name it, "flat" for the other strategies.
+func layoutName(t comm.Topology) string {
+	if t.Nodes == 0 {
+		return "flat"
+	}
+	return fmt.Sprintf("%d nodes × %d ranks", t.Nodes, t.LocalSize)
 }

@@ -12,10 +12,11 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// The engine state format, version 4, little-endian:
+// The engine state format, version 5, little-endian:
 //
 //	"GCOV", version (1 byte)
 //	world size (uint32), rank (uint32), next step (uint64)
@@ -26,7 +27,12 @@ import (
 //	  (1 byte), accuracy guard (float64, Config.Guard), schedule length
 //	  (uint32), schedule (the phases with canonical specs as
 //	  FormatSchedule writes them, "" for none)
+//	the layout of StrategyHier (four uint32: nodes, ranks per node, this
+//	  rank's node and local rank; all 0 for the flat strategies)
 //	bucket count (uint32), per bucket its element count (uint64)
+//	StrategyHier: the state of the engine across nodes (uint64 length,
+//	  then that state, in this format, with its own checksum), and
+//	  nothing of the following but the checksum; else:
 //	per memory (stage 1, then SRA's stage 2): present (1 byte), then, if
 //	  1, the memory as compress.ErrorFeedback.Save writes it
 //	momentum (float64, Config.Momentum); per bucket: present (1 byte),
@@ -36,7 +42,8 @@ import (
 //	  length of its reason (uint16, 0: none), the reason (UTF-8)
 //	CRC32C of every byte before it (uint32)
 //
-// Version 3 is version 4 without the settings after the error-feedback
+// Version 4 is version 5 without the layout, version 3 version 4 without
+// the settings after the error-feedback
 // byte, version 2 version 3 without the guard part, version 1 version 2
 // without the momentum part; Load reads all four and checks every
 // setting a version records against the engine (checkSettings; the
@@ -47,7 +54,8 @@ import (
 // FailOnNonFinite.
 const (
 	stateMagic     = "GCOV"
-	stateVersion   = 4
+	stateVersion   = 5
+	maxNestedState = 1 << 46
 	maxSpecLen     = 1 << 12
 	maxScheduleLen = 1 << 16
 	maxGuardLen    = 1 << 10
@@ -98,9 +106,21 @@ func (e *core) Save(w io.Writer) error {
 	sched := schedule(e)
 	put32(uint32(len(sched)))
 	bw.WriteString(sched)
+	for _, v := range []int{e.layout.Nodes, e.layout.LocalSize, e.layout.Node, e.layout.LocalRank} {
+		put32(uint32(v))
+	}
 	put32(uint32(len(e.buckets)))
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
+	}
+	if h, ok := e.be.(*hierBackend); ok {
+		var nested bytes.Buffer
+		if err := h.inner.Save(&nested); err != nil {
+			return err
+		}
+		put64(uint64(nested.Len()))
+		bw.Write(nested.Bytes())
+		return finishState(w, bw, crc)
 	}
 	for _, f := range []*compress.ErrorFeedback{gradEF, partEF} {
 		bw.WriteByte(boolByte(f != nil))
@@ -126,11 +146,16 @@ func (e *core) Save(w io.Writer) error {
 		bw.Write(b[:2])
 		bw.WriteString(bk.guard)
 	}
+	return finishState(w, bw, crc)
+}
+
+// finishState flushes bw, which writes to w through crc, and appends the
+// checksum.
+func finishState(w io.Writer, bw *bufio.Writer, crc hash.Hash32) error {
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("overlap: saving engine state: %w", err)
 	}
-	binary.LittleEndian.PutUint32(b[:4], crc.Sum32())
-	if _, err := w.Write(b[:4]); err != nil {
+	if _, err := w.Write(binary.LittleEndian.AppendUint32(nil, crc.Sum32())); err != nil {
 		return fmt.Errorf("overlap: saving engine state: %w", err)
 	}
 	return nil
@@ -175,6 +200,21 @@ func (e *core) Load(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	return e.apply(st)
+}
+
+// apply replaces e's memories, velocities, guards and step number with
+// those of a state readState validated (StrategyHier: the engine across
+// nodes takes its own).
+func (e *core) apply(st *savedState) error {
+	if st.nested != nil {
+		h := e.be.(*hierBackend)
+		if err := h.inner.apply(st.nested); err != nil {
+			return err
+		}
+		e.next = st.info.NextStep
+		return nil
+	}
 	if err := e.be.install(st.mem[0], st.mem[1]); err != nil {
 		return err
 	}
@@ -216,6 +256,9 @@ func CheckState(b []byte, cfg Config, sizes []int, worldSize int) error {
 	if err := c.configure(sizes, resolve); err != nil {
 		return &ConfigError{Rank: -1, Reason: err.Error(), Err: err}
 	}
+	if c.strategy == StrategyHier {
+		c.layout = info.Layout // the engine's own is checked by Load
+	}
 	_, err = c.readState(bytes.NewReader(b))
 	return err
 }
@@ -226,6 +269,7 @@ type savedState struct {
 	mem      [2]*compress.ErrorFeedback // stage 1, SRA's stage 2 (nil: start empty)
 	velocity [][]float32
 	guards   []string
+	nested   *savedState // StrategyHier: the engine across nodes' state
 }
 
 // readState reads a state Save wrote from r and checks it against e
@@ -241,6 +285,15 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 		return nil, err
 	}
 	st := &savedState{info: info}
+	if e.strategy == StrategyHier {
+		if st.nested, err = e.readNested(sr); err != nil {
+			return nil, err
+		}
+		if err := sr.checksum(r); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
 	for stage, f := range []compress.Compressor{e.mem1, e.mem2} {
 		if !sr.bool() {
 			if sr.err != nil {
@@ -321,6 +374,13 @@ func (e *core) checkSettings(info StateInfo) error {
 			return settingError("schedule", cmp.Or(info.Schedule, "none"), cmp.Or(schedule(e), "none"))
 		}
 	}
+	if info.Layout != e.layout {
+		saved, current := layoutName(info.Layout), layoutName(e.layout)
+		if saved == current {
+			saved, current = describeTopology(info.Layout), describeTopology(e.layout)
+		}
+		return settingError("layout", saved, current)
+	}
 	if len(info.Buckets) != len(e.buckets) {
 		return &StateError{Reason: fmt.Sprintf("saved with %d buckets, this engine has %d", len(info.Buckets), len(e.buckets))}
 	}
@@ -339,7 +399,7 @@ func (e *core) checkSettings(info StateInfo) error {
 // configured, and one in use that differs from e's loads when e's is auto.
 // A strategy byte this build does not know is refused in any version.
 func (e *core) checkStrategy(info StateInfo) error {
-	known := func(s Strategy) bool { return s > StrategyAuto && s <= StrategyQuantAllGather }
+	known := func(s Strategy) bool { return s > StrategyAuto && s <= StrategyHier }
 	switch {
 	case !known(info.Strategy):
 		return &StateError{Reason: fmt.Sprintf("strategy byte %d names no strategy this build knows", int(info.Strategy))}
@@ -478,6 +538,10 @@ func readSettings(s *stateReader, version byte) (StateInfo, error) {
 		info.Configured, info.MomentumMasking, info.Guard = Strategy(s.byte()), s.bool(), s.f64()
 		info.Schedule = s.text("schedule", maxScheduleLen)
 	}
+	if version >= 5 {
+		l := &info.Layout
+		l.Nodes, l.LocalSize, l.Node, l.LocalRank = int(s.u32()), int(s.u32()), int(s.u32()), int(s.u32())
+	}
 	count := s.u32()
 	info.Buckets = make([]int, 0, min(count, 1<<12)) // grows only as the input holds sizes
 	for i := uint32(0); i < count && s.err == nil; i++ {
@@ -573,6 +637,9 @@ type StateInfo struct {
 	MomentumMasking bool
 	Guard           float64
 	Schedule        string // canonical phases as FormatSchedule writes them, "" for none
+	// Layout is StrategyHier's layout and this rank's place in it (version
+	// 5); zero for the flat strategies and older versions.
+	Layout  comm.Topology
 	Buckets         []int  // element count per bucket
 }
 
@@ -595,4 +662,53 @@ func InspectState(b []byte) (StateInfo, error) {
 		return StateInfo{}, &StateError{Reason: fmt.Sprintf("checksum %#08x, contents hash to %#08x", got, want)}
 	}
 	return readSettings(s, version)
+}
+
+// readNested reads the state of a StrategyHier engine's engine across
+// nodes from s and validates it against that engine (or, without one, as
+// CheckState does, against the engine e's configuration and layout would
+// build).
+func (e *core) readNested(s *stateReader) (*savedState, error) {
+	n := s.u64()
+	if s.err == nil && n > maxNestedState {
+		return nil, &StateError{Reason: fmt.Sprintf("the state across nodes has %d bytes, more than %d", n, uint64(maxNestedState))}
+	}
+	var blob bytes.Buffer
+	if s.err == nil {
+		if got, err := blob.ReadFrom(io.LimitReader(s.tee, int64(n))); err != nil || uint64(got) != n {
+			return nil, &StateError{Reason: "truncated in the state across nodes", Err: cmp.Or(err, io.ErrUnexpectedEOF)}
+		}
+	}
+	if s.err != nil {
+		return nil, s.err
+	}
+	inner, err := e.nestedCore()
+	if err != nil {
+		return nil, err
+	}
+	st, err := inner.readState(&blob)
+	if err != nil {
+		return nil, &StateError{Reason: "the state across nodes", Err: err}
+	}
+	return st, nil
+}
+
+// nestedCore is the core of e's engine across nodes, or one configured as
+// it would be (CheckState).
+func (e *core) nestedCore() (*core, error) {
+	if h, ok := e.be.(*hierBackend); ok {
+		return h.inner.core, nil
+	}
+	l := e.layout
+	shards := make([]int, len(e.buckets))
+	for i, b := range e.buckets {
+		shards[i] = shardLen(b.n, max(l.LocalSize, 1))
+	}
+	cfg := e.cfg
+	cfg.Strategy = StrategyAuto
+	c := &core{cfg: cfg, size: max(l.Nodes, 1), rank: l.Node}
+	if err := c.configure(shards, resolve); err != nil {
+		return nil, &StateError{Reason: "the engine across nodes of the saved layout", Err: err}
+	}
+	return c, nil
 }

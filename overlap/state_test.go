@@ -151,7 +151,7 @@ func TestInspectState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := StateInfo{Version: 4, WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true,
+	want := StateInfo{Version: 5, WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true,
 		Configured: StrategyAuto, Buckets: sizes}
 	if !reflect.DeepEqual(info, want) {
 		t.Fatalf("InspectState = %+v, want %+v", info, want)
@@ -167,20 +167,27 @@ func TestInspectState(t *testing.T) {
 	}
 }
 
-// downgrade turns a version-4 state into version 3, which lacks the
-// settings after the error-feedback byte.
-func downgrade(t *testing.T, v4 []byte) []byte {
+// downgrade turns a flat engine's version-5 state into version 4 (without
+// the layout) and that into version 3 (without the settings after the
+// error-feedback byte): the state as an older build wrote it.
+func downgrade(t *testing.T, state []byte, to byte) []byte {
 	t.Helper()
-	info, err := InspectState(v4)
-	if err != nil || info.Version != 4 {
-		t.Fatalf("not a version-4 state: %+v, %v", info, err)
+	info, err := InspectState(state)
+	if err != nil || info.Version < int(to) || info.Layout.Nodes != 0 {
+		t.Fatalf("not a flat state of version %d or later: %+v, %v", to, info, err)
 	}
 	at := 4 + 1 + 4 + 4 + 8 + 4 + len(info.Spec) + 2
-	n := 1 + 1 + 8 + 4 + len(info.Schedule)
-	v3 := append(append([]byte(nil), v4[:at]...), v4[at+n:]...)
-	v3[4] = 3
-	fixCRC(v3)
-	return v3
+	settings := 1 + 1 + 8 + 4 + len(info.Schedule)
+	out := bytes.Clone(state)
+	if info.Version == 5 {
+		out = append(out[:at+settings], out[at+settings+16:]...)
+	}
+	if to == 3 {
+		out = append(out[:at], out[at+settings:]...)
+	}
+	out[4] = to
+	fixCRC(out)
+	return out
 }
 
 // savedBy runs one step on ranks engines of cfg and returns rank 0's
@@ -267,7 +274,8 @@ func TestLoadSettings(t *testing.T) {
 func TestLoadUnknownStrategy(t *testing.T) {
 	sizes := []int{1000, 37}
 	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
-	v4 := savedBy(t, 4, sizes, cfg)
+	v5 := savedBy(t, 4, sizes, cfg)
+	v4 := downgrade(t, v5, 4)
 	v3, err := os.ReadFile("testdata/state-v3-int8-sra-rank0.bin")
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +286,7 @@ func TestLoadUnknownStrategy(t *testing.T) {
 	}
 	const strategyAt = 4 + 1 + 4 + 4 + 8 + 4 + len("int8") // after the spec
 	e := newEngines(t, 4, sizes, cfg)[0]
-	for name, state := range map[string][]byte{"version 4": v4, "version 3": v3, "version 1": v1, "downgraded to 3": downgrade(t, v4)} {
+	for name, state := range map[string][]byte{"version 5": v5, "version 4": v4, "version 3": v3, "version 1": v1, "downgraded to 3": downgrade(t, v5, 3)} {
 		if err := e.Load(bytes.NewReader(state)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}

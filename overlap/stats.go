@@ -19,6 +19,10 @@ type BucketStats struct {
 	// bytes, (N−1)·s for an all-gather of s bytes per rank, (N−1)/N·S for
 	// an all-to-all of S bytes).
 	BytesSent int64
+	// BytesInNode is the part of BytesSent that stays inside the node:
+	// StrategyHier's node stages; 0 for the flat strategies, whose every
+	// byte may cross between nodes.
+	BytesInNode int64
 	// Time in each stage: compressing (SRA: both quantizations), in
 	// collectives, decoding and averaging (SRA: the owner's sum too).
 	Compress, Exchange, Decompress time.Duration

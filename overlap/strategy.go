@@ -36,11 +36,22 @@ const (
 	// StrategyQuantAllGather all-gathers whole quantized payloads (the
 	// mechanism of StrategySparseGather; cheaper than SRA for small N).
 	StrategyQuantAllGather
+	// StrategyHier is the hierarchical exchange over a comm that knows its
+	// nodes (comm.Topologist, comm.Splitter): a float32 reduce-scatter of
+	// the bucket among the ranks of each node, then each rank's shard (a
+	// node's average over 1/L of the bucket, L ranks per node) exchanged
+	// across nodes, with the ranks of the same local rank, by an engine of
+	// its own with the configured codec and the strategy StrategyAuto
+	// picks for it on that many nodes (dense for codec none), then an
+	// all-gather among the ranks of each node. Compression, error
+	// feedback and momentum apply to the shards; see hier.go.
+	StrategyHier
 )
 
 var strategyNames = [...]string{
 	StrategyAuto: "auto", StrategyDense: "dense", StrategySharedIndex: "shared-index",
 	StrategySparseGather: "sparse-gather", StrategyQuantSRA: "sra", StrategyQuantAllGather: "allgather",
+	StrategyHier: "hier",
 }
 
 // String returns the name ParseStrategy accepts, or "Strategy(N)".
@@ -52,7 +63,7 @@ func (s Strategy) String() string {
 }
 
 // ParseStrategy returns the strategy named s: auto, dense, shared-index,
-// sparse-gather, sra or allgather.
+// sparse-gather, sra, allgather or hier.
 func ParseStrategy(s string) (Strategy, error) {
 	for i, name := range strategyNames {
 		if s == name {
@@ -87,6 +98,8 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 		if c != compress.CodecRandomK {
 			return 0, fmt.Errorf("overlap: strategy shared-index needs indices shared by every rank: codec randomk, not %s", c)
 		}
+	case StrategyHier:
+		// Every codec: the engine across nodes resolves its own strategy.
 	case StrategySparseGather, StrategyQuantSRA, StrategyQuantAllGather:
 		if c == compress.CodecNone {
 			return 0, fmt.Errorf("overlap: codec none is exchanged by the dense all-reduce, not strategy %v", s)

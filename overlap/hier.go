@@ -1,0 +1,401 @@
+package overlap
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/internal/f32"
+)
+
+// The hierarchical exchange (StrategyHier) over K nodes of L ranks each:
+//
+//  1. node stage: a float32 reduce-scatter of the bucket among the L ranks
+//     of the node (the bucket padded with zeros to L·m elements, m =
+//     ⌈n/L⌉); local rank l keeps shard l, the node's sum over elements
+//     [l·m, (l+1)·m), and divides it by L: the node's average;
+//  2. across nodes: the shard goes to an engine of its own (an Engine over
+//     the cross-node comm of the ranks with local rank l, one per node,
+//     buckets of m elements) with the configured codec, error feedback,
+//     momentum, schedule, guard and decision; its strategy is the one
+//     StrategyAuto picks on K ranks. It leaves the average over nodes of
+//     the node averages, the average over all ranks, in the shard;
+//  3. node stage: an all-gather of the shards among the ranks of the node
+//     puts the whole average in the bucket.
+//
+// This core (the outer one) keeps the step protocol, the handshake over
+// every rank (which covers the topology), the node stages and the
+// statistics; the engine across nodes keeps everything that compresses,
+// and its decisions, memories and state are per shard. The node stages
+// run on a stream of their own, in bucket order: bucket i's reduce-scatter
+// hands the shard to the engine across nodes, and bucket i's all-gather is
+// enqueued after bucket i+1's reduce-scatter (the last one's at once),
+// waiting for the shard's decode; so the node link and the link between
+// nodes carry different buckets at once, and the order of the node
+// collectives depends on the bucket order alone.
+//
+// Non-finite gradients: a shard with NaN or Inf goes dense across nodes
+// (or, with FailOnNonFinite, is skipped) by the engine across nodes, within
+// that shard's cross-node group. With FailOnNonFinite the node stage also
+// all-reduces, per bucket, whether any rank's shard of the node is
+// non-finite, and a rank whose shard is finite marks it (element 0 set to
+// NaN) when another one's is not: every cross-node group then skips the
+// bucket, so every rank returns the same *NonFiniteStepError and every
+// memory stays as it was. Without FailOnNonFinite, BucketStats.NonFinite
+// reports what the rank's own cross-node group saw.
+
+// hierBackend runs a StrategyHier core: the node stages on its stream and
+// an Engine across nodes for the shards.
+type hierBackend struct {
+	c           *core
+	topo        comm.Topology
+	node, cross comm.Comm // from the Split; the engine's own, closed by teardown
+	nodeData    comm.Comm // node's view without per-call argument checks, where it has one
+	inner       *Engine   // the engine across nodes, over cross
+	stream      *stream   // the node stages
+	shard       [][]float32
+	pad         [][]float32 // per bucket: L·m elements when L does not divide n, else nil
+}
+
+// hierLayout returns c's topology, or why StrategyHier cannot run on it.
+func hierLayout(c comm.Comm) (comm.Topology, error) {
+	t, ok := c.(comm.Topologist)
+	if !ok {
+		return comm.Topology{}, fmt.Errorf("strategy hier needs a comm that knows its nodes (comm.Topologist); %T does not", c)
+	}
+	if _, ok := c.(comm.Splitter); !ok {
+		return comm.Topology{}, fmt.Errorf("strategy hier needs a comm that splits by node (comm.Splitter); %T does not", c)
+	}
+	topo := t.Topology()
+	if topo.Nodes < 1 || topo.LocalSize < 1 || topo.Nodes*topo.LocalSize != c.Size() {
+		return topo, fmt.Errorf("topology %d nodes × %d ranks does not cover the %d ranks of the comm", topo.Nodes, topo.LocalSize, c.Size())
+	}
+	return topo, nil
+}
+
+// shardLen is the length m of a shard of a bucket of n elements on nodes
+// of l ranks: ⌈n/l⌉.
+func shardLen(n, l int) int { return (n + l - 1) / l }
+
+// hierNeed is the host memory the node stages of buckets of sizes need on
+// nodes of l ranks: each bucket's shard, and its padded copy where l does
+// not divide it.
+func hierNeed(sizes []int, l int) uint64 {
+	var need bytesNeed
+	for _, n := range sizes {
+		m := shardLen(n, l)
+		need.addTimes(4, uint64(m))
+		if n%l != 0 {
+			need.addTimes(4, uint64(l*m))
+		}
+	}
+	return uint64(need)
+}
+
+// configureHier is configure's end for StrategyHier: the schedule in its
+// canonical form (the handshake and the state compare it) and each
+// bucket's reason.
+func (c *core) configureHier() error {
+	ps := make([]Phase, len(c.cfg.Schedule))
+	for i, p := range c.cfg.Schedule {
+		comp, err := compress.Parse(p.Spec)
+		if err != nil {
+			return fmt.Errorf("schedule phase %d: %w", i, err)
+		}
+		ps[i] = Phase{Steps: p.Steps, Spec: comp.Spec().String()}
+	}
+	c.sched = FormatSchedule(ps)
+	for _, b := range c.buckets {
+		b.reason = "hierarchical"
+	}
+	return nil
+}
+
+// checkLayout all-gathers every rank's topology after the handshake and
+// checks that the ranks describe one layout: the nodes numbered in the
+// order of their lowest rank, the local ranks in rank order, every node of
+// the same size. Every rank gets the same error.
+func checkLayout(ctx context.Context, c comm.Comm, topo comm.Topology, timeout time.Duration) error {
+	n := c.Size()
+	mine := make([]byte, 16)
+	for i, v := range []int{topo.Node, topo.Nodes, topo.LocalRank, topo.LocalSize} {
+		binary.LittleEndian.PutUint32(mine[4*i:], uint32(v))
+	}
+	all := make([]byte, 16*n)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.AllGather(ctx, all, mine); err != nil {
+		return fmt.Errorf("overlap: topology exchange on rank %d: %w", c.Rank(), err)
+	}
+	claimed := make([]comm.Topology, n)
+	nodeOf := make([]int, n)
+	for r := range claimed {
+		v := func(i int) int { return int(binary.LittleEndian.Uint32(all[16*r+4*i:])) }
+		claimed[r] = comm.Topology{Node: v(0), Nodes: v(1), LocalRank: v(2), LocalSize: v(3)}
+		nodeOf[r] = claimed[r].Node
+	}
+	want, err := comm.NodeTopologies(nodeOf)
+	if err != nil {
+		return &TopologyError{Rank: -1, Reason: err.Error()}
+	}
+	for r := range claimed {
+		if claimed[r] != want[r] {
+			return &TopologyError{Rank: r, Reason: fmt.Sprintf("it says %s; the nodes every rank named make it %s",
+				describeTopology(claimed[r]), describeTopology(want[r]))}
+		}
+	}
+	return nil
+}
+
+func describeTopology(t comm.Topology) string {
+	return fmt.Sprintf("node %d of %d, local rank %d of %d", t.Node, t.Nodes, t.LocalRank, t.LocalSize)
+}
+
+// newHier splits e's comm by node and builds the engine across nodes,
+// after the handshake: e's core becomes a StrategyHier core driven by the
+// returned backend.
+func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBackend, error) {
+	topo := e.layout // hierLayout's, before the handshake
+	if err := checkLayout(ctx, e.c, topo, e.cfg.Timeout); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	node, cross, err := e.c.(comm.Splitter).Split(sctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", e.rank, err)
+	}
+	h := &hierBackend{c: e.core, topo: topo, node: node, cross: cross, nodeData: node,
+		shard: make([][]float32, len(sizes)), pad: make([][]float32, len(sizes))}
+	if u, ok := node.(comm.Unchecker); ok {
+		h.nodeData = u.Unchecked()
+	}
+	shards := make([]int, len(sizes))
+	for i, n := range sizes {
+		shards[i] = shardLen(n, topo.LocalSize)
+		h.shard[i] = make([]float32, shards[i])
+		if n%topo.LocalSize != 0 {
+			h.pad[i] = make([]float32, topo.LocalSize*shards[i])
+		}
+	}
+	icfg := e.cfg
+	icfg.Strategy = StrategyAuto
+	if h.inner, err = newEngine(ctx, cross, shards, icfg, t); err != nil {
+		node.Close()
+		cross.Close()
+		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
+	}
+	h.inner.next = e.next
+	h.stream = newStream()
+	for _, b := range e.buckets {
+		b.reason = fmt.Sprintf("hierarchical (%d nodes × %d ranks; across nodes: %s)", topo.Nodes, topo.LocalSize, h.inner.strategy)
+	}
+	return h, nil
+}
+
+// prepare: the engine across nodes prepares its own buckets.
+func (h *hierBackend) prepare(*bucket) error { return nil }
+
+// launch enqueues r's reduce-scatter, which hands the shard to the engine
+// across nodes, and the previous bucket's all-gather. The first launch of
+// a step starts the step across nodes.
+func (h *hierBackend) launch(st *step, r *run) error {
+	if r.b.idx == 0 {
+		if err := h.inner.Step(); err != nil {
+			return fmt.Errorf("starting the step across nodes: %w", err)
+		}
+		st.nested = h.inner.cur
+	}
+	h.stream.enqueue(func() { h.scatterTask(st, r) })
+	if i := r.b.idx; i > 0 {
+		prev := st.runs[i-1]
+		h.stream.enqueue(func() { h.gatherTask(st, prev) })
+	}
+	return nil
+}
+
+func (h *hierBackend) launched(st *step) error {
+	last := st.runs[len(st.runs)-1]
+	h.stream.enqueue(func() { h.gatherTask(st, last) })
+	st.done = h.stream.record()
+	return nil
+}
+
+// nodeCollective runs one collective of bucket r on the node comm, as
+// Engine.collective does on its comm.
+func (h *hierBackend) nodeCollective(st *step, r *run, stage string, volume int64, call func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(st.ctx, h.c.cfg.Timeout)
+	defer cancel()
+	t := time.Now()
+	err := call(ctx)
+	r.stats.Exchange += time.Since(t)
+	r.stats.BytesSent += volume
+	r.stats.BytesInNode += volume
+	if err != nil {
+		return &StepError{Step: st.num, Bucket: r.b.idx, Stage: stage, Err: err}
+	}
+	return nil
+}
+
+// scatterTask runs on the node stream: the node's reduce-scatter of r,
+// its average, and the hand-over to the engine across nodes.
+func (h *hierBackend) scatterTask(st *step, r *run) {
+	if st.failure() != nil {
+		return
+	}
+	i, l := r.b.idx, h.topo.LocalSize
+	shard := h.shard[i]
+	if l == 1 {
+		copy(shard, r.grad)
+	} else {
+		src := r.grad
+		if p := h.pad[i]; p != nil {
+			copy(p, r.grad)
+			clear(p[len(r.grad):])
+			src = p
+		}
+		if err := h.nodeCollective(st, r, "node ReduceScatter", allToAllVolume(l, 4*len(src)), func(ctx context.Context) error {
+			return h.nodeData.ReduceScatter(ctx, shard, src)
+		}); err != nil {
+			st.fail(err)
+			return
+		}
+	}
+	bad := compress.Average(shard, l)
+	if h.c.cfg.FailOnNonFinite && l > 1 {
+		flag := []float32{0}
+		if bad >= 0 {
+			flag[0] = 1
+		}
+		if err := h.nodeCollective(st, r, "node AllReduce (non-finite flags)", allReduceVolume(l, 4), func(ctx context.Context) error {
+			return h.nodeData.AllReduce(ctx, flag)
+		}); err != nil {
+			st.fail(err)
+			return
+		}
+		if flag[0] != 0 && bad < 0 {
+			shard[0] = float32(math.NaN()) // another rank's shard is non-finite: skip the bucket everywhere
+		}
+	}
+	if err := h.inner.Ready(i, shard); err != nil {
+		st.fail(&StepError{Step: st.num, Bucket: i, Stage: "hand-over across nodes", Err: err})
+	}
+}
+
+// gatherTask runs on the node stream: once the engine across nodes has
+// decoded r's shard, the node's all-gather of the shards into r.grad.
+func (h *hierBackend) gatherTask(st *step, r *run) {
+	if st.failure() != nil {
+		return
+	}
+	ir := st.nested.runs[r.b.idx]
+	select {
+	case <-ir.decoded.fired():
+	case <-st.nested.failed:
+		st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "exchange across nodes", Err: st.nested.failure()})
+		return
+	case <-st.failed:
+		return
+	}
+	i, l := r.b.idx, h.topo.LocalSize
+	if l == 1 {
+		copy(r.grad, h.shard[i])
+		return
+	}
+	dst := r.grad
+	if p := h.pad[i]; p != nil {
+		dst = p
+	}
+	if err := h.nodeCollective(st, r, "node AllGather", allGatherVolume(l, 4*len(h.shard[i])), func(ctx context.Context) error {
+		return h.nodeData.AllGather(ctx, f32.Bytes(dst), f32.Bytes(h.shard[i]))
+	}); err != nil {
+		st.fail(err)
+		return
+	}
+	if h.pad[i] != nil {
+		copy(r.grad, dst)
+	}
+}
+
+// wait waits for the node stages, then ends the step across nodes (its
+// Wait), whose failure, but for a *NonFiniteStepError, fails st.
+func (h *hierBackend) wait(ctx context.Context, st *step) error {
+	var done <-chan struct{}
+	if st.done != nil {
+		done = st.done.fired()
+	}
+	select {
+	case <-done:
+	case <-st.failed:
+	case <-ctx.Done():
+		select {
+		case <-done:
+		default:
+			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
+		}
+	}
+	if st.failure() != nil {
+		<-h.stream.record().fired()
+	}
+	if st.nested != nil {
+		res, err := h.inner.Wait(ctx)
+		st.nestedResult = res
+		var nf *NonFiniteStepError
+		if err != nil && !errors.As(err, &nf) {
+			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "step across nodes", Err: err})
+		}
+	}
+	return st.failure()
+}
+
+// conclude takes each bucket's outcome and statistics from the step across
+// nodes.
+func (h *hierBackend) conclude(st *step) error {
+	for i, r := range st.runs {
+		ir := st.nested.runs[i]
+		s := st.nestedResult.Buckets[i]
+		r.outcome, r.nonFinite, r.heldBack = ir.outcome, ir.nonFinite, ir.heldBack
+		r.stats.Reason = r.b.reason + "; across nodes: " + s.Reason
+		r.stats.BytesSent += s.BytesSent
+		r.stats.Exchange += s.Exchange
+		r.stats.Compress, r.stats.Decompress = s.Compress, s.Decompress
+		r.stats.PredictedDense, r.stats.PredictedCompressed = s.PredictedDense, s.PredictedCompressed
+		r.stats.MeasuredDense, r.stats.MeasuredCompressed = s.MeasuredDense, s.MeasuredCompressed
+		r.stats.Trial, r.stats.Switched, r.stats.Guarded = s.Trial, s.Switched, s.Guarded
+		if ir.outcome == pathSkipped {
+			r.fallback = ir.fallback // core.finish's *NonFiniteStepError lists it
+		}
+	}
+	return nil
+}
+
+// settle: the step across nodes settled its memories in its Wait.
+func (h *hierBackend) settle(*step, stepEnd) {}
+
+func (h *hierBackend) memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error) {
+	return h.inner.memory(call)
+}
+
+func (h *hierBackend) install(gradEF, partEF *compress.ErrorFeedback) error {
+	return h.inner.install(gradEF, partEF)
+}
+
+func (h *hierBackend) velocity(i int) ([]float32, error) { return h.inner.velocity(i) }
+
+func (h *hierBackend) setVelocity(us [][]float32) error { return h.inner.setVelocity(us) }
+
+// usePhase: the engine across nodes runs the schedule.
+func (h *hierBackend) usePhase() {}
+
+// teardown closes the engine across nodes, the node stream and the comms
+// of the Split.
+func (h *hierBackend) teardown() error {
+	err := h.inner.Close()
+	h.stream.close()
+	return errors.Join(err, h.node.Close(), h.cross.Close())
+}

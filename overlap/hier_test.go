@@ -1,0 +1,369 @@
+package overlap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/inproc"
+)
+
+// nodeGroup returns the ranks of nodes × local in-process ranks, rank r on
+// node r/local.
+func nodeGroup(t testing.TB, nodes, local int) []comm.Comm {
+	t.Helper()
+	nodeOf := make([]int, nodes*local)
+	for r := range nodeOf {
+		nodeOf[r] = r / local
+	}
+	comms, err := inproc.NewNodeGroup(nodeOf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comms
+}
+
+// exactAverage is the float64 average over ranks of grads[.][b].
+func exactAverage(grads [][][]float32, b int) []float64 {
+	avg := make([]float64, len(grads[0][b]))
+	for r := range grads {
+		for i, v := range grads[r][b] {
+			avg[i] += float64(v)
+		}
+	}
+	for i := range avg {
+		avg[i] /= float64(len(grads))
+	}
+	return avg
+}
+
+// hierSizes have lengths that divide by 2 and 4 and ones that do not.
+var hierSizes = []int{4096, 1001, 7, 1}
+
+// TestHierDense: with codec none, hierarchical dense gives every rank the
+// same average, equal to the exact one within float32 rounding, at 2×2,
+// 2×4, 4×1 and 1×3 (one node), buckets whose lengths do not divide by the
+// node size included.
+func TestHierDense(t *testing.T) {
+	for _, l := range [][2]int{{2, 2}, {2, 4}, {4, 1}, {1, 3}} {
+		t.Run(fmt.Sprintf("%dx%d", l[0], l[1]), func(t *testing.T) {
+			engines := newEnginesOn(t, nodeGroup(t, l[0], l[1]), hierSizes, Config{Spec: "none", Strategy: StrategyHier})
+			for step := range 2 {
+				grads := stepGrads(len(engines), step, hierSizes)
+				want := clone3(grads)
+				_, errs := runStep(engines, grads, reversedOnOdd(len(hierSizes)))
+				mustNoErrors(t, "step", errs)
+				for b := range hierSizes {
+					avg := exactAverage(want, b)
+					for r := range engines {
+						if i := sameFloats(grads[r][b], grads[0][b]); i >= 0 {
+							t.Fatalf("step %d bucket %d: rank %d differs from rank 0 at %d", step, b, r, i)
+						}
+					}
+					for i, v := range grads[0][b] {
+						if d := math.Abs(float64(v) - avg[i]); d > 1e-5*(1+math.Abs(avg[i])) {
+							t.Fatalf("step %d bucket %d element %d: %v, exact average %v", step, b, i, v, avg[i])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHierCompressed: each codec's hierarchical exchange gives every rank
+// the same result, the average within the codec's error, and error
+// feedback carries what a step held back: the sum of the results over
+// steps approaches the sum of the averages.
+func TestHierCompressed(t *testing.T) {
+	for _, spec := range []string{"int8", "int4", "topk:0.1", "randomk:0.25", "fp16", "sign"} {
+		t.Run(spec, func(t *testing.T) {
+			engines := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, Config{Spec: spec, Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed})
+			const steps = 24
+			got := make([][]float64, len(hierSizes))
+			sum := make([][]float64, len(hierSizes))
+			for b, n := range hierSizes {
+				got[b], sum[b] = make([]float64, n), make([]float64, n)
+			}
+			for step := range steps {
+				grads := stepGrads(len(engines), 0, hierSizes) // the same gradient every step
+				want := clone3(grads)
+				stats, errs := runStep(engines, grads, inOrder(len(hierSizes)))
+				mustNoErrors(t, "step", errs)
+				for b := range hierSizes {
+					if !stats[0].Buckets[b].Compressed || stats[0].Buckets[b].Strategy != StrategyHier {
+						t.Fatalf("step %d bucket %d: %+v, want compressed by hier", step, b, stats[0].Buckets[b])
+					}
+					for r := range engines {
+						if i := sameFloats(grads[r][b], grads[0][b]); i >= 0 {
+							t.Fatalf("step %d bucket %d: rank %d differs from rank 0 at element %d", step, b, r, i)
+						}
+					}
+					for i, v := range exactAverage(want, b) {
+						got[b][i] += float64(grads[0][b][i])
+						sum[b][i] += v
+					}
+				}
+			}
+			// Error feedback: Σ results = Σ averages − what the memories
+			// hold, a bounded amount, so the mean over steps converges.
+			// Not for sign, whose second stage has no memory (memories).
+			for b := range hierSizes {
+				if spec == "sign" {
+					break
+				}
+				var num, den float64
+				for i := range sum[b] {
+					num += (got[b][i] - sum[b][i]) * (got[b][i] - sum[b][i])
+					den += sum[b][i] * sum[b][i]
+				}
+				if rel := math.Sqrt(num / den); rel > 0.35 {
+					t.Errorf("bucket %d: after %d steps the results' sum is %.3g off the averages' (relative)", b, steps, rel)
+				}
+			}
+		})
+	}
+}
+
+// TestHierBytes: what crosses between nodes (BytesSent − BytesInNode) is
+// what a flat engine of the same codec sends on K ranks for shards of
+// ⌈n/L⌉ elements, and the node stages send 2(L−1)·4⌈n/L⌉ bytes per bucket
+// (docs/DESIGN.md, "Hierarchical exchange").
+func TestHierBytes(t *testing.T) {
+	for _, l := range [][2]int{{2, 2}, {2, 4}} {
+		for _, spec := range []string{"none", "int8", "int4", "topk:0.01"} {
+			t.Run(fmt.Sprintf("%dx%d/%s", l[0], l[1], spec), func(t *testing.T) {
+				k, local := l[0], l[1]
+				sizes := []int{1 << 16, 1001}
+				cfg := Config{Spec: spec, ErrorFeedback: spec != "none", Decision: DecideCompressed}
+				shards := []int{shardLen(sizes[0], local), shardLen(sizes[1], local)}
+				flat := newEngines(t, k, shards, cfg)
+				fstats, errs := runStep(flat, stepGrads(k, 0, shards), inOrder(2))
+				mustNoErrors(t, "flat step", errs)
+				cfg.Strategy = StrategyHier
+				hier := newEnginesOn(t, nodeGroup(t, k, local), sizes, cfg)
+				hstats, errs := runStep(hier, stepGrads(k*local, 0, sizes), inOrder(2))
+				mustNoErrors(t, "hier step", errs)
+				for r := range hier {
+					for b, s := range hstats[r].Buckets {
+						across := s.BytesSent - s.BytesInNode
+						if want := fstats[0].Buckets[b].BytesSent; across != want {
+							t.Errorf("rank %d bucket %d: %d bytes across nodes, want %d (flat on %d ranks)", r, b, across, want, k)
+						}
+						if want := int64(2 * (local - 1) * 4 * shards[b]); s.BytesInNode != want {
+							t.Errorf("rank %d bucket %d: %d bytes in the node, want %d", r, b, s.BytesInNode, want)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// liar is a rank that reports another topology than its comm's.
+type liar struct {
+	comm.Comm
+	topo comm.Topology
+}
+
+func (l liar) Topology() comm.Topology { return l.topo }
+func (l liar) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	return l.Comm.(comm.Splitter).Split(ctx)
+}
+
+// bare hides its comm's topology.
+type bare struct{ comm.Comm }
+
+// TestHierBadTopology: ranks that disagree on the topology, nodes of
+// unequal sizes, or a comm that cannot tell its nodes: every rank's New
+// fails at once with the same clear error.
+func TestHierBadTopology(t *testing.T) {
+	cases := []struct {
+		name string
+		wrap func(r int, c comm.Comm) comm.Comm
+		want string
+	}{
+		{"two ranks claim one place", func(r int, c comm.Comm) comm.Comm {
+			if r == 1 {
+				return liar{c, comm.Topology{Node: 0, Nodes: 2, LocalRank: 0, LocalSize: 2}}
+			}
+			return c
+		}, "rank 1: it says node 0 of 2, local rank 0 of 2"},
+		{"unequal nodes", func(r int, c comm.Comm) comm.Comm {
+			if r == 1 {
+				return liar{c, comm.Topology{Node: 1, Nodes: 2, LocalRank: 0, LocalSize: 2}}
+			}
+			return c
+		}, "every node must hold the same number of ranks"},
+		{"layout", func(r int, c comm.Comm) comm.Comm {
+			if r == 3 {
+				return liar{c, comm.Topology{Node: 3, Nodes: 4, LocalRank: 0, LocalSize: 1}}
+			}
+			return c
+		}, "ranks disagree on layout: rank 3 has 4 nodes × 1 ranks, rank 0 has 2 nodes × 2 ranks"},
+		{"no topology", func(r int, c comm.Comm) comm.Comm {
+			if r == 2 {
+				return bare{c}
+			}
+			return c
+		}, "rank 2 has an invalid configuration: strategy hier needs a comm that knows its nodes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := nodeGroup(t, 2, 2)
+			errs := onRanks(comms, func(r int, c comm.Comm) error {
+				e, err := New(context.Background(), tc.wrap(r, c), []int{64}, Config{Spec: "int8", Strategy: StrategyHier, Timeout: 10e9})
+				if err == nil {
+					e.Close()
+				}
+				return err
+			})
+			for r, err := range errs {
+				if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.want)) {
+					t.Errorf("rank %d: %v, want an error containing %q", r, err, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestHierState: a hierarchical engine's state restores bit-exactly into
+// a new engine of the same layout, and is refused by one of another
+// layout or a flat strategy, naming the setting.
+func TestHierState(t *testing.T) {
+	sizes := []int{300, 33}
+	cfg := Config{Spec: "int4", Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.9}
+	a := newEnginesOn(t, nodeGroup(t, 2, 2), sizes, cfg)
+	for step := range 3 {
+		_, errs := runStep(a, stepGrads(4, step, sizes), inOrder(2))
+		mustNoErrors(t, "step", errs)
+	}
+	states := make([][]byte, len(a))
+	for r, e := range a {
+		var buf bytes.Buffer
+		if err := e.Save(&buf); err != nil {
+			t.Fatalf("rank %d: Save: %v", r, err)
+		}
+		states[r] = buf.Bytes()
+		if err := CheckState(states[r], cfg, sizes, 4); err != nil {
+			t.Fatalf("rank %d: CheckState: %v", r, err)
+		}
+	}
+	b := newEnginesOn(t, nodeGroup(t, 2, 2), sizes, cfg)
+	for r, e := range b {
+		if err := e.Load(bytes.NewReader(states[r])); err != nil {
+			t.Fatalf("rank %d: Load: %v", r, err)
+		}
+	}
+	ga, gb := stepGrads(4, 3, sizes), stepGrads(4, 3, sizes)
+	_, errs := runStep(a, ga, inOrder(2))
+	mustNoErrors(t, "step a", errs)
+	_, errs = runStep(b, gb, inOrder(2))
+	mustNoErrors(t, "step b", errs)
+	for r := range ga {
+		for i := range sizes {
+			if j := sameFloats(gb[r][i], ga[r][i]); j >= 0 {
+				t.Fatalf("rank %d bucket %d: the restored engine differs at element %d", r, i, j)
+			}
+		}
+	}
+
+	other := newEnginesOn(t, nodeGroup(t, 1, 4), sizes, cfg)
+	var se *StateError
+	if err := other[0].Load(bytes.NewReader(states[0])); !errors.As(err, &se) || se.Setting != "layout" {
+		t.Errorf("1×4 engine loading a 2×2 state: %v, want a *StateError on the layout", err)
+	}
+	flatCfg := cfg
+	flatCfg.Strategy = StrategyAuto
+	flat := newEngines(t, 4, sizes, flatCfg)
+	if err := flat[0].Load(bytes.NewReader(states[0])); !errors.As(err, &se) || se.Setting != "strategy" {
+		t.Errorf("flat engine loading a hier state: %v, want a *StateError on the strategy", err)
+	}
+	if err := b[1].Load(bytes.NewReader(states[0])); !errors.As(err, &se) || se.Setting != "layout" {
+		t.Errorf("rank 1 loading rank 0's state: %v, want a *StateError on the layout (rank 0's place)", err)
+	}
+	corrupt := append([]byte(nil), states[0]...)
+	corrupt[len(corrupt)/2] ^= 1
+	if err := b[0].Load(bytes.NewReader(corrupt)); !errors.As(err, &se) {
+		t.Errorf("corrupt state: %v, want a *StateError", err)
+	}
+}
+
+// TestHierNonFinite: with FailOnNonFinite, a NaN in one rank's bucket
+// makes every rank's Wait return the same *NonFiniteStepError, and every
+// memory stays as it was; without it, the NaN shows in the average where
+// plain all-reduce puts it, on every rank.
+func TestHierNonFinite(t *testing.T) {
+	sizes := []int{64, 32}
+	cfg := Config{Spec: "int8", Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed, FailOnNonFinite: true}
+	engines := newEnginesOn(t, nodeGroup(t, 2, 2), sizes, cfg)
+	_, errs := runStep(engines, stepGrads(4, 0, sizes), inOrder(2))
+	mustNoErrors(t, "step 0", errs)
+	before := saveAll(t, engines)
+	grads := stepGrads(4, 1, sizes)
+	grads[3][1][5] = float32(math.NaN()) // rank 3 (node 1, local rank 1), first shard
+	_, errs = runStep(engines, grads, inOrder(2))
+	for r, err := range errs {
+		var nf *NonFiniteStepError
+		if !errors.As(err, &nf) || len(nf.Buckets) != 1 || nf.Buckets[0] != 1 {
+			t.Fatalf("rank %d: %v, want a *NonFiniteStepError for bucket 1", r, err)
+		}
+	}
+	after := saveAll(t, engines)
+	checkSameMemories(t, before, after)
+
+	cfg.FailOnNonFinite = false
+	open := newEnginesOn(t, nodeGroup(t, 2, 2), sizes, cfg)
+	grads = stepGrads(4, 0, sizes)
+	grads[3][1][5] = float32(math.NaN())
+	_, errs = runStep(open, grads, inOrder(2))
+	mustNoErrors(t, "step with NaN", errs)
+	for r := range open {
+		for i, v := range grads[r][1] {
+			if math.IsNaN(float64(v)) != (i == 5) {
+				t.Fatalf("rank %d: element %d of the average is %v; want NaN exactly at 5", r, i, v)
+			}
+		}
+	}
+}
+
+func saveAll(t *testing.T, engines []*Engine) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(engines))
+	for r, e := range engines {
+		var buf bytes.Buffer
+		if err := e.Save(&buf); err != nil {
+			t.Fatalf("rank %d: Save: %v", r, err)
+		}
+		out[r] = buf.Bytes()
+	}
+	return out
+}
+
+// checkSameMemories compares two sets of states byte for byte but for the
+// step numbers and checksums (outer and across nodes).
+func checkSameMemories(t *testing.T, a, b [][]byte) {
+	t.Helper()
+	for r := range a {
+		ia, _ := InspectState(a[r])
+		ib, _ := InspectState(b[r])
+		if ib.NextStep != ia.NextStep+1 {
+			t.Errorf("rank %d: next step %d after the skipped step, %d before", r, ib.NextStep, ia.NextStep)
+		}
+		diff := 0
+		for i := range a[r] {
+			if a[r][i] != b[r][i] {
+				diff++
+			}
+		}
+		// Two step numbers (8 bytes each, the low byte changes) and two
+		// checksums (4 bytes each) at most.
+		if diff > 2*8+2*4 {
+			t.Errorf("rank %d: %d bytes of the state changed across a skipped step; the memories must not", r, diff)
+		}
+	}
+}
