@@ -23,8 +23,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.SetOutput(stderr)
 	def := train.DefaultConfig()
 	ranks := fs.Int("ranks", 4, "in-process ranks (one goroutine each); ignored with -mpi")
+	nodes := fs.Int("nodes", 1, "nodes the in-process ranks pretend to run on (rank r on node r/(ranks/nodes)), for @hier; ignored with -mpi")
 	epochs := fs.Int("epochs", def.Epochs, "passes over the train set")
-	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard, +auto for the cost model's decisions (else every bucket is compressed); then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather)")
+	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard, +auto for the cost model's decisions (else every bucket is compressed); then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather, hier)")
 	out := fs.String("out", filepath.Join("out", "train"), "directory for the reports (created)")
 	seed := fs.Uint64("seed", def.Seed, "seed of the data, the initial weights and the shuffles")
 	trainSize := fs.Int("train-size", def.TrainSize, "examples in the train set")
@@ -51,7 +52,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(err)
 	}
-	group, err := ranksOf(*useMPI, *ranks)
+	group, err := ranksOf(*useMPI, *ranks, *nodes)
 	if err != nil {
 		return fail(err)
 	}
@@ -89,11 +90,18 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
-// ranksOf returns the ranks this process drives: n in-process ranks, or
-// with useMPI this process's rank of the MPI job.
-func ranksOf(useMPI bool, n int) ([]comm.Comm, error) {
+// ranksOf returns the ranks this process drives: n in-process ranks on
+// nodes nodes, or with useMPI this process's rank of the MPI job.
+func ranksOf(useMPI bool, n, nodes int) ([]comm.Comm, error) {
 	if !useMPI {
-		return inproc.NewGroup(n)
+		if nodes < 1 || n%nodes != 0 {
+			return nil, fmt.Errorf("-nodes %d: want a divisor of -ranks %d", nodes, n)
+		}
+		nodeOf := make([]int, n)
+		for r := range nodeOf {
+			nodeOf[r] = r / (n / nodes)
+		}
+		return inproc.NewNodeGroup(nodeOf)
 	}
 	c, err := mpi.Init()
 	if err != nil {
