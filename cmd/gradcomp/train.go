@@ -94,7 +94,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // nodes nodes, or with useMPI this process's rank of the MPI job.
 func ranksOf(useMPI bool, n, nodes int) ([]comm.Comm, error) {
 	if !useMPI {
-		if nodes < 1 || n%nodes != 0 {
+		if nodes == 1 {
+			return inproc.NewGroup(n)
+		}
+		if nodes < 1 || n < 1 || n%nodes != 0 {
 			return nil, fmt.Errorf("-nodes %d: want a divisor of -ranks %d", nodes, n)
 		}
 		nodeOf := make([]int, n)
