@@ -158,6 +158,7 @@ var (
 	_ comm.Comm       = (*Comm)(nil)
 	_ comm.Unchecker  = (*Comm)(nil)
 	_ comm.Topologist = (*Comm)(nil)
+	_ comm.Splitter   = (*Comm)(nil)
 )
 
 // RanksPerNodeEnv names the environment variable that, set to a positive
@@ -191,6 +192,27 @@ func (c *Comm) Dup(ctx context.Context, opts ...Option) (*Comm, error) {
 		return nil, err
 	}
 	return c.dup(ctx, cfg)
+}
+
+// Split implements comm.Splitter with MPI_Comm_split: node holds the ranks
+// of this rank's node (colour Node, ordered by rank) and reports one node,
+// cross the ranks of this rank's local rank (colour LocalRank, ordered by
+// node) and reports one rank per node. Both take c's options and are
+// independent of c (own failures, own Close; closing them does not
+// finalize MPI). MPI_Comm_split blocks until every rank has called it, so
+// Split first makes a Barrier on c, which honours ctx: a rank that never
+// arrives ends Split with the Barrier's error; one that dies between the
+// Barrier and the split leaves the others blocked (end the job with
+// Abort).
+func (c *Comm) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	if err := c.Barrier(ctx); err != nil {
+		return nil, nil, err
+	}
+	n, x, err := c.split()
+	if err != nil {
+		return nil, nil, err
+	}
+	return n, x, nil
 }
 
 // Unchecked implements comm.Unchecker: c's communicator without the

@@ -38,6 +38,7 @@ static int gc_node_leaders(MPI_Comm c, int rank, int *leaders) {
 }
 
 static int gc_idup(MPI_Comm c, MPI_Comm *out, MPI_Request *r) { return MPI_Comm_idup(c, out, r); }
+static int gc_split(MPI_Comm c, int color, int key, MPI_Comm *out) { return MPI_Comm_split(c, color, key, out); }
 static int gc_iallreduce(float *buf, int n, MPI_Comm c, MPI_Request *r) {
 	return MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, c, r);
 }
@@ -283,6 +284,34 @@ func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
 		return nil, err
 	}
 	return nc, nc.setRankSize("Dup")
+}
+
+// split makes the node and cross-node communicators of Split (after its
+// Barrier): two MPI_Comm_split calls, under c's guard.
+func (c *Comm) split() (node, cross *Comm, err error) {
+	if err := c.h.guard.Enter(comm.OpDup, c.rank); err != nil {
+		return nil, nil, err
+	}
+	defer c.h.guard.Exit()
+	if err := c.usable(comm.OpDup); err != nil {
+		return nil, nil, err
+	}
+	t := c.topo
+	splitBy := func(color, key int, topo comm.Topology) (*Comm, error) {
+		nc := &Comm{topo: topo, cfg: c.cfg, h: &handle{closing: make(chan struct{})}}
+		if rc := mpi(func() C.int { return C.gc_split(c.h.comm, C.int(color), C.int(key), &nc.h.comm) }); rc != C.MPI_SUCCESS {
+			return nil, mpiError("Split", "MPI_Comm_split", c.rank, rc)
+		}
+		return nc, nc.setRankSize("Split")
+	}
+	if node, err = splitBy(t.Node, c.rank, comm.Topology{Nodes: 1, LocalRank: t.LocalRank, LocalSize: t.LocalSize}); err != nil {
+		return nil, nil, err
+	}
+	if cross, err = splitBy(t.LocalRank, t.Node, comm.Topology{Node: t.Node, Nodes: t.Nodes, LocalSize: 1}); err != nil {
+		node.Close()
+		return nil, nil, err
+	}
+	return node, cross, nil
 }
 
 func (c *Comm) run(ctx context.Context, call check.Call, a args) error {

@@ -357,12 +357,21 @@ func TestTopology(t *testing.T) {
 	})
 }
 
-// TestTopologyEnv: with RanksPerNodeEnv=2, the 4 ranks are 2 nodes of 2.
+// topologyEnvRan is the line every rank of TestTopologyEnv's job prints at
+// the end of its body, so the launcher knows the bodies ran.
+const topologyEnvRan = "topology-env body ran on rank"
+
+// TestTopologyEnv: with RanksPerNodeEnv=2, the 4 ranks are 2 nodes of 2;
+// Split gives each rank its node's 2 ranks and the 2 ranks of its local
+// rank, both conforming comms independent of the world.
 func TestTopologyEnv(t *testing.T) {
 	if world == nil {
 		j := mpilaunch.Run(t, np, []string{scenarioEnv + "=" + t.Name(), RanksPerNodeEnv + "=2"}, "-test.v=true", "-test.run=^"+t.Name()+"$")
 		if j.Err != nil {
 			t.Errorf("%s: %v\n%s", j.Cmd, j.Err, j.Out)
+		}
+		if n := strings.Count(string(j.Out), topologyEnvRan); n != np {
+			t.Errorf("%d of %d ranks reported that the test body ran:\n%s", n, np, j.Out)
 		}
 		return
 	}
@@ -374,4 +383,53 @@ func TestTopologyEnv(t *testing.T) {
 	if got := world.Topology(); got != want {
 		t.Errorf("rank %d: Topology %+v, want %+v", r, got, want)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node, cross, err := world.Split(ctx)
+	if err != nil {
+		t.Fatalf("rank %d: Split: %v", r, err)
+	}
+	for _, g := range []struct {
+		name       string
+		c          comm.Comm
+		rank, size int
+		topo       comm.Topology
+	}{
+		{"node", node, r % 2, 2, comm.Topology{Nodes: 1, LocalRank: r % 2, LocalSize: 2}},
+		{"cross", cross, r / 2, 2, comm.Topology{Node: r / 2, Nodes: 2, LocalSize: 1}},
+	} {
+		if g.c.Rank() != g.rank || g.c.Size() != g.size || g.c.(comm.Topologist).Topology() != g.topo {
+			t.Errorf("rank %d: %s comm is rank %d of %d, %+v; want %d of %d, %+v", r, g.name, g.c.Rank(), g.c.Size(),
+				g.c.(comm.Topologist).Topology(), g.rank, g.size, g.topo)
+		}
+		// Membership: the world ranks gathered over the sub-comm.
+		all := make([]byte, 2)
+		if err := g.c.AllGather(ctx, all, []byte{byte(r)}); err != nil {
+			t.Fatalf("rank %d: %s AllGather: %v", r, g.name, err)
+		}
+		wantAll := []byte{byte(r / 2 * 2), byte(r/2*2 + 1)}
+		if g.name == "cross" {
+			wantAll = []byte{byte(r % 2), byte(r%2 + 2)}
+		}
+		if string(all) != string(wantAll) {
+			t.Errorf("rank %d: %s comm holds world ranks %v, want %v", r, g.name, all, wantAll)
+		}
+		if err := commtest.Run(ctx, g.c, commtest.Options{}); err != nil {
+			t.Errorf("rank %d: %s comm: %v", r, g.name, err)
+		}
+	}
+	if err := node.Close(); err != nil {
+		t.Error(err)
+	}
+	// The cross comm and the world outlive the node comm.
+	if err := cross.Barrier(ctx); err != nil {
+		t.Errorf("rank %d: cross Barrier after the node comm closed: %v", r, err)
+	}
+	if err := cross.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := world.Barrier(ctx); err != nil {
+		t.Errorf("rank %d: world Barrier after the split comms closed: %v", r, err)
+	}
+	fmt.Println(topologyEnvRan, r)
 }
