@@ -130,7 +130,9 @@ func (k *rank) Topology() comm.Topology { return k.topo }
 
 // Split implements comm.Splitter. It is a Barrier on the parent, with its
 // failures, after which every rank takes its node and cross groups from the
-// new groups its split made, one per node and one per local rank.
+// new groups its split made, one per node and one per local rank. A node
+// group reports one node holding its ranks, a cross group one rank per
+// node (as comm/mpi's).
 func (k *rank) Split(ctx context.Context) (node, cross comm.Comm, err error) {
 	if err := k.Barrier(ctx); err != nil {
 		return nil, nil, err
@@ -144,11 +146,15 @@ func (k *rank) Split(ctx context.Context) (node, cross comm.Comm, err error) {
 		t := g.topo[0]
 		s = &split{groups: make([][]comm.Comm, t.Nodes+t.LocalSize)}
 		for i := range s.groups {
-			size := t.LocalSize
-			if i >= t.Nodes {
-				size = t.Nodes
+			if i < t.Nodes {
+				s.groups[i], _ = NewGroup(t.LocalSize) // one node
+				continue
 			}
-			s.groups[i], _ = NewGroup(size)
+			nodes := make([]int, t.Nodes)
+			for n := range nodes {
+				nodes[n] = n
+			}
+			s.groups[i], _ = NewNodeGroup(nodes) // one rank per node
 		}
 		g.splits[k.splits] = s
 	}
