@@ -93,9 +93,16 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 	if cs.Decision == CostModel {
 		decision = overlap.DecideAuto
 	}
+	strategy := overlap.StrategyAuto
+	if cs.Strategy != "" {
+		var err error
+		if strategy, err = overlap.ParseStrategy(cs.Strategy); err != nil {
+			return nil, err
+		}
+	}
 	sizes := bucketSizes(cfg.Size, cfg.BucketElems)
 	e, err := overlap.New(ctx, c, sizes, overlap.Config{
-		Spec: cs.Codec, ErrorFeedback: cfg.ErrorFeedback, Decision: decision,
+		Spec: cs.Codec, Strategy: strategy, ErrorFeedback: cfg.ErrorFeedback, Decision: decision,
 		Timeout: cfg.Timeout, Workers: cfg.Workers,
 	})
 	if err != nil {

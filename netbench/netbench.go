@@ -29,7 +29,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
@@ -54,6 +57,10 @@ type Case struct {
 	Codec string
 	// Decision is Baseline, Pinned or CostModel.
 	Decision string
+	// Strategy is the engine's strategy (overlap.ParseStrategy): "" or
+	// "auto" for the codec's flat one, "hier" for the hierarchical
+	// exchange (which needs ranks that know their nodes).
+	Strategy string
 }
 
 // Config describes one measurement run. Every rank must pass the same
@@ -99,12 +106,21 @@ type Result struct {
 	// the baseline.
 	DenseSeconds float64 `json:"dense_seconds"`
 	Ranks        int     `json:"ranks"` // group size
-	Size         int     `json:"size"`  // gradient length, float32 elements
-	Bytes        int64   `json:"bytes"` // gradient size in bytes (4·Size)
+	// Nodes is the number of nodes the ranks run on (comm.Topologist), 1
+	// when the comm does not tell.
+	Nodes int   `json:"nodes"`
+	Size  int   `json:"size"`  // gradient length, float32 elements
+	Bytes int64 `json:"bytes"` // gradient size in bytes (4·Size)
 	// BytesSent is what the busiest rank put on the wire in one exchange:
 	// the engine's count for compressed cases, the ring all-reduce volume
 	// 2(n−1)/n·Bytes for the baseline.
 	BytesSent int64 `json:"bytes_sent"`
+	// CrossNodeBytes is what crossed between nodes per rank in one run, by
+	// the kernel's count: the bytes the node's network interfaces (all but
+	// loopback, of the rank's network namespace: /proc/net/dev) sent during
+	// the run, divided by the ranks of the node; median over the runs of
+	// the largest over ranks. Only with more than one node (0 otherwise).
+	CrossNodeBytes float64 `json:"cross_node_bytes"`
 	// Buckets and Compressed count the buckets of one exchange and those
 	// that crossed compressed (in the last run).
 	Buckets    int `json:"buckets"`
@@ -178,7 +194,11 @@ func Run(ctx context.Context, c comm.Comm, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
-	m := &measurer{c: c, cfg: cfg, src: synth.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank())), grad: make([]float32, cfg.Size)}
+	nodes, local := 1, 1
+	if t, ok := c.(comm.Topologist); ok {
+		nodes, local = t.Topology().Nodes, t.Topology().LocalSize
+	}
+	m := &measurer{c: c, cfg: cfg, nodes: nodes, local: local, src: synth.Generate(mixture, cfg.Size, cfg.Seed+uint64(c.Rank())), grad: make([]float32, cfg.Size)}
 	baseline := &denseAllReduce{c: c, timeout: cfg.Timeout}
 	progress("dense all-reduce (the baseline)")
 	r, err := m.measure(ctx, Case{Codec: "none", Decision: Baseline}, baseline, nil, nil)
@@ -212,10 +232,11 @@ var mixture = func() synth.Distribution {
 
 // measurer runs the cases of one Run on one rank.
 type measurer struct {
-	c    comm.Comm
-	cfg  Config
-	src  []float32 // this rank's gradient, never modified
-	grad []float32 // the exchange buffer, refilled from src before each run
+	c            comm.Comm
+	cfg          Config
+	nodes, local int       // the layout: nodes, ranks per node
+	src          []float32 // this rank's gradient, never modified
+	grad         []float32 // the exchange buffer, refilled from src before each run
 }
 
 // measureCase builds case cs's exchange, measures it (see measure) and
@@ -237,9 +258,9 @@ func (m *measurer) measureCase(ctx context.Context, cs Case, baseline exchange, 
 // machine, and the speedup is taken against those baseline runs; dense is
 // then the baseline's output, to compare ex's output with.
 func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, dense []float32) (Result, error) {
-	r := Result{Codec: cs.Codec, Decision: cs.Decision, Ranks: m.c.Size(), Size: m.cfg.Size, Bytes: 4 * int64(m.cfg.Size)}
+	r := Result{Codec: cs.Codec, Decision: cs.Decision, Ranks: m.c.Size(), Nodes: m.nodes, Size: m.cfg.Size, Bytes: 4 * int64(m.cfg.Size)}
 	var last sample
-	var runs [5][]float64 // per timed run, the largest over ranks of each of sample.numbers
+	var runs [6][]float64 // per timed run, the largest over ranks of each of sample.numbers
 	var paired []float64  // the baseline's times
 	first := -ex.warmups()
 	for rep := first; rep < m.cfg.Reps; rep++ { // reps below 0 are the warm-up
@@ -274,6 +295,9 @@ func (m *measurer) measure(ctx context.Context, cs Case, ex, baseline exchange, 
 	r.Runs, r.Seconds = runs[0], median(runs[0])
 	r.BytesSent = int64(slices.Max(runs[1]))
 	r.CompressSeconds, r.ExchangeSeconds, r.DecompressSeconds = median(runs[2]), median(runs[3]), median(runs[4])
+	if m.nodes > 1 {
+		r.CrossNodeBytes = median(runs[5])
+	}
 	r.DenseSeconds = r.Seconds
 	if baseline != nil {
 		r.DenseSeconds = median(paired)
@@ -292,14 +316,59 @@ func (m *measurer) once(ctx context.Context, ex exchange) ([]float64, sample, er
 	if err := barrier(ctx, m.c, m.cfg.Timeout); err != nil {
 		return nil, sample{}, err
 	}
+	sent0, err := m.sentByNode()
+	if err != nil {
+		return nil, sample{}, err
+	}
 	start := time.Now()
 	s, err := ex.run(ctx, m.grad)
 	took := time.Since(start)
 	if err != nil {
 		return nil, s, err
 	}
-	worst, err := m.maxOver(ctx, s.numbers(took))
+	sent1, err := m.sentByNode()
+	if err != nil {
+		return nil, s, err
+	}
+	worst, err := m.maxOver(ctx, append(s.numbers(took), float64(sent1-sent0)/float64(m.local)))
 	return worst, s, err
+}
+
+// sentByNode returns the bytes the network interfaces of this rank's
+// network namespace, but loopback, have sent (/proc/net/dev): with more
+// than one node, what left the node; 0 with one node.
+func (m *measurer) sentByNode() (uint64, error) {
+	if m.nodes < 2 {
+		return 0, nil
+	}
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		return 0, fmt.Errorf("reading the interface counters: %w", err)
+	}
+	return txBytes(string(b))
+}
+
+// txBytes sums the transmitted bytes of every interface but lo in the
+// text of /proc/net/dev.
+func txBytes(dev string) (uint64, error) {
+	var sum uint64
+	for _, line := range strings.Split(dev, "\n") {
+		name, counters, ok := strings.Cut(line, ":")
+		name = strings.TrimSpace(name)
+		if !ok || name == "lo" {
+			continue
+		}
+		f := strings.Fields(counters)
+		if len(f) < 9 {
+			return 0, fmt.Errorf("/proc/net/dev: interface %s has %d counters, want at least 9", name, len(f))
+		}
+		v, err := strconv.ParseUint(f[8], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/net/dev: interface %s: transmitted bytes %q: %w", name, f[8], err)
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 // maxOver returns, element by element, the largest of every rank's xs

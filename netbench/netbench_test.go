@@ -45,7 +45,7 @@ func testConfig() Config {
 
 func TestRunMeasuresEveryCase(t *testing.T) {
 	cfg := testConfig()
-	cfg.Cases = []Case{{"none", Pinned}, {"topk:0.01", Pinned}, {"int8", Pinned}}
+	cfg.Cases = []Case{{"none", Pinned, ""}, {"topk:0.01", Pinned, ""}, {"int8", Pinned, ""}}
 	var progress []string
 	cfg.Progress = func(msg string) { progress = append(progress, msg) }
 	all, errs := onRanks(t, 4, func(c comm.Comm) ([]Result, error) { return Run(context.Background(), c, cfg) })
@@ -115,7 +115,7 @@ func TestRunMeasuresEveryCase(t *testing.T) {
 func TestRunWithCostModel(t *testing.T) {
 	cfg := testConfig()
 	cfg.Reps = 1
-	cfg.Cases = []Case{{"int4", CostModel}}
+	cfg.Cases = []Case{{"int4", CostModel, ""}}
 	all, errs := onRanks(t, 2, func(c comm.Comm) ([]Result, error) { return Run(context.Background(), c, cfg) })
 	for r, err := range errs {
 		if err != nil {
@@ -150,8 +150,8 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		"workers":  func(c *Config) { c.Workers = 0 },
 		"probe":    func(c *Config) { c.ProbeBytes = -1 },
 		"timeout":  func(c *Config) { c.Timeout = 0 },
-		"decision": func(c *Config) { c.Cases = []Case{{"int8", "sometimes"}} },
-		"baseline": func(c *Config) { c.Cases = []Case{{"none", Baseline}} },
+		"decision": func(c *Config) { c.Cases = []Case{{"int8", "sometimes", ""}} },
+		"baseline": func(c *Config) { c.Cases = []Case{{"none", Baseline, ""}} },
 	} {
 		cfg := testConfig()
 		edit(&cfg)
@@ -167,7 +167,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 func TestRunReportsBadSpecOnEveryRank(t *testing.T) {
 	cfg := testConfig()
 	cfg.Timeout = 2 * time.Second
-	cfg.Cases = []Case{{"topk:2", Pinned}}
+	cfg.Cases = []Case{{"topk:2", Pinned, ""}}
 	_, errs := onRanks(t, 3, func(c comm.Comm) ([]Result, error) { return Run(context.Background(), c, cfg) })
 	for r, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "topk:2") {
@@ -223,5 +223,51 @@ func TestRelL2(t *testing.T) {
 	}
 	if got := relL2([]float32{0, 0}, []float32{3, 4}); got != 1 {
 		t.Errorf("zero against x: %v, want 1", got)
+	}
+}
+
+// TestRunHier: on 2 nodes × 2 in-process ranks, the hierarchical cases run
+// through the engine's hier strategy, report the layout and agree with
+// the dense baseline.
+func TestRunHier(t *testing.T) {
+	cfg := testConfig()
+	cfg.Cases = []Case{{"none", Pinned, "hier"}, {"int8", Pinned, "hier"}}
+	ranks, err := inproc.NewNodeGroup([]int{0, 0, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := make([][]Result, len(ranks))
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for r, c := range ranks {
+		wg.Go(func() { all[r], errs[r] = Run(context.Background(), c, cfg) })
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for i, limit := range []float64{1e-6, 0.1} { // dense: rounding; int8: its quantization
+		res := all[0][1+i]
+		if res.Strategy != "hier" || res.Nodes != 2 || res.RelErr > limit {
+			t.Errorf("%s: strategy %s on %d nodes, rel err %g; want hier on 2 nodes, within %g of dense", res.Codec, res.Strategy, res.Nodes, res.RelErr, limit)
+		}
+	}
+}
+
+// TestTxBytes: the transmitted bytes of /proc/net/dev, loopback left out.
+func TestTxBytes(t *testing.T) {
+	dev := `Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo: 900 9 0 0 0 0 0 0 900 9 0 0 0 0 0 0
+gcnb-v0: 1000 10 0 0 0 0 0 0 2500 20 0 0 0 0 0 0
+  eth1: 1 1 0 0 0 0 0 0 500 3 0 0 0 0 0 0
+`
+	if got, err := txBytes(dev); err != nil || got != 3000 {
+		t.Errorf("txBytes = %d, %v; want 3000", got, err)
+	}
+	if _, err := txBytes("eth0: 1 2 3\n"); err == nil {
+		t.Error("txBytes of a short line: no error")
 	}
 }

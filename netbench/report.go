@@ -70,15 +70,28 @@ func writeBlock(w io.Writer, rows []Result) error {
 	if h.LinkGbps > 0 {
 		rate = fmt.Sprintf("probed %.3g Gbit/s per rank", h.LinkGbps)
 	}
-	if _, err := fmt.Fprintf(w, "# link %s (%s), %d ranks, %d fp32 (%.1f MB), median of %d runs; speedup = dense s (the dense runs paired with the case's) / seconds; stage times summed over buckets\n",
-		h.Link, rate, h.Ranks, h.Size, float64(h.Bytes)/1e6, len(h.Runs)); err != nil {
+	layout := fmt.Sprintf("%d ranks", h.Ranks)
+	across := ""
+	if h.Nodes > 1 {
+		layout = fmt.Sprintf("%d nodes × %d ranks", h.Nodes, h.Ranks/h.Nodes)
+		across = "; across MB = bytes the node's interfaces sent per rank per run"
+	}
+	if _, err := fmt.Fprintf(w, "# link %s (%s), %s, %d fp32 (%.1f MB), median of %d runs; speedup = dense s (the dense runs paired with the case's) / seconds; stage times summed over buckets%s\n",
+		h.Link, rate, layout, h.Size, float64(h.Bytes)/1e6, len(h.Runs), across); err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tcodec\tdecision\tseconds\tdense s\tspeedup\tsent MB\tcompressed\tcompress s\texchange s\tdecompress s\trel err\t")
+	head := "strategy\tcodec\tdecision\tseconds\tdense s\tspeedup\tsent MB\t"
+	if h.Nodes > 1 {
+		head += "across MB\t"
+	}
+	fmt.Fprintln(tw, head+"compressed\tcompress s\texchange s\tdecompress s\trel err\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t%.2f×\t%.2f\t%d/%d\t%.4f\t%.4f\t%.4f\t%s\t\n",
-			r.Strategy, r.Codec, r.Decision, r.Seconds, r.DenseSeconds, r.Speedup, float64(r.BytesSent)/1e6, r.Compressed, r.Buckets,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t%.2f×\t%.2f\t", r.Strategy, r.Codec, r.Decision, r.Seconds, r.DenseSeconds, r.Speedup, float64(r.BytesSent)/1e6)
+		if h.Nodes > 1 {
+			fmt.Fprintf(tw, "%.2f\t", r.CrossNodeBytes/1e6)
+		}
+		fmt.Fprintf(tw, "%d/%d\t%.4f\t%.4f\t%.4f\t%s\t\n", r.Compressed, r.Buckets,
 			r.CompressSeconds, r.ExchangeSeconds, r.DecompressSeconds, strconv.FormatFloat(r.RelErr, 'g', 3, 64))
 	}
 	return tw.Flush()

@@ -16,6 +16,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm/mpi"
 	"github.com/gradcomp/gradcomp/internal/outfile"
 	"github.com/gradcomp/gradcomp/netbench"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // netbenchDefaultCodecs are the compressed exchanges `gradcomp netbench`
@@ -38,6 +39,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	size := fs.String("size", "25000000", "gradient length in fp32 elements (see gradcomp bench -size): 25000000 is 100 MB")
 	reps := fs.Int("reps", 5, "timed runs per case (the median is reported), after one warm-up")
 	codecs := fs.String("codecs", netbenchDefaultCodecs, "comma-separated compressor specs to time against the dense all-reduce")
+	strategies := fs.String("strategies", "auto", "comma-separated engine strategies per codec and decision: auto (the codec's flat exchange), hier (hierarchical: needs ranks on several nodes), or any overlap.ParseStrategy name")
 	decisions := fs.String("decisions", netbench.Pinned+","+netbench.CostModel, "comma-separated decision modes per codec: pinned (always compress), cost-model (the engine may fall back to dense)")
 	bucketMiB := fs.Float64("bucket-mib", 25, "largest bucket handed to the engine, in MiB of fp32")
 	ef := fs.Bool("ef", true, "error-feedback memory on")
@@ -75,9 +77,16 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 			return bad("-decisions: %q is not %s or %s", d, netbench.Pinned, netbench.CostModel)
 		}
 	}
+	for _, st := range bench.SplitList(*strategies) {
+		if _, err := overlap.ParseStrategy(st); err != nil {
+			return bad("-strategies: %v", err)
+		}
+	}
 	for _, c := range bench.SplitList(*codecs) {
 		for _, d := range bench.SplitList(*decisions) {
-			cases = append(cases, netbench.Case{Codec: c, Decision: d})
+			for _, st := range bench.SplitList(*strategies) {
+				cases = append(cases, netbench.Case{Codec: c, Decision: d, Strategy: st})
+			}
 		}
 	}
 	w := *workers

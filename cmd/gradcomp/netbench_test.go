@@ -23,10 +23,18 @@ func TestNetbenchFlags(t *testing.T) {
 		t.Fatalf("parse failed (%d): %s", code, stderr.String())
 	}
 	cfg := a.cfg
-	want := []netbench.Case{{Codec: "topk:0.01", Decision: netbench.CostModel}, {Codec: "int4", Decision: netbench.CostModel}}
+	want := []netbench.Case{{Codec: "topk:0.01", Decision: netbench.CostModel, Strategy: "auto"}, {Codec: "int4", Decision: netbench.CostModel, Strategy: "auto"}}
 	if cfg.Link != "1gbit" || cfg.Size != 1<<20 || cfg.Reps != 3 || cfg.BucketElems != 1<<18 || cfg.Workers != 2 ||
 		cfg.ProbeBytes != 2<<20 || cfg.ErrorFeedback || a.jsonPath != "x.json" || len(cfg.Cases) != 2 || cfg.Cases[0] != want[0] || cfg.Cases[1] != want[1] {
 		t.Errorf("parsed %+v, json %q", cfg, a.jsonPath)
+	}
+
+	a, _, ok = parseNetbench([]string{"-codecs", "none,int8", "-decisions", "pinned", "-strategies", "auto,hier"}, &stderr)
+	if !ok || len(a.cfg.Cases) != 4 || a.cfg.Cases[1] != (netbench.Case{Codec: "none", Decision: netbench.Pinned, Strategy: "hier"}) {
+		t.Errorf("-strategies auto,hier: %+v (%s)", a.cfg.Cases, stderr.String())
+	}
+	if _, code, ok := parseNetbench([]string{"-strategies", "sideways"}, &stderr); ok || code != 1 {
+		t.Errorf("-strategies sideways: ok %v, exit %d; want a refusal", ok, code)
 	}
 
 	a, _, ok = parseNetbench(nil, &stderr)
