@@ -22,8 +22,9 @@
 // Posts come out of Take in the order they were made. The engine makes its
 // collectives in the same order on every rank, so a host that carries them
 // out in Take's order on one communicator matches them across ranks. One
-// collective is in flight at a time (the rules of comm.Comm): the next is
-// posted only after the previous one completed.
+// collective is in flight at a time per group (the rules of comm.Comm): the
+// next is posted only after the previous one completed. (A transport with
+// a Split has three groups: see "Groups" below.)
 //
 // # Buffers
 //
@@ -34,6 +35,27 @@
 // memory); the host must not touch them after Complete or Close. A device
 // op is complete once the host has enqueued the collective on Op.Stream
 // (comm.DeviceComm's calls return once enqueued).
+//
+// # Groups: the hierarchical exchange
+//
+// A transport given this rank's place among the nodes (WithTopology,
+// SetTopology) is a comm.Topologist and a comm.Splitter, so overlap's
+// StrategyHier runs over it. Split adds two groups to the transport: the
+// node group (GroupNode: the ranks of this rank's node) and the cross-node
+// group (GroupCross: the ranks with this rank's local rank, one per node).
+// Their posts carry Op.Group; each group has its own queue, collective in
+// flight and failures, and the engine runs collectives on them at once
+// from different goroutines. The host maps each group id to a
+// communicator of its own over those ranks and carries out each group's
+// posts in order, independently of the others' (a thread per group, e.g.
+// ServeGroup or TakeGroup): running them on one thread in Take's order
+// would deadlock, since ranks of different nodes see the groups' posts
+// interleaved differently.
+//
+//	t, _ := hosted.New(rank, size, hosted.WithTopology(comm.Topology{Node: rank / 2, Nodes: size / 2, LocalRank: rank % 2, LocalSize: 2}))
+//	go hosted.ServeGroup(ctx, t, hosted.GroupWorld, world, nil)
+//	go hosted.ServeGroup(ctx, t, hosted.GroupNode, myNode, nil)
+//	go hosted.ServeGroup(ctx, t, hosted.GroupCross, myCross, nil)
 //
 // # Failures
 //
@@ -71,7 +93,8 @@ import (
 // see Float32s); device ops (Device true) carry SendPtr, RecvPtr, their
 // byte lengths and the stream to enqueue on.
 type Op struct {
-	ID     uint64  // from 1, per transport
+	ID     uint64  // from 1, per transport (unique across its groups)
+	Group  int     // GroupWorld; a Split's comms post GroupNode and GroupCross
 	Kind   comm.Op // the collective
 	Root   int     // Broadcast's root
 	Count  int     // n above: elements of float32 collectives, else bytes
@@ -90,7 +113,11 @@ func (op Op) String() string {
 	if op.Device {
 		where = fmt.Sprintf("device, stream %#x", uintptr(op.Stream))
 	}
-	return fmt.Sprintf("op %d: %v of %d (%s; %d bytes in, %d out)", op.ID, op.Kind, op.Count, where, op.SendBytes, op.RecvBytes)
+	group := ""
+	if op.Group != GroupWorld {
+		group = fmt.Sprintf(" of group %d", op.Group)
+	}
+	return fmt.Sprintf("op %d%s: %v of %d (%s; %d bytes in, %d out)", op.ID, group, op.Kind, op.Count, where, op.SendBytes, op.RecvBytes)
 }
 
 // Float32s returns b viewed as float32s (no copy): the element view of an
@@ -131,25 +158,55 @@ func (e *ProtocolError) Error() string {
 // post is an Op in the transport, with its caller waiting on done.
 type post struct {
 	op   Op
+	g    *Transport // the group it was posted on
 	done chan error // buffered: the completion's result
+}
+
+// The group ids of Op.Group.
+const (
+	GroupWorld = 0 // the transport's own ranks
+	GroupNode  = 1 // Split's node comm: the ranks of this rank's node
+	GroupCross = 2 // Split's cross comm: the ranks of every node with this rank's local rank
+)
+
+// hub is what the groups of one rank's transport share: the op ids, the
+// taken ops, the notification of Take, the topology and the groups of the
+// current Split. Everything in it and in its groups is guarded by mu.
+type hub struct {
+	mu      sync.Mutex
+	nextID  uint64
+	taken   map[uint64]*post // taken, not completed (or abandoned by a closed group)
+	changed chan struct{}    // closed and replaced on every post and on every Close
+	groups  [3]*Transport    // GroupWorld, then the current Split's (nil before one)
+	topo    comm.Topology    // zero: unknown
 }
 
 // Transport is one rank's end of a hosted group. Host returns its
 // comm.Comm face, Device its comm.DeviceComm face; both post to the same
 // queue, in order. Take and Complete are the host's side. All methods are
 // safe for concurrent use.
+//
+// A transport given its topology (WithTopology, SetTopology) is also a
+// comm.Topologist and a comm.Splitter (through Host): Split returns two
+// comms, the node group and the cross-node group, whose posts carry
+// Op.Group GroupNode and GroupCross. Each group has its own queue, its own
+// collective in flight and its own failures, so the three can run
+// collectives at once; the host must carry out each group's posts in
+// their order on a communicator of that group's ranks, independently of
+// the other groups' (TakeGroup takes one group's; Take takes every
+// group's, in the order they were posted). Op ids are unique across the
+// groups, and Complete finds the op's group by its id.
 type Transport struct {
+	h          *hub
+	group      int
 	rank, size int
 	timeout    time.Duration
 
-	mu       sync.Mutex
-	queue    []*post          // posted, not taken
-	taken    map[uint64]*post // taken, not completed
-	inFlight *post            // the collective a caller waits on
-	nextID   uint64
-	poison   error         // the first failure
-	closed   bool          // Close was called
-	changed  chan struct{} // closed and replaced on every post and on Close
+	// Guarded by h.mu.
+	queue    []*post // posted, not taken
+	inFlight *post   // the collective a caller waits on
+	poison   error   // the first failure
+	closed   bool    // Close was called
 }
 
 // Option configures a Transport.
@@ -167,6 +224,12 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
+// WithTopology gives the transport this rank's place among the nodes of
+// the job (see SetTopology).
+func WithTopology(topo comm.Topology) Option {
+	return func(t *Transport) error { return t.setTopologyLocked(topo) }
+}
+
 // DefaultTimeout is WithTimeout's default.
 const DefaultTimeout = 60 * time.Second
 
@@ -175,7 +238,9 @@ func New(rank, size int, opts ...Option) (*Transport, error) {
 	if size < 1 || size > 1<<16-1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("hosted: New(rank %d, size %d): want 1 ≤ size ≤ 65535 and 0 ≤ rank < size", rank, size)
 	}
-	t := &Transport{rank: rank, size: size, timeout: DefaultTimeout, taken: map[uint64]*post{}, changed: make(chan struct{})}
+	h := &hub{taken: map[uint64]*post{}, changed: make(chan struct{})}
+	t := &Transport{h: h, group: GroupWorld, rank: rank, size: size, timeout: DefaultTimeout}
+	h.groups[GroupWorld] = t
 	for _, o := range opts {
 		if err := o(t); err != nil {
 			return nil, err
@@ -190,31 +255,153 @@ func (t *Transport) Rank() int { return t.rank }
 // Size returns the number of ranks.
 func (t *Transport) Size() int { return t.size }
 
-// notify wakes every Take waiting for a change. t.mu is held.
-func (t *Transport) notify() {
-	close(t.changed)
-	t.changed = make(chan struct{})
+// Group returns t's group id: GroupWorld for a transport of New.
+func (t *Transport) Group() int { return t.group }
+
+// SetTopology sets this rank's place among the nodes of the job: node
+// topo.Node of topo.Nodes, local rank topo.LocalRank of topo.LocalSize,
+// with topo.Nodes × topo.LocalSize = Size(); the zero Topology means
+// unknown (then Topology returns it and Split fails). It is refused while
+// a Split's comms are open, and on a group of a Split. Whether the ranks
+// agree is not checked here (overlap's StrategyHier checks it).
+func (t *Transport) SetTopology(topo comm.Topology) error {
+	t.h.mu.Lock()
+	defer t.h.mu.Unlock()
+	for _, g := range t.h.groups[GroupNode:] {
+		if g != nil && !g.closed {
+			return fmt.Errorf("hosted: SetTopology on rank %d: a Split's comms are open", t.rank)
+		}
+	}
+	return t.setTopologyLocked(topo)
 }
 
-// Take returns the next post, waiting until there is one, ctx ends (its
+func (t *Transport) setTopologyLocked(topo comm.Topology) error {
+	switch {
+	case t.group != GroupWorld:
+		return fmt.Errorf("hosted: SetTopology on rank %d of group %d: only the world group has a topology", t.rank, t.group)
+	case topo == comm.Topology{}:
+	case topo.Nodes < 1 || topo.LocalSize < 1 || topo.Nodes*topo.LocalSize != t.size ||
+		topo.Node < 0 || topo.Node >= topo.Nodes || topo.LocalRank < 0 || topo.LocalRank >= topo.LocalSize:
+		return fmt.Errorf("hosted: rank %d of %d: topology node %d of %d, local rank %d of %d: want nodes × local size = %d, node and local rank within them",
+			t.rank, t.size, topo.Node, topo.Nodes, topo.LocalRank, topo.LocalSize, t.size)
+	}
+	t.h.topo = topo
+	return nil
+}
+
+// Topology returns this rank's place as SetTopology set it (the zero
+// Topology when unknown). A Split's node comm reports one node holding its
+// ranks, its cross comm one rank per node.
+func (t *Transport) Topology() comm.Topology {
+	t.h.mu.Lock()
+	defer t.h.mu.Unlock()
+	topo := t.h.topo
+	switch t.group {
+	case GroupNode:
+		return comm.Topology{Node: 0, Nodes: 1, LocalRank: topo.LocalRank, LocalSize: topo.LocalSize}
+	case GroupCross:
+		return comm.Topology{Node: topo.Node, Nodes: topo.Nodes, LocalRank: 0, LocalSize: 1}
+	}
+	return topo
+}
+
+// Split returns the node and cross-node groups of t (comm.Splitter): new
+// transports sharing t's host side, whose posts carry Op.Group GroupNode
+// (ranks: the node's, rank LocalRank) and GroupCross (ranks: one per node,
+// rank Node). It posts nothing (every rank calls it, as comm.Splitter
+// says, but the host already has its groups). It fails without a topology,
+// on a poisoned or closed transport, on a group of a Split, and while the
+// previous Split's comms are open (one Split at a time: their group ids
+// are fixed). Closing a split comm closes that group alone; closing t
+// closes them all.
+func (t *Transport) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	h := t.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	topo := h.topo
+	switch {
+	case t.group != GroupWorld:
+		return nil, nil, fmt.Errorf("hosted: Split on rank %d of group %d: only the world group splits", t.rank, t.group)
+	case t.closed:
+		return nil, nil, fmt.Errorf("hosted: Split on rank %d: %w", t.rank, &comm.ClosedError{Rank: t.rank})
+	case t.poison != nil:
+		return nil, nil, &comm.PoisonedError{Op: comm.OpBarrier, Rank: t.rank, Cause: t.poison}
+	case topo.Nodes == 0:
+		return nil, nil, fmt.Errorf("hosted: Split on rank %d: the transport has no topology (WithTopology, SetTopology; gc_engine_config's node, nodes, local_rank, local_size)", t.rank)
+	}
+	for _, g := range h.groups[GroupNode:] {
+		if g != nil && !g.closed {
+			return nil, nil, fmt.Errorf("hosted: Split on rank %d: the previous Split's comms are open (close them first)", t.rank)
+		}
+	}
+	n := &Transport{h: h, group: GroupNode, rank: topo.LocalRank, size: topo.LocalSize, timeout: t.timeout}
+	c := &Transport{h: h, group: GroupCross, rank: topo.Node, size: topo.Nodes, timeout: t.timeout}
+	h.groups[GroupNode], h.groups[GroupCross] = n, c
+	h.notify()
+	return hostComm{n}, hostComm{c}, nil
+}
+
+// notify wakes every Take waiting for a change. h.mu is held.
+func (h *hub) notify() {
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// Take returns the next post of every group (t must be the transport of
+// New), the one posted first, waiting until there is one, ctx ends (its
 // error) or the transport is closed (an error matching ErrClosed). Posts
-// come out in the order they were made.
+// come out in the order they were made; Op.Group says which group's each
+// is. On a group of a Split it is TakeGroup of that group.
 func (t *Transport) Take(ctx context.Context) (Op, error) {
+	if t.group != GroupWorld {
+		return t.TakeGroup(ctx, t.group)
+	}
+	return t.take(ctx, -1)
+}
+
+// TakeGroup is Take of group's posts alone (GroupWorld, GroupNode,
+// GroupCross): it waits while the group has none, also while no Split has
+// made it or after a Split's comm was closed (a later Split makes it
+// again); it returns an error matching ErrClosed only once the transport
+// of New is closed.
+func (t *Transport) TakeGroup(ctx context.Context, group int) (Op, error) {
+	if group < GroupWorld || group > GroupCross {
+		return Op{}, fmt.Errorf("hosted: TakeGroup on rank %d: group %d: want %d, %d or %d", t.rank, group, GroupWorld, GroupNode, GroupCross)
+	}
+	return t.take(ctx, group)
+}
+
+// take is Take (group -1: every group) and TakeGroup.
+func (t *Transport) take(ctx context.Context, group int) (Op, error) {
+	h := t.h
 	for {
-		t.mu.Lock()
-		switch {
-		case t.closed:
-			t.mu.Unlock()
-			return Op{}, fmt.Errorf("hosted: Take on rank %d: %w", t.rank, &comm.ClosedError{Rank: t.rank})
-		case len(t.queue) > 0:
-			p := t.queue[0]
-			t.queue = t.queue[1:]
-			t.taken[p.op.ID] = p
-			t.mu.Unlock()
+		h.mu.Lock()
+		world := h.groups[GroupWorld]
+		if world.closed {
+			h.mu.Unlock()
+			return Op{}, fmt.Errorf("hosted: Take on rank %d: %w", world.rank, &comm.ClosedError{Rank: world.rank})
+		}
+		var from *Transport
+		for g, q := range h.groups {
+			if q == nil || len(q.queue) == 0 || (group >= 0 && g != group) {
+				continue
+			}
+			if from == nil || q.queue[0].op.ID < from.queue[0].op.ID {
+				from = q
+			}
+		}
+		if from != nil {
+			p := from.queue[0]
+			from.queue = from.queue[1:]
+			h.taken[p.op.ID] = p
+			h.mu.Unlock()
 			return p.op, nil
 		}
-		wake := t.changed
-		t.mu.Unlock()
+		wake := h.changed
+		h.mu.Unlock()
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -223,37 +410,53 @@ func (t *Transport) Take(ctx context.Context) (Op, error) {
 	}
 }
 
-// Complete ends the taken op id: hostErr nil with recvBytes the bytes the
-// host wrote to the op's output (Op.RecvBytes; 0 for a barrier), or the
-// host's error, which the caller's collective returns as a *HostError. A
-// completion the transport cannot accept (an id not taken or already
-// complete, a wrong length) returns a *ProtocolError and fails the
-// collective in flight with it. Either failure poisons the transport.
-// After Close it returns an error matching ErrClosed.
+// Complete ends the taken op id, of any group: hostErr nil with recvBytes
+// the bytes the host wrote to the op's output (Op.RecvBytes; 0 for a
+// barrier), or the host's error, which the caller's collective returns as
+// a *HostError. A completion the transport cannot accept (an id not taken
+// or already complete, a wrong length) returns a *ProtocolError and fails
+// the collective in flight with it: the op's group's for a wrong length,
+// every group's for an id it does not know. Either failure poisons the
+// group(s). After Close, and for an op of a group closed since it was
+// taken, it returns an error matching ErrClosed.
 func (t *Transport) Complete(id uint64, recvBytes int, hostErr error) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return fmt.Errorf("hosted: Complete(%d) on rank %d: %w", id, t.rank, &comm.ClosedError{Rank: t.rank})
+	h := t.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	world := h.groups[GroupWorld]
+	if world.closed {
+		return fmt.Errorf("hosted: Complete(%d) on rank %d: %w", id, world.rank, &comm.ClosedError{Rank: world.rank})
 	}
-	p, ok := t.taken[id]
+	p, ok := h.taken[id]
+	if ok && p.g.closed {
+		delete(h.taken, id)
+		return fmt.Errorf("hosted: Complete(%d) on rank %d of group %d: %w", id, p.g.rank, p.g.group, &comm.ClosedError{Rank: p.g.rank})
+	}
 	var perr *ProtocolError
 	switch {
-	case !ok && id > 0 && id <= t.nextID:
-		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: "it is not taken (already complete, never taken, or abandoned)"}
+	case !ok && id > 0 && id <= h.nextID:
+		perr = &ProtocolError{Rank: world.rank, ID: id, Reason: "it is not taken (already complete, never taken, or abandoned)"}
 	case !ok:
-		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: fmt.Sprintf("no such op (posted so far: 1 to %d)", t.nextID)}
+		perr = &ProtocolError{Rank: world.rank, ID: id, Reason: fmt.Sprintf("no such op (posted so far: 1 to %d)", h.nextID)}
 	case hostErr == nil && recvBytes != p.op.RecvBytes:
-		perr = &ProtocolError{Rank: t.rank, ID: id, Reason: fmt.Sprintf("the host wrote %d bytes, %v has %d", recvBytes, p.op.Kind, p.op.RecvBytes)}
+		perr = &ProtocolError{Rank: p.g.rank, ID: id, Reason: fmt.Sprintf("the host wrote %d bytes, %v has %d", recvBytes, p.op.Kind, p.op.RecvBytes)}
 	}
 	if perr != nil {
-		t.failLocked(perr)
+		if ok {
+			p.g.failLocked(perr)
+		} else {
+			for _, g := range h.groups {
+				if g != nil && !g.closed {
+					g.failLocked(perr)
+				}
+			}
+		}
 		return perr
 	}
-	delete(t.taken, id)
+	delete(h.taken, id)
 	if hostErr != nil {
-		herr := &HostError{Rank: t.rank, Op: p.op, Err: hostErr}
-		t.poisonLocked(herr)
+		herr := &HostError{Rank: p.g.rank, Op: p.op, Err: hostErr}
+		p.g.poisonLocked(herr)
 		deliver(p, herr)
 		return nil
 	}
@@ -270,7 +473,7 @@ func deliver(p *post, err error) {
 	}
 }
 
-// poisonLocked records the first failure. t.mu is held.
+// poisonLocked records the first failure. h.mu is held.
 func (t *Transport) poisonLocked(err error) {
 	if t.poison == nil {
 		t.poison = err
@@ -278,7 +481,7 @@ func (t *Transport) poisonLocked(err error) {
 }
 
 // failLocked poisons t with err and fails the collective in flight with
-// it. t.mu is held.
+// it. h.mu is held.
 func (t *Transport) failLocked(err error) {
 	t.poisonLocked(err)
 	if p := t.inFlight; p != nil {
@@ -290,42 +493,64 @@ func (t *Transport) failLocked(err error) {
 // with an error matching ErrClosed, Take and Complete return one from then
 // on, and so does every later collective (a *comm.PoisonedError). Ops
 // taken but not completed are abandoned: their buffers are the caller's
-// again, and the host must not touch them. Closing twice returns nil.
+// again, and the host must not touch them. Closing the transport of New
+// closes its Split's groups too; closing a group of a Split (its comm's
+// Close) closes that group alone: Complete of its taken ops then returns
+// an error matching ErrClosed. Closing twice returns nil.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	h := t.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if t.closed {
 		return nil
+	}
+	if t.group == GroupWorld {
+		for _, g := range h.groups[GroupNode:] {
+			if g != nil {
+				g.closeLocked()
+			}
+		}
+		t.closeLocked()
+		clear(h.taken)
+	} else {
+		t.closeLocked() // its taken ops stay in h.taken until completed: Complete says ErrClosed
+	}
+	h.notify()
+	return nil
+}
+
+func (t *Transport) closeLocked() {
+	if t.closed {
+		return
 	}
 	t.closed = true
 	t.failLocked(&comm.ClosedError{Rank: t.rank})
 	t.queue = nil
-	clear(t.taken)
-	t.notify()
-	return nil
 }
 
 // collective posts op and waits for its completion, for ctx, or for a
 // failure of the transport. A caller that gives up poisons the transport.
 func (t *Transport) collective(ctx context.Context, op Op) error {
-	t.mu.Lock()
+	h := t.h
+	h.mu.Lock()
 	switch {
 	case t.poison != nil:
 		err := &comm.PoisonedError{Op: op.Kind, Rank: t.rank, Cause: t.poison}
-		t.mu.Unlock()
+		h.mu.Unlock()
 		return err
 	case t.inFlight != nil:
 		err := &comm.BusyError{Op: op.Kind, Rank: t.rank, Pending: t.inFlight.op.Kind}
-		t.mu.Unlock()
+		h.mu.Unlock()
 		return err
 	}
-	t.nextID++
-	op.ID = t.nextID
-	p := &post{op: op, done: make(chan error, 1)}
+	h.nextID++
+	op.ID = h.nextID
+	op.Group = t.group
+	p := &post{op: op, g: t, done: make(chan error, 1)}
 	t.queue = append(t.queue, p)
 	t.inFlight = p
-	t.notify()
-	t.mu.Unlock()
+	h.notify()
+	h.mu.Unlock()
 
 	var err error
 	select {
@@ -333,14 +558,14 @@ func (t *Transport) collective(ctx context.Context, op Op) error {
 	case <-ctx.Done():
 		err = &comm.IncompleteError{Op: op.Kind, Rank: t.rank, Err: ctx.Err()}
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	t.inFlight = nil
 	if err == nil {
 		return nil
 	}
 	t.poisonLocked(err)
-	// Untaken, it leaves the queue; taken, it stays in t.taken (so its
+	// Untaken, it leaves the queue; taken, it stays in h.taken (so its
 	// buffers stay reachable) until the host completes it or Close.
 	for i, q := range t.queue {
 		if q == p {
@@ -408,6 +633,14 @@ func (h hostComm) Barrier(ctx context.Context) error {
 // Close closes the transport (both faces).
 func (h hostComm) Close() error { return h.t.Close() }
 
+// Topology implements comm.Topologist (see Transport.Topology).
+func (h hostComm) Topology() comm.Topology { return h.t.Topology() }
+
+// Split implements comm.Splitter (see Transport.Split).
+func (h hostComm) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	return h.t.Split(ctx)
+}
+
 // deviceComm posts device collectives.
 type deviceComm struct{ t *Transport }
 
@@ -471,9 +704,9 @@ func (d deviceComm) Wait(ctx context.Context, done func() (bool, error)) error {
 		select {
 		case <-ctx.Done():
 			err := fmt.Errorf("hosted: Wait on rank %d: the device work did not finish: %w", d.t.rank, ctx.Err())
-			d.t.mu.Lock()
+			d.t.h.mu.Lock()
 			d.t.poisonLocked(err)
-			d.t.mu.Unlock()
+			d.t.h.mu.Unlock()
 			return err
 		case <-time.After(pause):
 		}
@@ -541,13 +774,21 @@ func RunDevice(ctx context.Context, op Op, dc comm.DeviceComm) (int, error) {
 	return op.RecvBytes, nil
 }
 
-// Serve is a Go host's loop: it takes every post of t and carries it out,
-// host ops on c and device ops on dc (nil: device ops fail), until ctx
-// ends or t is closed, and returns nil then (or the error Complete
-// refused).
+// Serve is a Go host's loop: it takes every post of t's own group (the
+// world's, for the transport of New) and carries it out, host ops on c and
+// device ops on dc (nil: device ops fail), until ctx ends or t is closed,
+// and returns nil then (or the error Complete refused). A host of a
+// transport that splits serves each group with ServeGroup as well.
 func Serve(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) error {
+	return ServeGroup(ctx, t, t.group, c, dc)
+}
+
+// ServeGroup is Serve of group's posts (TakeGroup), carried out on c and
+// dc, communicators of that group's ranks: run one per group, each on its
+// own goroutine, so that the groups' collectives run independently.
+func ServeGroup(ctx context.Context, t *Transport, group int, c comm.Comm, dc comm.DeviceComm) error {
 	for {
-		op, err := t.Take(ctx)
+		op, err := t.TakeGroup(ctx, group)
 		if err != nil {
 			return nil
 		}

@@ -318,3 +318,216 @@ func TestServeDevice(t *testing.T) {
 		t.Fatalf("a device op on a host without a device communicator: %v, want *hosted.HostError", err)
 	}
 }
+
+// hierGroup returns n hosted transports of nodes of k ranks (rank r on node
+// r/k), each with Go hosts for its three groups on in-process groups of
+// the same ranks (the world's, and its Split's node and cross groups),
+// until the test ends.
+func hierGroup(t *testing.T, n, k int) []*hosted.Transport {
+	t.Helper()
+	nodeOf := make([]int, n)
+	for r := range nodeOf {
+		nodeOf[r] = r / k
+	}
+	world, err := inproc.NewNodeGroup(nodeOf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, cross := make([]comm.Comm, n), make([]comm.Comm, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			var err error
+			if node[r], cross[r], err = world[r].(comm.Splitter).Split(context.Background()); err != nil {
+				t.Errorf("rank %d: inproc Split: %v", r, err)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	ts := make([]*hosted.Transport, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	for r := range n {
+		topo := world[r].(comm.Topologist).Topology()
+		if ts[r], err = hosted.New(r, n, hosted.WithTopology(topo)); err != nil {
+			t.Fatal(err)
+		}
+		for g, c := range []comm.Comm{world[r], node[r], cross[r]} {
+			wg.Go(func() {
+				if err := hosted.ServeGroup(ctx, ts[r], g, c, nil); err != nil {
+					t.Errorf("rank %d group %d: ServeGroup: %v", r, g, err)
+				}
+			})
+		}
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, tr := range ts {
+			tr.Close()
+		}
+		wg.Wait()
+		for _, cs := range [][]comm.Comm{world, node, cross} {
+			for _, c := range cs {
+				c.Close()
+			}
+		}
+	})
+	return ts
+}
+
+// TestSplit: a transport with a topology splits into node and cross groups
+// whose posts carry their group ids, run at once on their own queues, and
+// pass comm's conformance suite, each on its own ranks.
+func TestSplit(t *testing.T) {
+	const n, k = 4, 2
+	ts := hierGroup(t, n, k)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, tr := range ts {
+		wg.Go(func() {
+			c := tr.Host()
+			topo := c.(comm.Topologist).Topology()
+			if want := (comm.Topology{Node: r / k, Nodes: n / k, LocalRank: r % k, LocalSize: k}); topo != want {
+				errs[r] = fmt.Errorf("Topology() = %+v, want %+v", topo, want)
+				return
+			}
+			node, cross, err := c.(comm.Splitter).Split(context.Background())
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer node.Close()
+			defer cross.Close()
+			if node.Rank() != r%k || node.Size() != k || cross.Rank() != r/k || cross.Size() != n/k {
+				errs[r] = fmt.Errorf("node %d of %d, cross %d of %d", node.Rank(), node.Size(), cross.Rank(), cross.Size())
+				return
+			}
+			if _, _, err := c.(comm.Splitter).Split(context.Background()); err == nil {
+				errs[r] = errors.New("a second Split with the first's comms open succeeded")
+				return
+			}
+			// The three groups at once, each from its own goroutine.
+			var inner sync.WaitGroup
+			gerrs := make([]error, 3)
+			for g, gc := range []comm.Comm{c, node, cross} {
+				inner.Go(func() { gerrs[g] = commtest.Run(context.Background(), gc, commtest.Options{RankOrder: true}) })
+			}
+			inner.Wait()
+			errs[r] = errors.Join(gerrs...)
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestSplitGroups: posts carry their group ids; TakeGroup takes one
+// group's; a failure of one group poisons it alone; closing a split comm
+// leaves the world working, and a completion of its abandoned op says
+// closed without poisoning anything.
+func TestSplitGroups(t *testing.T) {
+	tr, err := hosted.New(1, 4, hosted.WithTopology(comm.Topology{Node: 0, Nodes: 2, LocalRank: 1, LocalSize: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	node, cross, err := tr.Split(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	nodeDone := post(ctx, node, make([]float32, 3))
+	crossDone := post(ctx, cross, make([]float32, 5))
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if op, err := tr.TakeGroup(short, hosted.GroupWorld); err == nil {
+		t.Errorf("TakeGroup(world) with only split posts = %v", op)
+	}
+	cancel()
+	cop := func() hosted.Op {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		op, err := tr.TakeGroup(ctx, hosted.GroupCross)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return op
+	}()
+	if cop.Group != hosted.GroupCross || cop.Count != 5 {
+		t.Errorf("cross op %v: group %d", cop, cop.Group)
+	}
+	nop := take(t, tr)
+	if nop.Group != hosted.GroupNode || nop.Count != 3 {
+		t.Errorf("node op %v: group %d", nop, nop.Group)
+	}
+	// The node op fails: the node group is poisoned, the others are not.
+	if err := tr.Complete(nop.ID, 0, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	var herr *hosted.HostError
+	if err := <-nodeDone; !errors.As(err, &herr) {
+		t.Errorf("node AllReduce = %v, want a *HostError", err)
+	}
+	if err := node.Barrier(ctx); !errors.As(err, new(*comm.PoisonedError)) {
+		t.Errorf("node Barrier after the failure = %v, want poisoned", err)
+	}
+	if err := tr.Complete(cop.ID, cop.RecvBytes, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-crossDone; err != nil {
+		t.Errorf("cross AllReduce = %v", err)
+	}
+	// Closing the cross comm with an op taken: its completion says closed,
+	// and the world still works.
+	crossDone = post(ctx, cross, make([]float32, 2))
+	cop = take(t, tr)
+	cross.Close()
+	if err := <-crossDone; !errors.Is(err, hosted.ErrClosed) {
+		t.Errorf("cross AllReduce ended by Close = %v", err)
+	}
+	if err := tr.Complete(cop.ID, cop.RecvBytes, nil); !errors.Is(err, hosted.ErrClosed) {
+		t.Errorf("Complete of a closed group's op = %v, want ErrClosed", err)
+	}
+	worldDone := post(ctx, tr.Host(), make([]float32, 1))
+	wop := take(t, tr)
+	if err := tr.Complete(wop.ID, wop.RecvBytes, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-worldDone; err != nil || wop.Group != hosted.GroupWorld {
+		t.Errorf("world AllReduce after the cross group closed = %v (group %d)", err, wop.Group)
+	}
+	// Still open: the node comm; a new Split waits for it.
+	if _, _, err := tr.Split(ctx); err == nil {
+		t.Error("Split with the node comm open succeeded")
+	}
+	node.Close()
+	n2, c2, err := tr.Split(ctx)
+	if err != nil {
+		t.Fatalf("Split after closing both: %v", err)
+	}
+	n2.Close()
+	c2.Close()
+}
+
+// TestTopologyRefused: a topology that does not cover the ranks, and a
+// Split without one.
+func TestTopologyRefused(t *testing.T) {
+	if _, err := hosted.New(0, 4, hosted.WithTopology(comm.Topology{Node: 0, Nodes: 3, LocalRank: 0, LocalSize: 2})); err == nil {
+		t.Error("3 nodes × 2 on 4 ranks accepted")
+	}
+	if _, err := hosted.New(0, 4, hosted.WithTopology(comm.Topology{Node: 2, Nodes: 2, LocalRank: 0, LocalSize: 2})); err == nil {
+		t.Error("node 2 of 2 accepted")
+	}
+	tr, err := hosted.New(0, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if _, _, err := tr.Split(context.Background()); err == nil {
+		t.Error("Split without a topology succeeded")
+	}
+}
