@@ -132,12 +132,18 @@ type core struct {
 	rank, size int
 	spec       string              // the canonical spec
 	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
+	note       string              // how the buckets are exchanged, where Reason would not say (a two-level StrategyHier), or ""
 	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none
 	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
 	sched      string              // StrategyHier: the Schedule with canonical specs (its engine across nodes runs it)
 	layout     comm.Topology       // StrategyHier: this rank's place; zero otherwise
 	active     int                 // the phase comp, mem1 and mem2 are of
 	strategy   Strategy
+	// mech is the mechanism that strategy runs: strategy itself, but for
+	// StrategyHier: StrategyHier for the sharded exchange (hier.go), or
+	// the codec's flat strategy over the two-level comm for top-k and
+	// random-k (twolevel.go).
+	mech Strategy
 	// The compressors whose error-feedback memories the state holds: stage
 	// 1 and SRA's stage 2 (nil: no such memory).
 	mem1, mem2 compress.Compressor
@@ -348,10 +354,13 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	for i, n := range sizes {
 		c.buckets[i] = &bucket{idx: i, n: n}
 	}
+	c.mech = c.strategy
 	if c.strategy == StrategyHier {
-		// The engine across nodes compresses (hier.go): this core keeps
-		// no compressor, memory or decision of its own.
-		return c.configureHier()
+		if c.mech = twoLevelMech(comp.Codec(), c.size); c.mech == StrategyHier {
+			// The engine across nodes compresses (hier.go): this core
+			// keeps no compressor, memory or decision of its own.
+			return c.configureHier()
+		}
 	}
 	if comp.Codec() == compress.CodecNone {
 		if len(cfg.Schedule) > 0 {
@@ -387,7 +396,7 @@ func (c *core) memories(comp compress.Compressor) (mem1, mem2 compress.Compresso
 	if !c.cfg.ErrorFeedback {
 		return nil, nil
 	}
-	s1, s2 := stageParts(comp, c.strategy, c.rank, c.size)
+	s1, s2 := stageParts(comp, c.mech, c.rank, c.size)
 	mem1 = s1.forMemory()
 	if s2 != nil && comp.Codec() != compress.CodecSign {
 		mem2 = s2.forMemory()
@@ -597,6 +606,9 @@ func (c *core) Step() error {
 				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
 		if flush {
 			st.runs[i].stats.Reason += "; accuracy guard: dense with the residual (" + b.guard + ")"
+		}
+		if c.note != "" {
+			st.runs[i].stats.Reason += "; " + c.note
 		}
 		if c.advice != "" {
 			st.runs[i].stats.Reason += "; " + c.advice

@@ -177,7 +177,7 @@ func (m *costModel) fitCompute(ns []int, v []float64) {
 // scheduling quantum from moving the model.
 func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
-	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy},
+	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy, mech: e.mech},
 		c: &loopback{rank: e.rank, size: e.size}}
 	s.data = s.c
 	if s.comp != nil {

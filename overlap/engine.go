@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/twolevel"
 	"github.com/gradcomp/gradcomp/compress"
 )
 
@@ -38,9 +39,12 @@ type Engine struct {
 	// between a two-round strategy's collectives (SRA's reduce), decode
 	// decodes and averages.
 	compute, wire, between, decode *stream
-	// hier runs a StrategyHier engine (the core's backend then): the node
-	// stages and the engine across nodes; nil for the flat strategies.
+	// hier runs a sharded StrategyHier engine (the core's backend then):
+	// the node stages and the engine across nodes; nil otherwise.
 	hier *hierBackend
+	// twoLevel is data for a two-level StrategyHier engine (top-k,
+	// random-k), which it closes; nil otherwise.
+	twoLevel *twolevel.Comm
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -104,28 +108,36 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	}
 	hier := local == nil && e.strategy == StrategyHier
 	if hier {
-		var topo comm.Topology
-		if topo, local = hierLayout(c); local == nil {
-			core.layout = topo
-			local = fits(fmt.Sprintf("the node buffers of %d buckets on rank %d", len(sizes), e.rank), hierNeed(sizes, topo.LocalSize))
+		core.layout, local = hierLayout(c)
+	}
+	if local == nil {
+		need, what := e.memoryNeed(), "host"
+		if e.sharded() {
+			need, what = hierNeed(sizes, core.layout.LocalSize), "node"
 		}
-	} else if local == nil {
-		local = fits(fmt.Sprintf("the host buffers of %d buckets on rank %d", len(sizes), e.rank), e.memoryNeed())
+		local = fits(fmt.Sprintf("the %s buffers of %d buckets on rank %d", what, len(sizes), e.rank), need)
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
 	}
-	if hier {
+	e.data = c
+	if u, ok := c.(comm.Unchecker); ok {
+		e.data = u.Unchecked()
+	}
+	switch {
+	case hier && e.sharded():
 		h, err := newHier(ctx, e, sizes, t)
 		if err != nil {
 			return nil, err
 		}
 		e.hier, core.be = h, h
 		return e, nil
-	}
-	e.data = c
-	if u, ok := c.(comm.Unchecker); ok {
-		e.data = u.Unchecked()
+	case hier:
+		tl, err := newTwoLevel(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		e.data, e.twoLevel = tl, tl
 	}
 	if err := e.decide(ctx, e.costModel); err != nil {
 		return nil, err
@@ -193,13 +205,13 @@ func stageParts(comp compress.Compressor, strategy Strategy, rank, size int) (s1
 // newExchanger builds the compressed path of e.strategy, with its
 // error-feedback memories.
 func (e *Engine) newExchanger() exchanger {
-	stage1, stage2 := stageParts(e.comp, e.strategy, e.rank, e.size)
+	stage1, stage2 := stageParts(e.comp, e.mech, e.rank, e.size)
 	c1 := coder{p: stage1}
 	if e.cfg.ErrorFeedback {
 		e.gradEF = compress.NewErrorFeedback(stage1.forMemory())
 		c1.ef = e.gradEF
 	}
-	switch e.strategy {
+	switch e.mech {
 	case StrategySharedIndex:
 		return &sharedExchanger{e: e, c: c1}
 	case StrategyDense, StrategyQuantSRA:
@@ -341,6 +353,9 @@ func (e *Engine) teardown() error {
 	e.wire.close()
 	e.between.close()
 	e.decode.close()
+	if e.twoLevel != nil {
+		return e.twoLevel.Close()
+	}
 	return nil
 }
 
@@ -647,13 +662,14 @@ func (e *Engine) decodeTask(st *step, r *run) {
 // collective runs one collective of bucket r under the step's context and
 // Config.Timeout, adding its time and volume (bytes this rank sends, see
 // the package doc) to r's stats.
-func (e *Engine) collective(st *step, r *run, stage string, volume int64, call func(ctx context.Context) error) error {
+func (e *Engine) collective(st *step, r *run, stage string, volume [2]int64, call func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(st.ctx, e.cfg.Timeout)
 	defer cancel()
 	t := time.Now()
 	err := call(ctx)
 	r.stats.Exchange += time.Since(t)
-	r.stats.BytesSent += volume
+	r.stats.BytesSent += volume[0]
+	r.stats.BytesInNode += volume[1]
 	if err != nil {
 		return &StepError{Step: st.num, Bucket: r.b.idx, Stage: stage, Err: err}
 	}
@@ -661,19 +677,27 @@ func (e *Engine) collective(st *step, r *run, stage string, volume int64, call f
 }
 
 func (e *Engine) allReduce(st *step, r *run, stage string, buf []float32) error {
-	return e.collective(st, r, stage, allReduceVolume(e.size, 4*len(buf)), func(ctx context.Context) error {
+	v := [2]int64{allReduceVolume(e.size, 4*len(buf)), 0}
+	if l := e.layout; e.twoLevel != nil {
+		v = twoLevelReduceVolume(l.Nodes, l.LocalSize, len(buf))
+	}
+	return e.collective(st, r, stage, v, func(ctx context.Context) error {
 		return e.data.AllReduce(ctx, buf)
 	})
 }
 
 func (e *Engine) allGather(st *step, r *run, stage string, dst, src []byte) error {
-	return e.collective(st, r, stage, allGatherVolume(e.size, len(src)), func(ctx context.Context) error {
+	v := [2]int64{allGatherVolume(e.size, len(src)), 0}
+	if l := e.layout; e.twoLevel != nil {
+		v = twoLevelGatherVolume(l.Nodes, l.LocalSize, len(src))
+	}
+	return e.collective(st, r, stage, v, func(ctx context.Context) error {
 		return e.data.AllGather(ctx, dst, src)
 	})
 }
 
 func (e *Engine) allToAll(st *step, r *run, stage string, dst, src []byte) error {
-	return e.collective(st, r, stage, allToAllVolume(e.size, len(src)), func(ctx context.Context) error {
+	return e.collective(st, r, stage, [2]int64{allToAllVolume(e.size, len(src)), 0}, func(ctx context.Context) error {
 		return e.data.AllToAll(ctx, dst, src)
 	})
 }

@@ -9,11 +9,18 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/twolevel"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
-// The hierarchical exchange (StrategyHier) over K nodes of L ranks each:
+// The hierarchical exchange (StrategyHier) over K nodes of L ranks each
+// takes one of two shapes. Top-k and random-k, whose payloads are already
+// small, keep their flat strategy (sparse-gather, shared-index) and
+// exchange over the two-level comm (comm/twolevel): each payload crosses
+// between nodes once per node, not once per rank, and nothing is
+// re-encoded, so the result is the flat strategy's. Every other codec is
+// sharded:
 //
 //  1. node stage: a float32 reduce-scatter of the bucket among the L ranks
 //     of the node (the bucket padded with zeros to L·m elements, m =
@@ -60,6 +67,73 @@ type hierBackend struct {
 	stream      *stream   // the node stages
 	shard       [][]float32
 	pad         [][]float32 // per bucket: L·m elements when L does not divide n, else nil
+}
+
+// twoLevelMech returns the mechanism of StrategyHier for codec c on size
+// ranks: the flat strategy over the two-level comm for top-k and
+// random-k, else StrategyHier (sharded).
+func twoLevelMech(c compress.Codec, size int) Strategy {
+	if c == compress.CodecTopK || c == compress.CodecRandomK {
+		s, _ := resolve(StrategyAuto, c, size) // sparse-gather, shared-index
+		return s
+	}
+	return StrategyHier
+}
+
+// sharded reports whether c runs the sharded StrategyHier (hierBackend).
+func (c *core) sharded() bool { return c.strategy == StrategyHier && c.mech == StrategyHier }
+
+// newTwoLevel checks the layout, splits e's comm by node and returns the
+// two-level comm a top-k or random-k StrategyHier engine exchanges over.
+func newTwoLevel(ctx context.Context, e *Engine) (*twolevel.Comm, error) {
+	topo, err := checkLayout(ctx, e.c, e.layout, e.cfg.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	node, cross, err := split(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	tl, err := twolevel.New(e.c, node, cross, topo)
+	if err != nil {
+		node.Close()
+		cross.Close()
+		return nil, fmt.Errorf("overlap: rank %d: %w", e.rank, err)
+	}
+	e.note = fmt.Sprintf("hierarchical (%d nodes × %d ranks): %s over two-level collectives", e.layout.Nodes, e.layout.LocalSize, e.mech)
+	return tl, nil
+}
+
+// split splits e's comm by node, bounded by Config.Timeout.
+func split(ctx context.Context, e *Engine) (node, cross comm.Comm, err error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	if node, cross, err = e.c.(comm.Splitter).Split(ctx); err != nil {
+		return nil, nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", e.rank, err)
+	}
+	return node, cross, nil
+}
+
+// twoLevelGatherVolume is what one rank sends in a two-level all-gather of
+// s bytes per rank on k nodes of l ranks, and the part in the node: s to
+// the k−1 other nodes, then the k blocks to the l−1 other ranks of the
+// node.
+func twoLevelGatherVolume(k, l, s int) [2]int64 {
+	in := allGatherVolume(l, k*s)
+	return [2]int64{allGatherVolume(k, s) + in, in}
+}
+
+// twoLevelReduceVolume is what one rank sends in a two-level all-reduce of
+// n float32s on k nodes of l ranks, and the part in the node: a
+// reduce-scatter and an all-gather of chunks of m = ⌈n/l⌉ in the node
+// (none with l = 1), an all-reduce of the chunk across nodes.
+func twoLevelReduceVolume(k, l, n int) [2]int64 {
+	if l == 1 {
+		return [2]int64{allReduceVolume(k, 4*n), 0}
+	}
+	m := shardLen(n, l)
+	in := allToAllVolume(l, 4*l*m) + allGatherVolume(l, 4*m)
+	return [2]int64{allReduceVolume(k, 4*m) + in, in}
 }
 
 // hierLayout returns c's topology, or why StrategyHier cannot run on it.
@@ -119,8 +193,9 @@ func (c *core) configureHier() error {
 // checkLayout all-gathers every rank's topology after the handshake and
 // checks that the ranks describe one layout: the nodes numbered in the
 // order of their lowest rank, the local ranks in rank order, every node of
-// the same size. Every rank gets the same error.
-func checkLayout(ctx context.Context, c comm.Comm, topo comm.Topology, timeout time.Duration) error {
+// the same size. It returns every rank's topology; every rank gets the
+// same error.
+func checkLayout(ctx context.Context, c comm.Comm, topo comm.Topology, timeout time.Duration) ([]comm.Topology, error) {
 	n := c.Size()
 	mine := make([]byte, 16)
 	for i, v := range []int{topo.Node, topo.Nodes, topo.LocalRank, topo.LocalSize} {
@@ -130,7 +205,7 @@ func checkLayout(ctx context.Context, c comm.Comm, topo comm.Topology, timeout t
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.AllGather(ctx, all, mine); err != nil {
-		return fmt.Errorf("overlap: topology exchange on rank %d: %w", c.Rank(), err)
+		return nil, fmt.Errorf("overlap: topology exchange on rank %d: %w", c.Rank(), err)
 	}
 	claimed := make([]comm.Topology, n)
 	nodeOf := make([]int, n)
@@ -141,15 +216,15 @@ func checkLayout(ctx context.Context, c comm.Comm, topo comm.Topology, timeout t
 	}
 	want, err := comm.NodeTopologies(nodeOf)
 	if err != nil {
-		return &TopologyError{Rank: -1, Reason: err.Error()}
+		return nil, &TopologyError{Rank: -1, Reason: err.Error()}
 	}
 	for r := range claimed {
 		if claimed[r] != want[r] {
-			return &TopologyError{Rank: r, Reason: fmt.Sprintf("it says %s; the nodes every rank named make it %s",
+			return nil, &TopologyError{Rank: r, Reason: fmt.Sprintf("it says %s; the nodes every rank named make it %s",
 				describeTopology(claimed[r]), describeTopology(want[r]))}
 		}
 	}
-	return nil
+	return want, nil
 }
 
 func describeTopology(t comm.Topology) string {
@@ -161,14 +236,12 @@ func describeTopology(t comm.Topology) string {
 // returned backend.
 func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBackend, error) {
 	topo := e.layout // hierLayout's, before the handshake
-	if err := checkLayout(ctx, e.c, topo, e.cfg.Timeout); err != nil {
+	if _, err := checkLayout(ctx, e.c, topo, e.cfg.Timeout); err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-	node, cross, err := e.c.(comm.Splitter).Split(sctx)
-	cancel()
+	node, cross, err := split(ctx, e)
 	if err != nil {
-		return nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", e.rank, err)
+		return nil, err
 	}
 	h := &hierBackend{c: e.core, topo: topo, node: node, cross: cross, nodeData: node,
 		shard: make([][]float32, len(sizes)), pad: make([][]float32, len(sizes))}

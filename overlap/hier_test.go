@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/gradcomp/gradcomp/comm"
@@ -129,33 +130,55 @@ func TestHierCompressed(t *testing.T) {
 	}
 }
 
-// TestHierBytes: what crosses between nodes (BytesSent − BytesInNode) is
-// what a flat engine of the same codec sends on K ranks for shards of
-// ⌈n/L⌉ elements, and the node stages send 2(L−1)·4⌈n/L⌉ bytes per bucket
-// (docs/DESIGN.md, "Hierarchical exchange").
+// TestHierBytes: the bytes of each shape of StrategyHier on K nodes of L
+// ranks (docs/DESIGN.md, "Hierarchical exchange"). Sharded (none, int8,
+// int4): across nodes (BytesSent − BytesInNode) what a flat engine of the
+// same codec sends on K ranks for shards of ⌈n/L⌉ elements, in the node
+// 2(L−1)·4⌈n/L⌉. Two-level (top-k, random-k): the flat strategy's slot of
+// s bytes crosses to the K−1 other nodes, and the node all-gathers the K
+// slots, (L−1)·K·s; random-k's all-reduce of N statuses and k values
+// reduce-scatters and all-gathers chunks of ⌈v/L⌉ in the node and
+// all-reduces them across nodes.
 func TestHierBytes(t *testing.T) {
 	for _, l := range [][2]int{{2, 2}, {2, 4}} {
-		for _, spec := range []string{"none", "int8", "int4", "topk:0.01"} {
+		for _, spec := range []string{"none", "int8", "int4", "topk:0.01", "randomk:0.25"} {
 			t.Run(fmt.Sprintf("%dx%d/%s", l[0], l[1], spec), func(t *testing.T) {
 				k, local := l[0], l[1]
+				n := k * local
 				sizes := []int{1 << 16, 1001}
 				cfg := Config{Spec: spec, ErrorFeedback: spec != "none", Decision: DecideCompressed}
 				shards := []int{shardLen(sizes[0], local), shardLen(sizes[1], local)}
-				flat := newEngines(t, k, shards, cfg)
-				fstats, errs := runStep(flat, stepGrads(k, 0, shards), inOrder(2))
-				mustNoErrors(t, "flat step", errs)
+				want := make([][2]int64, len(sizes)) // across, in the node
+				switch spec {
+				case "topk:0.01":
+					flat := newEngines(t, n, sizes, cfg)
+					fstats, errs := runStep(flat, stepGrads(n, 0, sizes), inOrder(2))
+					mustNoErrors(t, "flat step", errs)
+					for b, s := range fstats[0].Buckets {
+						slot := s.BytesSent / int64(n-1)
+						want[b] = [2]int64{int64(k-1) * slot, int64((local-1)*k) * slot}
+					}
+				case "randomk:0.25":
+					for b, size := range sizes {
+						v := twoLevelReduceVolume(k, local, n+int(math.Round(0.25*float64(size))))
+						want[b] = [2]int64{v[0] - v[1], v[1]}
+					}
+				default:
+					flat := newEngines(t, k, shards, cfg)
+					fstats, errs := runStep(flat, stepGrads(k, 0, shards), inOrder(2))
+					mustNoErrors(t, "flat step", errs)
+					for b, s := range fstats[0].Buckets {
+						want[b] = [2]int64{s.BytesSent, int64(2 * (local - 1) * 4 * shards[b])}
+					}
+				}
 				cfg.Strategy = StrategyHier
 				hier := newEnginesOn(t, nodeGroup(t, k, local), sizes, cfg)
-				hstats, errs := runStep(hier, stepGrads(k*local, 0, sizes), inOrder(2))
+				hstats, errs := runStep(hier, stepGrads(n, 0, sizes), inOrder(2))
 				mustNoErrors(t, "hier step", errs)
 				for r := range hier {
 					for b, s := range hstats[r].Buckets {
-						across := s.BytesSent - s.BytesInNode
-						if want := fstats[0].Buckets[b].BytesSent; across != want {
-							t.Errorf("rank %d bucket %d: %d bytes across nodes, want %d (flat on %d ranks)", r, b, across, want, k)
-						}
-						if want := int64(2 * (local - 1) * 4 * shards[b]); s.BytesInNode != want {
-							t.Errorf("rank %d bucket %d: %d bytes in the node, want %d", r, b, s.BytesInNode, want)
+						if got := [2]int64{s.BytesSent - s.BytesInNode, s.BytesInNode}; got != want[b] {
+							t.Errorf("rank %d bucket %d: %d bytes across nodes and %d in the node, want %d and %d", r, b, got[0], got[1], want[b][0], want[b][1])
 						}
 					}
 				}
@@ -365,5 +388,51 @@ func checkSameMemories(t *testing.T, a, b [][]byte) {
 		if diff > 2*8+2*4 {
 			t.Errorf("rank %d: %d bytes of the state changed across a skipped step; the memories must not", r, diff)
 		}
+	}
+}
+
+// TestHierTwoLevelIsFlat: top-k and random-k under StrategyHier exchange
+// the flat strategy's payloads over two-level collectives, so every rank
+// ends with the flat engine's result (top-k: bit for bit; random-k, whose
+// all-reduce adds in node order: within float32 rounding), and its state
+// restores.
+func TestHierTwoLevelIsFlat(t *testing.T) {
+	for spec, tolerance := range map[string]float64{"topk:0.05": 0, "randomk:0.25": 1e-6} {
+		t.Run(spec, func(t *testing.T) {
+			cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed}
+			flat := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+			cfg.Strategy = StrategyHier
+			hier := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+			for step := range 3 {
+				gf, gh := stepGrads(4, step, hierSizes), stepGrads(4, step, hierSizes)
+				_, errs := runStep(flat, gf, inOrder(len(hierSizes)))
+				mustNoErrors(t, "flat", errs)
+				stats, errs := runStep(hier, gh, reversedOnOdd(len(hierSizes)))
+				mustNoErrors(t, "hier", errs)
+				for r := range gh {
+					for b := range hierSizes {
+						for i := range gh[r][b] {
+							// Random-k's all-reduce adds in another order: the last bits may differ.
+							if d := math.Abs(float64(gh[r][b][i] - gf[r][b][i])); d > tolerance*(1+math.Abs(float64(gf[r][b][i]))) {
+								t.Fatalf("step %d rank %d bucket %d element %d: hier %v, flat %v", step, r, b, i, gh[r][b][i], gf[r][b][i])
+							}
+						}
+						if s := stats[r].Buckets[b]; s.Strategy != StrategyHier || !s.Compressed || !strings.Contains(s.Reason, "two-level") {
+							t.Fatalf("step %d rank %d bucket %d: %+v", step, r, b, s)
+						}
+					}
+				}
+			}
+			states := saveAll(t, hier)
+			again := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+			for r, e := range again {
+				if err := e.Load(bytes.NewReader(states[r])); err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+			}
+			if reloaded := saveAll(t, again); !bytes.Equal(reloaded[1], states[1]) {
+				t.Error("the restored engine saves another state")
+			}
+		})
 	}
 }

@@ -285,7 +285,7 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 		return nil, err
 	}
 	st := &savedState{info: info}
-	if e.strategy == StrategyHier {
+	if e.sharded() {
 		if st.nested, err = e.readNested(sr); err != nil {
 			return nil, err
 		}
