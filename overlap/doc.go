@@ -61,11 +61,14 @@
 //	                   and sends D(C(y_j)) of y_j = a_j (+ its second
 //	                   error-feedback memory; none for sign) to everyone
 //	                   by an all-gather
-//	hier               on K nodes of L ranks: a float32 reduce-scatter in
-//	                   the node, each node-averaged shard of ⌈n/L⌉
-//	                   elements exchanged across nodes by an engine of its
-//	                   own (the codec's auto strategy on K ranks, as
-//	                   above), an all-gather in the node (hier.go)
+//	hier               on K nodes of L ranks (hier.go). Top-k, random-k:
+//	                   the flat strategy's result, exchanged over
+//	                   two-level collectives (comm/twolevel). Others: a
+//	                   float32 reduce-scatter in the node, each
+//	                   node-averaged shard of ⌈n/L⌉ elements exchanged
+//	                   across nodes by an engine of its own (the codec's
+//	                   auto strategy on K ranks, as above), an all-gather
+//	                   in the node
 //
 // where x_r = e_r + g_r with error feedback (e_r the rank's memory of the
 // bucket, updated e_r ← x_r − D(C(x_r)) when the step succeeds) and

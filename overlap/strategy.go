@@ -37,14 +37,17 @@ const (
 	// mechanism of StrategySparseGather; cheaper than SRA for small N).
 	StrategyQuantAllGather
 	// StrategyHier is the hierarchical exchange over a comm that knows its
-	// nodes (comm.Topologist, comm.Splitter): a float32 reduce-scatter of
-	// the bucket among the ranks of each node, then each rank's shard (a
-	// node's average over 1/L of the bucket, L ranks per node) exchanged
-	// across nodes, with the ranks of the same local rank, by an engine of
-	// its own with the configured codec and the strategy StrategyAuto
-	// picks for it on that many nodes (dense for codec none), then an
-	// all-gather among the ranks of each node. Compression, error
-	// feedback and momentum apply to the shards; see hier.go.
+	// nodes (comm.Topologist, comm.Splitter). Top-k and random-k keep
+	// their flat strategy over two-level collectives (each payload
+	// crosses between nodes once per node). Every other codec is
+	// sharded: a float32 reduce-scatter of the bucket among the ranks of
+	// each node, then each rank's shard (a node's average over 1/L of
+	// the bucket, L ranks per node) exchanged across nodes, with the
+	// ranks of the same local rank, by an engine of its own with the
+	// configured codec and the strategy StrategyAuto picks for it on that
+	// many nodes (dense for codec none), then an all-gather among the
+	// ranks of each node; compression, error feedback and momentum apply
+	// to the shards. See hier.go.
 	StrategyHier
 )
 
