@@ -1,6 +1,9 @@
 package main
 
-import "github.com/gradcomp/gradcomp/comm"
+import (
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/hosted"
+)
 
 // The constants of include/gradcomp.h, in Go. They are not read through
 // cgo: the go command does not track headers outside the package directory,
@@ -17,7 +20,7 @@ import "github.com/gradcomp/gradcomp/comm"
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 3
+	abiMinor   = 4
 	abiVersion = abiMajor<<16 | abiMinor
 )
 
@@ -63,6 +66,13 @@ const (
 	errConfig    status = 16 // GC_ERR_CONFIG (since ABI 2.0)
 	errBroken    status = 17 // GC_ERR_BROKEN (since ABI 2.0)
 	errNoMem     status = 18 // GC_ERR_NOMEM (since ABI 2.3)
+)
+
+// The group ids of gc_op.group (since ABI 2.4): hosted's.
+const (
+	groupWorld = hosted.GroupWorld // GC_GROUP_WORLD
+	groupNode  = hosted.GroupNode  // GC_GROUP_NODE
+	groupCross = hosted.GroupCross // GC_GROUP_CROSS
 )
 
 // The gc_op_kind values: comm.Op's, which hosted.Op carries.

@@ -30,6 +30,7 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_ERR_CONFIG": int64(errConfig), "GC_ERR_BROKEN": int64(errBroken), "GC_ERR_NOMEM": int64(errNoMem),
 		"GC_OP_ALLREDUCE": opAllReduce, "GC_OP_ALLGATHER": opAllGather, "GC_OP_REDUCESCATTER": opReduceScatter,
 		"GC_OP_ALLTOALL": opAllToAll, "GC_OP_BROADCAST": opBroadcast, "GC_OP_BARRIER": opBarrier,
+		"GC_GROUP_WORLD": groupWorld, "GC_GROUP_NODE": groupNode, "GC_GROUP_CROSS": groupCross,
 	}
 	defs := regexp.MustCompile(`(?m)^#define (\w+) (\d+)u?\b|^\s+(GC_\w+) = (\d+),?`).FindAllSubmatch(h, -1)
 	got := map[string]int64{}

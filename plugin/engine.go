@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
@@ -38,12 +39,19 @@ func newTransport(rank, size int) (*transport, error) {
 	return &transport{t: t, pins: map[uint64]*runtime.Pinner{}}, nil
 }
 
-// take is gc_hosted_take's core: the next post, with its Go buffers pinned
-// until complete or close. timeout 0 means no wait.
-func (tr *transport) take(timeout time.Duration) (hosted.Op, error) {
+// take is gc_hosted_take's core (group -1: every group's posts) and
+// gc_hosted_take_group's: the next post, with its Go buffers pinned until
+// complete or close. timeout 0 means no wait.
+func (tr *transport) take(group int, timeout time.Duration) (hosted.Op, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Microsecond))
 	defer cancel()
-	op, err := tr.t.Take(ctx)
+	var op hosted.Op
+	var err error
+	if group < 0 {
+		op, err = tr.t.Take(ctx)
+	} else {
+		op, err = tr.t.TakeGroup(ctx, group)
+	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return op, errorf(errTimeout, "nothing posted within %v", timeout)
@@ -92,7 +100,8 @@ func (tr *transport) close() {
 // engineConfig is gc_engine_config in Go terms.
 type engineConfig struct {
 	overlap.Config
-	device int // -1: host buckets
+	device int           // -1: host buckets
+	topo   comm.Topology // this rank's place among the nodes; zero: unknown
 }
 
 // rawEngineConfig is gc_engine_config's fields in Go types, before
@@ -102,17 +111,18 @@ type rawEngineConfig struct {
 	spec, strategy, decision string
 	ef, failNonFinite        bool
 	warmup, workers, device  int
-	timeout                  float64 // seconds
-	momentum                 float64 // since ABI 2.1
-	schedule                 string  // since ABI 2.1
-	guard                    float64 // since ABI 2.2
-	momentumMasking          bool    // since ABI 2.2
+	timeout                  float64       // seconds
+	momentum                 float64       // since ABI 2.1
+	schedule                 string        // since ABI 2.1
+	guard                    float64       // since ABI 2.2
+	momentumMasking          bool          // since ABI 2.2
+	topo                     comm.Topology // since ABI 2.4; zero: unknown
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
 // On error the configuration holds the timeout when that is valid.
 func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
-	c := engineConfig{device: r.device}
+	c := engineConfig{device: r.device, topo: r.topo}
 	if !(r.timeout >= 0 && r.timeout <= 86400) {
 		return c, errorf(errInvalid, "timeout_seconds %v: want 0 (the default) to 86400", r.timeout)
 	}
@@ -133,7 +143,13 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 			return c, errorf(errInvalid, "decision: %v", err)
 		}
 	}
+	t := r.topo
 	switch {
+	case t != comm.Topology{} && (t.Nodes < 1 || t.LocalSize < 1 || t.Node < 0 || t.Node >= t.Nodes || t.LocalRank < 0 || t.LocalRank >= t.LocalSize):
+		return c, errorf(errInvalid, "topology node %d of nodes %d, local_rank %d of local_size %d: want 0 ≤ node < nodes and 0 ≤ local_rank < local_size (all 0: unknown)",
+			t.Node, t.Nodes, t.LocalRank, t.LocalSize)
+	case c.Strategy == overlap.StrategyHier && t.Nodes == 0:
+		return c, errorf(errInvalid, "strategy hier needs this rank's place among the nodes: set gc_engine_config's node, nodes, local_rank and local_size (ABI 2.4)")
 	case r.warmup < 0:
 		return c, errorf(errInvalid, "warmup %d is negative", r.warmup)
 	case r.workers < 0:
@@ -175,6 +191,11 @@ func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engi
 	tr.mu.Unlock()
 	ctx, host := context.Background(), tr.t.Host()
 	e := &engine{tr: tr, sizes: sizes}
+	if invalid == nil {
+		if err := tr.t.SetTopology(c.topo); err != nil {
+			invalid = errorf(errInvalid, "%v", err)
+		}
+	}
 	var err error
 	switch {
 	case invalid != nil:
@@ -324,6 +345,29 @@ func (e *engine) close() error {
 	e.tr.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("closing the engine: %w", err)
+	}
+	return nil
+}
+
+// checkStateLayout is gc_engine_state_check's check of a StrategyHier
+// state's layout against the configuration's topology, which
+// overlap.CheckState cannot make (it has no comm): the engine's Load
+// refuses another layout, or another place in it, and so does this.
+func checkStateLayout(src []byte, c engineConfig) error {
+	info, err := overlap.InspectState(src)
+	if err != nil || info.Layout == (comm.Topology{}) || c.topo == (comm.Topology{}) || c.Strategy != overlap.StrategyHier {
+		return err
+	}
+	describe := func(t comm.Topology) string {
+		return fmt.Sprintf("node %d of %d, local rank %d of %d", t.Node, t.Nodes, t.LocalRank, t.LocalSize)
+	}
+	s, t := info.Layout, c.topo
+	switch {
+	case s.Nodes != t.Nodes || s.LocalSize != t.LocalSize:
+		return errorf(errCorrupt, "the state was saved with layout %d nodes × %d ranks, the configuration has %d nodes × %d ranks",
+			s.Nodes, s.LocalSize, t.Nodes, t.LocalSize)
+	case s != t:
+		return errorf(errCorrupt, "the state was saved by the rank at %s, the configuration's rank is at %s", describe(s), describe(t))
 	}
 	return nil
 }

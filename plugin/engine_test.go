@@ -26,7 +26,10 @@ func TestMirrorLayouts(t *testing.T) {
 		{"sizeof(gc_op)", unsafe.Sizeof(cOp{}), 72},
 		{"offsetof(gc_op, count)", unsafe.Offsetof(cOp{}.Count), 24},
 		{"offsetof(gc_op, stream)", unsafe.Offsetof(cOp{}.Stream), 64},
-		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), 88},
+		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), 104},
+		{"offsetof(gc_engine_config, node)", unsafe.Offsetof(cEngineConfig{}.Node), 84},
+		{"offsetof(gc_engine_config, local_size)", unsafe.Offsetof(cEngineConfig{}.LocalSize), 96},
+		{"offsetof(gc_op, group)", unsafe.Offsetof(cOp{}.Group), 20},
 		{"offsetof(gc_engine_config, momentum_masking)", unsafe.Offsetof(cEngineConfig{}.MomentumMasking), 80},
 		{"offsetof(gc_engine_config, momentum) (ABI 2.0 size)", unsafe.Offsetof(cEngineConfig{}.Momentum), engineConfigSize20},
 		{"offsetof(gc_engine_config, guard) (ABI 2.1 size)", unsafe.Offsetof(cEngineConfig{}.Guard), engineConfigSize21},
@@ -46,7 +49,7 @@ func TestMirrorLayouts(t *testing.T) {
 // cores (pins included), until tr is closed.
 func serve(tr *transport, c comm.Comm) {
 	for {
-		op, err := tr.take(time.Second)
+		op, err := tr.take(-1, time.Second)
 		if errors.Is(err, comm.ErrClosed) {
 			return
 		}

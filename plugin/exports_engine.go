@@ -12,12 +12,13 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// The engine exports of gradcomp.h (ABI 2.0 to 2.3), documented there, over the
+// The engine exports of gradcomp.h (ABI 2.0 to 2.4), documented there, over the
 // cores in engine.go. The structs the header declares are passed as
 // pointers and read or written through the Go mirrors below, whose
 // layouts equal the C structs' on every 64-bit target (checked by
@@ -27,16 +28,16 @@ import (
 type cOp struct {
 	ID                   uint64
 	Kind, Root, Device   int32
-	Reserved             int32
+	Group                int32 // since ABI 2.4 (reserved, 0, before)
 	Count                uint64
 	Send, Recv           uintptr
 	SendBytes, RecvBytes uint64
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (88 bytes; ABI 2.0's, without
+// cEngineConfig mirrors gc_engine_config (104 bytes; ABI 2.0's, without
 // Momentum and Schedule, 56; ABI 2.1's, without Guard and
-// MomentumMasking, 72).
+// MomentumMasking, 72; ABI 2.2's and 2.3's, without the topology, 88).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -48,6 +49,8 @@ type cEngineConfig struct {
 	Schedule                 *C.char // since ABI 2.1
 	Guard                    float64 // since ABI 2.2
 	MomentumMasking          int32   // since ABI 2.2
+	Node, Nodes              int32   // since ABI 2.4
+	LocalRank, LocalSize     int32   // since ABI 2.4
 	_                        int32
 }
 
@@ -56,6 +59,7 @@ type cEngineConfig struct {
 const (
 	engineConfigSize20 = 56
 	engineConfigSize21 = 72
+	engineConfigSize22 = 88 // and 2.3
 )
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
@@ -142,7 +146,33 @@ func gc_hosted_take(h C.uint64_t, timeout C.double, out unsafe.Pointer) (st C.in
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	op, err := tr.take(d)
+	op, err := tr.take(-1, d)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*(*cOp)(out) = toCOp(op)
+	return C.int(statusOK)
+}
+
+//export gc_hosted_take_group
+func gc_hosted_take_group(h C.uint64_t, group C.int, timeout C.double, out unsafe.Pointer) (st C.int) {
+	const fn = "gc_hosted_take_group"
+	defer guard(fn, &st)
+	if out == nil {
+		return C.int(fail(errInvalid, fn, "null op"))
+	}
+	if group < groupWorld || group > groupCross {
+		return C.int(fail(errInvalid, fn, "group %d: want GC_GROUP_WORLD (0), GC_GROUP_NODE (1) or GC_GROUP_CROSS (2)", int(group)))
+	}
+	d, err := seconds("timeout_seconds", timeout)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	tr, err := lookupTransport(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	op, err := tr.take(int(group), d)
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
@@ -153,7 +183,7 @@ func gc_hosted_take(h C.uint64_t, timeout C.double, out unsafe.Pointer) (st C.in
 // toCOp lays op out as gc_op: host buffers by address (pinned by take),
 // device ones as they came.
 func toCOp(op hosted.Op) cOp {
-	c := cOp{ID: op.ID, Kind: int32(op.Kind), Root: int32(op.Root), Count: uint64(op.Count),
+	c := cOp{ID: op.ID, Kind: int32(op.Kind), Root: int32(op.Root), Group: int32(op.Group), Count: uint64(op.Count),
 		SendBytes: uint64(op.SendBytes), RecvBytes: uint64(op.RecvBytes)}
 	if op.Device {
 		c.Device, c.Send, c.Recv, c.Stream = 1, uintptr(op.SendPtr), uintptr(op.RecvPtr), uintptr(op.Stream)
@@ -250,8 +280,11 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 	if c.Size >= engineConfigSize21 { // an older caller's struct ends before them
 		raw.momentum, raw.schedule = c.Momentum, str(c.Schedule)
 	}
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+	if c.Size >= engineConfigSize22 {
 		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
+	}
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+		raw.topo = comm.Topology{Node: int(c.Node), Nodes: int(c.Nodes), LocalRank: int(c.LocalRank), LocalSize: int(c.LocalSize)}
 	}
 	conf, err := parseEngineConfig(raw)
 	if err == nil && c.Spec == nil { // after parsing, so that conf holds the timeout
@@ -524,6 +557,9 @@ func gc_engine_state_check(src unsafe.Pointer, length C.size_t, cfg unsafe.Point
 		return C.int(failErr(fn, &overlap.ConfigError{Rank: -1, Reason: err.Error(), Err: err}))
 	}
 	if err := overlap.CheckState(in, conf.Config, sz, int(world)); err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if err := checkStateLayout(in, conf); err != nil {
 		return C.int(failErr(fn, err))
 	}
 	return C.int(statusOK)

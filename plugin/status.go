@@ -103,6 +103,7 @@ func engineStatus(err error) (st status, ok bool) {
 		usage    *overlap.UsageError
 		mismatch *overlap.ConfigMismatchError
 		config   *overlap.ConfigError
+		topology *overlap.TopologyError
 		memory   *overlap.MemoryError
 		state    *overlap.StateError
 		stepErr  *overlap.StepError
@@ -116,7 +117,7 @@ func engineStatus(err error) (st status, ok bool) {
 		return errBroken, true
 	case errors.As(err, &memory): // before config: this rank's *overlap.ConfigError wraps it
 		return errNoMem, true
-	case errors.As(err, &mismatch), errors.As(err, &config): // before own: this rank's wraps its reason
+	case errors.As(err, &mismatch), errors.As(err, &config), errors.As(err, &topology): // before own: this rank's wraps its reason
 		return errConfig, true
 	case errors.As(err, &own):
 		return own.st, true

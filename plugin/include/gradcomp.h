@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 3
+#define GRADCOMP_ABI_MINOR 4
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -282,12 +282,34 @@ typedef enum gc_op_kind {
 	GC_OP_BARRIER = 6
 } gc_op_kind;
 
+/* Groups of a hosted transport (gc_op.group; since 2.4). An engine with
+ * strategy "hier" (gc_engine_config's topology set) splits its ranks by
+ * node: besides the transport's own ranks (GC_GROUP_WORLD), it posts
+ * collectives on this rank's node group (GC_GROUP_NODE: the local_size
+ * ranks of its node, ranked by local_rank) and on its cross-node group
+ * (GC_GROUP_CROSS: the nodes ranks with its local_rank, one per node,
+ * ranked by node). N, r and root in gc_op_kind's table are then the
+ * group's size, this rank's rank in it and a rank of the group. Each group
+ * has its own order and its own collective in flight, and the engine runs
+ * the node and cross-node collectives AT ONCE: the host must carry out
+ * each group's posts in their order, on a communicator of that group's
+ * ranks, independently of the other groups' (a thread per group taking
+ * with gc_hosted_take_group; one thread carrying out gc_hosted_take's
+ * posts one after another would deadlock). Without a topology every post
+ * is GC_GROUP_WORLD's. */
+#define GC_GROUP_WORLD 0
+#define GC_GROUP_NODE 1
+#define GC_GROUP_CROSS 2
+
 typedef struct gc_op {
-	uint64_t id;         /* the post's number on this transport, from 1 */
+	uint64_t id;         /* the post's number on this transport, from 1 (unique across its groups) */
 	int32_t kind;        /* gc_op_kind */
-	int32_t root;        /* GC_OP_BROADCAST's root rank */
+	int32_t root;        /* GC_OP_BROADCAST's root rank (in the op's group) */
 	int32_t device;      /* 1: send, recv are device pointers on stream */
-	int32_t reserved;    /* 0 */
+	union {
+		int32_t group;    /* since 2.4: GC_GROUP_*, the group whose ranks carry the op out */
+		int32_t reserved; /* before 2.4: 0 (the same field; GC_GROUP_WORLD) */
+	};
 	uint64_t count;      /* n above: elements (float32 ops) or bytes */
 	uintptr_t send;      /* address of the input (== recv for in-place ops) */
 	uintptr_t recv;      /* address of the output */
@@ -310,8 +332,18 @@ gc_status gc_hosted_destroy(gc_hosted h);
  * *op: GC_OK, or GC_ERR_TIMEOUT when nothing was posted in time (call
  * again), or GC_ERR_CLOSED once h is destroyed. Posts come out in the
  * order the engine made them, which is the same on every rank: carry them
- * out in that order. */
+ * out in that order. With a "hier" engine it returns every group's posts
+ * (op->group says which; see GC_GROUP_WORLD): hand each to that group's
+ * own thread, or use gc_hosted_take_group. */
 gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
+
+/* gc_hosted_take of group's posts alone (GC_GROUP_WORLD, GC_GROUP_NODE,
+ * GC_GROUP_CROSS; since 2.4): the host of a "hier" engine runs one thread
+ * per group, each taking that group's posts and carrying them out, in
+ * order, on its communicator of the group. A group that does not exist
+ * yet (no "hier" engine, or between two) has no posts: GC_ERR_TIMEOUT.
+ * Another group is GC_ERR_INVALID; GC_ERR_CLOSED once h is destroyed. */
+gc_status gc_hosted_take_group(gc_hosted h, int group, double timeout_seconds, gc_op *op);
 
 /* Completes the taken op id: status GC_OK with recv_bytes the bytes the
  * host wrote to its output (op.recv_bytes; 0 for a barrier), or any other
@@ -324,14 +356,15 @@ gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
 gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *message, uint64_t recv_bytes);
 
 /* An engine's configuration. Set size to sizeof(gc_engine_config) (later
- * versions append fields). Every field but timeout_seconds, workers and
- * device must be equal on every rank (the handshake checks them and the
- * bucket layout). */
+ * versions append fields). Every field but timeout_seconds, workers,
+ * device and this rank's place (node, local_rank) must be equal on every
+ * rank (the handshake checks them and the bucket layout). */
 typedef struct gc_engine_config {
 	uint32_t size;             /* sizeof(gc_engine_config) */
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
 	const char *spec;          /* compressor spec, e.g. "topk:0.01"; no lossless stage */
-	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather" */
+	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather",
+	                            * "hier" (since 2.4 through the C ABI: needs the topology, below) */
 	const char *decision;      /* "auto" (or NULL): the cost model, verified online; "compressed", "dense": pinned */
 	int32_t fail_on_nonfinite; /* 0: a bucket with NaN/Inf on any rank goes dense that step; 1: the step fails (GC_ERR_NONFINITE) */
 	int32_t warmup;            /* steps numbered below it exchange every bucket dense */
@@ -353,6 +386,22 @@ typedef struct gc_engine_config {
 	                            * gc_engine_held_back report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */
 	int32_t momentum_masking;  /* since 2.2: 1: DGC's momentum factor masking (needs momentum): top-k/random-k
 	                            * zero u where they sent. 0 (and before 2.2): u is never masked. */
+	/* Since 2.4: this rank's place among the machines of the job: node `node` of `nodes`, local rank
+	 * `local_rank` of the `local_size` ranks of that node; all four 0: unknown (flat; and before 2.4).
+	 * Strategy "hier" needs it: a reduce-scatter among the ranks of each node (GC_GROUP_NODE), each rank's
+	 * shard (1/local_size of the bucket, its node's average) exchanged across nodes with the configured
+	 * codec, error feedback and momentum, among the ranks of its local rank (GC_GROUP_CROSS), then an
+	 * all-gather in the node. Every node must hold local_size ranks (nodes × local_size = the transport's
+	 * size); nodes are numbered in the order of their lowest rank and local ranks in rank order within a
+	 * node. A rank whose place is out of range, or "hier" without one, is GC_ERR_CONFIG on every rank;
+	 * places that the ranks do not agree on (the engine all-gathers them after the handshake) are
+	 * GC_ERR_CONFIG on every rank, naming the first rank at fault. The engine state records the layout
+	 * and this rank's place, and gc_engine_state_load / gc_engine_state_check refuse another
+	 * (GC_ERR_CORRUPT). Host buckets only (device engines refuse "hier"). Other strategies ignore it. */
+	int32_t node;
+	int32_t nodes;
+	int32_t local_rank;
+	int32_t local_size;
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

@@ -32,7 +32,10 @@
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
-_Static_assert(sizeof(gc_engine_config) == 88, "gc_engine_config is 88 bytes");
+_Static_assert(sizeof(gc_engine_config) == 104, "gc_engine_config is 104 bytes");
+_Static_assert(offsetof(gc_engine_config, node) == 84, "node at 84 (ABI 2.4)");
+_Static_assert(offsetof(gc_engine_config, local_size) == 96, "local_size at 96");
+_Static_assert(offsetof(gc_op, group) == 20 && offsetof(gc_op, reserved) == 20, "group is 2.3's reserved");
 _Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
 
@@ -131,6 +134,8 @@ struct host {
 	gc_status fault_status; /* what gc_hosted_complete returned for the fault */
 	int ops;           /* ops carried out */
 	int faulted_at;    /* ops when the fault was applied */
+	int split;         /* 1: take gid's posts alone (gc_hosted_take_group) */
+	int gid;           /* with split: the GC_GROUP_* this host serves */
 	pthread_t thread;
 };
 
@@ -184,11 +189,11 @@ static void *host_main(void *arg) {
 			nanosleep(&ts, NULL);
 			continue;
 		}
-		gc_status st = gc_hosted_take(h->t, 0.05, &op);
+		gc_status st = h->split ? gc_hosted_take_group(h->t, h->gid, 0.05, &op) : gc_hosted_take(h->t, 0.05, &op);
 		if (st == GC_ERR_TIMEOUT) continue;
 		if (st != GC_OK) break; /* GC_ERR_CLOSED: destroyed */
-		CHECK(op.device == 0 && op.reserved == 0, "rank %d op %llu: device %d, reserved %d", h->rank,
-		      (unsigned long long)op.id, op.device, op.reserved);
+		CHECK(op.device == 0 && op.group == (h->split ? h->gid : GC_GROUP_WORLD), "rank %d op %llu: device %d, group %d",
+		      h->rank, (unsigned long long)op.id, op.device, op.group);
 		if (__atomic_exchange_n(&h->armed, 0, __ATOMIC_ACQ_REL)) {
 			h->faulted_at = h->ops;
 			switch (h->fault) {
@@ -869,11 +874,189 @@ static void test_misuse_and_states(void) {
 	unpair(ms, hs, &g);
 }
 
+/* ---- Strategy hier: 4 ranks as 2 nodes x 2 ---- */
+
+/* A rank of the hierarchical test: three host threads (the world, its node
+ * group, its cross-node group) on one transport, each taking its group's
+ * posts with gc_hosted_take_group and carrying them out with that group's
+ * host threads. */
+struct hier_rank {
+	struct host hosts[3];
+	gc_engine_config cfg;
+	const char *spec;
+	int r;
+	gc_status st;
+	char msg[512];
+	float avg[STEPS][1037];
+	uint8_t *state;
+	size_t state_len;
+	char reason[512];
+};
+
+static void *hier_main(void *arg) {
+	struct hier_rank *k = arg;
+	gc_engine e = 0;
+	k->st = gc_engine_create(k->hosts[0].t, &k->cfg, sizes, NBUCKETS, &e);
+	snprintf(k->msg, sizeof k->msg, "%s", k->st == GC_OK ? "" : gc_last_error());
+	if (k->st != GC_OK) return NULL;
+	float g[NBUCKETS][1000];
+	for (int s = 0; s < STEPS; s++) {
+		for (int b = 0; b < NBUCKETS; b++)
+			for (uint64_t i = 0; i < sizes[b]; i++) g[b][i] = gradient(k->r, s, b, (int)i);
+		OK(gc_engine_step(e));
+		for (int b = NBUCKETS - 1; b >= 0; b--) OK(gc_engine_ready(e, (size_t)b, g[b], sizes[b]));
+		gc_status st = gc_engine_wait(e, 30);
+		CHECK(st == GC_OK, "hier rank %d step %d: gc_engine_wait = %d (%s)", k->r, s, st, gc_last_error());
+		memcpy(k->avg[s], g[0], sizeof(float) * sizes[0]);
+		memcpy(k->avg[s] + sizes[0], g[1], sizeof(float) * sizes[1]);
+	}
+	gc_bucket_stats bs;
+	OK(gc_engine_stats(e, 0, &bs, NULL, NULL, NULL, NULL));
+	snprintf(k->reason, sizeof k->reason, "%s", bs.reason);
+	OK(gc_engine_state_size(e, &k->state_len));
+	k->state = malloc(k->state_len);
+	size_t written = 0;
+	OK(gc_engine_state_save(e, k->state, k->state_len, &written));
+	OK(gc_engine_destroy(e));
+	return NULL;
+}
+
+/* hier_run creates 4 ranks' transports and hosts (2 nodes x 2: rank r on
+ * node r/2), runs hier_main on each with cfgs[r], and stops the hosts. */
+static void hier_run(struct hier_rank *ks, const gc_engine_config *cfgs) {
+	struct group world, node[2], cross[2];
+	group_init(&world, RANKS, 10);
+	for (int i = 0; i < 2; i++) {
+		group_init(&node[i], 2, 10);
+		group_init(&cross[i], 2, 10);
+	}
+	for (int r = 0; r < RANKS; r++) {
+		struct hier_rank *k = &ks[r];
+		memset(k, 0, sizeof *k);
+		k->r = r;
+		k->cfg = cfgs[r];
+		gc_hosted t;
+		OK(gc_hosted_create(r, RANKS, &t));
+		struct group *gs[3] = {&world, &node[r / 2], &cross[r % 2]};
+		int ranks[3] = {r, r % 2, r / 2};
+		for (int i = 0; i < 3; i++) {
+			struct host *h = &k->hosts[i];
+			h->t = t;
+			h->g = gs[i];
+			h->rank = ranks[i];
+			h->split = 1;
+			h->gid = i; /* GC_GROUP_WORLD, GC_GROUP_NODE, GC_GROUP_CROSS */
+			pthread_create(&h->thread, NULL, host_main, h);
+		}
+	}
+	pthread_t th[RANKS];
+	for (int r = 0; r < RANKS; r++) pthread_create(&th[r], NULL, hier_main, &ks[r]);
+	for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+	for (int r = 0; r < RANKS; r++) OK(gc_hosted_destroy(ks[r].hosts[0].t));
+	for (int r = 0; r < RANKS; r++)
+		for (int i = 0; i < 3; i++) pthread_join(ks[r].hosts[i].thread, NULL);
+	group_free(&world);
+	for (int i = 0; i < 2; i++) {
+		group_free(&node[i]);
+		group_free(&cross[i]);
+	}
+}
+
+static gc_engine_config hier_config(const char *spec, int r) {
+	gc_engine_config c = config(spec, "hier");
+	c.error_feedback = strcmp(spec, "none") != 0;
+	c.node = r / 2;
+	c.nodes = 2;
+	c.local_rank = r % 2;
+	c.local_size = 2;
+	return c;
+}
+
+static void test_hier(void) {
+	static struct hier_rank ks[RANKS];
+	gc_engine_config cfgs[RANKS];
+	const char *specs[] = {"none", "int8"};
+	for (int c = 0; c < 2; c++) {
+		const char *spec = specs[c];
+		for (int r = 0; r < RANKS; r++) cfgs[r] = hier_config(spec, r);
+		hier_run(ks, cfgs);
+		double worst = 0;
+		int node_ops = 0, cross_ops = 0;
+		for (int r = 0; r < RANKS; r++) {
+			CHECK(ks[r].st == GC_OK, "hier %s: rank %d: gc_engine_create = %d (%s)", spec, r, ks[r].st, ks[r].msg);
+			node_ops += ks[r].hosts[1].ops;
+			cross_ops += ks[r].hosts[2].ops;
+			for (int s = 0; s < STEPS && ks[r].st == GC_OK; s++)
+				for (int b = 0, off = 0; b < NBUCKETS; off += (int)sizes[b], b++)
+					for (int i = 0; i < (int)sizes[b]; i++) {
+						double want = 0;
+						for (int q = 0; q < RANKS; q++) want += gradient(q, s, b, i);
+						want /= RANKS;
+						double d = fabs(ks[r].avg[s][off + i] - want);
+						if (d > worst) worst = d;
+					}
+		}
+		/* Dense: the gradients are multiples of 1/64, so every partial
+		 * sum and halving is exact. int8 with error feedback: within a
+		 * quantization step of the average. */
+		double tol = strcmp(spec, "none") == 0 ? 0 : 0.5;
+		CHECK(worst <= tol, "hier %s: the result is %g from the average, want at most %g", spec, worst, tol);
+		CHECK(node_ops > 0 && cross_ops > 0, "hier %s: %d node ops, %d cross-node ops: want both", spec, node_ops,
+		      cross_ops);
+		CHECK(strstr(ks[0].reason, "hierarchical (2 nodes") != NULL, "hier %s: bucket 0's reason %s", spec,
+		      ks[0].reason);
+		if (c == 1 && ks[0].state != NULL) {
+			/* The state records the layout: another one is refused. */
+			gc_engine_config other = hier_config(spec, 0);
+			OK(gc_engine_state_check(ks[0].state, ks[0].state_len, &other, sizes, NBUCKETS, RANKS));
+			other.nodes = 4;
+			other.local_size = 1;
+			FAILS(gc_engine_state_check(ks[0].state, ks[0].state_len, &other, sizes, NBUCKETS, RANKS),
+			      GC_ERR_CORRUPT, "layout 2 nodes × 2 ranks, the configuration has 4 nodes × 1 ranks");
+			other = hier_config(spec, 1);
+			FAILS(gc_engine_state_check(ks[0].state, ks[0].state_len, &other, sizes, NBUCKETS, RANKS),
+			      GC_ERR_CORRUPT, "local rank 0 of 2");
+		}
+		printf("hier %-5s 4 ranks as 2 nodes x 2, %d steps: %d node and %d cross-node ops carried out, "
+		       "largest difference from the average %g\n", spec, STEPS, node_ops, cross_ops, worst);
+		for (int r = 0; r < RANKS; r++) free(ks[r].state);
+	}
+
+	/* Bad topologies: every rank gets GC_ERR_CONFIG at once. */
+	struct {
+		const char *name, *want;
+		int rank, node, nodes, local_rank, local_size;
+	} bad[] = {
+		{"hier without a topology", "strategy hier needs this rank's place", 2, 0, 0, 0, 0},
+		{"a local rank out of range", "local_rank 2 of local_size 2", 2, 1, 2, 2, 2},
+		{"3 nodes x 2 on 4 ranks", "want nodes × local size = 4", 2, 1, 3, 0, 2},
+		{"two ranks at one place", "ranks disagree on the topology", 3, 1, 2, 0, 2},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		for (int r = 0; r < RANKS; r++) cfgs[r] = hier_config("int8", r);
+		gc_engine_config *c = &cfgs[bad[i].rank];
+		c->node = bad[i].node;
+		c->nodes = bad[i].nodes;
+		c->local_rank = bad[i].local_rank;
+		c->local_size = bad[i].local_size;
+		double t0 = now();
+		hier_run(ks, cfgs);
+		double took = now() - t0;
+		for (int r = 0; r < RANKS; r++)
+			CHECK(ks[r].st == GC_ERR_CONFIG && strstr(ks[r].msg, bad[i].want) != NULL,
+			      "%s: rank %d: gc_engine_create = %d (%s), want GC_ERR_CONFIG saying \"%s\"", bad[i].name, r,
+			      ks[r].st, ks[r].msg, bad[i].want);
+		CHECK(took < 5, "%s: took %.2f s", bad[i].name, took);
+		printf("hier refused, %s: on every rank in %.2f s: %s\n", bad[i].name, took, ks[0].msg);
+	}
+}
+
 int main(void) {
 	size_t live = 1;
 	OK(gc_live_handles(&live));
 	CHECK(live == 0, "%zu live handles at start", live);
 	test_golden();
+	test_hier();
 	test_untaken();
 	test_invalid_config();
 	test_nomem();
