@@ -120,24 +120,6 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
 	}
-	if _, ok := c.(comm.Splitter); ok && cfg.Strategy == StrategyAuto && cfg.Decision == DecideAuto {
-		choice, why, err := chooseStrategy(ctx, c, sizes, e.cfg, t)
-		if err != nil {
-			return nil, err
-		}
-		if choice == StrategyHier {
-			hcfg := cfg
-			hcfg.Strategy = StrategyHier
-			h, err := newEngine(ctx, c, sizes, hcfg, t)
-			if err != nil {
-				return nil, err
-			}
-			h.cfg.Strategy = StrategyAuto // as configured: the state records it
-			h.note = strings.TrimSuffix(why+"; "+h.note, "; ")
-			return h, nil
-		}
-		core.note = why
-	}
 	e.data = c
 	if u, ok := c.(comm.Unchecker); ok {
 		e.data = u.Unchecked()

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
-	"github.com/gradcomp/gradcomp/comm/twolevel"
 )
 
 // nodeGroup returns the ranks of nodes × local in-process ranks, rank r on
@@ -435,61 +434,5 @@ func TestHierTwoLevelIsFlat(t *testing.T) {
 				t.Error("the restored engine saves another state")
 			}
 		})
-	}
-}
-
-// layoutTiming is fixedTiming whose all-reduces on a two-level comm take
-// factor times as long.
-type layoutTiming struct {
-	fixedTiming
-	factor float64
-}
-
-func (l *layoutTiming) probe(ctx context.Context, c comm.Comm, buf []float32) (float64, error) {
-	t, err := l.fixedTiming.probe(ctx, c, buf)
-	if _, ok := c.(*twolevel.Comm); ok {
-		t *= l.factor
-	}
-	return t, err
-}
-
-// TestAutoChoosesLayout: StrategyAuto with DecideAuto on 2 nodes × 2 ranks
-// measures the flat against the two-level all-reduce and takes the
-// hierarchical exchange where it is faster, the flat one otherwise, the
-// same on every rank, saying why; on one node it does not weigh them. A
-// state of one choice does not load into an engine of the other.
-func TestAutoChoosesLayout(t *testing.T) {
-	link := fixedTiming{alpha: 1e-4, perByte: 1e-8, enc: line{0, 1e-9}, dec: line{0, 1e-9}, avg: line{0, 1e-10}, dense: 1, compressed: 1}
-	states := map[Strategy][]byte{}
-	for _, c := range []struct {
-		spec   string
-		factor float64
-		want   Strategy
-	}{
-		{"int8", 0.5, StrategyHier}, {"int8", 2, StrategyQuantSRA}, {"none", 0.5, StrategyHier}, {"topk:0.01", 0.5, StrategyHier},
-	} {
-		engines := newTimedEngines(t, nodeGroup(t, 2, 2), []int{4096, 100}, Config{Spec: c.spec, ErrorFeedback: true}, &layoutTiming{link, c.factor})
-		stats, errs := runStep(engines, stepGrads(4, 0, []int{4096, 100}), inOrder(2))
-		mustNoErrors(t, "step", errs)
-		for r, e := range engines {
-			if e.Strategy() != c.want {
-				t.Errorf("%s, two-level ×%g: rank %d took %v, want %v", c.spec, c.factor, r, e.Strategy(), c.want)
-			}
-			if why := stats[r].Buckets[0].Reason; !strings.Contains(why, "auto on 2 nodes × 2 ranks") {
-				t.Errorf("%s: rank %d's reason %q does not say how auto chose", c.spec, r, why)
-			}
-		}
-		if c.spec == "int8" {
-			states[c.want] = saveAll(t, engines)[0]
-		}
-	}
-	one := newTimedEngines(t, group(t, 4), []int{4096}, Config{Spec: "int8", ErrorFeedback: true}, &layoutTiming{link, 0.5})
-	if one[0].Strategy() != StrategyQuantSRA {
-		t.Errorf("one node: %v, want sra", one[0].Strategy())
-	}
-	var se *StateError
-	flat := newTimedEngines(t, nodeGroup(t, 2, 2), []int{4096, 100}, Config{Spec: "int8", ErrorFeedback: true}, &layoutTiming{link, 2})
-	if err := flat[0].Load(bytes.NewReader(states[StrategyHier])); !errors.As(err, &se) || se.Setting != "strategy" {
-		t.Errorf("a flat engine loading a hierarchical state: %v, want a *StateError on the strategy", err)
 	}
 }

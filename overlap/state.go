@@ -409,8 +409,6 @@ func (e *core) checkStrategy(info StateInfo) error {
 		return &StateError{Reason: fmt.Sprintf("configured strategy %v, %v in use", info.Configured, info.Strategy)}
 	case info.Strategy == e.strategy:
 		return nil
-	case (info.Strategy == StrategyHier) != (e.strategy == StrategyHier):
-		return settingError("strategy", info.Strategy.String(), e.strategy.String())
 	case e.cfg.Strategy != StrategyAuto || info.Version >= 4 && info.Configured != StrategyAuto:
 		saved := info.Strategy.String()
 		if info.Version >= 4 && info.Configured == StrategyAuto {
