@@ -433,7 +433,7 @@ func (h *hierBackend) conclude(st *step) error {
 		ir := st.nested.runs[i]
 		s := st.nestedResult.Buckets[i]
 		r.outcome, r.nonFinite, r.heldBack = ir.outcome, ir.nonFinite, ir.heldBack
-		r.stats.Reason = r.b.reason + "; across nodes: " + s.Reason
+		r.stats.Reason += "; across nodes: " + s.Reason
 		r.stats.BytesSent += s.BytesSent
 		r.stats.Exchange += s.Exchange
 		r.stats.Compress, r.stats.Decompress = s.Compress, s.Decompress
