@@ -640,7 +640,7 @@ type StateInfo struct {
 	// Layout is StrategyHier's layout and this rank's place in it (version
 	// 5); zero for the flat strategies and older versions.
 	Layout  comm.Topology
-	Buckets         []int  // element count per bucket
+	Buckets []int // element count per bucket
 }
 
 // InspectState reads the header of a state Save wrote, after checking its
