@@ -254,9 +254,11 @@ func TestHierBadTopology(t *testing.T) {
 	}
 }
 
-// TestHierState: a hierarchical engine's state restores bit-exactly into
-// a new engine of the same layout, and is refused by one of another
-// layout or a flat strategy, naming the setting.
+// TestHierState: a sharded hierarchical engine's state restores
+// bit-exactly into a new engine of the same layout, loads after a change of
+// the number of nodes into the ranks of the same local rank, and is
+// refused by one of another node size or local rank, or of a flat
+// strategy, naming the setting.
 func TestHierState(t *testing.T) {
 	sizes := []int{300, 33}
 	cfg := Config{Spec: "int4", Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed, Momentum: 0.9}
@@ -294,6 +296,17 @@ func TestHierState(t *testing.T) {
 			}
 		}
 	}
+
+	// 3 nodes of 2: each rank takes the state of the rank with its local
+	// rank (the same shard), whatever its node.
+	more := newEnginesOn(t, nodeGroup(t, 3, 2), sizes, cfg)
+	for r, e := range more {
+		if err := e.Load(bytes.NewReader(states[r%2])); err != nil {
+			t.Fatalf("3×2 rank %d loading 2×2 rank %d's state: %v", r, r%2, err)
+		}
+	}
+	_, errs = runStep(more, stepGrads(6, 4, sizes), inOrder(2))
+	mustNoErrors(t, "a step after the change of layout", errs)
 
 	other := newEnginesOn(t, nodeGroup(t, 1, 4), sizes, cfg)
 	var se *StateError

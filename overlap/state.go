@@ -374,12 +374,8 @@ func (e *core) checkSettings(info StateInfo) error {
 			return settingError("schedule", cmp.Or(info.Schedule, "none"), cmp.Or(schedule(e), "none"))
 		}
 	}
-	if info.Layout != e.layout {
-		saved, current := layoutName(info.Layout), layoutName(e.layout)
-		if saved == current {
-			saved, current = describeTopology(info.Layout), describeTopology(e.layout)
-		}
-		return settingError("layout", saved, current)
+	if err := e.checkLayoutOf(info); err != nil {
+		return err
 	}
 	if len(info.Buckets) != len(e.buckets) {
 		return &StateError{Reason: fmt.Sprintf("saved with %d buckets, this engine has %d", len(info.Buckets), len(e.buckets))}
@@ -390,6 +386,26 @@ func (e *core) checkSettings(info StateInfo) error {
 		}
 	}
 	return nil
+}
+
+// checkLayoutOf checks the layout a state was saved on against e's. The
+// flat strategies and the two-level StrategyHier keep per-rank memories of
+// whole buckets, which load under any layout (as under any world size).
+// The sharded StrategyHier keeps the memories of this rank's shard of
+// each bucket: they load where the shard is the same, with the same ranks
+// per node and local rank, whatever the number of nodes and this rank's
+// node (its engine across nodes takes them as a flat engine takes a state
+// of another world size).
+func (e *core) checkLayoutOf(info StateInfo) error {
+	s, c := info.Layout, e.layout
+	if s == c || !e.sharded() || s.LocalSize == c.LocalSize && s.LocalRank == c.LocalRank {
+		return nil
+	}
+	saved, current := layoutName(s), layoutName(c)
+	if saved == current {
+		saved, current = describeTopology(s), describeTopology(c)
+	}
+	return settingError("layout", saved, current)
 }
 
 // checkStrategy checks a state's strategy against e's: the strategy in
