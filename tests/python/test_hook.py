@@ -528,3 +528,68 @@ class Ranks(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Hier(unittest.TestCase):
+    """strategy="hier" on 4 gloo ranks as 2 nodes × 2
+    (GRADCOMP_RANKS_PER_NODE=2)."""
+
+    def test_dense_matches_the_all_reduce_average(self):
+        results = ranks.run(workers.hier_dense, WORLD, 2, 6, timeout=200)
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(r["topology"], [rank // 2, 2, rank % 2, 2])
+                self.assertEqual(r["engine_steps"], 4)
+                self.assertEqual(set(r["strategy"]), {"hier"})
+                self.assertIn("hierarchical (2 nodes × 2 ranks", r["reason"])
+                self.assertGreater(r["ops_by_group"].get("node", 0), 0, r["ops_by_group"])
+                self.assertGreater(r["ops_by_group"].get("cross", 0), 0, r["ops_by_group"])
+                self.assertLess(r["max_diff"], 1e-5)  # the same average, summed in another order
+
+    def test_int8_trains_close_to_flat(self):
+        results = ranks.run(workers.hier_train, WORLD, 2, 3, 0, timeout=300)
+        r = results[0]
+        self.assertEqual(r["int8 hier"]["strategy"], "hier")
+        self.assertGreater(r["int8 hier"]["compressed"], 0)
+        for name in ("int8 flat", "default"):
+            with self.subTest(against=name):
+                self.assertGreater(r["int8 hier"]["accuracy"], r[name]["accuracy"] - 0.03, r)
+                self.assertLess(r["int8 hier"]["loss"], r[name]["loss"] * 1.25 + 0.02, r)
+        for other in results[1:]:
+            self.assertEqual(other["int8 hier"]["accuracy"], r["int8 hier"]["accuracy"])
+
+    def test_state_dict_round_trip_and_other_layout_refused(self):
+        results = ranks.run(workers.hier_checkpoint, WORLD, 2, 4, 8, 5, timeout=300)
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(r["saved_next_step"], 3)  # hook steps 2, 3, 4 ran on the engine
+                self.assertEqual(r["resumed_next_step"], 3 + 3)
+                self.assertEqual(r["iter"], 8)
+                self.assertTrue(r["finite"])
+                for where, refusal in r["refusals"].items():
+                    with self.subTest(where=where):
+                        self.assertTrue(refusal["refused"], refusal)
+                        self.assertIn("layout", refusal["message"])
+                        self.assertIn("2 nodes × 2 ranks", refusal["message"])
+                        self.assertIn("1 nodes × 4 ranks", refusal["message"])
+
+    def test_bad_layouts_fail_every_rank(self):
+        cases = [[3, 3, 3, 3], [2, 2, 4, 4]]
+        results = ranks.run(workers.hier_bad_layouts, WORLD, cases, timeout=150)
+        for rank, per_case in enumerate(results):
+            for case, got in zip(cases, per_case):
+                with self.subTest(rank=rank, case=case):
+                    self.assertIsNotNone(got, "rank %d made a State" % rank)
+                    self.assertTrue(got["is_value_error"], got)
+                    self.assertLess(got["seconds"], 20, got)
+        self.assertIn("every node must hold the same number", results[0][0]["message"])
+        self.assertIn("ranks disagree on GRADCOMP_RANKS_PER_NODE", results[0][1]["message"])
+
+    def test_engine_refuses_places_the_ranks_disagree_on(self):
+        results = ranks.run(workers.hier_engine_disagree, WORLD, timeout=150)
+        for rank, got in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertIsNotNone(got)
+                self.assertEqual(got["type"], "ConfigError", got)
+                self.assertIn("ranks disagree on the topology: rank 3", got["message"])
+                self.assertLess(got["seconds"], 20, got)

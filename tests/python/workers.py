@@ -575,3 +575,158 @@ def bucket_orders(rank, world, spec, steps):
     out["compressed"] = state.stats["compressed"]
     state.close()
     return out
+
+
+def _ranks_per_node(k):
+    """Places rank r on node r // k for the States made after it (None:
+    unset)."""
+    import os
+
+    if k is None:
+        os.environ.pop(gct.ENV_RANKS_PER_NODE, None)
+    else:
+        os.environ[gct.ENV_RANKS_PER_NODE] = str(k)
+
+
+def hier_dense(rank, world, k, steps):
+    """DDP trained `steps` steps with State("none", strategy="hier") on
+    nodes of k ranks and with torch's default all-reduce, same data and
+    initialization: returns the largest parameter difference, the State's
+    topology, the last step's strategy and reason, and the ops each host
+    group carried out."""
+    _ranks_per_node(k)
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))[:steps]
+    params = []
+    out = {}
+    for spec in (None, "none"):
+        ddp, state = make_ddp(two_bucket_mlp(0), spec, strategy="hier", warmup_steps=2) if spec else make_ddp(
+            two_bucket_mlp(0), None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for xb, yb in data:
+            train_step(ddp, opt, xb, yb)
+        params.append([p.detach().clone() for p in ddp.parameters()])
+        if state:
+            out["topology"] = list(state.topology)
+            out["strategy"] = [b.strategy for b in state.last_step.buckets]
+            out["reason"] = state.last_step.buckets[0].reason
+            out["ops_by_group"] = dict(state.engine.host.ops_by_group)
+            out["engine_steps"] = state.stats["engine_steps"]
+            state.close()
+    out["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(*params))
+    return out
+
+
+def hier_train(rank, world, k, epochs, seed):
+    """The digits MLP trained with the default hook, flat int8 and hier
+    int8 with error feedback (nodes of k ranks), decision compressed:
+    returns {name: {accuracy, loss, compressed}}."""
+    _ranks_per_node(k)
+    x, y, xt, yt = digits()
+    out = {}
+    for name, spec, strategy in (("default", None, None), ("int8 flat", "int8", "auto"), ("int8 hier", "int8", "hier")):
+        kw = dict(warmup_steps=4, decision="compressed", strategy=strategy) if spec else {}
+        ddp, state = make_ddp(mlp(seed), spec, **kw)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for epoch in range(epochs):
+            for xb, yb in batches(rank, world, x, y, epoch, seed):
+                train_step(ddp, opt, xb, yb)
+        with torch.no_grad():
+            logits = ddp.module(xt)
+            out[name] = {"accuracy": (logits.argmax(1) == yt).float().mean().item(),
+                         "loss": torch.nn.functional.cross_entropy(logits, yt).item(),
+                         "compressed": state.stats["compressed"] if state else 0,
+                         "strategy": state.last_step.buckets[0].strategy if state else None}
+        if state:
+            state.close()
+    return out
+
+
+def hier_checkpoint(rank, world, k, other_k, steps, cut):
+    """State("int8", strategy="hier") on nodes of k ranks: `cut` steps,
+    state_dict through torch.save, then a new State of the same layout
+    loads it (before its engine exists) and trains on; returns its engine's
+    next step, the iter, whether the parameters stayed finite, and the
+    refusals of the dict by a State on nodes of other_k ranks: before its
+    engine exists (gc_engine_state_check) and after (the engine's load)."""
+    _ranks_per_node(k)
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))
+    kw = dict(strategy="hier", warmup_steps=2, decision="compressed")
+    ddp, state = make_ddp(mlp(0), "int8", **kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in data[:cut]:
+        train_step(ddp, opt, xb, yb)
+    sd = _roundtrip(state.state_dict())
+    saved_next = _engine.Engine.state_info(sd["engine"]).next_step
+    module = ddp.module
+    state.close()
+    ddp2, state2 = make_ddp(module, "int8", **kw)
+    state2.load_state_dict(sd)
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.05)
+    for xb, yb in data[cut:steps]:
+        train_step(ddp2, opt2, xb, yb)
+    out = {"saved_next_step": saved_next, "iter": state2.iter,
+           "resumed_next_step": _engine.Engine.state_info(state2.state_dict()["engine"]).next_step,
+           "finite": all(bool(torch.isfinite(p).all()) for p in ddp2.parameters()), "refusals": {}}
+    state2.close()
+    _ranks_per_node(other_k)
+    other = gct.State("int8", workers=1, **kw)
+    try:
+        other.load_state_dict(sd)
+        out["refusals"]["pending"] = {"refused": False}
+    except ValueError as e:
+        out["refusals"]["pending"] = {"refused": True, "message": str(e), "iter": other.iter}
+    other.close()
+    # With its engine: train it past its plain steps, then load.
+    ddp3, other = make_ddp(mlp(0), "int8", **kw)
+    opt3 = torch.optim.SGD(ddp3.parameters(), lr=0.05)
+    for xb, yb in data[:3]:
+        train_step(ddp3, opt3, xb, yb)
+    try:
+        other.load_state_dict(sd)
+        out["refusals"]["engine"] = {"refused": False}
+    except ValueError as e:
+        out["refusals"]["engine"] = {"refused": True, "message": str(e), "iter": other.iter}
+    other.close()
+    _ranks_per_node(k)
+    return out
+
+
+def hier_bad_layouts(rank, world, cases):
+    """Per case (GRADCOMP_RANKS_PER_NODE per rank, a list indexed by rank):
+    the error State(strategy="hier") raised on this rank, and the seconds
+    it took."""
+    out = []
+    for per_rank in cases:
+        _ranks_per_node(per_rank[rank])
+        t0 = time.monotonic()
+        try:
+            gct.State("int8", strategy="hier", workers=1).close()
+            out.append(None)
+        except Exception as e:
+            out.append({"type": type(e).__name__, "is_value_error": isinstance(e, ValueError), "message": str(e),
+                        "seconds": time.monotonic() - t0})
+    _ranks_per_node(None)
+    return out
+
+
+def hier_engine_disagree(rank, world):
+    """Engines with strategy hier whose ranks claim places that do not make
+    one layout (ranks 2 and 3 both local rank 0 of node 1): the error each
+    rank's gc_engine_create raised, and the seconds it took."""
+    import torch.distributed as dist
+
+    kw = dict(timeout=__import__("datetime").timedelta(seconds=30))
+    node = [dist.new_group(ranks=[0, 1], **kw), dist.new_group(ranks=[2, 3], **kw)]
+    cross = [dist.new_group(ranks=[0, 2], **kw), dist.new_group(ranks=[1, 3], **kw)]
+    topo = (rank // 2, 2, 0 if rank == 3 else rank % 2, 2)
+    groups = {_lib.Group.NODE: node[rank // 2], _lib.Group.CROSS: cross[rank % 2]}
+    t0 = time.monotonic()
+    try:
+        gradcomp.Engine("int8", [1000, 37], strategy="hier", topology=topo, groups=groups, timeout=30,
+                        decision="compressed", workers=1).close()
+        return None
+    except Exception as e:
+        return {"type": type(e).__name__, "is_value_error": isinstance(e, ValueError), "message": str(e),
+                "seconds": time.monotonic() - t0}

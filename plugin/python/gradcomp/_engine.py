@@ -84,18 +84,23 @@ class Hosted:
         self.rank, self.size = int(rank), int(size)
         self._lock = threading.Lock()
 
-    def take(self, timeout):
+    def take(self, timeout, group=None):
         """The next post as an :class:`_lib.Op`, or None when nothing was
         posted within ``timeout`` seconds. ClosedError once closed. Blocks
-        with the GIL released."""
+        with the GIL released. ``group`` (a :class:`_lib.Group`, ABI 2.4):
+        that group's posts alone (gc_hosted_take_group); None: every
+        group's (gc_hosted_take)."""
         op = _lib.Op()
-        fn = _lib.function("gc_hosted_take")
-        status = fn(self.handle, float(timeout), ctypes.byref(op))
+        if group is None:
+            name, args = "gc_hosted_take", (self.handle, float(timeout), ctypes.byref(op))
+        else:
+            name, args = "gc_hosted_take_group", (self.handle, int(group), float(timeout), ctypes.byref(op))
+        status = _lib.function(name)(*args)
         if status == Status.OK:
             return op
         if status == Status.TIMEOUT:
             return None
-        raise _lib.error("gc_hosted_take", status, _lib.last_error())
+        raise _lib.error(name, status, _lib.last_error())
 
     def complete(self, op_id, status=Status.OK, message=None, recv_bytes=0):
         """Completes the taken op ``op_id``: GC_OK with the bytes written to
@@ -157,6 +162,13 @@ def _device_tensor(addr, nbytes, dtype):
         return torch.empty(0, dtype=dtype, device="cuda")
     typestr = {torch.float32: "<f4", torch.uint8: "|u1"}[dtype]
     return torch.as_tensor(_CudaBuffer(addr, nbytes, typestr))
+
+
+def _group_name(group):
+    try:
+        return _lib.Group(group).name.lower()
+    except ValueError:
+        return "group %d" % group
 
 
 def _kind_name(kind):
@@ -329,22 +341,46 @@ class TorchHost:
     complete. An exception completes the op with GC_ERR_COMM and its
     message (the engine's step then fails with GC_ERR_COMM on this rank);
     the thread ends when the transport is closed or :meth:`stop` is
-    called. ``ops`` counts the ops carried out, by kind name."""
+    called. ``ops`` counts the ops carried out, by kind name.
 
-    def __init__(self, hosted, group=None, name="gradcomp-host"):
+    ``groups`` (strategy "hier"): {_lib.Group.NODE: node_pg,
+    _lib.Group.CROSS: cross_pg}, this rank's node group and cross-node
+    group. Each group then has a thread of its own taking that group's
+    posts (gc_hosted_take_group) and running them on its process group, so
+    the node and cross-node collectives the engine runs at once run at
+    once here too (one thread carrying out every post in turn would
+    deadlock: ranks of different nodes see them interleaved differently).
+    ``ops_by_group`` counts each group's ops."""
+
+    def __init__(self, hosted, group=None, name="gradcomp-host", groups=None):
         self.hosted = hosted
         self.group = group
         self.ops = collections.Counter()
+        self.ops_by_group = collections.Counter()
         self.error = None  # the last exception an op raised (for diagnosis)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._count = threading.Lock()
+        if groups:
+            import torch.distributed as dist
 
-    def _loop(self):
+            lanes = [(_lib.Group.WORLD, group, hosted.rank, hosted.size)]
+            for gid in (_lib.Group.NODE, _lib.Group.CROSS):
+                pg = groups[gid]
+                lanes.append((gid, pg, dist.get_rank(pg), dist.get_world_size(pg)))
+        else:
+            lanes = [(None, group, hosted.rank, hosted.size)]
+        self._threads = [threading.Thread(target=self._loop, args=lane, daemon=True,
+                                          name=name if lane[0] is None else "%s-%s" % (name, lane[0].name.lower()))
+                         for lane in lanes]
+        self._thread = self._threads[0]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, gid, group, rank, size):
         h = self.hosted
         while not self._stop.is_set():
             try:
-                op = h.take(TAKE_SECONDS)
+                op = h.take(TAKE_SECONDS, gid)
             except _lib.ClosedError:
                 return
             except Exception as e:  # a handle error: the transport is gone
@@ -353,12 +389,13 @@ class TorchHost:
             if op is None:
                 continue
             try:
-                written = run_op(op, self.group, h.rank, h.size)
+                written = run_op(op, group, rank, size)
             except BaseException as e:
                 self.error = e
                 name = _kind_name(op.kind)
-                msg = "gradcomp: the host's %s (op %d) failed on rank %d: %s: %s" % (
-                    name, op.id, h.rank, type(e).__name__, e)
+                msg = "gradcomp: the host's %s (op %d%s) failed on rank %d: %s: %s" % (
+                    name, op.id, "" if not op.group else ", group %s" % _group_name(op.group), h.rank,
+                    type(e).__name__, e)
                 try:
                     h.complete(op.id, Status.COMM, msg, 0)
                 except Exception as e2:
@@ -366,7 +403,9 @@ class TorchHost:
                 continue
             try:
                 h.complete(op.id, Status.OK, None, written)
-                self.ops[_kind_name(op.kind)] += 1
+                with self._count:
+                    self.ops[_kind_name(op.kind)] += 1
+                    self.ops_by_group[_group_name(op.group)] += 1
             except _lib.ClosedError:
                 return
             except Exception as e:  # GC_ERR_STATE: the engine already gave up on it
@@ -377,8 +416,9 @@ class TorchHost:
         """Asks the thread to end after its current op and waits up to
         ``timeout`` seconds for it; returns whether it ended."""
         self._stop.set()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        for t in self._threads:
+            t.join(timeout)
+        return not any(t.is_alive() for t in self._threads)
 
 
 def format_schedule(schedule):
@@ -400,10 +440,13 @@ def format_schedule(schedule):
 
 
 def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True, fail_on_nonfinite=False, warmup=0,
-                  timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False):
+                  timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False,
+                  topology=None):
     """A gc_engine_config of :class:`Engine`'s settings (its docstring
     says what each means); ValueError for a decision the library does not
     know, or settings this library's ABI lacks."""
+    if (topology is not None or strategy == "hier") and _lib.lib().gc_abi_version() & 0xFFFF < 4:
+        raise ValueError("gradcomp: strategy hier and topology need libgradcomp ABI 2.4; %s is older" % _lib.path())
     if decision not in _DECISIONS:
         raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
     if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
@@ -423,6 +466,8 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
     cfg.schedule = _lib.cstring("schedule", format_schedule(schedule))
     cfg.guard = float(guard)
     cfg.momentum_masking = 1 if momentum_masking else 0
+    if topology is not None:
+        cfg.node, cfg.nodes, cfg.local_rank, cfg.local_size = (int(v) for v in topology)
     return cfg
 
 
@@ -432,7 +477,12 @@ class Engine:
     default group) through a Hosted transport and a TorchHost.
 
     ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
-    "allgather". ``decision``: "auto" (the cost model, verified online),
+    "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``).
+    ``topology``: this rank's place among the nodes, (node, nodes,
+    local_rank, local_size) (None: unknown). ``groups``: {Group.NODE:
+    process group of this rank's node, Group.CROSS: process group of the
+    ranks with this rank's local rank, one per node}, the groups the "hier"
+    engine's posts name (each served by a thread of its own). ``decision``: "auto" (the cost model, verified online),
     "compressed" or "dense" (pinned). ``fail_on_nonfinite``: a NaN/Inf makes
     :meth:`wait` raise NonFiniteError (a FloatingPointError) instead of
     sending the bucket dense. ``warmup``: engine steps below it exchange
@@ -460,20 +510,23 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
                             fail_on_nonfinite=fail_on_nonfinite, warmup=warmup, timeout=timeout, workers=workers,
                             device=device, momentum=momentum, schedule=schedule, guard=guard,
-                            momentum_masking=momentum_masking)
+                            momentum_masking=momentum_masking, topology=topology)
+        if groups is not None and not all(g in groups for g in (_lib.Group.NODE, _lib.Group.CROSS)):
+            raise ValueError("gradcomp: groups=%r: want {Group.NODE: process group, Group.CROSS: process group}"
+                             % (groups,))
         self.sizes = [int(n) for n in sizes]
         self.spec = spec
         self.timeout = float(timeout)
         self.group = process_group
         rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
         self.hosted = Hosted(rank, size)
-        self.host = TorchHost(self.hosted, process_group)
+        self.host = TorchHost(self.hosted, process_group, groups=groups)
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

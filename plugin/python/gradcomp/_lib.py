@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -70,6 +70,16 @@ class OpKind(enum.IntEnum):
     ALLTOALL = 4
     BROADCAST = 5
     BARRIER = 6
+
+
+class Group(enum.IntEnum):
+    """gc_op.group (ABI 2.4): the ranks that carry a post out. An engine
+    with strategy "hier" posts on this rank's node group and cross-node
+    group besides the transport's own ranks."""
+
+    WORLD = 0
+    NODE = 1
+    CROSS = 2
 
 
 class Settle(enum.IntEnum):
@@ -208,7 +218,7 @@ class Op(ctypes.Structure):
         ("kind", ctypes.c_int32),
         ("root", ctypes.c_int32),
         ("device", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("group", ctypes.c_int32),  # since ABI 2.4 (reserved, 0, before): a Group
         ("count", ctypes.c_uint64),
         ("send", ctypes.c_size_t),
         ("recv", ctypes.c_size_t),
@@ -236,6 +246,10 @@ class EngineConfig(ctypes.Structure):
         ("schedule", ctypes.c_char_p),  # since ABI 2.1
         ("guard", ctypes.c_double),  # since ABI 2.2
         ("momentum_masking", ctypes.c_int32),  # since ABI 2.2
+        ("node", ctypes.c_int32),  # since ABI 2.4: this rank's place among the nodes (all 0: unknown)
+        ("nodes", ctypes.c_int32),
+        ("local_rank", ctypes.c_int32),
+        ("local_size", ctypes.c_int32),
     ]
 
 
@@ -312,6 +326,7 @@ _PROTOTYPES.update({
 # Functions added after ABI 2.0: name -> (minor version, restype, argtypes).
 _OPTIONAL = {
     "gc_engine_held_back": (2, ctypes.c_int, [_u64, ctypes.c_size_t, _double_p]),
+    "gc_hosted_take_group": (4, ctypes.c_int, [_u64, ctypes.c_int, ctypes.c_double, ctypes.POINTER(Op)]),
     "gc_engine_state_check": (
         3, ctypes.c_int, [_byte_p, ctypes.c_size_t, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, ctypes.c_int],
     ),

@@ -117,6 +117,8 @@ import contextlib
 import datetime
 import logging
 import math
+import os
+import socket
 import threading
 
 import torch
@@ -126,7 +128,7 @@ from . import _lib
 from ._compressor import Compressor, has_cuda
 from ._engine import Engine, format_schedule
 
-__all__ = ["State", "hook"]
+__all__ = ["State", "hier_layout", "hook"]
 
 logger = logging.getLogger("gradcomp")
 
@@ -137,7 +139,99 @@ _FORMATS = ("gradcomp.torch.State/2", _FORMAT)  # /2 has no "params"
 _STAGED_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
 _ON_NONFINITE = ("dense", "raise")
 _DECISIONS = ("auto", "compressed", "dense")
-_STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
+_STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather", "hier")
+
+#: The environment variable that places rank r on node r // k (tests of the
+#: hierarchical exchange on one machine).
+ENV_RANKS_PER_NODE = "GRADCOMP_RANKS_PER_NODE"
+
+
+def _node_of(claims):
+    """The node id of every rank from what each rank claimed (its
+    GRADCOMP_RANKS_PER_NODE, torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE,
+    its host name), and how it was found. The same on every rank (every
+    rank has every claim); ValueError when the claims disagree."""
+    world = len(claims)
+
+    def disagree(what, key):
+        values = collections.OrderedDict()
+        for r, c in enumerate(claims):
+            values.setdefault(c[key], r)
+        (a, ra), (b, rb) = list(values.items())[:2]
+        return ValueError("gradcomp.torch.State(strategy='hier'): ranks disagree on %s: rank %d has %r, rank %d has %r"
+                          % (what, ra, a, rb, b))
+
+    ks = set(c["k"] for c in claims)
+    if ks != {None}:
+        if len(ks) > 1:
+            raise disagree(ENV_RANKS_PER_NODE, "k")
+        raw = ks.pop()
+        try:
+            k = int(raw)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError("gradcomp.torch.State(strategy='hier'): %s=%r: want a number of ranks ≥ 1"
+                             % (ENV_RANKS_PER_NODE, raw))
+        return [r // k for r in range(world)], "%s=%d" % (ENV_RANKS_PER_NODE, k)
+    lws = set(c["local_world_size"] for c in claims)
+    if None not in lws and all(c["local_rank"] is not None for c in claims):
+        if len(lws) > 1:
+            raise disagree("LOCAL_WORLD_SIZE (every node must hold the same number of ranks)", "local_world_size")
+        size = int(lws.pop())
+        if size < 1 or world % size:
+            raise ValueError("gradcomp.torch.State(strategy='hier'): LOCAL_WORLD_SIZE=%d does not divide the %d ranks: "
+                             "every node must hold the same number of ranks" % (size, world))
+        for r, c in enumerate(claims):
+            if int(c["local_rank"]) != r % size:
+                raise ValueError("gradcomp.torch.State(strategy='hier'): rank %d has LOCAL_RANK=%s, LOCAL_WORLD_SIZE=%d: "
+                                 "want torchrun's placement, rank r on node r // LOCAL_WORLD_SIZE (set %s otherwise)"
+                                 % (r, c["local_rank"], size, ENV_RANKS_PER_NODE))
+        return [r // size for r in range(world)], "LOCAL_WORLD_SIZE=%d" % size
+    names = {}
+    return [names.setdefault(c["host"], len(names)) for c in claims], "host names"
+
+
+def hier_layout(process_group=None, timeout=60.0):
+    """This rank's place among the nodes and its groups for strategy
+    "hier": ((node, nodes, local_rank, local_size), node group, cross
+    group). Collective over the default group: every rank all-gathers its
+    claim (GRADCOMP_RANKS_PER_NODE=k: rank r on node r // k; else torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE; else socket.gethostname()), then makes
+    every node's group and every local rank's cross-node group with
+    dist.new_group, in the same order on every rank. ValueError on every
+    rank when the claims disagree or the nodes hold different numbers of
+    ranks."""
+    world = dist.get_world_size()
+    if dist.get_world_size(process_group) != world:
+        raise ValueError("gradcomp.torch.State(strategy='hier'): process_group holds %d of the job's %d ranks: the "
+                         "hierarchical exchange runs over every rank" % (dist.get_world_size(process_group), world))
+    env = os.environ
+    claim = {"k": env.get(ENV_RANKS_PER_NODE) or None, "local_rank": env.get("LOCAL_RANK"),
+             "local_world_size": env.get("LOCAL_WORLD_SIZE"), "host": socket.gethostname()}
+    claims = [None] * world
+    dist.all_gather_object(claims, claim)
+    node_of, how = _node_of(claims)
+    members = collections.OrderedDict()
+    for r, n in enumerate(node_of):
+        members.setdefault(n, []).append(r)
+    nodes = list(members.values())
+    sizes = [len(m) for m in nodes]
+    if len(set(sizes)) > 1:
+        raise ValueError("gradcomp.torch.State(strategy='hier'): the nodes (from %s) hold %s ranks: every node must "
+                         "hold the same number (nodes: %s)" % (how, sizes, nodes))
+    rank, local_size = dist.get_rank(), sizes[0]
+    kw = dict(timeout=datetime.timedelta(seconds=timeout), backend=dist.get_backend(process_group))
+    mine_node = mine_cross = None
+    for n, m in enumerate(nodes):
+        g = dist.new_group(ranks=m, **kw)
+        if rank in m:
+            mine_node, node, local_rank = g, n, m.index(rank)
+    for l in range(local_size):
+        g = dist.new_group(ranks=[m[l] for m in nodes], **kw)
+        if l == local_rank:
+            mine_cross = g
+    return (node, len(nodes), local_rank, local_size), mine_node, mine_cross
 
 
 def _bucket_params(bucket):
@@ -228,7 +322,14 @@ class State:
     "randomk:0.01" or "none" (ValueError with the library's message if it
     is not accepted). ``strategy``: "auto" (the codec's own: sparse-gather
     for top-k, shared-index for random-k, SRA for the quantizers), "dense",
-    "shared-index", "sparse-gather", "sra" or "allgather". ``decision``:
+    "shared-index", "sparse-gather", "sra", "allgather" or "hier": the
+    hierarchical exchange (a reduce-scatter in each node, the codec across
+    nodes on each rank's shard, an all-gather in the node; needs
+    torch.distributed initialized when the State is made, which learns
+    the nodes then and makes their groups, see :func:`hier_layout`:
+    GRADCOMP_RANKS_PER_NODE=k places rank r on node r // k, else
+    torchrun's LOCAL_WORLD_SIZE, else the host names; "auto" never picks
+    it). ``decision``:
     "auto" (the cost model, verified online), "compressed" or "dense"
     (pinned: reproducible). ``warmup_steps`` (≥ 2): steps exchanged dense
     before compression. ``error_feedback``: keep residuals. ``on_nonfinite``:
@@ -321,6 +422,17 @@ class State:
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._engine_group_arg = engine_group
+        #: strategy "hier": this rank's place (node, nodes, local_rank,
+        #: local_size), else None.
+        self.topology = None
+        self._groups = None
+        if strategy == "hier":
+            if not dist.is_initialized():
+                raise ValueError("gradcomp.torch.State(strategy='hier') needs torch.distributed initialized: it learns "
+                                 "the nodes and makes their groups when it is made")
+            self.topology, node, cross = hier_layout(process_group, self.timeout)
+            self._groups = {_lib.Group.NODE: node, _lib.Group.CROSS: cross}
+            logger.info("hierarchical exchange: node %d of %d, local rank %d of %d", *self.topology)
         #: Steps this State has seen (its hook's step count; restored by
         #: load_state_dict).
         self.iter = 0
@@ -783,7 +895,7 @@ class State:
         return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
                     fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                     timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
-                    guard=self.guard, momentum_masking=self.momentum_masking)
+                    guard=self.guard, momentum_masking=self.momentum_masking, topology=self.topology)
 
     def _engine_group(self):
         """The process group the engine's collectives run on: the State's
@@ -811,7 +923,8 @@ class State:
         (checked against DDP's in staged steps)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
-            eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, **self._settings())
+            eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, groups=self._groups,
+                         **self._settings())
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
