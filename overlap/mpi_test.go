@@ -176,3 +176,81 @@ type mpiMember struct {
 }
 
 func (m mpiMember) Close() error { return errors.Join(m.member.Close(), m.c.Close()) }
+
+// TestMPIHier runs StrategyHier on 4 MPI processes placed as 2 nodes of 2
+// (mpi.RanksPerNodeEnv=2, so comm/mpi splits with MPI_Comm_split): codec
+// none gives the exact average within float32 rounding, top-k exactly
+// what the flat engine gives, int8 the same result on every rank.
+func TestMPIHier(t *testing.T) {
+	if world == nil {
+		mpilaunch.Run(t, mpiRanks, []string{mpi.RanksPerNodeEnv + "=2"}, "-test.v=true", "-test.run=^TestMPIHier$").Report(t)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rank := world.Rank()
+	sizes := []int{5001, 3}
+	engine := func(t *testing.T, spec string, strategy Strategy) *Engine {
+		c, err := world.Dup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		e, err := New(ctx, c, sizes, Config{Spec: spec, Strategy: strategy, ErrorFeedback: true, Decision: DecideCompressed, Timeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	run := func(t *testing.T, e *Engine, s int) [][]float32 {
+		out := make([][]float32, len(sizes))
+		if err := e.Step(); err != nil {
+			t.Fatal(err)
+		}
+		for b, n := range sizes {
+			out[b] = gradient(rank, s, b, n)
+			if err := e.Ready(b, out[b]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := e.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, spec := range []string{"none", "topk:0.01", "int8"} {
+		t.Run(spec, func(t *testing.T) {
+			hier := engine(t, spec, StrategyHier)
+			flat := engine(t, spec, StrategyAuto)
+			for s := range 2 {
+				got, ref := run(t, hier, s), run(t, flat, s)
+				for b, n := range sizes {
+					exact := make([]float64, n)
+					for r := range mpiRanks {
+						for i, v := range gradient(r, s, b, n) {
+							exact[i] += float64(v) / mpiRanks
+						}
+					}
+					for i, g := range got[b] {
+						switch {
+						case spec == "none" && math.Abs(float64(g)-exact[i]) > 1e-5*(1+math.Abs(exact[i])),
+							spec == "topk:0.01" && g != ref[b][i]:
+							t.Fatalf("step %d bucket %d element %d: hier %v, flat %v, exact %v", s, b, i, g, ref[b][i], exact[i])
+						}
+					}
+					mine := []byte(fmt.Sprint(got[b]))
+					all := make([]byte, mpiRanks*len(mine))
+					if err := world.AllGather(ctx, all, mine); err != nil {
+						t.Fatalf("step %d bucket %d: the ranks' results differ in length, or: %v", s, b, err)
+					}
+					for r := range mpiRanks {
+						if string(all[r*len(mine):(r+1)*len(mine)]) != string(mine) {
+							t.Fatalf("step %d bucket %d: rank %d's result differs from rank %d's", s, b, r, rank)
+						}
+					}
+				}
+			}
+		})
+	}
+}
