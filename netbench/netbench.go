@@ -63,6 +63,15 @@ type Case struct {
 	Strategy string
 }
 
+// label names cs in messages: codec and decision, and the strategy when
+// it is not the flat default ("int8 pinned, strategy hier").
+func (cs Case) label() string {
+	if cs.Strategy == "" || cs.Strategy == "auto" {
+		return cs.Codec + " " + cs.Decision
+	}
+	return cs.Codec + " " + cs.Decision + ", strategy " + cs.Strategy
+}
+
 // Config describes one measurement run. Every rank must pass the same
 // Config.
 type Config struct {
@@ -208,10 +217,10 @@ func Run(ctx context.Context, c comm.Comm, cfg Config) ([]Result, error) {
 	dense := slices.Clone(m.grad)
 	results := []Result{r}
 	for _, cs := range cfg.Cases {
-		progress("%s %s", cs.Codec, cs.Decision)
+		progress("%s", cs.label())
 		r, err := m.measureCase(ctx, cs, baseline, dense)
 		if err != nil {
-			return results, fmt.Errorf("netbench: %s (%s) on rank %d: %w", cs.Codec, cs.Decision, c.Rank(), err)
+			return results, fmt.Errorf("netbench: %s on rank %d: %w", cs.label(), c.Rank(), err)
 		}
 		results = append(results, r)
 	}

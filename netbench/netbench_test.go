@@ -232,6 +232,8 @@ func TestRelL2(t *testing.T) {
 func TestRunHier(t *testing.T) {
 	cfg := testConfig()
 	cfg.Cases = []Case{{"none", Pinned, "hier"}, {"int8", Pinned, "hier"}}
+	var progress []string // rank 0's only
+	cfg.Progress = func(msg string) { progress = append(progress, msg) }
 	ranks, err := inproc.NewNodeGroup([]int{0, 0, 1, 1})
 	if err != nil {
 		t.Fatal(err)
@@ -253,6 +255,9 @@ func TestRunHier(t *testing.T) {
 		if res.Strategy != "hier" || res.Nodes != 2 || res.RelErr > limit {
 			t.Errorf("%s: strategy %s on %d nodes, rel err %g; want hier on 2 nodes, within %g of dense", res.Codec, res.Strategy, res.Nodes, res.RelErr, limit)
 		}
+	}
+	if n := len(progress); n < 2 || progress[n-1] != "int8 pinned, strategy hier" {
+		t.Errorf("progress on rank 0: %q, want the last to name strategy hier", progress)
 	}
 }
 

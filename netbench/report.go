@@ -29,34 +29,47 @@ func ReadJSON(r io.Reader) ([]Result, error) {
 	return results, nil
 }
 
-// Merge returns old without the results of the links that fresh measured,
-// followed by fresh: a new run of a link replaces that link's rows.
+// Merge returns old without the results of the runs that fresh repeats,
+// followed by fresh: a new run of a link on the same layout (ranks and
+// nodes) replaces that run's rows, and rows of other layouts stay. Rows
+// written before Result.Nodes existed (0) are replaced by any run of
+// their link and rank count.
 func Merge(old, fresh []Result) []Result {
-	links := map[string]bool{}
+	runs := map[runKey]bool{}
 	for _, r := range fresh {
-		links[r.Link] = true
+		runs[r.run()] = true
+		runs[runKey{r.Link, r.Ranks, 0}] = true
 	}
-	kept := slices.DeleteFunc(slices.Clone(old), func(r Result) bool { return links[r.Link] })
+	kept := slices.DeleteFunc(slices.Clone(old), func(r Result) bool { return runs[r.run()] })
 	return append(kept, fresh...)
 }
 
-// WriteTable writes results as aligned text, one block per link in order of
-// first appearance, each under a header naming the link, its probed rate,
-// the group and the gradient.
+// runKey identifies the run a result belongs to: its link and layout.
+type runKey struct {
+	link         string
+	ranks, nodes int
+}
+
+// run returns r's runKey.
+func (r Result) run() runKey { return runKey{r.Link, r.Ranks, r.Nodes} }
+
+// WriteTable writes results as aligned text, one block per run (link and
+// layout) in order of first appearance, each under a header naming the
+// link, its probed rate, the layout and the gradient.
 func WriteTable(w io.Writer, results []Result) error {
-	var links []string
+	var runs []runKey
 	for _, r := range results {
-		if !slices.Contains(links, r.Link) {
-			links = append(links, r.Link)
+		if !slices.Contains(runs, r.run()) {
+			runs = append(runs, r.run())
 		}
 	}
-	for i, link := range links {
+	for i, run := range runs {
 		if i > 0 {
 			if _, err := fmt.Fprintln(w); err != nil {
 				return err
 			}
 		}
-		if err := writeBlock(w, slices.DeleteFunc(slices.Clone(results), func(r Result) bool { return r.Link != link })); err != nil {
+		if err := writeBlock(w, slices.DeleteFunc(slices.Clone(results), func(r Result) bool { return r.run() != run })); err != nil {
 			return err
 		}
 	}

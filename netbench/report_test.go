@@ -31,7 +31,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &objs); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"strategy", "codec", "link", "seconds", "speedup_vs_dense", "ranks", "size", "bytes", "bytes_sent", "decision", "runs", "compress_s", "exchange_s", "decompress_s", "dense_seconds"} {
+	for _, k := range []string{"strategy", "codec", "link", "seconds", "speedup_vs_dense", "ranks", "size", "bytes", "bytes_sent", "decision", "runs", "compress_s", "exchange_s", "decompress_s", "dense_seconds", "nodes", "cross_node_bytes"} {
 		if _, ok := objs[1][k]; !ok {
 			t.Errorf("JSON object lacks %q: %v", k, objs[1])
 		}
@@ -57,7 +57,7 @@ func TestJSONRoundTrip(t *testing.T) {
 
 func TestMergeReplacesLinks(t *testing.T) {
 	old := sampleResults()
-	fresh := []Result{{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Seconds: 2}}
+	fresh := []Result{{Strategy: "dense", Codec: "none", Decision: Baseline, Link: "1gbit", Ranks: 4, Nodes: 4, Seconds: 2}}
 	got := Merge(old, fresh)
 	want := append(append([]Result(nil), old[2:]...), fresh...)
 	if !reflect.DeepEqual(got, want) {
@@ -65,6 +65,52 @@ func TestMergeReplacesLinks(t *testing.T) {
 	}
 	if len(old) != 4 || old[0].Link != "1gbit" {
 		t.Errorf("merge modified old: %+v", old)
+	}
+}
+
+// TestMergeKeepsOtherLayouts: a run of 2 nodes × 2 ranks replaces the
+// rows of that link and layout only, and those written before the layout
+// was recorded (nodes 0).
+func TestMergeKeepsOtherLayouts(t *testing.T) {
+	old := []Result{
+		{Codec: "none", Link: "1gbit", Ranks: 4, Nodes: 4},
+		{Codec: "none", Link: "1gbit", Ranks: 4, Nodes: 2, Seconds: 1},
+		{Codec: "none", Link: "1gbit", Ranks: 4},
+		{Codec: "none", Link: "1gbit", Ranks: 8},
+	}
+	fresh := []Result{{Codec: "none", Link: "1gbit", Ranks: 4, Nodes: 2, Seconds: 2}}
+	got := Merge(old, fresh)
+	want := []Result{old[0], old[3], fresh[0]}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("merge:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestWriteTableNodes: with several nodes the header names the layout and
+// the rows gain the bytes across nodes; blocks are per link and layout.
+func TestWriteTableNodes(t *testing.T) {
+	rows := sampleResults()[:2]
+	for i := range rows {
+		rows[i].Nodes = 2
+	}
+	rows[0].CrossNodeBytes, rows[1].CrossNodeBytes = 75_120_000, 2_004_000
+	one := sampleResults()[2]
+	one.Nodes = 1
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, append(rows, one)); err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(buf.String(), "\n\n")
+	if len(blocks) != 2 {
+		t.Fatalf("%d blocks, want 2:\n%s", len(blocks), buf.String())
+	}
+	for _, want := range []string{"2 nodes × 2 ranks", "across MB = bytes the node's interfaces sent per rank per run", "across MB", "75.12", "2.00"} {
+		if !strings.Contains(blocks[0], want) {
+			t.Errorf("2-node block lacks %q:\n%s", want, blocks[0])
+		}
+	}
+	if strings.Contains(blocks[1], "across") || !strings.Contains(blocks[1], ", 4 ranks,") {
+		t.Errorf("1-node block:\n%s", blocks[1])
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -39,7 +40,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	size := fs.String("size", "25000000", "gradient length in fp32 elements (see gradcomp bench -size): 25000000 is 100 MB")
 	reps := fs.Int("reps", 5, "timed runs per case (the median is reported), after one warm-up")
 	codecs := fs.String("codecs", netbenchDefaultCodecs, "comma-separated compressor specs to time against the dense all-reduce")
-	strategies := fs.String("strategies", "auto", "comma-separated engine strategies per codec and decision: auto (the codec's flat exchange), hier (hierarchical: needs ranks on several nodes), or any overlap.ParseStrategy name")
+	strategies := fs.String("strategies", "auto", "comma-separated engine strategies per codec and decision: auto (the codec's flat exchange), hier (hierarchical: needs ranks on several nodes), or any overlap.ParseStrategy name; each strategy but auto also gets a dense case (codec none, pinned) when -codecs lacks one")
 	decisions := fs.String("decisions", netbench.Pinned+","+netbench.CostModel, "comma-separated decision modes per codec: pinned (always compress), cost-model (the engine may fall back to dense)")
 	bucketMiB := fs.Float64("bucket-mib", 25, "largest bucket handed to the engine, in MiB of fp32")
 	ef := fs.Bool("ef", true, "error-feedback memory on")
@@ -47,7 +48,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	probeMiB := fs.Float64("probe-mib", 64, "all-to-all bytes per rank, in MiB, of the link-rate probe, at most the gradient's size (0: no probe)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "bound on each collective and each exchange")
 	seed := fs.Uint64("seed", 1, "seed of the synthetic gradients (rank r uses seed+r)")
-	jsonPath := fs.String("json", filepath.Join("out", "netbench", "results.json"), "file that rank 0 merges its results into, replacing earlier rows of the same -link (\"\": none)")
+	jsonPath := fs.String("json", filepath.Join("out", "netbench", "results.json"), "file that rank 0 merges its results into, replacing earlier rows of the same -link and layout (ranks, nodes) (\"\": none)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: mpirun -np N gradcomp netbench [flags]\n\n"+
 			"Times, on every rank, a dense MPI all-reduce of a synthetic fp32 gradient\n"+
@@ -80,6 +81,16 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	for _, st := range bench.SplitList(*strategies) {
 		if _, err := overlap.ParseStrategy(st); err != nil {
 			return bad("-strategies: %v", err)
+		}
+	}
+	// A strategy other than the flat one gets a dense case ("none") even
+	// when -codecs names none: its dense exchange against the baseline's
+	// flat ring is the first thing to compare.
+	if !slices.Contains(bench.SplitList(*codecs), "none") {
+		for _, st := range bench.SplitList(*strategies) {
+			if st != "auto" {
+				cases = append(cases, netbench.Case{Codec: "none", Decision: netbench.Pinned, Strategy: st})
+			}
 		}
 	}
 	for _, c := range bench.SplitList(*codecs) {

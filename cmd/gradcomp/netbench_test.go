@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,11 @@ func TestNetbenchFlags(t *testing.T) {
 	a, _, ok = parseNetbench([]string{"-codecs", "none,int8", "-decisions", "pinned", "-strategies", "auto,hier"}, &stderr)
 	if !ok || len(a.cfg.Cases) != 4 || a.cfg.Cases[1] != (netbench.Case{Codec: "none", Decision: netbench.Pinned, Strategy: "hier"}) {
 		t.Errorf("-strategies auto,hier: %+v (%s)", a.cfg.Cases, stderr.String())
+	}
+	a, _, ok = parseNetbench([]string{"-codecs", "int8", "-decisions", "pinned", "-strategies", "auto,hier"}, &stderr)
+	if want := []netbench.Case{{Codec: "none", Decision: netbench.Pinned, Strategy: "hier"}, {Codec: "int8", Decision: netbench.Pinned, Strategy: "auto"},
+		{Codec: "int8", Decision: netbench.Pinned, Strategy: "hier"}}; !ok || !slices.Equal(a.cfg.Cases, want) {
+		t.Errorf("-codecs int8 -strategies auto,hier: %+v, want %+v, the dense hier case first (%s)", a.cfg.Cases, want, stderr.String())
 	}
 	if _, code, ok := parseNetbench([]string{"-strategies", "sideways"}, &stderr); ok || code != 1 {
 		t.Errorf("-strategies sideways: ok %v, exit %d; want a refusal", ok, code)
@@ -136,6 +142,51 @@ func TestNetbenchScript(t *testing.T) {
 	// The script must leave no namespace behind.
 	if ns, err := exec.Command("ip", "netns", "list").Output(); err != nil || strings.Contains(string(ns), "gcnb-") {
 		t.Errorf("namespaces after the run (%v):\n%s", err, ns)
+	}
+}
+
+// TestNetbenchScriptNodes runs scripts/netbench with 2 nodes × 2 ranks at
+// 1 Gbit/s: the ranks of a namespace must report one node, every row the
+// bytes that crossed between nodes, and -strategies auto,hier must add the
+// hierarchical rows, a dense one among them.
+func TestNetbenchScriptNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the end-to-end run builds the MPI binary and starts an mpirun job")
+	}
+	skipUnlessNetbenchCanRun(t)
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	table := runScript(ctx, t, "-n", "4", "-nodes", "2", "-links", "1gbit", "-out", out, "-timeout", "90", "--",
+		"-size", "256K", "-reps", "2", "-probe-mib", "0.25", "-codecs", "int8", "-decisions", "pinned", "-strategies", "auto,hier", "-timeout", "20s")
+	if !strings.Contains(string(table), "2 nodes × 2 ranks") || !strings.Contains(string(table), "across MB") {
+		t.Errorf("table lacks the layout or the bytes across nodes:\n%s", table)
+	}
+	f, err := os.Open(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	results, err := netbench.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range results {
+		got = append(got, r.Strategy+" "+r.Codec)
+		// Every exchange sends something across, at most the ring's 3/4
+		// of the gradient per rank plus the TCP/IP headers.
+		if r.Ranks != 4 || r.Nodes != 2 || r.CrossNodeBytes <= 0 || r.CrossNodeBytes > 0.8*float64(r.Bytes) {
+			t.Errorf("%s %s: %d ranks on %d nodes, %.0f bytes across nodes per rank", r.Strategy, r.Codec, r.Ranks, r.Nodes, r.CrossNodeBytes)
+		}
+	}
+	if want := []string{"dense none", "hier none", "sra int8", "hier int8"}; !slices.Equal(got, want) {
+		t.Errorf("rows %q, want %q", got, want)
+	}
+	// -nodes must divide -n; the script refuses before building anything.
+	cmd := exec.CommandContext(ctx, filepath.Join("..", "..", "scripts", "netbench"), "-n", "4", "-nodes", "3")
+	if msg, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(msg), "-nodes 3: want a divisor of -n 4") {
+		t.Errorf("-n 4 -nodes 3: %v\n%s", err, msg)
 	}
 }
 

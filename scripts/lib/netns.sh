@@ -4,11 +4,12 @@
 #
 # Everything it creates lives in namespaces whose names start with the
 # caller's prefix (gcnb-, gctb-): a hub namespace (PREFIXhub) holding a
-# bridge, one namespace per rank (PREFIXrR) joined to the bridge by a veth
-# pair (PREFIXhR in the hub, PREFIXvR in the rank's namespace, address
-# NET.(R+1)/24; the bridge has NET.254), and a tbf rate limit on both ends
-# of each veth (egress each way), so every rank has its own full-duplex port
-# of that rate, as on a switch; or one namespace (PREFIXlo) whose loopback
+# bridge, one namespace per host (PREFIXrR: a rank, or a node whose ranks
+# share it) joined to the bridge by a veth pair (PREFIXhR in the hub,
+# PREFIXvR in the host's namespace, address NET.(R+1)/24; the bridge has
+# NET.254), and a tbf rate limit on both ends of each veth (egress each
+# way), so every host has its own full-duplex port of that rate, as on a
+# switch; or one namespace (PREFIXlo) whose loopback
 # carries every rank. The root namespace's interfaces, routes and qdiscs
 # are never touched. Deleting a namespace takes its veths, bridge and
 # qdiscs with it.
@@ -68,8 +69,9 @@ netns_tbf_args() {
   esac
 }
 
-# netns_star LINK RANKS builds the hub, RANKS rank namespaces and their veths
-# limited to LINK's rate (netns_tbf_args).
+# netns_star LINK HOSTS builds the hub, HOSTS host namespaces (one per rank,
+# or one per node of several ranks) and their veths limited to LINK's rate
+# (netns_tbf_args).
 netns_star() {
   local tbf r ns
   tbf=$(netns_tbf_args "$1")
