@@ -87,6 +87,9 @@ func writeBlock(w io.Writer, rows []Result) error {
 	across := ""
 	if h.Nodes > 1 {
 		layout = fmt.Sprintf("%d nodes × %d ranks", h.Nodes, h.Ranks/h.Nodes)
+		if h.Ranks == h.Nodes {
+			layout = fmt.Sprintf("%d nodes × 1 rank", h.Nodes)
+		}
 		across = "; across MB = bytes the node's interfaces sent per rank per run"
 	}
 	if _, err := fmt.Fprintf(w, "# link %s (%s), %s, %d fp32 (%.1f MB), median of %d runs; speedup = dense s (the dense runs paired with the case's) / seconds; stage times summed over buckets%s\n",

@@ -112,6 +112,13 @@ func TestWriteTableNodes(t *testing.T) {
 	if strings.Contains(blocks[1], "across") || !strings.Contains(blocks[1], ", 4 ranks,") {
 		t.Errorf("1-node block:\n%s", blocks[1])
 	}
+	buf.Reset()
+	for i := range rows {
+		rows[i].Nodes = 4
+	}
+	if err := WriteTable(&buf, rows); err != nil || !strings.Contains(buf.String(), ", 4 nodes × 1 rank, ") {
+		t.Errorf("one rank per node (%v):\n%s", err, buf.String())
+	}
 }
 
 func TestWriteTable(t *testing.T) {
