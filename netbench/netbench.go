@@ -58,10 +58,9 @@ type Case struct {
 	// Decision is Baseline, Pinned or CostModel.
 	Decision string
 	// Strategy is the engine's strategy (overlap.ParseStrategy): "" or
-	// "auto" for the engine's choice (the codec's flat exchange; with
-	// CostModel on several nodes the faster of it and hier), "hier" for
-	// the hierarchical exchange (which needs ranks that know their nodes).
-	// Result.Strategy says which one ran.
+	// "auto" for the codec's flat one, "hier" for the hierarchical
+	// exchange (which needs ranks that know their nodes). Result.Strategy
+	// says which one ran.
 	Strategy string
 }
 
