@@ -274,7 +274,7 @@ func TestHierState(t *testing.T) {
 			t.Fatalf("rank %d: Save: %v", r, err)
 		}
 		states[r] = buf.Bytes()
-		if err := CheckState(states[r], cfg, sizes, 4); err != nil {
+		if err := CheckState(states[r], cfg, sizes, 4, comm.Topology{}); err != nil {
 			t.Fatalf("rank %d: CheckState: %v", r, err)
 		}
 	}
@@ -297,6 +297,7 @@ func TestHierState(t *testing.T) {
 		}
 	}
 
+	var se *StateError
 	// 3 nodes of 2: each rank takes the state of the rank with its local
 	// rank (the same shard), whatever its node.
 	more := newEnginesOn(t, nodeGroup(t, 3, 2), sizes, cfg)
@@ -308,8 +309,14 @@ func TestHierState(t *testing.T) {
 	_, errs = runStep(more, stepGrads(6, 4, sizes), inOrder(2))
 	mustNoErrors(t, "a step after the change of layout", errs)
 
+	if err := CheckState(states[1], cfg, sizes, 6, comm.Topology{Node: 2, Nodes: 3, LocalRank: 1, LocalSize: 2}); err != nil {
+		t.Errorf("CheckState of 2×2 rank 1's state for 3×2 rank 5: %v", err)
+	}
+	if err := CheckState(states[1], cfg, sizes, 4, comm.Topology{Node: 0, Nodes: 1, LocalRank: 1, LocalSize: 4}); !errors.As(err, &se) || se.Setting != "layout" {
+		t.Errorf("CheckState of a 2×2 state for 1×4: %v, want a *StateError on the layout", err)
+	}
+
 	other := newEnginesOn(t, nodeGroup(t, 1, 4), sizes, cfg)
-	var se *StateError
 	if err := other[0].Load(bytes.NewReader(states[0])); !errors.As(err, &se) || se.Setting != "layout" {
 		t.Errorf("1×4 engine loading a 2×2 state: %v, want a *StateError on the layout", err)
 	}

@@ -233,7 +233,9 @@ func (e *core) apply(st *savedState) error {
 
 // CheckState reports whether Load would accept the state b (one state,
 // all of b, as Save wrote it) into an engine of worldSize ranks built with
-// cfg and sizes, without building one: nil, or the error Load of b's bytes
+// cfg and sizes, placed at layout among the nodes (StrategyHier; the zero
+// Topology: wherever b was saved), without building one: nil, or the
+// error Load of b's bytes
 // would return after InspectState (a *StateError, with the same message).
 // It checks SRA's second memory as Load does on the rank that saved b
 // (another rank's Load starts that memory empty instead). A cfg, sizes or
@@ -241,7 +243,7 @@ func (e *core) apply(st *savedState) error {
 // a *MemoryError where the buckets' bookkeeping would not fit). The
 // strategy auto resolves as on the host Engine; Load accepts a state of
 // auto whatever it resolved to, so a DeviceEngine's Load agrees.
-func CheckState(b []byte, cfg Config, sizes []int, worldSize int) error {
+func CheckState(b []byte, cfg Config, sizes []int, worldSize int, layout comm.Topology) error {
 	info, err := InspectState(b)
 	if err != nil {
 		return err
@@ -257,7 +259,7 @@ func CheckState(b []byte, cfg Config, sizes []int, worldSize int) error {
 		return &ConfigError{Rank: -1, Reason: err.Error(), Err: err}
 	}
 	if c.strategy == StrategyHier {
-		c.layout = info.Layout // the engine's own is checked by Load
+		c.layout = cmp.Or(layout, info.Layout)
 	}
 	_, err = c.readState(bytes.NewReader(b))
 	return err

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
 )
 
 // TestSaveLoad: engines restored from a state continue exactly as the
@@ -247,7 +249,7 @@ func TestLoadSettings(t *testing.T) {
 			e := newEngines(t, c.loadOn, sizes, c.load)[0]
 			before := savedMemory(t, e)
 			err := e.Load(bytes.NewReader(state))
-			check := CheckState(state, c.load, sizes, c.loadOn)
+			check := CheckState(state, c.load, sizes, c.loadOn, comm.Topology{})
 			if c.setting == "" {
 				if err != nil || check != nil {
 					t.Fatalf("Load = %v, CheckState = %v; want both nil", err, check)
@@ -302,7 +304,7 @@ func TestLoadUnknownStrategy(t *testing.T) {
 			if !errors.As(err, &se) || !strings.Contains(err.Error(), "strategy byte 77 names no strategy") {
 				t.Errorf("%s with strategy byte 77 at %d: Load = %v, want a *StateError", name, at, err)
 			}
-			if check := CheckState(bad, cfg, sizes, 4); check == nil || err == nil || check.Error() != err.Error() {
+			if check := CheckState(bad, cfg, sizes, 4, comm.Topology{}); check == nil || err == nil || check.Error() != err.Error() {
 				t.Errorf("%s with strategy byte 77 at %d: CheckState = %v, want Load's error", name, at, check)
 			}
 		}
@@ -322,7 +324,7 @@ func TestCheckStateConfig(t *testing.T) {
 	sizes := []int{64}
 	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
 	state := savedBy(t, 2, sizes, cfg)
-	if err := CheckState(state, cfg, sizes, 2); err != nil {
+	if err := CheckState(state, cfg, sizes, 2, comm.Topology{}); err != nil {
 		t.Fatal(err)
 	}
 	for name, c := range map[string]struct {
@@ -335,12 +337,12 @@ func TestCheckStateConfig(t *testing.T) {
 		"world size": {cfg, sizes, 0},
 	} {
 		var ce *ConfigError
-		if err := CheckState(state, c.cfg, c.sizes, c.world); !errors.As(err, &ce) || ce.Rank != -1 {
+		if err := CheckState(state, c.cfg, c.sizes, c.world, comm.Topology{}); !errors.As(err, &ce) || ce.Rank != -1 {
 			t.Errorf("%s: CheckState = %v, want a *ConfigError of rank -1", name, err)
 		}
 	}
 	var se *StateError
-	if err := CheckState(state[:len(state)-1], cfg, sizes, 2); !errors.As(err, &se) {
+	if err := CheckState(state[:len(state)-1], cfg, sizes, 2, comm.Topology{}); !errors.As(err, &se) {
 		t.Errorf("a cut state: CheckState = %v, want a *StateError", err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
-	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
 )
@@ -346,37 +345,6 @@ func (e *engine) close() error {
 	e.tr.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("closing the engine: %w", err)
-	}
-	return nil
-}
-
-// checkStateLayout is gc_engine_state_check's check of a StrategyHier
-// state's layout against the configuration's topology, which
-// overlap.CheckState cannot make (it has no comm), by the engine Load's
-// rule: the sharded exchange (every codec but top-k and random-k, whose
-// two-level states load under any layout) needs the same ranks per node
-// and the same local rank; the number of nodes may change.
-func checkStateLayout(src []byte, c engineConfig) error {
-	info, err := overlap.InspectState(src)
-	if err != nil || info.Layout == (comm.Topology{}) || c.topo == (comm.Topology{}) || c.Strategy != overlap.StrategyHier {
-		return err
-	}
-	if comp, err := compress.Parse(c.Spec); err != nil || comp.Codec() == compress.CodecTopK || comp.Codec() == compress.CodecRandomK {
-		return nil
-	}
-	if info.Layout.LocalSize == c.topo.LocalSize && info.Layout.LocalRank == c.topo.LocalRank {
-		return nil
-	}
-	describe := func(t comm.Topology) string {
-		return fmt.Sprintf("node %d of %d, local rank %d of %d", t.Node, t.Nodes, t.LocalRank, t.LocalSize)
-	}
-	s, t := info.Layout, c.topo
-	switch {
-	case s.Nodes != t.Nodes || s.LocalSize != t.LocalSize:
-		return errorf(errCorrupt, "the state was saved with layout %d nodes × %d ranks, the configuration has %d nodes × %d ranks",
-			s.Nodes, s.LocalSize, t.Nodes, t.LocalSize)
-	case s != t:
-		return errorf(errCorrupt, "the state was saved by the rank at %s, the configuration's rank is at %s", describe(s), describe(t))
 	}
 	return nil
 }

@@ -556,10 +556,7 @@ func gc_engine_state_check(src unsafe.Pointer, length C.size_t, cfg unsafe.Point
 	if err != nil {
 		return C.int(failErr(fn, &overlap.ConfigError{Rank: -1, Reason: err.Error(), Err: err}))
 	}
-	if err := overlap.CheckState(in, conf.Config, sz, int(world)); err != nil {
-		return C.int(failErr(fn, err))
-	}
-	if err := checkStateLayout(in, conf); err != nil {
+	if err := overlap.CheckState(in, conf.Config, sz, int(world), conf.topo); err != nil {
 		return C.int(failErr(fn, err))
 	}
 	return C.int(statusOK)

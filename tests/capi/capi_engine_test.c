@@ -1012,7 +1012,7 @@ static void test_hier(void) {
 			other.nodes = 4;
 			other.local_size = 1;
 			FAILS(gc_engine_state_check(ks[0].state, ks[0].state_len, &other, sizes, NBUCKETS, RANKS),
-			      GC_ERR_CORRUPT, "layout 2 nodes × 2 ranks, the configuration has 4 nodes × 1 ranks");
+			      GC_ERR_CORRUPT, "layout 2 nodes × 2 ranks, this engine has 4 nodes × 1 ranks");
 			other = hier_config(spec, 1);
 			FAILS(gc_engine_state_check(ks[0].state, ks[0].state_len, &other, sizes, NBUCKETS, RANKS),
 			      GC_ERR_CORRUPT, "local rank 0 of 2");
