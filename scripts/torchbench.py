@@ -91,6 +91,23 @@ def local_hook(_, bucket):
     return fut
 
 
+#: The ranks of this rank's node (scripts/torchbench sets LOCAL_WORLD_SIZE).
+LOCAL_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def node_sent():
+    """The bytes this network namespace's interfaces but lo have sent
+    (/proc/net/dev): in scripts/torchbench's namespaces, what left the
+    node."""
+    total = 0
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, sep, counters = line.partition(":")
+            if sep and name.strip() != "lo":
+                total += int(counters.split()[8])
+    return total
+
+
 def split_name(name):
     """A HOOKS entry as (base, flags): "int4@compressed/sync" →
     ("int4@compressed", {"sync"}). ValueError on an unknown flag."""
@@ -268,17 +285,22 @@ class Run:
             self.ddp.register_comm_hook(self.state, gct.hook)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
         self.times = []
+        self.across = []  # per timed step, what the node's interfaces sent per rank (the largest over ranks)
 
     def step(self, x, y, timed):
         dist.barrier()
+        sent = node_sent()
         start = time.perf_counter()
         self.opt.zero_grad()
         torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
         self.opt.step()
-        t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        took = time.perf_counter() - start
+        sent = node_sent() - sent
+        t = torch.tensor([took, sent / LOCAL_SIZE], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
         if timed:
-            self.times.append(float(t))
+            self.times.append(float(t[0]))
+            self.across.append(float(t[1]))
 
     def row(self):
         ts = sorted(self.times)
@@ -293,6 +315,7 @@ class Run:
             "max_s": ts[-1],
             "torch": torch.__version__,
             "ddp_buckets": ddp_buckets(self.ddp),
+            "across_bytes": statistics.median(self.across),
         }
         if self.powersgd is not None:
             rate, before, after = self.powersgd.compression_stats()
