@@ -6,17 +6,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/gradcomp/gradcomp/nccl"
 )
 
-// infoReport is what `gradcomp info` finds: the GPUs (through NVML) and
-// NCCL (through package nccl).
+// infoReport is what `gradcomp info` finds: the GPUs (through NVML), the
+// layout the hierarchical exchange would use on them, and NCCL (through
+// package nccl).
 type infoReport struct {
-	GPUs gpuReport  `json:"gpus"`
-	NCCL ncclReport `json:"nccl"`
+	GPUs   gpuReport  `json:"gpus"`
+	Layout string     `json:"layout"`
+	NCCL   ncclReport `json:"nccl"`
 }
 
 // gpuReport describes the GPUs NVML sees. NoGPU says why there are none
@@ -73,7 +76,7 @@ func parseInfo(args []string, stderr io.Writer) (a infoArgs, status int, ok bool
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gradcomp info [flags]\n\n"+
 			"Print the GPUs (name, memory, compute capability), the NVLink/PCIe topology\n"+
-			"between them, and the NCCL version. On a machine without a GPU or without\n"+
+			"between them, the layout the hierarchical exchange would use, and the NCCL version. On a machine without a GPU or without\n"+
 			"NCCL it says so and still exits 0.\n\nflags:")
 		fs.PrintDefaults()
 	}
@@ -89,6 +92,7 @@ func runInfo(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		return status
 	}
 	r := infoReport{GPUs: probeGPUs(a.nvmlPath), NCCL: probeNCCL(a.ncclPath)}
+	r.Layout = layout(r.GPUs)
 	var err error
 	if a.json {
 		enc := json.NewEncoder(stdout)
@@ -145,6 +149,7 @@ func writeInfo(w io.Writer, r infoReport) error {
 			tw.Flush()
 		}
 	}
+	fmt.Fprintf(&b, "Layout: %s\n", r.Layout)
 	n := r.NCCL
 	if n.Error != "" {
 		fmt.Fprintf(&b, "NCCL: not available. %s\n", n.Error)
@@ -153,6 +158,39 @@ func writeInfo(w io.Writer, r infoReport) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// layout says how the hierarchical exchange (strategy hier) would place
+// this machine: one rank per GPU, its node stages over the slowest link
+// between two of them (by the nvidia-smi topology classes, from NVLink to
+// across NUMA nodes).
+func layout(g gpuReport) string {
+	const where = "the ranks of a node are the processes sharing this host (MPI_COMM_TYPE_SHARED, torchrun's LOCAL_WORLD_SIZE)"
+	switch len(g.Devices) {
+	case 0:
+		return "no GPU; " + where + ", the node stages run over shared memory"
+	case 1:
+		return "one rank per GPU: 1 rank per node, the hierarchical exchange has no node stage to run"
+	}
+	// The classes from the fastest link to the slowest.
+	order := []string{"NV", "PIX", "PXB", "PHB", "NODE", "SYS", "?"}
+	names := map[string]string{"NV": "NVLink", "PIX": "one PCIe switch", "PXB": "PCIe switches", "PHB": "a PCIe host bridge",
+		"NODE": "PCIe host bridges of one NUMA node", "SYS": "the link between NUMA nodes", "?": "unknown links"}
+	worst := 0
+	for i, row := range g.Topology {
+		for j, c := range row {
+			if i == j {
+				continue
+			}
+			k := slices.IndexFunc(order, func(p string) bool { return strings.HasPrefix(c, p) })
+			if k < 0 {
+				k = len(order) - 1
+			}
+			worst = max(worst, k)
+		}
+	}
+	return fmt.Sprintf("one rank per GPU: %d ranks per node, whose node stages (reduce-scatter, all-gather) run over %s at worst; %s",
+		len(g.Devices), names[order[worst]], where)
 }
 
 func orUnknown(s string) string {

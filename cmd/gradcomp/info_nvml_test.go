@@ -127,13 +127,14 @@ func TestCollectGPUs(t *testing.T) {
 	}
 
 	var out bytes.Buffer
-	if err := writeInfo(&out, infoReport{GPUs: r, NCCL: ncclReport{Version: "2.27.3", Path: "/x/libnccl.so.2", Source: "already loaded"}}); err != nil {
+	if err := writeInfo(&out, infoReport{GPUs: r, Layout: layout(r), NCCL: ncclReport{Version: "2.27.3", Path: "/x/libnccl.so.2", Source: "already loaded"}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{
 		"GPUs: 5 (NVIDIA driver 580.65.06, CUDA 13.0)",
 		"GPU 2: NVIDIA H200, 140.4 GiB memory (139.6 GiB free), compute capability 9.0, 4 NVLinks active, PCI 00000000:9A:00.0",
 		"GPU 4: unknown,", "    (name: ", "  GPU2  SYS   SYS   X     NV4   NODE", "NCCL: 2.27.3 (/x/libnccl.so.2, already loaded)",
+		"Layout: one rank per GPU: 5 ranks per node, whose node stages (reduce-scatter, all-gather) run over the link between NUMA nodes at worst",
 	} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("missing %q in:\n%s", s, out.String())
@@ -157,6 +158,23 @@ func TestCollectGPUsNone(t *testing.T) {
 		r := collectGPUs(lib, "libnvidia-ml.so.1")
 		if !strings.HasPrefix(r.NoGPU, c.want) || len(r.Devices) != 0 {
 			t.Errorf("Init %v: NoGPU %q, want prefix %q", c.init, r.NoGPU, c.want)
+		}
+	}
+}
+
+// TestLayout: the layout line names the slowest link between two GPUs.
+func TestLayout(t *testing.T) {
+	for _, c := range []struct {
+		topo [][]string
+		want string
+	}{
+		{[][]string{{"X", "NV18"}, {"NV18", "X"}}, "2 ranks per node, whose node stages (reduce-scatter, all-gather) run over NVLink at worst"},
+		{[][]string{{"X", "NV4", "PIX"}, {"NV4", "X", "PHB"}, {"PIX", "PHB", "X"}}, "3 ranks per node, whose node stages (reduce-scatter, all-gather) run over a PCIe host bridge at worst"},
+		{[][]string{{"X"}}, "1 rank per node, the hierarchical exchange has no node stage"},
+	} {
+		g := gpuReport{Devices: make([]gpuDevice, len(c.topo)), Topology: c.topo}
+		if got := layout(g); !strings.Contains(got, c.want) {
+			t.Errorf("%v: %q, want %q in it", c.topo, got, c.want)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func TestInfoNoGPU(t *testing.T) {
 	if code != 0 || stderr != "" {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
-	if !strings.HasPrefix(stdout, "GPUs: none. ") {
+	if !strings.HasPrefix(stdout, "GPUs: none. ") || !strings.Contains(stdout, "\nLayout: no GPU; the ranks of a node are") {
 		t.Errorf("output:\n%s", stdout)
 	}
 	if code, _, stderr := gradcomp(t, "info", "stray"); code != 2 || !strings.Contains(stderr, "unexpected argument") {
