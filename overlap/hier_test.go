@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
@@ -452,6 +453,61 @@ func TestHierTwoLevelIsFlat(t *testing.T) {
 			}
 			if reloaded := saveAll(t, again); !bytes.Equal(reloaded[1], states[1]) {
 				t.Error("the restored engine saves another state")
+			}
+		})
+	}
+}
+
+// TestHierDeadRank: a rank that stops calling makes every other rank's
+// Wait fail with a *StepError (its node's reduce-scatter, or the exchange
+// across nodes, times out), the engines are broken afterwards, and Close
+// returns; for both shapes.
+func TestHierDeadRank(t *testing.T) {
+	sizes := []int{300, 200}
+	const timeout = 200 * time.Millisecond
+	for _, spec := range []string{"int8", "topk:0.05"} {
+		t.Run(spec, func(t *testing.T) {
+			engines := newEnginesOn(t, nodeGroup(t, 2, 2), sizes, Config{Spec: spec, Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed, Timeout: timeout})
+			_, errs := runStep(engines, stepGrads(4, 0, sizes), inOrder(2))
+			mustNoErrors(t, "step 0", errs)
+			grads := stepGrads(4, 1, sizes)
+			errs = onRanks(make([]comm.Comm, 4), func(r int, _ comm.Comm) error {
+				e := engines[r]
+				if err := e.Step(); err != nil {
+					return err
+				}
+				if r == 3 {
+					return nil // dies: never readies, never waits
+				}
+				for i := range sizes {
+					if err := e.Ready(i, grads[r][i]); err != nil {
+						return err
+					}
+				}
+				_, err := e.Wait(context.Background())
+				return err
+			})
+			for r := range 3 {
+				var se *StepError
+				if !errors.As(errs[r], &se) || se.Step != 1 {
+					t.Errorf("rank %d: got %v, want a *StepError in step 1", r, errs[r])
+				}
+				var be *BrokenError
+				if err := engines[r].Step(); !errors.As(err, &be) {
+					t.Errorf("rank %d: Step after the failure: %v, want a *BrokenError", r, err)
+				}
+			}
+			done := make(chan struct{})
+			go func() {
+				for _, e := range engines {
+					e.Close()
+				}
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Close did not return within 30 s")
 			}
 		})
 	}
