@@ -149,7 +149,7 @@ type core struct {
 	mem1, mem2 compress.Compressor
 	buckets    []*bucket
 	model      *costModel // nil unless Decision is DecideAuto and the backend has a cost model
-	verify     *verifier  // non-nil with model: checks its decisions against measured times
+	verify     *verifier  // non-nil with DecideAuto: checks the decisions against measured times
 	timing     timing     // the clock, or a test's times
 
 	mu     sync.Mutex
@@ -494,7 +494,8 @@ func (c *core) phaseAt(num uint64) int {
 }
 
 // decide sets every bucket's path, pinned or, with DecideAuto, from
-// auto (nil: the backend has no cost model, and auto set the paths), and
+// auto (nil: the backend has no cost model, and auto set the paths; the
+// decisions are verified online either way), and
 // prepares the compressed buckets.
 func (c *core) decide(ctx context.Context, auto func(context.Context) (*costModel, error)) error {
 	if c.comp == nil {
@@ -519,10 +520,8 @@ func (c *core) decide(ctx context.Context, auto func(context.Context) (*costMode
 		if err != nil {
 			return err
 		}
-		if m != nil {
-			c.model = m
-			c.verify = newVerifier(len(c.buckets))
-		}
+		c.model = m
+		c.verify = newVerifier(len(c.buckets))
 	}
 	for _, b := range c.buckets {
 		if b.compressed {

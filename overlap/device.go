@@ -160,8 +160,10 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // order (for sparse codecs ‖s‖² less the kept squares), so the two
 // backends' ρ agree within rounding, not bit for bit (see Config.Guard). Shared-index's smaller
 // all-reduce is not on the device, nor SRA for random-k (ConfigError),
-// nor the cost model: DecideAuto means compressed here, DecideDense pins
-// the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
+// nor the cost model: DecideAuto starts every bucket compressed, and the
+// online verification Engine runs then measures both paths and switches
+// as on Engine (its times are the events' between a bucket's encode
+// start and its decode end); DecideDense pins the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
 // Engine. A compression warm-up (Config.Schedule) changes the codec at
 // each phase's first step (every phase's kernels.Codec is made by
 // NewDevice); a bucket's slots and workspaces are made again for it when
@@ -259,6 +261,11 @@ type deviceRun struct {
 // feedback memory, zeroed; workspaces) of every bucket whose decision is
 // compressed.
 func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config) (*DeviceEngine, error) {
+	return newDevice(ctx, dev, dc, host, sizes, cfg, clockTiming{})
+}
+
+// newDevice is NewDevice with verification's times from t.
+func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config, t timing) (*DeviceEngine, error) {
 	switch {
 	case dev == nil || dc == nil || host == nil:
 		return nil, fmt.Errorf("overlap: NewDevice: nil Device, DeviceComm or host Comm")
@@ -266,7 +273,7 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		return nil, fmt.Errorf("overlap: NewDevice: the DeviceComm is rank %d of %d, the host Comm rank %d of %d", dc.Rank(), dc.Size(), host.Rank(), host.Size())
 	}
 	cfg.Workers = 1 // the host's compressor serves the state format only
-	core, local := newCore(host, cfg, sizes, clockTiming{}, deviceStrategy)
+	core, local := newCore(host, cfg, sizes, t, deviceStrategy)
 	e := &DeviceEngine{core: core, dev: dev, dc: dc, part: parts{count: host.Size()}}
 	core.be = e
 	if local == nil && e.comp != nil {
@@ -281,7 +288,7 @@ func NewDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	}
 	err := e.decide(ctx, func(context.Context) (*costModel, error) {
 		for _, b := range e.buckets {
-			b.compressed, b.reason = true, "auto: the device engine has no cost model yet: compressed"
+			b.compressed, b.reason = true, "auto: compressed first (the device engine has no cost model yet), then verified online"
 		}
 		return nil, nil
 	})
@@ -859,6 +866,18 @@ func (e *DeviceEngine) conclude(st *step) error {
 			start, end gpu.Event
 		}{{&s.Compress, b.encBeg, b.encEnd}, {&s.Exchange, b.xBeg, b.xEnd}, {&s.Decompress, b.decBeg, b.decEnd}} {
 			if *t.d, err = e.dev.Elapsed(t.start, t.end); err != nil {
+				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
+			}
+		}
+		if e.verify != nil {
+			// Verification's times, from the first bucket's encode start.
+			from, err := e.dev.Elapsed(e.bufs[0].encBeg, b.encBeg)
+			if err == nil {
+				var to time.Duration
+				to, err = e.dev.Elapsed(e.bufs[0].encBeg, b.decEnd)
+				r.readyAt, r.doneAt = st.start.Add(from), st.start.Add(to)
+			}
+			if err != nil {
 				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
 			}
 		}

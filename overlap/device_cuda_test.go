@@ -113,9 +113,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 			}
 			cfg := Config{Spec: tc.spec, Strategy: tc.strategy, ErrorFeedback: true, Momentum: tc.momentum,
 				MomentumMasking: tc.momentum != 0, Schedule: schedule, Guard: tc.guard}
-			if schedule != nil || tc.guard != 0 {
-				cfg.Decision = DecideCompressed
-			}
+			cfg.Decision = DecideCompressed // the CPU twins' paths
 			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -203,7 +201,7 @@ func overlapBench(b *testing.B, spec string) {
 	ctx, dc, host := testDevice(b)
 	const nb, n, dim = 8, 4 << 20, 1024
 	sizes := slices.Repeat([]int{n}, nb)
-	e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true})
+	e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -30,7 +30,7 @@ type devRig struct {
 
 // newDevRig builds the engines with per-rank configurations; it returns
 // New's errors by rank (the engines of failed ranks are nil).
-func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration) (*devRig, []error) {
+func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration, tm ...timing) (*devRig, []error) {
 	t.Helper()
 	n := len(cfgs)
 	host, wire := group(t, n), group(t, n)
@@ -53,7 +53,11 @@ func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration) 
 	}
 	errs := onRanks(host, func(r int, c comm.Comm) error {
 		var err error
-		g.engines[r], err = NewDevice(context.Background(), g.devs[r], g.dcs[r], c, sizes, cfgs[r])
+		if len(tm) > 0 {
+			g.engines[r], err = newDevice(context.Background(), g.devs[r], g.dcs[r], c, sizes, cfgs[r], tm[0])
+		} else {
+			g.engines[r], err = NewDevice(context.Background(), g.devs[r], g.dcs[r], c, sizes, cfgs[r])
+		}
 		return err
 	})
 	t.Cleanup(func() {
@@ -175,7 +179,7 @@ func TestDeviceEngineResults(t *testing.T) {
 		{"sign:bucket=64", 3, StrategyQuantSRA}, {"fp16", 3, StrategyQuantSRA}, {"bf16", 2, StrategyQuantAllGather},
 	} {
 		t.Run(fmt.Sprintf("%s/%d", tc.spec, tc.ranks), func(t *testing.T) {
-			g := mustDevRig(t, tc.ranks, sizes, Config{Spec: tc.spec, ErrorFeedback: true})
+			g := mustDevRig(t, tc.ranks, sizes, Config{Decision: DecideCompressed, Spec: tc.spec, ErrorFeedback: true})
 			if s := g.engines[0].Strategy(); s != tc.strategy {
 				t.Fatalf("strategy %v, want %v", s, tc.strategy)
 			}
@@ -217,7 +221,7 @@ func TestDeviceEngineResults(t *testing.T) {
 func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 	sizes := []int{300, 500}
 	const ranks = 2
-	g := mustDevRig(t, ranks, sizes, Config{Spec: "int8", ErrorFeedback: true})
+	g := mustDevRig(t, ranks, sizes, Config{Decision: DecideCompressed, Spec: "int8", ErrorFeedback: true})
 	grads := stepGrads(ranks, 0, sizes)
 	want := newRef(t, "int8", g.engines[0].Strategy(), ranks, true).want(0, grads, nil)
 	gate := make(chan struct{})
@@ -277,7 +281,7 @@ func TestDeviceEngineNonFinite(t *testing.T) {
 	sizes := []int{200, 100}
 	for _, ranks := range []int{2, 3} {
 		for _, fail := range []bool{false, true} {
-			cfg := Config{Spec: "int8", ErrorFeedback: true, FailOnNonFinite: fail}
+			cfg := Config{Decision: DecideCompressed, Spec: "int8", ErrorFeedback: true, FailOnNonFinite: fail}
 			g := mustDevRig(t, ranks, sizes, cfg)
 			cpu := cpuTwins(t, g.engines[0], ranks, sizes)
 			// Step 0 fills the memories; step 1 has the NaN.
@@ -349,7 +353,7 @@ func TestDeviceEngineNonFinite(t *testing.T) {
 // break the engine.
 func TestDeviceEngineDeadPeer(t *testing.T) {
 	sizes := []int{100}
-	g, errs := newDevRig(t, sizes, []Config{{Spec: "topk:0.1"}, {Spec: "topk:0.1"}}, 300*time.Millisecond)
+	g, errs := newDevRig(t, sizes, []Config{{Decision: DecideCompressed, Spec: "topk:0.1"}, {Decision: DecideCompressed, Spec: "topk:0.1"}}, 300*time.Millisecond)
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
@@ -381,7 +385,7 @@ func TestDeviceEngineDeadPeer(t *testing.T) {
 // at once (Ready returns the *StepError, Wait too), breaks the engine, and
 // leaves the error-feedback memory as it was (no swap).
 func TestDeviceEngineLaunchFailure(t *testing.T) {
-	g := mustDevRig(t, 1, []int{64}, Config{Spec: "int4", ErrorFeedback: true})
+	g := mustDevRig(t, 1, []int{64}, Config{Decision: DecideCompressed, Spec: "int4", ErrorFeedback: true})
 	e, d := g.engines[0], g.devs[0]
 	b := e.bufs[0]
 	resid, out := b.resid, b.out
@@ -409,7 +413,7 @@ func TestDeviceEngineLaunchFailure(t *testing.T) {
 // TestDeviceEngineUsage checks misuse: each is a *UsageError that changes
 // nothing, until Wait with a bucket missing fails the step.
 func TestDeviceEngineUsage(t *testing.T) {
-	g := mustDevRig(t, 1, []int{16, 16}, Config{Spec: "int8"})
+	g := mustDevRig(t, 1, []int{16, 16}, Config{Decision: DecideCompressed, Spec: "int8"})
 	e, s := g.engines[0], g.caller[0]
 	grad := g.grads[0][0]
 	want := func(what string, err, sentinel error) {
@@ -453,7 +457,7 @@ func TestDeviceEngineUsage(t *testing.T) {
 // TestDeviceEngineConfig checks the handshake and the configurations the
 // device refuses, and that Close frees every buffer and handle.
 func TestDeviceEngineConfig(t *testing.T) {
-	_, errs := newDevRig(t, []int{10}, []Config{{Spec: "int8"}, {Spec: "int4"}}, time.Second)
+	_, errs := newDevRig(t, []int{10}, []Config{{Decision: DecideCompressed, Spec: "int8"}, {Decision: DecideCompressed, Spec: "int4"}}, time.Second)
 	for r, err := range errs {
 		var me *ConfigMismatchError
 		if !errors.As(err, &me) || me.Field != "spec" {
@@ -474,7 +478,7 @@ func TestDeviceEngineConfig(t *testing.T) {
 			t.Errorf("%+v: %v, want a *ConfigError", cfg, errs[0])
 		}
 	}
-	g := mustDevRig(t, 2, []int{100, 7}, Config{Spec: "topk:0.1", ErrorFeedback: true})
+	g := mustDevRig(t, 2, []int{100, 7}, Config{Decision: DecideCompressed, Spec: "topk:0.1", ErrorFeedback: true})
 	if _, _, errs := g.step(stepGrads(2, 0, g.sizes), inOrder(len(g.sizes))); errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
@@ -504,7 +508,7 @@ func TestDeviceEngineCheckpoint(t *testing.T) {
 		strategy Strategy
 	}{{"int8", StrategyQuantAllGather}, {"topk:0.1", StrategySparseGather}} {
 		t.Run(tc.spec, func(t *testing.T) {
-			cfg := Config{Spec: tc.spec, ErrorFeedback: true}
+			cfg := Config{Decision: DecideCompressed, Spec: tc.spec, ErrorFeedback: true}
 			old := mustDevRig(t, ranks, sizes, cfg)
 			for num := range 2 {
 				if _, _, errs := old.step(stepGrads(ranks, num, sizes), inOrder(len(sizes))); errs[0] != nil || errs[1] != nil {
@@ -552,7 +556,7 @@ func TestDeviceEngineCheckpoint(t *testing.T) {
 					}
 				}
 			}
-			other := mustDevRig(t, 1, sizes, Config{Spec: "int4", ErrorFeedback: true})
+			other := mustDevRig(t, 1, sizes, Config{Decision: DecideCompressed, Spec: "int4", ErrorFeedback: true})
 			var se *StateError
 			if err := other.engines[0].Load(bytes.NewReader(states[0])); !errors.As(err, &se) {
 				t.Errorf("Load of an %s state into an int4 engine: %v, want a *StateError", tc.spec, err)
@@ -595,7 +599,7 @@ func TestDeviceEngineDecideDense(t *testing.T) {
 	if got := g.engines[0].Compressed(); got[0] || got[1] {
 		t.Fatalf("Compressed() = %v under DecideDense", got)
 	}
-	cpu := newEngines(t, ranks, sizes, Config{Spec: "none"})
+	cpu := newEngines(t, ranks, sizes, Config{Decision: DecideCompressed, Spec: "none"})
 	grads := stepGrads(ranks, 0, sizes)
 	want := cloneGrads(grads)
 	out, stats, errs := g.step(grads, inOrder(len(sizes)))
@@ -612,5 +616,47 @@ func TestDeviceEngineDecideDense(t *testing.T) {
 				t.Errorf("rank %d bucket %d stats %+v", r, i, b)
 			}
 		}
+	}
+}
+
+// TestDeviceEngineVerifies: with DecideAuto the device engine starts every
+// bucket compressed and verification decides as on Engine: measured
+// slower, every rank switches to dense after the first window, and says
+// so; measured faster, it keeps compressing. The events give the times
+// (the fake device's clock), replaced here by fixed ones.
+func TestDeviceEngineVerifies(t *testing.T) {
+	sizes := []int{300, 200}
+	for _, tc := range []struct {
+		name string
+		tm   *fixedTiming
+		want bool // compressed after the window
+	}{
+		{"dense measured faster", &fixedTiming{dense: 1e-3, compressed: 2e-3}, false},
+		{"compressed measured faster", &fixedTiming{dense: 2e-3, compressed: 1e-3}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Spec: "int8", ErrorFeedback: true}
+			g, errs := newDevRig(t, sizes, []Config{cfg, cfg}, 2*time.Second, tc.tm)
+			mustNoErrors(t, "NewDevice", errs)
+			for r, e := range g.engines {
+				if c := e.Compressed(); !c[0] || !c[1] {
+					t.Fatalf("rank %d: %v before any step, want every bucket compressed", r, c)
+				}
+			}
+			switched := false
+			for s := range windowSteps {
+				_, stats, errs := g.step(stepGrads(2, s, sizes), inOrder(2))
+				mustNoErrors(t, fmt.Sprintf("step %d", s), errs)
+				switched = switched || stats[0].Buckets[0].Switched
+			}
+			for r, e := range g.engines {
+				if c := e.Compressed(); c[0] != tc.want || c[1] != tc.want {
+					t.Errorf("rank %d: %v after the window, want every bucket compressed=%v", r, c, tc.want)
+				}
+			}
+			if switched == tc.want {
+				t.Errorf("Switched reported %v, want %v", switched, !tc.want)
+			}
+		})
 	}
 }
