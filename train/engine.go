@@ -51,5 +51,9 @@ func (e engine) Strategy() string { return e.Engine.Strategy().String() }
 
 func (e engine) Wait(ctx context.Context) (StepStats, error) {
 	st, err := e.Engine.Wait(ctx)
-	return StepStats{BytesSent: st.BytesSent, Exchange: st.ExchangeTotal, Exposed: st.Exposed}, err
+	out := StepStats{BytesSent: st.BytesSent, Exchange: st.ExchangeTotal, Exposed: st.Exposed}
+	for _, b := range st.Buckets {
+		out.BytesInNode += b.BytesInNode
+	}
+	return out, err
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,12 +22,18 @@ import (
 // WriteTable writes one row per result: the strategy, the final test accuracy, its
 // difference in points from the uncompressed scheme (when one of the
 // results is "none"), the bytes rank 0 sent per step and their ratio to
-// none's, and the mean step, exchange and exposed times in milliseconds.
-// A run that diverged says so in a last column.
+// none's (and, when a result exchanged hierarchically, the part of them
+// that stayed in the node), and the mean step, exchange and exposed times
+// in milliseconds. A run that diverged says so in a last column.
 func WriteTable(w io.Writer, results []Result) error {
 	base := baseline(results)
+	inNode := slices.ContainsFunc(results, func(r Result) bool { return r.BytesInNodePerStep > 0 })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scheme\tstrategy\ttest acc %\tΔ vs none\tbytes/step/rank\tvs none\tstep ms\texchange ms\texposed ms\t")
+	head := "scheme\tstrategy\ttest acc %\tΔ vs none\tbytes/step/rank\tvs none\t"
+	if inNode {
+		head += "in node\t"
+	}
+	fmt.Fprintln(tw, head+"step ms\texchange ms\texposed ms\t")
 	for _, r := range results {
 		delta, ratio := "-", "-"
 		if base != nil {
@@ -39,8 +46,11 @@ func WriteTable(w io.Writer, results []Result) error {
 		if r.Diverged > 0 {
 			note = fmt.Sprintf("diverged at epoch %d", r.Diverged)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%s\n", r.Scheme, r.Strategy, 100*r.FinalAccuracy, delta,
-			r.BytesPerStep, ratio, ms(r.StepTime.Seconds()), ms(r.ExchangeTime.Seconds()), ms(r.ExposedTime.Seconds()), note)
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%.0f\t%s\t", r.Scheme, r.Strategy, 100*r.FinalAccuracy, delta, r.BytesPerStep, ratio)
+		if inNode {
+			fmt.Fprintf(tw, "%.0f\t", r.BytesInNodePerStep)
+		}
+		fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%s\n", ms(r.StepTime.Seconds()), ms(r.ExchangeTime.Seconds()), ms(r.ExposedTime.Seconds()), note)
 	}
 	return tw.Flush()
 }
@@ -68,11 +78,11 @@ func WriteJSON(w io.Writer, results []Result) error {
 // run that did not).
 func WriteCSV(w io.Writer, results []Result) error {
 	rows := [][]string{{"scheme", "spec", "error_feedback", "strategy", "ranks", "steps", "final_test_accuracy", "final_test_loss",
-		"diverged", "bytes_per_step", "step_ns", "exchange_ns", "exposed_ns"}}
+		"diverged", "bytes_per_step", "bytes_in_node_per_step", "step_ns", "exchange_ns", "exposed_ns"}}
 	for _, r := range results {
 		rows = append(rows, []string{r.Scheme, r.Spec, strconv.FormatBool(r.ErrorFeedback), r.Strategy, strconv.Itoa(r.Ranks),
 			strconv.Itoa(r.Steps), float(r.FinalAccuracy), float(r.FinalLoss), strconv.Itoa(r.Diverged),
-			float(r.BytesPerStep), strconv.FormatInt(int64(r.StepTime), 10), strconv.FormatInt(int64(r.ExchangeTime), 10),
+			float(r.BytesPerStep), float(r.BytesInNodePerStep), strconv.FormatInt(int64(r.StepTime), 10), strconv.FormatInt(int64(r.ExchangeTime), 10),
 			strconv.FormatInt(int64(r.ExposedTime), 10)})
 	}
 	return writeCSV(w, rows)

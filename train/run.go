@@ -32,9 +32,12 @@ type Exchanger interface {
 
 // StepStats is what the loop records of one exchange step on a rank.
 type StepStats struct {
-	BytesSent int64         // bytes this rank put on the wire
-	Exchange  time.Duration // time spent exchanging, summed over buckets
-	Exposed   time.Duration // communication not hidden behind compute: the time Wait blocked
+	BytesSent int64 // bytes this rank put on the wire
+	// BytesInNode is the part of BytesSent that stayed inside the rank's
+	// node (the hierarchical exchange's node stages).
+	BytesInNode int64
+	Exchange    time.Duration // time spent exchanging, summed over buckets
+	Exposed     time.Duration // communication not hidden behind compute: the time Wait blocked
 }
 
 // NewExchanger builds a rank's Exchanger over c for buckets of the given
@@ -304,10 +307,13 @@ type Result struct {
 	// wall time of the whole step (batch, forward, backward, exchange,
 	// optimizer), the exchange time summed over buckets, and the part of
 	// it Wait was blocked on.
-	BytesPerStep float64       `json:"bytes_per_step"`
-	StepTime     time.Duration `json:"step_ns"`
-	ExchangeTime time.Duration `json:"exchange_ns"`
-	ExposedTime  time.Duration `json:"exposed_ns"`
+	BytesPerStep float64 `json:"bytes_per_step"`
+	// BytesInNodePerStep is the part of BytesPerStep that stayed inside
+	// the node (strategy hier's node stages); 0 for the flat strategies.
+	BytesInNodePerStep float64       `json:"bytes_in_node_per_step"`
+	StepTime           time.Duration `json:"step_ns"`
+	ExchangeTime       time.Duration `json:"exchange_ns"`
+	ExposedTime        time.Duration `json:"exposed_ns"`
 }
 
 // Job is one scheme's training run over a group of ranks.
@@ -448,7 +454,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 	total := job.steps(ranks)
 	order := make([]int32, job.TrainSize)
 	x, y := make([]float32, job.Batch*Features), make([]uint8, job.Batch)
-	var bytes int64
+	var bytes, inNode int64
 	var stepTime, exchange, exposed time.Duration
 	for epoch := 1; epoch <= job.Epochs; epoch++ {
 		for i := range order {
@@ -489,6 +495,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 			}
 			lossSum += loss
 			bytes += st.BytesSent
+			inNode += st.BytesInNode
 			exchange += st.Exchange
 			exposed += st.Exposed
 			stepTime += time.Since(start)
@@ -507,6 +514,7 @@ func trainLoop(ctx context.Context, ex Exchanger, model *MLP, rank, ranks int, j
 	if res.Steps > 0 {
 		n := time.Duration(res.Steps)
 		res.BytesPerStep = float64(bytes) / float64(res.Steps)
+		res.BytesInNodePerStep = float64(inNode) / float64(res.Steps)
 		res.StepTime, res.ExchangeTime, res.ExposedTime = stepTime/n, exchange/n, exposed/n
 	}
 	return res, nil

@@ -308,7 +308,7 @@ func TestReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(summary), "\ntopk:0.01+ef,topk:0.01,true,sparse-gather,4,10,0.79,0.55,0,250,0,0,0\n") {
+	if !strings.Contains(string(summary), "\ntopk:0.01+ef,topk:0.01,true,sparse-gather,4,10,0.79,0.55,0,250,0,0,0,0\n") {
 		t.Errorf("results.csv:\n%s", summary)
 	}
 	for _, name := range []string{FileAccuracy, FileLoss} {
