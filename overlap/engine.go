@@ -362,6 +362,17 @@ func (e *Engine) teardown() error {
 // wait waits for the step's last decode, a failure or ctx; after a
 // failure it drains the streams.
 func (e *Engine) wait(ctx context.Context, st *step) error {
+	fatal := awaitDone(ctx, st)
+	if fatal != nil {
+		e.drain()
+	}
+	return fatal
+}
+
+// awaitDone waits until st.done fires (a host stream's last work), st
+// fails or ctx ends, which fails st unless it finished meanwhile; it
+// returns st's failure.
+func awaitDone(ctx context.Context, st *step) error {
 	var done <-chan struct{}
 	if st.done != nil {
 		done = st.done.fired()
@@ -376,11 +387,7 @@ func (e *Engine) wait(ctx context.Context, st *step) error {
 			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
 		}
 	}
-	fatal := st.failure()
-	if fatal != nil {
-		e.drain()
-	}
-	return fatal
+	return st.failure()
 }
 
 // conclude has nothing to add: the tasks set the outcomes as they ran.

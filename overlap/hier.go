@@ -398,21 +398,7 @@ func (h *hierBackend) gatherTask(st *step, r *run) {
 // wait waits for the node stages, then ends the step across nodes (its
 // Wait), whose failure, but for a *NonFiniteStepError, fails st.
 func (h *hierBackend) wait(ctx context.Context, st *step) error {
-	var done <-chan struct{}
-	if st.done != nil {
-		done = st.done.fired()
-	}
-	select {
-	case <-done:
-	case <-st.failed:
-	case <-ctx.Done():
-		select {
-		case <-done:
-		default:
-			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: ctx.Err()})
-		}
-	}
-	if st.failure() != nil {
+	if awaitDone(ctx, st) != nil {
 		<-h.stream.record().fired()
 	}
 	if st.nested != nil {
