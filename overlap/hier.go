@@ -56,7 +56,7 @@ import (
 // memory stays as it was. Without FailOnNonFinite, BucketStats.NonFinite
 // reports what the rank's own cross-node group saw.
 
-// hierBackend runs a StrategyHier core: the node stages on its stream and
+// hierBackend runs a sharded StrategyHier core: the node stages on its stream and
 // an Engine across nodes for the shards.
 type hierBackend struct {
 	c           *core
