@@ -401,34 +401,26 @@ func TestNodeGroupTopology(t *testing.T) {
 	}
 }
 
+// TestSplit: commtest.RunSplit on layouts of 2×4, 4×2, 3×1, 1×3 ranks and
+// on ranks whose nodes interleave.
 func TestSplit(t *testing.T) {
-	ranks, err := NewNodeGroup([]int{0, 0, 0, 0, 1, 1, 1, 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	for r, c := range ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx := context.Background()
-			node, cross, err := c.(comm.Splitter).Split(ctx)
+	for _, nodeOf := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 1, 2}, {0, 0, 0}, {5, 7, 5, 7}} {
+		t.Run(fmt.Sprint(nodeOf), func(t *testing.T) {
+			ranks, err := NewNodeGroup(nodeOf)
 			if err != nil {
-				t.Errorf("rank %d: Split: %v", r, err)
-				return
+				t.Fatal(err)
 			}
-			if node.Size() != 4 || node.Rank() != r%4 || cross.Size() != 2 || cross.Rank() != r/4 {
-				t.Errorf("rank %d: node %d of %d, cross %d of %d", r, node.Rank(), node.Size(), cross.Rank(), cross.Size())
+			var wg sync.WaitGroup
+			for r, c := range ranks {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+					defer cancel()
+					if err := commtest.RunSplit(ctx, c, commtest.Options{RankOrder: true}); err != nil {
+						t.Errorf("rank %d: %v", r, err)
+					}
+				})
 			}
-			buf := []float32{float32(r)}
-			if err := node.AllReduce(ctx, buf); err != nil || buf[0] != float32(r/4*16+6) {
-				t.Errorf("rank %d: node AllReduce %v, %v", r, buf, err)
-			}
-			buf[0] = float32(r)
-			if err := cross.AllReduce(ctx, buf); err != nil || buf[0] != float32(2*(r%4)+4) {
-				t.Errorf("rank %d: cross AllReduce %v, %v", r, buf, err)
-			}
-		}()
+			wg.Wait()
+		})
 	}
-	wg.Wait()
 }

@@ -361,9 +361,9 @@ func TestTopology(t *testing.T) {
 // the end of its body, so the launcher knows the bodies ran.
 const topologyEnvRan = "topology-env body ran on rank"
 
-// TestTopologyEnv: with RanksPerNodeEnv=2, the 4 ranks are 2 nodes of 2;
-// Split gives each rank its node's 2 ranks and the 2 ranks of its local
-// rank, both conforming comms independent of the world.
+// TestTopologyEnv: with RanksPerNodeEnv=2, the 4 ranks are 2 nodes of 2,
+// and Split passes commtest.RunSplit (MPI_Comm_split's comms hold the
+// right ranks, conform, and are independent of the world).
 func TestTopologyEnv(t *testing.T) {
 	if world == nil {
 		j := mpilaunch.Run(t, np, []string{scenarioEnv + "=" + t.Name(), RanksPerNodeEnv + "=2"}, "-test.v=true", "-test.run=^"+t.Name()+"$")
@@ -385,51 +385,8 @@ func TestTopologyEnv(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	node, cross, err := world.Split(ctx)
-	if err != nil {
-		t.Fatalf("rank %d: Split: %v", r, err)
-	}
-	for _, g := range []struct {
-		name       string
-		c          comm.Comm
-		rank, size int
-		topo       comm.Topology
-	}{
-		{"node", node, r % 2, 2, comm.Topology{Nodes: 1, LocalRank: r % 2, LocalSize: 2}},
-		{"cross", cross, r / 2, 2, comm.Topology{Node: r / 2, Nodes: 2, LocalSize: 1}},
-	} {
-		if g.c.Rank() != g.rank || g.c.Size() != g.size || g.c.(comm.Topologist).Topology() != g.topo {
-			t.Errorf("rank %d: %s comm is rank %d of %d, %+v; want %d of %d, %+v", r, g.name, g.c.Rank(), g.c.Size(),
-				g.c.(comm.Topologist).Topology(), g.rank, g.size, g.topo)
-		}
-		// Membership: the world ranks gathered over the sub-comm.
-		all := make([]byte, 2)
-		if err := g.c.AllGather(ctx, all, []byte{byte(r)}); err != nil {
-			t.Fatalf("rank %d: %s AllGather: %v", r, g.name, err)
-		}
-		wantAll := []byte{byte(r / 2 * 2), byte(r/2*2 + 1)}
-		if g.name == "cross" {
-			wantAll = []byte{byte(r % 2), byte(r%2 + 2)}
-		}
-		if string(all) != string(wantAll) {
-			t.Errorf("rank %d: %s comm holds world ranks %v, want %v", r, g.name, all, wantAll)
-		}
-		if err := commtest.Run(ctx, g.c, commtest.Options{}); err != nil {
-			t.Errorf("rank %d: %s comm: %v", r, g.name, err)
-		}
-	}
-	if err := node.Close(); err != nil {
-		t.Error(err)
-	}
-	// The cross comm and the world outlive the node comm.
-	if err := cross.Barrier(ctx); err != nil {
-		t.Errorf("rank %d: cross Barrier after the node comm closed: %v", r, err)
-	}
-	if err := cross.Close(); err != nil {
-		t.Error(err)
-	}
-	if err := world.Barrier(ctx); err != nil {
-		t.Errorf("rank %d: world Barrier after the split comms closed: %v", r, err)
+	if err := commtest.RunSplit(ctx, world, commtest.Options{}); err != nil {
+		t.Errorf("rank %d: %v", r, err)
 	}
 	fmt.Println(topologyEnvRan, r)
 }
