@@ -66,3 +66,52 @@ func NodeTopologies(nodeOf []int) ([]Topology, error) {
 type Splitter interface {
 	Split(ctx context.Context) (node, cross Comm, err error)
 }
+
+// CheckTopologies checks that ts, the Topology of every rank of a group in
+// rank order (ts[r] is rank r's), describes one layout: every rank agrees
+// on Nodes and LocalSize, Nodes × LocalSize is the group size, each rank
+// has a Node in [0, Nodes) and a LocalRank in [0, LocalSize), no two ranks
+// claim the same (Node, LocalRank), nodes are numbered in the order of
+// their lowest rank and local ranks in rank order within a node. It
+// returns nil for such a layout, else an error naming the first rank that
+// breaks one of these rules, checked in that order.
+func CheckTopologies(ts []Topology) error {
+	if len(ts) == 0 {
+		return fmt.Errorf("comm: CheckTopologies: no ranks")
+	}
+	t0 := ts[0]
+	for r, t := range ts {
+		if t.Nodes != t0.Nodes || t.LocalSize != t0.LocalSize {
+			return fmt.Errorf("comm: CheckTopologies: rank %d says %d node(s) of %d rank(s), rank 0 says %d of %d", r, t.Nodes, t.LocalSize, t0.Nodes, t0.LocalSize)
+		}
+	}
+	if t0.Nodes < 1 || t0.LocalSize < 1 || t0.Nodes*t0.LocalSize != len(ts) {
+		return fmt.Errorf("comm: CheckTopologies: the ranks say %d node(s) of %d rank(s), but the group has %d rank(s)", t0.Nodes, t0.LocalSize, len(ts))
+	}
+	owner := map[[2]int]int{} // (Node, LocalRank) → the first rank claiming it
+	for r, t := range ts {
+		if t.Node < 0 || t.Node >= t.Nodes || t.LocalRank < 0 || t.LocalRank >= t.LocalSize {
+			return fmt.Errorf("comm: CheckTopologies: rank %d says node %d, local rank %d: want node in [0, %d) and local rank in [0, %d)", r, t.Node, t.LocalRank, t.Nodes, t.LocalSize)
+		}
+		k := [2]int{t.Node, t.LocalRank}
+		if q, ok := owner[k]; ok {
+			return fmt.Errorf("comm: CheckTopologies: ranks %d and %d both say node %d, local rank %d", q, r, t.Node, t.LocalRank)
+		}
+		owner[k] = r
+	}
+	held := make([]int, t0.Nodes) // ranks seen so far on each node
+	nodes := 0                    // nodes seen so far
+	for r, t := range ts {
+		if held[t.Node] == 0 {
+			if t.Node != nodes {
+				return fmt.Errorf("comm: CheckTopologies: rank %d is the lowest rank of node %d, which should be node %d: nodes are numbered in the order of their lowest rank", r, t.Node, nodes)
+			}
+			nodes++
+		}
+		if t.LocalRank != held[t.Node] {
+			return fmt.Errorf("comm: CheckTopologies: rank %d says local rank %d of node %d, which should be %d: local ranks follow rank order within a node", r, t.LocalRank, t.Node, held[t.Node])
+		}
+		held[t.Node]++
+	}
+	return nil
+}
