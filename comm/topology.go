@@ -62,7 +62,10 @@ func NodeTopologies(nodeOf []int) ([]Topology, error) {
 // cross is a new Comm over the ranks of every node with the caller's local
 // rank, ordered by node (its rank is the caller's Node). Both are
 // independent of the parent: a failure in one poisons only that Comm, and
-// each is closed on its own.
+// each is closed on its own. Where they are Topologists, node reports one
+// node holding its ranks ({Node: 0, Nodes: 1, LocalRank, LocalSize} of the
+// caller's place) and cross reports one rank per node ({Node, Nodes,
+// LocalRank: 0, LocalSize: 1}). commtest.RunSplit checks all of this.
 type Splitter interface {
 	Split(ctx context.Context) (node, cross Comm, err error)
 }
