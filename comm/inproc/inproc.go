@@ -128,14 +128,16 @@ func (k *rank) Size() int { return k.g.n }
 // Topology implements comm.Topologist.
 func (k *rank) Topology() comm.Topology { return k.topo }
 
-// Split implements comm.Splitter. It is a Barrier on the parent, with its
-// failures, after which every rank takes its node and cross groups from the
-// new groups its split made, one per node and one per local rank. A node
-// group reports one node holding its ranks, a cross group one rank per
-// node (as comm/mpi's).
+// Split implements comm.Splitter. It is a Barrier on the parent, after
+// which every rank takes its node and cross groups from the new groups its
+// split made, one per node and one per local rank. A node group reports
+// one node holding its ranks, a cross group one rank per node (as
+// comm/mpi's). The Barrier's failure (a deadline, which poisons the
+// parent; a poisoned or closed parent) comes back wrapped in an error
+// naming Split and this rank.
 func (k *rank) Split(ctx context.Context) (node, cross comm.Comm, err error) {
 	if err := k.Barrier(ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("inproc: Split on rank %d: %w", k.r, err)
 	}
 	g := k.g
 	g.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -401,10 +402,10 @@ func TestNodeGroupTopology(t *testing.T) {
 	}
 }
 
-// TestSplit: commtest.RunSplit on layouts of 2×4, 4×2, 3×1, 1×3 ranks and
-// on ranks whose nodes interleave.
+// TestSplit: commtest.RunSplit on layouts of 2×2, 2×4, 4×2, 3×1, 1×3 and
+// 1×1 ranks (nodes × ranks per node) and on ranks whose nodes interleave.
 func TestSplit(t *testing.T) {
-	for _, nodeOf := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 1, 2}, {0, 0, 0}, {5, 7, 5, 7}} {
+	for _, nodeOf := range [][]int{{0, 0, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 1, 2}, {0, 0, 0}, {0}, {5, 7, 5, 7}} {
 		t.Run(fmt.Sprint(nodeOf), func(t *testing.T) {
 			ranks, err := NewNodeGroup(nodeOf)
 			if err != nil {
@@ -423,4 +424,39 @@ func TestSplit(t *testing.T) {
 			wg.Wait()
 		})
 	}
+}
+
+// TestSplitDeadline: a rank that never calls Split ends the others' Split
+// at their deadline with an error naming Split, the rank and the missing
+// rank, and the parent is poisoned.
+func TestSplitDeadline(t *testing.T) {
+	ranks, err := NewNodeGroup([]int{0, 0, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for r, c := range ranks[:3] {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			_, _, err := c.(comm.Splitter).Split(ctx)
+			var inc *comm.IncompleteError
+			var p *comm.PoisonedError
+			switch {
+			case errors.As(err, &inc):
+				if !errors.Is(err, context.DeadlineExceeded) || !slices.Equal(inc.Missing, []int{3}) {
+					t.Errorf("rank %d: got %v, want the deadline with rank 3 missing", r, err)
+				}
+			case !errors.As(err, &p):
+				t.Errorf("rank %d: got %v, want an *IncompleteError or a *PoisonedError", r, err)
+			}
+			if want := fmt.Sprintf("inproc: Split on rank %d: ", r); err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("rank %d: got %v, want it prefixed %q", r, err, want)
+			}
+			if err := c.Barrier(context.Background()); !errors.As(err, &p) {
+				t.Errorf("rank %d: Barrier after the failed Split: got %v, want a *PoisonedError", r, err)
+			}
+		})
+	}
+	wg.Wait()
 }
