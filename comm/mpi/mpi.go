@@ -84,9 +84,9 @@ var ErrNotBuilt = errors.New("comm/mpi: built without MPI support: rebuild with 
 
 // Error reports an MPI function that returned an error code.
 type Error struct {
-	Op   string // what this package was doing: a collective's name, "Init", "Dup", "Close"
+	Op   string // what this package was doing: a collective's name, "Init", "Dup", "Split", "Close"
 	Func string // the MPI function, e.g. "MPI_Iallreduce"
-	Rank int    // this process's rank in the communicator, -1 before Init knows it
+	Rank int    // this process's rank in the communicator the call was made on (the parent for Dup and Split), -1 before Init knows it
 	Code int    // the MPI error code
 	Msg  string // MPI_Error_string of Code
 }
@@ -135,8 +135,12 @@ func WithDrainTimeout(d time.Duration) Option {
 
 // Init initializes MPI (MPI_Init_thread, unless the process already did) and
 // returns this process's rank of a duplicate of MPI_COMM_WORLD. Call it
-// once per process; more communicators come from Dup. In a binary built
-// without MPI support it returns ErrNotBuilt.
+// once per process; more communicators come from Dup and Split. In a binary
+// built without MPI support it returns ErrNotBuilt. When Init fails after
+// making the duplicate (reading its rank and size, or finding the
+// topology: see RanksPerNodeEnv), it frees the duplicate and returns the
+// error; MPI stays initialized and Init cannot be called again in the
+// process, which should exit.
 func Init(opts ...Option) (*Comm, error) {
 	cfg := defaults()
 	if err := cfg.apply(opts); err != nil {
@@ -195,22 +199,32 @@ func (c *Comm) Dup(ctx context.Context, opts ...Option) (*Comm, error) {
 }
 
 // Split implements comm.Splitter with MPI_Comm_split: node holds the ranks
-// of this rank's node (colour Node, ordered by rank) and reports one node,
-// cross the ranks of this rank's local rank (colour LocalRank, ordered by
-// node) and reports one rank per node. Both take c's options and are
-// independent of c (own failures, own Close; closing them does not
-// finalize MPI). MPI_Comm_split blocks until every rank has called it, so
-// Split first makes a Barrier on c, which honours ctx: a rank that never
-// arrives ends Split with the Barrier's error; one that dies between the
-// Barrier and the split leaves the others blocked (end the job with
-// Abort).
+// of this rank's node (colour Node, key rank) and reports the Topology
+// {Node: 0, Nodes: 1, LocalRank, LocalSize} of c's, one node holding all
+// its ranks; cross holds the ranks of this rank's local rank (colour
+// LocalRank, key Node) and reports {Node, Nodes, LocalRank: 0,
+// LocalSize: 1}, every rank on a node of its own. Both are full Comms
+// with c's options (a Split of an Unchecked view is unchecked too),
+// independent of c and of each other: their own failures, their own
+// Close (which does not finalize MPI).
+//
+// Split is collective on c and counts as one call on it: a call made on c
+// meanwhile returns a *comm.BusyError naming Dup, the operation Split is
+// reported as. MPI_Comm_split blocks until every rank has called it and
+// cannot honour ctx, so Split first makes a Barrier on c (MPI_Ibarrier,
+// after the argument check when it is on), polled like every collective:
+// when ctx ends first, Split returns the Barrier's *comm.IncompleteError
+// and c is poisoned, as after any collective. The argument check sees a
+// Barrier: a rank that calls Barrier while the others call Split passes
+// it, and the others then block in MPI_Comm_split. Once every rank has
+// passed the Barrier the splits follow at once; a rank that dies or
+// stalls between the two leaves the others blocked in MPI_Comm_split (end
+// the job with Abort). Errors name Split and this rank; a failure of
+// MPI_Comm_split poisons c.
 func (c *Comm) Split(ctx context.Context) (node, cross comm.Comm, err error) {
-	if err := c.Barrier(ctx); err != nil {
-		return nil, nil, err
-	}
-	n, x, err := c.split()
+	n, x, err := c.split(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, err // not n, x: typed nil pointers would be non-nil Comms
 	}
 	return n, x, nil
 }

@@ -61,6 +61,7 @@ import "C"
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -218,10 +219,24 @@ func initWorld(cfg config) (*Comm, error) {
 	if rc := mpi(func() C.int { return C.gc_world(&c.h.comm) }); rc != C.MPI_SUCCESS {
 		return nil, mpiError("Init", "MPI_Comm_dup", -1, rc)
 	}
-	if err := c.setRankSize("Init"); err != nil {
-		return nil, err
+	if err := c.setRankSize("Init", -1); err != nil {
+		return nil, discard(c.h, "Init", -1, err)
 	}
-	return c, c.setTopology()
+	if err := c.setTopology(); err != nil {
+		return nil, discard(c.h, "Init", c.rank, err)
+	}
+	return c, nil
+}
+
+// discard frees h's communicator, made by a call (op, on rank) that then
+// failed with err, and returns err, joined with the free's failure if
+// MPI_Comm_free fails too. (It takes h, not &h.comm, so that cgo's pointer
+// check looks at the field only, not at h's Go pointers.)
+func discard(h *handle, op string, rank int, err error) error {
+	if rc := mpi(func() C.int { return C.gc_free(&h.comm) }); rc != C.MPI_SUCCESS {
+		return errors.Join(err, mpiError(op, "MPI_Comm_free", rank, rc))
+	}
+	return err
 }
 
 // setTopology finds the node of every rank of c, from RanksPerNodeEnv or
@@ -232,7 +247,7 @@ func (c *Comm) setTopology() error {
 	if v := os.Getenv(RanksPerNodeEnv); v != "" {
 		k, err := strconv.Atoi(v)
 		if err != nil || k < 1 || c.size%k != 0 {
-			return fmt.Errorf("comm/mpi: Init: %s=%q: want a positive integer dividing the world size %d", RanksPerNodeEnv, v, c.size)
+			return fmt.Errorf("comm/mpi: Init on rank %d: %s=%q: want a positive integer dividing the world size %d", c.rank, RanksPerNodeEnv, v, c.size)
 		}
 		for r := range nodeOf {
 			nodeOf[r] = r / k
@@ -240,7 +255,7 @@ func (c *Comm) setTopology() error {
 	} else {
 		leaders := make([]C.int, c.size)
 		if rc := mpi(func() C.int { return C.gc_node_leaders(c.h.comm, C.int(c.rank), &leaders[0]) }); rc != C.MPI_SUCCESS {
-			return mpiError("Init", "MPI_Comm_split_type", -1, rc)
+			return mpiError("Init", "MPI_Comm_split_type", c.rank, rc)
 		}
 		for r, l := range leaders {
 			nodeOf[r] = int(l)
@@ -248,29 +263,30 @@ func (c *Comm) setTopology() error {
 	}
 	topo, err := comm.NodeTopologies(nodeOf)
 	if err != nil {
-		return fmt.Errorf("comm/mpi: Init: %w", err)
+		return fmt.Errorf("comm/mpi: Init on rank %d: %w", c.rank, err)
 	}
 	c.topo = topo[c.rank]
 	return nil
 }
 
-// setRankSize sets MPI_ERRORS_RETURN on c's communicator and reads its rank
-// and size.
-func (c *Comm) setRankSize(op string) error {
-	var rank, size C.int
+// setRankSize sets MPI_ERRORS_RETURN on c's communicator, made by op on
+// rank (of the communicator op was called on; -1 when unknown), and reads
+// c's rank and size.
+func (c *Comm) setRankSize(op string, rank int) error {
+	var r, size C.int
 	for _, f := range []struct {
 		name string
 		call func() C.int
 	}{
 		{"MPI_Comm_set_errhandler", func() C.int { return C.gc_errors_return(c.h.comm) }},
-		{"MPI_Comm_rank", func() C.int { return C.gc_rank(c.h.comm, &rank) }},
+		{"MPI_Comm_rank", func() C.int { return C.gc_rank(c.h.comm, &r) }},
 		{"MPI_Comm_size", func() C.int { return C.gc_size(c.h.comm, &size) }},
 	} {
 		if rc := mpi(f.call); rc != C.MPI_SUCCESS {
-			return mpiError(op, f.name, -1, rc)
+			return mpiError(op, f.name, rank, rc)
 		}
 	}
-	c.rank, c.size = int(rank), int(size)
+	c.rank, c.size = int(r), int(size)
 	return nil
 }
 
@@ -283,35 +299,48 @@ func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	return nc, nc.setRankSize("Dup")
+	if err := nc.setRankSize("Dup", c.rank); err != nil {
+		return nil, discard(nc.h, "Dup", c.rank, err)
+	}
+	return nc, nil
 }
 
-// split makes the node and cross-node communicators of Split (after its
-// Barrier): two MPI_Comm_split calls, under c's guard.
-func (c *Comm) split() (node, cross *Comm, err error) {
+// split makes Split's node and cross-node communicators: under c's guard
+// (one call in flight, as a Dup), a Barrier on c that honours ctx, then
+// two MPI_Comm_split calls, which block until every rank makes them.
+func (c *Comm) split(ctx context.Context) (node, cross *Comm, err error) {
 	if err := c.h.guard.Enter(comm.OpDup, c.rank); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("comm/mpi: Split on rank %d: %w", c.rank, err)
 	}
 	defer c.h.guard.Exit()
-	if err := c.usable(comm.OpDup); err != nil {
-		return nil, nil, err
+	barrier := func(r *request) (string, C.int) { return "MPI_Ibarrier", C.gc_ibarrier(c.h.comm, &r.req) }
+	if err := c.entered(ctx, check.Barrier(), barrier); err != nil {
+		return nil, nil, fmt.Errorf("comm/mpi: Split on rank %d: %w", c.rank, err)
 	}
 	t := c.topo
-	splitBy := func(color, key int, topo comm.Topology) (*Comm, error) {
-		nc := &Comm{topo: topo, cfg: c.cfg, h: &handle{closing: make(chan struct{})}}
-		if rc := mpi(func() C.int { return C.gc_split(c.h.comm, C.int(color), C.int(key), &nc.h.comm) }); rc != C.MPI_SUCCESS {
-			return nil, mpiError("Split", "MPI_Comm_split", c.rank, rc)
-		}
-		return nc, nc.setRankSize("Split")
-	}
-	if node, err = splitBy(t.Node, c.rank, comm.Topology{Nodes: 1, LocalRank: t.LocalRank, LocalSize: t.LocalSize}); err != nil {
+	if node, err = c.splitBy(t.Node, c.rank, comm.Topology{Nodes: 1, LocalRank: t.LocalRank, LocalSize: t.LocalSize}); err != nil {
 		return nil, nil, err
 	}
-	if cross, err = splitBy(t.LocalRank, t.Node, comm.Topology{Node: t.Node, Nodes: t.Nodes, LocalSize: 1}); err != nil {
-		node.Close()
-		return nil, nil, err
+	if cross, err = c.splitBy(t.LocalRank, t.Node, comm.Topology{Node: t.Node, Nodes: t.Nodes, LocalSize: 1}); err != nil {
+		return nil, nil, errors.Join(err, node.Close())
 	}
 	return node, cross, nil
+}
+
+// splitBy returns the communicator of MPI_Comm_split(c, color, key) with
+// topology topo and c's options. A failure of MPI_Comm_split leaves c out
+// of step with the ranks it succeeded on, so it poisons c.
+func (c *Comm) splitBy(color, key int, topo comm.Topology) (*Comm, error) {
+	nc := &Comm{topo: topo, cfg: c.cfg, h: &handle{closing: make(chan struct{})}}
+	if rc := mpi(func() C.int { return C.gc_split(c.h.comm, C.int(color), C.int(key), &nc.h.comm) }); rc != C.MPI_SUCCESS {
+		err := mpiError("Split", "MPI_Comm_split", c.rank, rc)
+		c.fail(err, nil)
+		return nil, err
+	}
+	if err := nc.setRankSize("Split", c.rank); err != nil {
+		return nil, discard(nc.h, "Split", c.rank, err)
+	}
+	return nc, nil
 }
 
 func (c *Comm) run(ctx context.Context, call check.Call, a args) error {
@@ -341,6 +370,11 @@ func (c *Comm) collective(ctx context.Context, call check.Call, issue func(*requ
 		return err
 	}
 	defer c.h.guard.Exit()
+	return c.entered(ctx, call, issue)
+}
+
+// entered is collective's work once the caller holds c's guard.
+func (c *Comm) entered(ctx context.Context, call check.Call, issue func(*request) (string, C.int)) error {
 	if err := c.usable(call.Op); err != nil {
 		return err
 	}

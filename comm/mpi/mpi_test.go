@@ -370,8 +370,10 @@ func TestTopologyEnv(t *testing.T) {
 		if j.Err != nil {
 			t.Errorf("%s: %v\n%s", j.Cmd, j.Err, j.Out)
 		}
-		if n := strings.Count(string(j.Out), topologyEnvRan); n != np {
-			t.Errorf("%d of %d ranks reported that the test body ran:\n%s", n, np, j.Out)
+		for r := range np {
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[\d+,%d\]<stdout>:%s %d$`, r, topologyEnvRan, r)).Match(j.Out) {
+				t.Errorf("rank %d did not report that the test body ran:\n%s", r, mpilaunch.Tail(j.Out, 40))
+			}
 		}
 		return
 	}
@@ -389,4 +391,101 @@ func TestTopologyEnv(t *testing.T) {
 		t.Errorf("rank %d: %v", r, err)
 	}
 	fmt.Println(topologyEnvRan, r)
+}
+
+// TestSplit: on one machine (the shared job: one node of 4 ranks), Split
+// passes commtest.RunSplit, with and without the argument check.
+func TestSplit(t *testing.T) {
+	body := func(ctx context.Context, t *testing.T, c *Comm) {
+		if err := commtest.RunSplit(ctx, c, commtest.Options{}); err != nil {
+			t.Errorf("rank %d: %v", c.Rank(), err)
+		}
+	}
+	t.Run("checked", func(t *testing.T) { onRanks(t, body) })
+	t.Run("unchecked", func(t *testing.T) { onRanks(t, body, WithArgCheck(false)) })
+}
+
+// TestSplitDeadline: rank 3 skips a Split; the others' Split returns within
+// the deadline an error naming Split and the rank that wraps the Barrier's
+// *comm.IncompleteError, and the parent is poisoned. Rank 3 then makes the
+// call matching the request the others left outstanding, so Close drains
+// it: with the argument check, that request is the Barrier's header
+// exchange, which rank 3's AllReduce meets with a mismatch.
+func TestSplitDeadline(t *testing.T) {
+	const deadline = 300 * time.Millisecond
+	cases := []struct {
+		name string
+		opts []Option
+		late func(ctx context.Context, t *testing.T, c *Comm)
+	}{
+		{"checked", nil, func(ctx context.Context, t *testing.T, c *Comm) {
+			err := c.AllReduce(ctx, []float32{1})
+			if _, ok := err.(*comm.MismatchError); !ok || !strings.Contains(err.Error(), "rank 0 passed Barrier, rank 3 passed AllReduce") {
+				t.Errorf("rank 3's late AllReduce: got %v, want a mismatch with the others' Barrier", err)
+			}
+		}},
+		{"unchecked", []Option{WithArgCheck(false)}, func(ctx context.Context, t *testing.T, c *Comm) {
+			if err := c.Barrier(ctx); err != nil {
+				t.Errorf("rank 3's late Barrier: %v", err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+				if c.Rank() != 3 {
+					start := time.Now()
+					short, cancel := context.WithTimeout(ctx, deadline)
+					node, cross, err := c.Split(short)
+					took := time.Since(start)
+					cancel()
+					var inc *comm.IncompleteError
+					if node != nil || cross != nil || !errors.As(err, &inc) || inc.Op != comm.OpBarrier || !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("got %v, %v, %v; want nil comms and an *IncompleteError of the Barrier wrapping DeadlineExceeded", node, cross, err)
+					}
+					if want := fmt.Sprintf("comm/mpi: Split on rank %d: ", c.Rank()); err == nil || !strings.HasPrefix(err.Error(), want) {
+						t.Errorf("got %v, want it prefixed %q", err, want)
+					}
+					if took < deadline || took > deadline+time.Second {
+						t.Errorf("returned after %v, want just after the %v deadline", took, deadline)
+					}
+					var p *comm.PoisonedError
+					if err := c.Barrier(ctx); !errors.As(err, &p) || p.Cause != inc {
+						t.Errorf("call after the failed Split: got %v, want *PoisonedError wrapping %v", err, inc)
+					}
+				}
+				if err := world.Barrier(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if c.Rank() == 3 {
+					tc.late(ctx, t, c)
+				}
+			}, tc.opts...)
+		})
+	}
+}
+
+// TestTopologyEnvRefused: with RanksPerNodeEnv=3, which does not divide the
+// 4 ranks, Init fails (after freeing the communicator it made) with an
+// error naming the variable and the rank, and the job fails. mpirun ends
+// the job when the first rank exits, so only that rank's line is sure to
+// be printed.
+func TestTopologyEnvRefused(t *testing.T) {
+	if world != nil {
+		t.Skip("the launcher runs this test's job, whose ranks fail in Init")
+	}
+	j := mpilaunch.Run(t, np, []string{RanksPerNodeEnv + "=3"}, "-test.run=^$")
+	if j.Err == nil {
+		t.Errorf("%s succeeded, want the ranks to fail in Init", j.Cmd)
+	}
+	re := regexp.MustCompile(fmt.Sprintf(`(?m)^\[\d+,(\d+)\]<stderr>:comm/mpi: Init on rank (\d+): %s="3": want a positive integer dividing the world size %d$`, RanksPerNodeEnv, np))
+	lines := re.FindAllSubmatch(j.Out, -1)
+	if len(lines) == 0 {
+		t.Errorf("mpirun's output does not match %q:\n%s", re, mpilaunch.Tail(j.Out, 40))
+	}
+	for _, m := range lines {
+		if string(m[1]) != string(m[2]) {
+			t.Errorf("rank %s printed the error of rank %s: %s", m[1], m[2], m[0])
+		}
+	}
 }

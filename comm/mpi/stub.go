@@ -16,7 +16,7 @@ type handle struct{}
 func initWorld(config) (*Comm, error)                       { return nil, ErrNotBuilt }
 func (c *Comm) dup(context.Context, config) (*Comm, error)  { return nil, ErrNotBuilt }
 func (c *Comm) run(context.Context, check.Call, args) error { return ErrNotBuilt }
-func (c *Comm) split() (node, cross *Comm, err error)       { return nil, nil, ErrNotBuilt }
+func (c *Comm) split(context.Context) (*Comm, *Comm, error) { return nil, nil, ErrNotBuilt }
 func (c *Comm) close() error                                { return ErrNotBuilt }
 func threadLevel() string                                   { return "none (built without MPI)" }
 
