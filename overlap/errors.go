@@ -76,16 +76,10 @@ func (e *ConfigMismatchError) Error() string {
 // describe one layout of nodes, found by New for StrategyHier after the
 // handshake. Every rank gets the same error.
 type TopologyError struct {
-	Rank   int // the first rank whose place is inconsistent, or -1 when the layout as a whole is
-	Reason string
+	Reason string // which rank breaks which rule (comm.CheckTopologies)
 }
 
-func (e *TopologyError) Error() string {
-	if e.Rank < 0 {
-		return "overlap: ranks disagree on the topology: " + e.Reason
-	}
-	return fmt.Sprintf("overlap: ranks disagree on the topology: rank %d: %s", e.Rank, e.Reason)
-}
+func (e *TopologyError) Error() string { return "overlap: ranks disagree on the topology: " + e.Reason }
 
 // StepError reports a step that failed on this rank: a collective that
 // failed or timed out (a dead peer), a payload that did not decode, a

@@ -216,13 +216,13 @@ func TestHierBadTopology(t *testing.T) {
 				return liar{c, comm.Topology{Node: 0, Nodes: 2, LocalRank: 0, LocalSize: 2}}
 			}
 			return c
-		}, "rank 1: it says node 0 of 2, local rank 0 of 2"},
-		{"unequal nodes", func(r int, c comm.Comm) comm.Comm {
+		}, "ranks 0 and 1 both say node 0, local rank 0"},
+		{"another rank on a taken place", func(r int, c comm.Comm) comm.Comm {
 			if r == 1 {
 				return liar{c, comm.Topology{Node: 1, Nodes: 2, LocalRank: 0, LocalSize: 2}}
 			}
 			return c
-		}, "every node must hold the same number of ranks"},
+		}, "ranks 1 and 2 both say node 1, local rank 0"},
 		{"layout", func(r int, c comm.Comm) comm.Comm {
 			if r == 3 {
 				return liar{c, comm.Topology{Node: 3, Nodes: 4, LocalRank: 0, LocalSize: 1}}

@@ -591,5 +591,5 @@ class Hier(unittest.TestCase):
             with self.subTest(rank=rank):
                 self.assertIsNotNone(got)
                 self.assertEqual(got["type"], "ConfigError", got)
-                self.assertIn("ranks disagree on the topology: rank 3", got["message"])
+                self.assertIn("ranks 2 and 3 both say node 1, local rank 0", got["message"])
                 self.assertLess(got["seconds"], 20, got)
