@@ -667,9 +667,10 @@ func (e *Engine) decodeTask(st *step, r *run) {
 }
 
 // collective runs one collective of bucket r under the step's context and
-// Config.Timeout, adding its time and volume (bytes this rank sends, see
-// the package doc) to r's stats.
-func (e *Engine) collective(st *step, r *run, stage string, volume [2]int64, call func(ctx context.Context) error) error {
+// Config.Timeout, adding its time and volume to r's stats: volume[0] the
+// bytes this rank sends (see the package doc), volume[1] the part of them
+// that stays in the node.
+func (e *core) collective(st *step, r *run, stage string, volume [2]int64, call func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(st.ctx, e.cfg.Timeout)
 	defer cancel()
 	t := time.Now()

@@ -288,20 +288,10 @@ func (h *hierBackend) launched(st *step) error {
 	return nil
 }
 
-// nodeCollective runs one collective of bucket r on the node comm, as
-// Engine.collective does on its comm.
+// nodeCollective runs one collective of bucket r on the node comm: every
+// byte it sends stays in the node.
 func (h *hierBackend) nodeCollective(st *step, r *run, stage string, volume int64, call func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(st.ctx, h.c.cfg.Timeout)
-	defer cancel()
-	t := time.Now()
-	err := call(ctx)
-	r.stats.Exchange += time.Since(t)
-	r.stats.BytesSent += volume
-	r.stats.BytesInNode += volume
-	if err != nil {
-		return &StepError{Step: st.num, Bucket: r.b.idx, Stage: stage, Err: err}
-	}
-	return nil
+	return h.c.collective(st, r, stage, [2]int64{volume, volume}, call)
 }
 
 // scatterTask runs on the node stream: the node's reduce-scatter of r,
