@@ -139,7 +139,8 @@ type core struct {
 	layout     comm.Topology       // StrategyHier: this rank's place; zero otherwise
 	active     int                 // the phase comp, mem1 and mem2 are of
 	strategy   Strategy
-	// mech is the mechanism that strategy runs: strategy itself, but for
+	// mech is the mechanism that strategy runs (mechanism): strategy
+	// itself, but SRA for StrategyDense with fp16 or bf16, and for
 	// StrategyHier: StrategyHier for the sharded exchange (hier.go), or
 	// the codec's flat strategy over the two-level comm for top-k and
 	// random-k (twolevel.go).
@@ -354,13 +355,10 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	for i, n := range sizes {
 		c.buckets[i] = &bucket{idx: i, n: n}
 	}
-	c.mech = c.strategy
-	if c.strategy == StrategyHier {
-		if c.mech = twoLevelMech(comp.Codec(), c.size); c.mech == StrategyHier {
-			// The engine across nodes compresses (hier.go): this core
-			// keeps no compressor, memory or decision of its own.
-			return c.configureHier()
-		}
+	if c.mech = mechanism(c.strategy, comp.Codec(), c.size); c.mech == StrategyHier {
+		// The engine across nodes compresses (hier.go): this core keeps
+		// no compressor, memory or decision of its own.
+		return c.configureHier()
 	}
 	if comp.Codec() == compress.CodecNone {
 		if len(cfg.Schedule) > 0 {

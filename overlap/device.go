@@ -125,23 +125,27 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 //
 // Codec none: a float32 all-reduce in place (StrategyDense). Every other
 // codec exchanges fixed-size slots (a 16-byte Encode status, with
-// Config.Guard a 16-byte guard block, then the body, padded to 16 bytes). StrategyAuto picks as Engine does, except
-// that random-k and fp16/bf16 use the gather or SRA mechanism:
+// Config.Guard a 16-byte guard block, then the body, padded to 16 bytes).
+// The strategies are Engine's, resolved alike (StrategyAuto included), and
+// each runs Engine's mechanism (see mechanism):
 //
-//	sparse-gather  top-k: all-gather of the slots, decode and add in rank
-//	               order, divide by N
-//	allgather      the same for the quantizers, sign, fp16, bf16 on ≤ 2
-//	               ranks, and random-k (under shared-index's key, tag 0 on
-//	               every rank, so one decode serves every slot)
-//	sra            the quantizers, sign, fp16, bf16 on > 2 ranks: each part
-//	               encoded under its own key, an all-to-all of the part
-//	               slots, on each part's owner the decode-and-add, the
-//	               division and the stage-2 encode (its own memory), an
-//	               all-gather of the stage-2 slots, their decode
+//	sparse-gather,  all-gather of the slots, decode and add in rank order
+//	allgather       (random-k: each rank's body under its own key), divide
+//	                by N
+//	shared-index    random-k under tag 0 on every rank: an all-gather of
+//	                the status (and guard) blocks, an all-reduce of the k
+//	                values in place, their scatter to the shared indices,
+//	                the division
+//	sra, and dense  each part encoded under its own key, an all-to-all of
+//	for fp16/bf16   the part slots, on each part's owner the decode-and-add,
+//	                the division and the stage-2 encode (its own memory),
+//	                an all-gather of the stage-2 slots, their decode
 //
 // Each gives bit for bit the result and error-feedback memory of Engine
-// with the same strategy (shared-index for random-k; the package doc's
-// definitions), with the same payload keys.
+// with the same strategy (the package doc's definitions), with the same
+// payload keys; shared-index sends its statuses in a collective of their
+// own, where Engine's put them in front of the values. The device refuses
+// StrategyHier and SRA for random-k by name.
 //
 // # Accuracy guard
 //
@@ -320,10 +324,8 @@ func (e *DeviceEngine) newCodecs() error {
 	return nil
 }
 
-// deviceStrategy resolves s as Engine does and maps it to the device's:
-// StrategyAuto takes sparse-gather for top-k, allgather for random-k and
-// on ≤ 2 ranks, SRA otherwise; shared-index and dense (but for codec
-// none) are refused.
+// deviceStrategy resolves s as Engine does (resolve) and refuses, by name,
+// what the device cannot run: StrategyHier, and SRA for random-k.
 func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	r, err := resolve(s, c, size)
 	switch {
@@ -331,18 +333,8 @@ func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 		return 0, err
 	case r == StrategyHier:
 		return 0, fmt.Errorf("strategy hier is not available on the device backend yet: its node stages need a device comm split by node (ncclCommSplit) and device streams for them")
-	case c == compress.CodecNone:
-		return r, nil
-	case s == StrategyAuto && c == compress.CodecTopK:
-		return StrategySparseGather, nil
-	case s == StrategyAuto && (c == compress.CodecRandomK || size <= 2):
-		return StrategyQuantAllGather, nil
-	case s == StrategyAuto:
-		return StrategyQuantSRA, nil
 	case r == StrategyQuantSRA && c == compress.CodecRandomK:
-		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use allgather)")
-	case r != StrategySparseGather && r != StrategyQuantAllGather && r != StrategyQuantSRA:
-		return 0, fmt.Errorf("strategy %v is not available on the device (sparse-gather, allgather and sra are)", r)
+		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use shared-index)")
 	}
 	return r, nil
 }
@@ -379,7 +371,7 @@ func (e *DeviceEngine) allocate() error {
 	if e.statuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 		return err
 	}
-	if e.strategy == StrategyQuantSRA {
+	if e.mech == StrategyQuantSRA {
 		if e.midStatuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 			return err
 		}
@@ -435,16 +427,20 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	slot := func(n int) int { return e.slotHead() + (e.codec.BodyLen(n)+15)&^15 }
 	// What one encode covers: the bucket, or (SRA) its largest part.
 	unit, sends := bk.n, 1
-	if e.strategy == StrategyQuantSRA {
+	if e.mech == StrategyQuantSRA {
 		unit, sends = (bk.n+e.size-1)/e.size, e.size
 	}
 	lo, hi := e.part.bounds(bk.n, e.rank)
 	mine := hi - lo
-	sra, ef := e.strategy == StrategyQuantSRA, e.cfg.ErrorFeedback
+	sra, ef := e.mech == StrategyQuantSRA, e.cfg.ErrorFeedback
 	ws := e.codec.WorkspaceLen(unit)
 	nb := *b
 	nb.phase, nb.send, nb.recv, nb.work, nb.send2, nb.recv2, nb.work2 = e.active, 0, 0, 0, 0, 0, 0
 	nb.slot, nb.slot2 = slot(unit), 0
+	recvStride := nb.slot
+	if e.mech == StrategySharedIndex {
+		recvStride = e.slotHead() // every rank's status (and guard) block; the values are summed in send
+	}
 	if sra {
 		nb.slot2 = slot(unit)
 	}
@@ -455,7 +451,7 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		zero  bool // a memory: zeroed when allocated
 	}{
 		{&nb.send, sends * nb.slot, true, false},
-		{&nb.recv, e.size * nb.slot, true, false},
+		{&nb.recv, e.size * recvStride, true, false},
 		{&nb.work, ws, ws > 0, false},
 		{&nb.resid, 4 * bk.n, ef, true},
 		{&nb.out, 4 * bk.n, ef, false},
@@ -555,13 +551,13 @@ func (e *DeviceEngine) Ready(i int, grad gpu.Ptr, s gpu.Stream) error {
 	})
 }
 
-// key returns the compress.Key of this rank's stage-1 payload of part j
-// of bucket i (j = 0 for the gather strategies): Engine's keys (tag 1 +
-// rank·N + j), or tag 0 on every rank for random-k, whose indices must
-// then agree (shared-index's key).
-func (e *DeviceEngine) key(step uint64, i, j int) compress.Key {
-	tag := uint64(1 + e.rank*e.size + j)
-	if e.comp.Codec() == compress.CodecRandomK {
+// key returns the compress.Key of rank q's stage-1 payload of part j of
+// bucket i (j = 0 for the gather strategies): Engine's keys (tag 1 +
+// q·N + j), or tag 0 on every rank for shared-index, whose random-k
+// indices must agree.
+func (e *DeviceEngine) key(step uint64, i, q, j int) compress.Key {
+	tag := uint64(1 + q*e.size + j)
+	if e.mech == StrategySharedIndex {
 		tag = 0
 	}
 	return compress.Key{Bucket: tag<<32 | uint64(i), Step: step}
@@ -597,7 +593,7 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	}
 	if r.compressed {
 		count := 1
-		if e.strategy == StrategyQuantSRA {
+		if e.mech == StrategyQuantSRA {
 			count = e.size
 		}
 		for j := range count {
@@ -608,7 +604,7 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 			slot := b.send + gpu.Ptr(j*b.slot)
 			off := gpu.Ptr(4 * lo)
 			a := kernels.EncodeArgs{Body: slot + gpu.Ptr(e.slotHead()), Grad: r.dgrad + off, Work: b.work,
-				Status: slot, N: hi - lo, Key: e.key(st.num, i, j)}
+				Status: slot, N: hi - lo, Key: e.key(st.num, i, e.rank, j)}
 			if e.cfg.ErrorFeedback {
 				a.Resid, a.ResidOut = b.resid+off, b.out+off
 			}
@@ -649,7 +645,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
-	case e.strategy == StrategyQuantSRA:
+	case e.mech == StrategyQuantSRA:
 		lo, hi := e.part.bounds(n, e.rank)
 		bodies := func(base gpu.Ptr, slot int) []gpu.Ptr {
 			out := make([]gpu.Ptr, e.size)
@@ -700,6 +696,23 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		}
 		ops = append(ops, func() error { return e.guardMax(b.recv2, b.slot2, e.guards+gpu.Ptr(kernels.GuardLen*i)) })
 		avg.Ranks, avg.Slots, avg.Stride, avg.Count = 1, b.recv2, b.slot2, e.size
+	case e.mech == StrategySharedIndex:
+		// Every rank's status (and guard) block, then the sum of the k
+		// values, whose indices every rank drew under the same key, in
+		// place in send; the sum is scattered to the indices.
+		head, vals := e.slotHead(), b.send+gpu.Ptr(e.slotHead())
+		ops = []func() error{
+			func() error { return e.dc.AllGather(ctx, b.recv, b.send, head, e.wire) },
+			func() error { return e.dc.AllReduce(ctx, vals, e.codec.BodyLen(n)/4, e.wire) },
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+			func() error {
+				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: []gpu.Ptr{vals}, Key: e.key(st.num, i, e.rank, 0)})
+			},
+			func() error { return e.guardMax(b.recv, head, e.guards+gpu.Ptr(kernels.GuardLen*i)) },
+		}
+		avg.Slots, avg.Stride, avg.Count = b.recv, head, e.size
 	default:
 		ops = []func() error{
 			func() error {
@@ -713,7 +726,17 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 				for r := range bodies {
 					bodies[r] = b.recv + gpu.Ptr(r*b.slot+e.slotHead())
 				}
-				return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: bodies, Key: e.key(st.num, i, 0)})
+				if e.comp.Codec() != compress.CodecRandomK {
+					return e.dev.Decode(e.codec, e.dec, kernels.DecodeArgs{Dst: grad, N: n, Bodies: bodies})
+				}
+				// Each rank drew its random-k indices under its own key.
+				for q, body := range bodies {
+					a := kernels.DecodeArgs{Dst: grad, N: n, Add: q > 0, Bodies: []gpu.Ptr{body}, Key: e.key(st.num, i, q, 0)}
+					if err := e.dev.Decode(e.codec, e.dec, a); err != nil {
+						return err
+					}
+				}
+				return nil
 			},
 			func() error { return e.guardMax(b.recv, b.slot, e.guards+gpu.Ptr(kernels.GuardLen*i)) },
 		}
@@ -732,7 +755,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		// clean): as Engine's Pending.CommitMasked.
 		ops = append(ops, func() error {
 			return e.dev.Mask(e.codec, e.dec, kernels.MaskArgs{U: b.next, N: n, Body: b.send + gpu.Ptr(e.slotHead()),
-				Key: e.key(st.num, i, 0), Gate: avg.Out})
+				Key: e.key(st.num, i, e.rank, 0), Gate: avg.Out})
 		})
 	}
 	for _, f := range ops {
@@ -882,8 +905,10 @@ func (e *DeviceEngine) conclude(st *step) error {
 			}
 		}
 		switch {
-		case r.compressed && e.strategy == StrategyQuantSRA:
+		case r.compressed && e.mech == StrategyQuantSRA:
 			s.BytesSent = allToAllVolume(e.size, e.size*b.slot) + allGatherVolume(e.size, b.slot2)
+		case r.compressed && e.mech == StrategySharedIndex:
+			s.BytesSent = allGatherVolume(e.size, e.slotHead()) + allReduceVolume(e.size, e.codec.BodyLen(r.b.n))
 		case r.compressed:
 			s.BytesSent = allGatherVolume(e.size, b.slot)
 		default:
@@ -1018,8 +1043,11 @@ func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 	if r := binary.LittleEndian.Uint64(status[8:]); r != math.MaxUint64 {
 		var bad []string
 		base, stride, what := b.recv, b.slot, "rank %d has %v"
-		if e.strategy == StrategyQuantSRA {
+		switch e.mech {
+		case StrategyQuantSRA:
 			base, stride, what = b.recv2, b.slot2, "rank %d's part of the sum has %v"
+		case StrategySharedIndex:
+			stride = e.slotHead()
 		}
 		for q := range e.size {
 			slot := make([]byte, kernels.StatusLen)

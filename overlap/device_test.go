@@ -138,17 +138,26 @@ func sameBits(a, b []float32) int {
 }
 
 // cpuTwins returns CPU engines that exchange as the device engine e
-// does: the same spec, error feedback and strategy (shared-index for
-// random-k: the device's gather under the shared key gives its result),
-// pinned compressed.
+// does: the same spec, error feedback and strategy, pinned compressed.
 func cpuTwins(t *testing.T, e *DeviceEngine, ranks int, sizes []int) []*Engine {
 	t.Helper()
 	cfg := e.cfg
 	cfg.Strategy, cfg.Decision = e.strategy, DecideCompressed
-	if e.codec != nil && e.codec.Reference().Codec() == compress.CodecRandomK {
-		cfg.Strategy = StrategySharedIndex
-	}
 	return newEngines(t, ranks, sizes, cfg)
+}
+
+// mustResolve is the strategy Engine resolves ask to for spec on ranks.
+func mustResolve(t *testing.T, ask Strategy, spec string, ranks int) Strategy {
+	t.Helper()
+	sp, err := compress.ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := resolve(ask, sp.Codec, ranks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func cloneGrads(g [][][]float32) [][][]float32 {
@@ -162,24 +171,33 @@ func cloneGrads(g [][][]float32) [][][]float32 {
 }
 
 // TestDeviceEngineResults checks, for every device strategy and codec on
-// 2 and 3 ranks (3: SRA for the quantizers and fp16), 3 steps with error
-// feedback and buckets made ready in different orders on different ranks,
-// that every rank ends each step with exactly the CPU engine's result of
-// the same strategy, keys and memory (the package doc's), and the
+// 2 and 3 ranks, StrategyAuto resolving as Engine's does, 3 steps with
+// error feedback and buckets made ready in different orders on different
+// ranks: every rank ends each step with exactly the CPU engine's result
+// of the same strategy, keys and memory (the package doc's), and the
 // statistics' accounting.
 func TestDeviceEngineResults(t *testing.T) {
 	sizes := []int{1000, 37, 300, 2}
 	for _, tc := range []struct {
 		spec     string
 		ranks    int
-		strategy Strategy
+		ask      Strategy // Config.Strategy
+		strategy Strategy // what it resolves to, on both backends
 	}{
-		{"none", 3, StrategyDense}, {"topk:0.05", 3, StrategySparseGather}, {"randomk:0.1", 3, StrategyQuantAllGather},
-		{"int8", 2, StrategyQuantAllGather}, {"int8", 3, StrategyQuantSRA}, {"int4:round=nearest", 3, StrategyQuantSRA},
-		{"sign:bucket=64", 3, StrategyQuantSRA}, {"fp16", 3, StrategyQuantSRA}, {"bf16", 2, StrategyQuantAllGather},
+		{"none", 3, StrategyAuto, StrategyDense}, {"topk:0.05", 3, StrategyAuto, StrategySparseGather},
+		{"randomk:0.1", 3, StrategyAuto, StrategySharedIndex}, {"randomk:0.1", 2, StrategyQuantAllGather, StrategyQuantAllGather},
+		{"int8", 2, StrategyAuto, StrategyQuantAllGather}, {"int8", 3, StrategyAuto, StrategyQuantSRA},
+		{"int4:round=nearest", 3, StrategyAuto, StrategyQuantSRA}, {"sign:bucket=64", 3, StrategyAuto, StrategyQuantSRA},
+		{"fp16", 3, StrategyAuto, StrategyDense}, {"bf16", 2, StrategyAuto, StrategyDense},
+		{"bf16", 2, StrategyQuantAllGather, StrategyQuantAllGather}, {"int8", 3, StrategySparseGather, StrategySparseGather},
 	} {
-		t.Run(fmt.Sprintf("%s/%d", tc.spec, tc.ranks), func(t *testing.T) {
-			g := mustDevRig(t, tc.ranks, sizes, Config{Decision: DecideCompressed, Spec: tc.spec, ErrorFeedback: true})
+		t.Run(fmt.Sprintf("%s/%d/%v", tc.spec, tc.ranks, tc.ask), func(t *testing.T) {
+			g := mustDevRig(t, tc.ranks, sizes, Config{Decision: DecideCompressed, Spec: tc.spec, ErrorFeedback: true, Strategy: tc.ask})
+			for r, e := range g.engines {
+				if s := e.Strategy(); s != mustResolve(t, tc.ask, tc.spec, tc.ranks) {
+					t.Fatalf("rank %d: strategy %v, Engine resolves %v", r, s, mustResolve(t, tc.ask, tc.spec, tc.ranks))
+				}
+			}
 			if s := g.engines[0].Strategy(); s != tc.strategy {
 				t.Fatalf("strategy %v, want %v", s, tc.strategy)
 			}
@@ -466,9 +484,9 @@ func TestDeviceEngineConfig(t *testing.T) {
 	}
 	for _, cfg := range []Config{
 		{Spec: "randomk:0.1", Strategy: StrategyQuantSRA},
-		{Spec: "randomk:0.1", Strategy: StrategySharedIndex},
+		{Spec: "topk:0.1", Strategy: StrategySharedIndex},
 		{Spec: "topk:0.1:lossless=zstd"},
-		{Spec: "fp16", Strategy: StrategyDense},
+		{Spec: "int8", Strategy: StrategyDense},
 		{Spec: "int9"},
 		{Spec: "int8", Timeout: -time.Second},
 	} {

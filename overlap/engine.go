@@ -195,7 +195,7 @@ func stageParts(comp compress.Compressor, strategy Strategy, rank, size int) (s1
 	switch strategy {
 	case StrategySharedIndex:
 		s1.shared = true
-	case StrategyDense, StrategyQuantSRA:
+	case StrategyQuantSRA:
 		s1.count = size
 		s2 = &parts{inner: comp, count: 1, stage: 2, rank: rank, ranks: size}
 	}
@@ -214,7 +214,7 @@ func (e *Engine) newExchanger() exchanger {
 	switch e.mech {
 	case StrategySharedIndex:
 		return &sharedExchanger{e: e, c: c1}
-	case StrategyDense, StrategyQuantSRA:
+	case StrategyQuantSRA:
 		c2 := coder{p: stage2}
 		if e.mem2 != nil {
 			e.partEF = compress.NewErrorFeedback(e.mem2)

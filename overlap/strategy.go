@@ -113,6 +113,20 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	return s, nil
 }
 
+// mechanism returns the exchange that runs strategy s (resolved) for
+// codec c on size ranks, the same on every backend: s itself, but
+// StrategyDense with a 16-bit codec runs SRA with a 16-bit wire, and
+// StrategyHier runs twoLevelMech's.
+func mechanism(s Strategy, c compress.Codec, size int) Strategy {
+	switch {
+	case s == StrategyDense && c != compress.CodecNone:
+		return StrategyQuantSRA
+	case s == StrategyHier:
+		return twoLevelMech(c, size)
+	}
+	return s
+}
+
 // Decision says, per bucket, who chooses between the compressed path and
 // the dense fp32 all-reduce.
 type Decision int
