@@ -394,7 +394,7 @@ func (c *core) memories(comp compress.Compressor) (mem1, mem2 compress.Compresso
 	if !c.cfg.ErrorFeedback {
 		return nil, nil
 	}
-	s1, s2 := stageParts(comp, c.mech, c.rank, c.size)
+	s1, s2 := stageParts(comp, c.mech, c.rank, c.size, c.cfg.Guard > 0)
 	mem1 = s1.forMemory()
 	if s2 != nil && comp.Codec() != compress.CodecSign {
 		mem2 = s2.forMemory()

@@ -72,7 +72,7 @@ func TestCostModelFit(t *testing.T) {
 		for _, b := range e.buckets {
 			n := float64(b.n)
 			A := tm.alpha + float64(allReduceVolume(ranks, 4*b.n))*tm.perByte
-			X := tm.alpha + float64(allGatherVolume(ranks, slotHeaderLen+c.MaxEncodedLen(b.n)))*tm.perByte
+			X := tm.alpha + float64(allGatherVolume(ranks, slotHead(false)+c.MaxEncodedLen(b.n)))*tm.perByte
 			E, D, M := tm.enc.a+tm.enc.b*n, tm.dec.a+tm.dec.b*n, tm.avg.a+tm.avg.b*n
 			dense, comp := A+max(0, M-A), X+max(0, E-X)+max(0, D-X)
 			if d := b.predDense - seconds(dense); d < -time.Microsecond/10 || d > time.Microsecond/10 {
@@ -153,7 +153,7 @@ func TestPredictKnownLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantAR := seconds(lat.Seconds() + float64(2*(world-1)*4*n/world)/bw)
-	wantX := seconds(lat.Seconds() + float64((world-1)*(slotHeaderLen+c.MaxEncodedLen(n)))/bw)
+	wantX := seconds(lat.Seconds() + float64((world-1)*(slotHead(false)+c.MaxEncodedLen(n)))/bw)
 	if !nearly(p.AllReduce, wantAR) || !nearly(p.Exchange, wantX) || p.Strategy != StrategyQuantAllGather {
 		t.Errorf("all-reduce %v, exchange %v, strategy %v; want %v, %v, allgather", p.AllReduce, p.Exchange, p.Strategy, wantAR, wantX)
 	}

@@ -82,13 +82,16 @@
 // errors average out across ranks instead of adding up. Error-feedback
 // memory is keyed by the bucket index alone.
 //
-// Every slot a rank sends (see parts.go) starts with a 12-byte status: ok,
-// or a NaN/Inf, or a value the codec cannot represent (fp16 beyond 65504),
-// with its element index. Shared-index carries N float32 statuses in
-// front of its all-reduced values instead. The statuses arrive with the
-// exchange itself, so agreeing on the path costs no extra collective: 12
-// bytes per slot (N·4 bytes for shared-index) and, in the rare bad case,
-// a second exchange.
+// Every slot a rank sends starts with a 16-byte status, the same on both
+// backends (parts.go; the device's Encode kernels write it): ok, or the
+// first NaN/Inf, or the first value the codec cannot represent (fp16
+// beyond 65504), each with its element index; with Config.Guard a 16-byte
+// block with the rank's ρ follows. Shared-index on the host carries N
+// float32 statuses (and N float32 ρ) in front of its all-reduced values
+// instead. The statuses arrive with the exchange itself, so agreeing on
+// the path costs no extra collective: 16 bytes per slot (32 with the
+// guard; N·4 bytes for shared-index) and, in the rare bad case, a second
+// exchange.
 //
 // # Non-finite gradients
 //

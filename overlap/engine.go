@@ -189,15 +189,16 @@ func (e *Engine) bucketNeed(n int) uint64 {
 }
 
 // stageParts returns the compressors of a strategy's stages on rank of
-// size ranks: stage 1 (every strategy) and SRA's stage 2 (nil otherwise).
-func stageParts(comp compress.Compressor, strategy Strategy, rank, size int) (s1, s2 *parts) {
-	s1 = &parts{inner: comp, count: 1, stage: 1, rank: rank, ranks: size}
+// size ranks: stage 1 (every strategy) and SRA's stage 2 (nil otherwise);
+// guard: their slot heads carry ρ (Config.Guard).
+func stageParts(comp compress.Compressor, strategy Strategy, rank, size int, guard bool) (s1, s2 *parts) {
+	s1 = &parts{inner: comp, count: 1, stage: 1, rank: rank, ranks: size, guard: guard}
 	switch strategy {
 	case StrategySharedIndex:
 		s1.shared = true
 	case StrategyQuantSRA:
 		s1.count = size
-		s2 = &parts{inner: comp, count: 1, stage: 2, rank: rank, ranks: size}
+		s2 = &parts{inner: comp, count: 1, stage: 2, rank: rank, ranks: size, guard: guard}
 	}
 	return s1, s2
 }
@@ -205,7 +206,7 @@ func stageParts(comp compress.Compressor, strategy Strategy, rank, size int) (s1
 // newExchanger builds the compressed path of e.strategy, with its
 // error-feedback memories.
 func (e *Engine) newExchanger() exchanger {
-	stage1, stage2 := stageParts(e.comp, e.mech, e.rank, e.size)
+	stage1, stage2 := stageParts(e.comp, e.mech, e.rank, e.size, e.cfg.Guard > 0)
 	c1 := coder{p: stage1}
 	if e.cfg.ErrorFeedback {
 		e.gradEF = compress.NewErrorFeedback(stage1.forMemory())

@@ -53,16 +53,16 @@ type twoRounds interface {
 
 // encodeInto runs c.begin into send (exactly c's slots) and turns a
 // gradient it cannot compress into a status, which it writes to every slot
-// header and returns. With guard (Config.Guard), an ok status carries the
-// gradient's ρ (heldBack) in its value.
-func encodeInto(c coder, send []byte, grad []float32, key compress.Key, guard bool) (*compress.Pending, status, error) {
+// head and returns. With measure (Config.Guard's stage 1), an ok status
+// carries the gradient's ρ (heldBack).
+func encodeInto(c coder, send []byte, grad []float32, key compress.Key, measure bool) (*compress.Pending, status, error) {
 	_, p, err := c.begin(send[:0], grad, key)
 	var s status
 	switch {
-	case err == nil && (!guard || p == nil):
+	case err == nil && (!measure || p == nil):
 		return p, s, nil
 	case err == nil:
-		s.value = heldBack(p, grad)
+		s.rho = heldBack(p, grad)
 	default:
 		if s, err = statusOf(err); err != nil {
 			return nil, s, err
@@ -70,7 +70,7 @@ func encodeInto(c coder, send []byte, grad []float32, key compress.Key, guard bo
 	}
 	stride := len(send) / c.p.count
 	for j := range c.p.count {
-		s.put(send[j*stride:])
+		s.put(send[j*stride:], c.p.guard)
 	}
 	return p, s, nil
 }
@@ -78,7 +78,7 @@ func encodeInto(c coder, send []byte, grad []float32, key compress.Key, guard bo
 // heldBack is the accuracy guard's ρ of a gradient whose compression p
 // holds (Config.Guard): ‖what p's Commit keeps‖ / ‖grad‖, +Inf for a zero
 // gradient with something held back.
-func heldBack(p *compress.Pending, grad []float32) float32 {
+func heldBack(p *compress.Pending, grad []float32) float64 {
 	var g float64
 	for _, v := range grad {
 		g += float64(v) * float64(v)
@@ -87,7 +87,7 @@ func heldBack(p *compress.Pending, grad []float32) float32 {
 	if h == 0 {
 		return 0
 	}
-	return float32(h / math.Sqrt(g))
+	return h / math.Sqrt(g)
 }
 
 // maxHeldBack is the largest ρ the ok statuses sts carry (0 without the
@@ -95,21 +95,22 @@ func heldBack(p *compress.Pending, grad []float32) float32 {
 func maxHeldBack(sts []status) float64 {
 	m := 0.0
 	for _, s := range sts {
-		if v := float64(s.value); v > m {
-			m = v
+		if s.rho > m {
+			m = s.rho
 		}
 	}
 	return m
 }
 
-// readStatuses decodes the headers of the count slots in buf.
-func readStatuses(buf []byte, count int) ([]status, error) {
+// readStatuses decodes the heads of the count slots in buf (with guard:
+// heads that carry ρ).
+func readStatuses(buf []byte, count int, guard bool) ([]status, error) {
 	stride := len(buf) / count
 	sts := make([]status, count)
 	for q := range sts {
-		sts[q] = readStatus(buf[q*stride:])
-		if sts[q].code > statusNonFinite {
-			return nil, fmt.Errorf("slot %d has unknown status %d", q, sts[q].code)
+		var err error
+		if sts[q], err = readStatus(buf[q*stride:], guard); err != nil {
+			return nil, fmt.Errorf("slot %d: %w", q, err)
 		}
 	}
 	return sts, nil
@@ -145,11 +146,11 @@ func (g *gatherExchanger) exchange(st *step, r *run) ([]status, error) {
 	if err := g.e.allGather(st, r, g.e.strategy.String()+" AllGather", r.b.recv, r.b.send); err != nil {
 		return nil, err
 	}
-	return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size)
+	return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size, g.c.p.guard)
 }
 
 func (g *gatherExchanger) decode(r *run) (int, error) {
-	return averageSlots(g.c.p.inner, r.grad, r.b.recv, g.e.size, "rank %d's payload")
+	return g.c.p.averageSlots(r.grad, r.b.recv, g.e.size, "rank %d's payload")
 }
 
 // sraExchanger is scatter-reduce-allgather: the bucket is cut into N parts; rank
@@ -191,7 +192,7 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 	if err := e.allToAll(st, r, e.strategy.String()+" AllToAll", b.recv, b.send); err != nil {
 		return nil, err
 	}
-	sts, err := stepStatuses(st, r, "AllToAll", b.recv, e.size)
+	sts, err := stepStatuses(st, r, "AllToAll", b.recv, e.size, s.c1.p.guard)
 	if err == nil && allOK(sts) {
 		// Stage 1's ρ of every rank, which every owner saw alike.
 		r.heldBack = maxHeldBack(sts)
@@ -204,7 +205,7 @@ func (s *sraExchanger) exchange(st *step, r *run) ([]status, error) {
 func (s *sraExchanger) reduce(st *step, r *run) error {
 	b, e := r.b, s.e
 	t := time.Now()
-	if _, err := averageSlots(e.comp, b.mid, b.recv, e.size, fmt.Sprintf("rank %%d's part %d", e.rank)); err != nil {
+	if _, err := s.c1.p.averageSlots(b.mid, b.recv, e.size, fmt.Sprintf("rank %%d's part %d", e.rank)); err != nil {
 		return &StepError{Step: st.num, Bucket: b.idx, Stage: "sra reduce", Err: err}
 	}
 	r.stats.Decompress += time.Since(t)
@@ -218,9 +219,9 @@ func (s *sraExchanger) reduce(st *step, r *run) error {
 		lo, _ := s.c1.p.bounds(b.n, e.rank)
 		local.index += uint32(lo)
 	} else {
-		local.value = float32(r.heldBack)
+		local.rho = r.heldBack
 	}
-	local.put(b.send2)
+	local.put(b.send2, s.c2.p.guard)
 	r.pend2 = pend
 	return nil
 }
@@ -230,14 +231,14 @@ func (s *sraExchanger) exchange2(st *step, r *run) ([]status, error) {
 	if err := e.allGather(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2); err != nil {
 		return nil, err
 	}
-	return stepStatuses(st, r, "AllGather", b.recv2, e.size)
+	return stepStatuses(st, r, "AllGather", b.recv2, e.size, s.c2.p.guard)
 }
 
 func (s *sraExchanger) decode(r *run) (int, error) {
 	b := r.b
 	for j := range s.e.size {
 		lo, hi := s.c1.p.bounds(b.n, j)
-		if err := decodeSlot(s.e.comp, r.grad[lo:hi], b.recv2[j*b.slot:(j+1)*b.slot], false); err != nil {
+		if err := s.c2.p.decodeSlot(r.grad[lo:hi], b.recv2[j*b.slot:(j+1)*b.slot], false); err != nil {
 			return -1, fmt.Errorf("rank %d's reduced part: %w", j, err)
 		}
 	}
@@ -296,9 +297,9 @@ func (s *sharedExchanger) encode(r *run) error {
 		return nil
 	}
 	if head > n {
-		b.vals[n+s.e.rank] = r.local.value
+		b.vals[n+s.e.rank] = float32(r.local.rho)
 	}
-	h, body, err := compress.ParseHeader(b.send[slotHeaderLen : slotHeaderLen+s.e.comp.MaxEncodedLen(b.n)])
+	h, body, err := compress.ParseHeader(b.send[s.c.p.head() : s.c.p.head()+s.e.comp.MaxEncodedLen(b.n)])
 	if err != nil {
 		return err
 	}
@@ -322,7 +323,7 @@ func (s *sharedExchanger) exchange(st *step, r *run) ([]status, error) {
 		switch v {
 		case statusOK:
 			if s.head() > n {
-				sts[q].value = b.vals[n+q]
+				sts[q].rho = float64(b.vals[n+q])
 			}
 		case statusUnrepresentable, statusNonFinite:
 			sts[q] = status{code: uint8(v), index: noIndex, value: float32(math.NaN())}
@@ -353,8 +354,8 @@ func (s *sharedExchanger) decode(r *run) (int, error) {
 
 // stepStatuses reads the slot headers of buf, a failure being a StepError
 // of bucket r.
-func stepStatuses(st *step, r *run, stage string, buf []byte, count int) ([]status, error) {
-	sts, err := readStatuses(buf, count)
+func stepStatuses(st *step, r *run, stage string, buf []byte, count int, guard bool) ([]status, error) {
+	sts, err := readStatuses(buf, count, guard)
 	if err != nil {
 		return nil, &StepError{Step: st.num, Bucket: r.b.idx, Stage: stage, Err: err}
 	}

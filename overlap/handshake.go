@@ -14,11 +14,9 @@ import (
 )
 
 // protocolVersion names the engine's exchange protocol (slot format,
-// statuses, keys, strategies). Ranks must agree on it. The device slots'
-// guard block (Config.Guard) did not change it: only a guarded
-// configuration, which the record compares and which no earlier device
-// engine accepted, has one.
-const protocolVersion = 1
+// statuses, keys, strategies). Ranks must agree on it. 2: the slot head
+// both backends send (parts.go), where 1 had a 12-byte status on the host.
+const protocolVersion = 2
 
 // field is one entry of a rank's handshake record.
 type field struct{ name, value string }

@@ -87,7 +87,7 @@ func TestBucketSizes(t *testing.T) {
 func TestBytesSent(t *testing.T) {
 	const ranks, n = 4, 1000
 	slot := func(spec string, elems int) int64 {
-		return int64(12 + compresstest.MustParse(t, spec).MaxEncodedLen(elems))
+		return int64(slotHead(false) + compresstest.MustParse(t, spec).MaxEncodedLen(elems))
 	}
 	for _, tc := range []struct {
 		spec string

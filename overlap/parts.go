@@ -7,23 +7,32 @@ import (
 	"math"
 
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
-// A slot is what one rank puts on the wire for one part of a bucket: a
-// 12-byte status header, then the part's payload (the compress wire format),
-// then padding up to the slot length every rank uses for the collective.
+// A slot is what one rank puts on the wire for one part of a bucket: its
+// head, then the part's payload (the compress wire format), then padding
+// up to the slot length every rank uses for the collective. The head is
+// the one both backends send (kernels.StatusLen, kernels.GuardLen: the
+// device's Encode and Guard kernels write it):
 //
 //	offset size field
-//	0      1    status: 0 ok, 1 unrepresentable, 2 non-finite
-//	1      3    zero
-//	4      4    element index of the offending value (status ≠ 0), in the bucket
-//	8      4    its float32 bits
-//	12     -    payload (status 0), zero or stale bytes otherwise
+//	0      8    the first NaN or ±Inf: element index (in the bucket) << 32
+//	            | its float32 bits; all ones: none
+//	8      8    the first finite value the codec cannot represent, the same
+//	16     8    Config.Guard only: ρ, a little-endian float64 (ok slots)
+//	24     8    Config.Guard only: zero
+//	head   -    payload (status ok), zero or stale bytes otherwise
 //
 // The status lets every rank learn, from the exchange it makes anyway,
 // whether some rank could not compress the bucket, so that all of them take
 // the dense path together (see the package doc).
-const slotHeaderLen = 12
+func slotHead(guard bool) int {
+	if guard {
+		return kernels.StatusLen + kernels.GuardLen
+	}
+	return kernels.StatusLen
+}
 
 // The slot statuses.
 const (
@@ -32,21 +41,56 @@ const (
 	statusNonFinite       = 2 // a NaN or Inf
 )
 
-// status is a decoded slot header.
+// status is a decoded slot head.
 type status struct {
 	code  uint8
 	index uint32
 	value float32
+	rho   float64 // Config.Guard: the accuracy guard's ρ of an ok slot
 }
 
-func (s status) put(b []byte) {
-	b[0], b[1], b[2], b[3] = s.code, 0, 0, 0
-	binary.LittleEndian.PutUint32(b[4:], s.index)
-	binary.LittleEndian.PutUint32(b[8:], math.Float32bits(s.value))
+// noWord is a head word that reports nothing.
+const noWord = math.MaxUint64
+
+// put writes s as a slot head of slotHead(guard) bytes at b.
+func (s status) put(b []byte, guard bool) {
+	w := [2]uint64{noWord, noWord}
+	switch s.code {
+	case statusNonFinite:
+		w[0] = uint64(s.index)<<32 | uint64(math.Float32bits(s.value))
+	case statusUnrepresentable:
+		w[1] = uint64(s.index)<<32 | uint64(math.Float32bits(s.value))
+	}
+	binary.LittleEndian.PutUint64(b, w[0])
+	binary.LittleEndian.PutUint64(b[8:], w[1])
+	if guard {
+		binary.LittleEndian.PutUint64(b[16:], math.Float64bits(s.rho))
+		binary.LittleEndian.PutUint64(b[24:], 0)
+	}
 }
 
-func readStatus(b []byte) status {
-	return status{code: b[0], index: binary.LittleEndian.Uint32(b[4:]), value: math.Float32frombits(binary.LittleEndian.Uint32(b[8:]))}
+// readStatus decodes the slot head at b, checking it: a word that reports
+// a value of the wrong kind (a finite value as NaN or Inf, or the
+// reverse), or a ρ on a failed slot, is a malformed head.
+func readStatus(b []byte, guard bool) (status, error) {
+	w0, w1 := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+	var s status
+	switch {
+	case w0 != noWord:
+		s = status{code: statusNonFinite, index: uint32(w0 >> 32), value: math.Float32frombits(uint32(w0))}
+	case w1 != noWord:
+		s = status{code: statusUnrepresentable, index: uint32(w1 >> 32), value: math.Float32frombits(uint32(w1))}
+	}
+	if v := float64(s.value); s.code != statusOK && (s.code == statusNonFinite) == (!math.IsNaN(v) && !math.IsInf(v, 0)) {
+		return s, fmt.Errorf("malformed status: %#016x %#016x reports %v", w0, w1, s.value)
+	}
+	if guard {
+		s.rho = math.Float64frombits(binary.LittleEndian.Uint64(b[16:]))
+		if tail := binary.LittleEndian.Uint64(b[24:]); tail != 0 || math.IsNaN(s.rho) || s.rho < 0 || (s.code != statusOK && s.rho != 0) {
+			return s, fmt.Errorf("malformed guard block: ρ %v, tail %#x", s.rho, tail)
+		}
+	}
+	return s, nil
 }
 
 // noIndex is the index of a status that does not say where (shared-index
@@ -98,7 +142,11 @@ type parts struct {
 	shared      bool
 	stage       int // 1 or 2
 	rank, ranks int
+	guard       bool // Config.Guard: the slot heads carry ρ
 }
+
+// head is the length of p's slot heads (slotHead).
+func (p *parts) head() int { return slotHead(p.guard) }
 
 // bounds returns part j of n elements.
 func (p *parts) bounds(n, j int) (lo, hi int) { return j * n / p.count, (j + 1) * n / p.count }
@@ -106,7 +154,7 @@ func (p *parts) bounds(n, j int) (lo, hi int) { return j * n / p.count, (j + 1) 
 // slotLen returns the slot length for a bucket of n elements: room for the
 // largest part.
 func (p *parts) slotLen(n int) int {
-	return slotHeaderLen + p.inner.MaxEncodedLen((n+p.count-1)/p.count)
+	return p.head() + p.inner.MaxEncodedLen((n+p.count-1)/p.count)
 }
 
 // partKey returns the compress.Key of part j (see the package doc).
@@ -259,8 +307,8 @@ func (p *parts) compress(dst []byte, n int, key compress.Key, part func(into []b
 	for j := range p.count {
 		lo, hi := p.bounds(n, j)
 		slot := out[start+j*stride : start+(j+1)*stride]
-		status{}.put(slot)
-		payload, err := part(slot[slotHeaderLen:slotHeaderLen], lo, hi, p.partKey(key, j))
+		status{}.put(slot, p.guard)
+		payload, err := part(slot[p.head():p.head()], lo, hi, p.partKey(key, j))
 		if err != nil {
 			var nf *compress.NonFiniteError
 			if errors.As(err, &nf) {
@@ -268,8 +316,8 @@ func (p *parts) compress(dst []byte, n int, key compress.Key, part func(into []b
 			}
 			return dst, err
 		}
-		if len(payload) > stride-slotHeaderLen || &payload[0] != &slot[slotHeaderLen] {
-			return dst, fmt.Errorf("overlap: %s wrote a %d-byte payload for %d elements outside its %d-byte slot", p.inner.Spec(), len(payload), hi-lo, stride-slotHeaderLen)
+		if len(payload) > stride-p.head() || &payload[0] != &slot[p.head()] {
+			return dst, fmt.Errorf("overlap: %s wrote a %d-byte payload for %d elements outside its %d-byte slot", p.inner.Spec(), len(payload), hi-lo, stride-p.head())
 		}
 	}
 	return out, nil
@@ -292,28 +340,28 @@ func (p *parts) decompress(dst []float32, payload []byte, add bool) error {
 	}
 	for j := range p.count {
 		lo, hi := p.bounds(n, j)
-		if err := decodeSlot(p.inner, dst[lo:hi], payload[j*stride:(j+1)*stride], add); err != nil {
+		if err := p.decodeSlot(dst[lo:hi], payload[j*stride:(j+1)*stride], add); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// averageSlots sets dst to the average of the count payloads in buf's
-// slots (compress.DecompressAverage, rank order) and returns the index of
-// its first non-finite element, or −1. A payload's failure is named by
-// what, a format with the rank's %d.
-func averageSlots(inner compress.Compressor, dst []float32, buf []byte, count int, what string) (int, error) {
+// averageSlots sets dst to the average of the count payloads of p's
+// inner compressor in buf's slots (compress.DecompressAverage, rank order)
+// and returns the index of its first non-finite element, or −1. A
+// payload's failure is named by what, a format with the rank's %d.
+func (p *parts) averageSlots(dst []float32, buf []byte, count int, what string) (int, error) {
 	stride := len(buf) / count
-	end := slotHeaderLen + inner.MaxEncodedLen(len(dst))
+	end := p.head() + p.inner.MaxEncodedLen(len(dst))
 	if stride < end {
 		return -1, &compress.SizeError{What: "slot length", Got: int64(stride), Want: int64(end)}
 	}
 	payloads := make([][]byte, count)
 	for q := range payloads {
-		payloads[q] = buf[q*stride+slotHeaderLen : q*stride+end]
+		payloads[q] = buf[q*stride+p.head() : q*stride+end]
 	}
-	bad, err := compress.DecompressAverage(inner, dst, payloads)
+	bad, err := compress.DecompressAverage(p.inner, dst, payloads)
 	var pe *compress.PayloadError
 	if errors.As(err, &pe) {
 		return -1, fmt.Errorf(what+": %w", pe.Index, pe.Err)
@@ -321,17 +369,18 @@ func averageSlots(inner compress.Compressor, dst []float32, buf []byte, count in
 	return bad, err
 }
 
-// decodeSlot sets (or adds to) dst the payload in slot, which holds at
-// least the header and inner's payload for len(dst) elements.
-func decodeSlot(inner compress.Compressor, dst []float32, slot []byte, add bool) error {
-	end := slotHeaderLen + inner.MaxEncodedLen(len(dst))
+// decodeSlot sets (or adds to) dst the payload of p's inner compressor in
+// slot, which holds at least the head and the payload for len(dst)
+// elements.
+func (p *parts) decodeSlot(dst []float32, slot []byte, add bool) error {
+	end := p.head() + p.inner.MaxEncodedLen(len(dst))
 	if len(slot) < end {
 		return &compress.SizeError{What: "slot length", Got: int64(len(slot)), Want: int64(end)}
 	}
 	if add {
-		return inner.DecompressAdd(dst, slot[slotHeaderLen:end])
+		return p.inner.DecompressAdd(dst, slot[p.head():end])
 	}
-	return inner.Decompress(dst, slot[slotHeaderLen:end])
+	return p.inner.Decompress(dst, slot[p.head():end])
 }
 
 // coder compresses through error-feedback memory, or straight through

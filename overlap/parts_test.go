@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/compresstest"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // TestSparsePartsSelect: parts over a sparse compressor are one for
@@ -157,4 +159,59 @@ func TestFeedbackParts(t *testing.T) {
 	if _, ok := sparse.forMemory().(compress.FeedbackCompressor); ok {
 		t.Errorf("topk:0.1 in 2 parts: forMemory is a compress.FeedbackCompressor")
 	}
+}
+
+// TestSlotHead checks the slot head both backends send: each status and
+// ρ round-trips through put and readStatus, an ok head is the device's
+// reset status block (all ones), a failure sits in the device's word for
+// its kind, and a head that reports a value of the wrong kind, or a ρ that
+// cannot be one, is refused.
+func TestSlotHead(t *testing.T) {
+	for _, guard := range []bool{false, true} {
+		for _, s := range []status{
+			{},
+			{rho: 0.25},
+			{rho: math.Inf(1)},
+			{code: statusNonFinite, index: 7, value: float32(math.NaN())},
+			{code: statusNonFinite, index: 1 << 31, value: float32(math.Inf(-1))},
+			{code: statusUnrepresentable, index: 3, value: 70000},
+		} {
+			if !guard {
+				s.rho = 0
+			}
+			b := make([]byte, slotHead(guard))
+			s.put(b, guard)
+			got, err := readStatus(b, guard)
+			same := got.code == s.code && got.index == s.index && math.Float32bits(got.value) == math.Float32bits(s.value) && got.rho == s.rho
+			if err != nil || !same {
+				t.Errorf("guard %v: %+v read back as %+v, %v", guard, s, got, err)
+			}
+			var dev [kernels.StatusLen]byte
+			for i := range dev {
+				dev[i] = 0xff
+			}
+			if s.code != statusOK {
+				binary.LittleEndian.PutUint64(dev[8*(2-int(s.code)):], uint64(s.index)<<32|uint64(math.Float32bits(s.value)))
+			}
+			if !bytes.Equal(b[:kernels.StatusLen], dev[:]) {
+				t.Errorf("%+v: head %x, the device's status block is %x", s, b[:kernels.StatusLen], dev)
+			}
+		}
+	}
+	bad := func(what string, guard bool, edit func(b []byte)) {
+		b := make([]byte, slotHead(guard))
+		status{}.put(b, guard)
+		edit(b)
+		if _, err := readStatus(b, guard); err == nil {
+			t.Errorf("%s: readStatus accepted %x", what, b)
+		}
+	}
+	bad("finite value as NaN/Inf", false, func(b []byte) { binary.LittleEndian.PutUint64(b, 5<<32|uint64(math.Float32bits(1))) })
+	bad("NaN as unrepresentable", false, func(b []byte) { binary.LittleEndian.PutUint64(b[8:], 5<<32|0x7fc00000) })
+	bad("negative ρ", true, func(b []byte) { binary.LittleEndian.PutUint64(b[16:], math.Float64bits(-1)) })
+	bad("NaN ρ", true, func(b []byte) { binary.LittleEndian.PutUint64(b[16:], math.Float64bits(math.NaN())) })
+	bad("guard tail", true, func(b []byte) { b[31] = 1 })
+	bad("ρ on a failed slot", true, func(b []byte) {
+		status{code: statusNonFinite, value: float32(math.NaN()), rho: 1}.put(b, true)
+	})
 }

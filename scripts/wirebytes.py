@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradcomp.torch
 
 # Bytes of one payload's framing: its 56-byte header and 4-byte CRC, and
-# the engine's 12-byte slot status.
-FRAME = 56 + 4 + 12
+# the engine's 16-byte slot status.
+FRAME = 56 + 4 + 16
 # Per 512-element bucket: int8/int4/int2 carry (min, scale) as float32, sign one scale.
 QUANT = {"int8": (8, 8), "int4": (4, 8), "int2": (2, 8), "sign": (1, 4)}
 
