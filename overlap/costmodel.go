@@ -51,7 +51,7 @@ func (c stageCosts) total() float64 {
 func (m *costModel) link(bytes int64) float64 { return m.alpha + float64(bytes)*m.perByte }
 
 // costs predicts bucket n's stages on the compressed path of x.
-func (m *costModel) costs(x exchanger, n int) stageCosts {
+func (m *costModel) costs(x linker, n int) stageCosts {
 	return stageCosts{encode: m.enc.at(n), exchange: x.linkCost(m, n) + m.mid.at(n), decode: m.dec.at(n)}
 }
 
@@ -66,15 +66,35 @@ const (
 	margin = 0.2
 )
 
+// prober is a backend as the cost model measures and predicts it; the
+// host and the device engine are both one, so DecideAuto means the same
+// on both.
+type prober interface {
+	// probeAllReduce runs one link probe: an all-reduce of floats float32s on
+	// the backend's data path, returning once it ended.
+	probeAllReduce(ctx context.Context, floats int) error
+	// timePaths returns, per stage (encode, between collectives, decode,
+	// dense average), the time in seconds of the backend's own paths for
+	// a bucket of each size in ns, its collectives free (timePath).
+	timePaths(ns []int) ([4][]float64, error)
+	linker
+}
+
+// linker predicts the time of a compressed bucket's collectives.
+type linker interface {
+	// linkCost is the time of the collectives of a compressed bucket of n
+	// elements on the link m models.
+	linkCost(m *costModel, n int) float64
+}
+
 // measure probes the link with all-reduces of a few sizes and times the
-// engine's own compressed path (encode, the work between collectives,
+// backend's own compressed path (encode, the work between collectives,
 // decode and average) on up to three bucket sizes (the smallest, the
 // median, the largest, each rounded down to a multiple of N), on a
-// synthetic gradient, over a loopback comm whose collectives cost nothing.
-// Every rank measures; the probes' minimum and the compute times' maximum
-// over ranks (an all-gather) is what every rank fits, so all of them hold
-// the same model.
-func measure(ctx context.Context, e *Engine) (*costModel, error) {
+// synthetic gradient, its collectives free. Every rank measures; the
+// probes' minimum and the compute times' maximum over ranks (an
+// all-gather) is what every rank fits, so all of them hold the same model.
+func measure(ctx context.Context, e *core, p prober) (*costModel, error) {
 	m := &costModel{}
 	probeLen := []int{1 << 8, 1 << 14, 1 << 18} // float32s
 	sizes := make([]int, len(e.buckets))
@@ -92,12 +112,11 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 	ns = slices.Compact(ns)
 
 	var v []float64
-	buf := make([]float32, probeLen[len(probeLen)-1])
 	for _, l := range probeLen {
 		var ts []float64
 		for rep := range probeReps + 1 {
 			tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-			d, err := e.timing.probe(tctx, e.data, buf[:l])
+			d, err := e.timing.probe(tctx, p, e.size, l)
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("overlap: cost model: link probe on rank %d: %w", e.rank, err)
@@ -111,7 +130,7 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 		// than it is (the model errs toward dense, never toward slower).
 		v = append(v, slices.Min(ts))
 	}
-	times, err := e.timing.paths(e, ns)
+	times, err := e.timing.paths(p, ns)
 	if err != nil {
 		return nil, fmt.Errorf("overlap: cost model: timing %s on rank %d: %w", e.spec, e.rank, err)
 	}
@@ -129,7 +148,7 @@ func measure(ctx context.Context, e *Engine) (*costModel, error) {
 	all := make([]byte, e.size*len(mine))
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	if err := e.c.AllGather(tctx, all, mine); err != nil {
+	if err := e.host.AllGather(tctx, all, mine); err != nil {
 		return nil, fmt.Errorf("overlap: cost model: sharing measurements on rank %d: %w", e.rank, err)
 	}
 	for r := range e.size {
@@ -290,14 +309,14 @@ func fitLine(xs, ys []float64) (a, b float64) {
 // decide predicts every bucket's dense and compressed times and chooses the
 // faster. Rank 0's choices are broadcast, so every rank takes the same path
 // whatever its floating point does.
-func (m *costModel) decide(ctx context.Context, e *Engine) error {
+func (m *costModel) decide(ctx context.Context, e *core, x linker) error {
 	choice := make([]byte, len(e.buckets))
 	bw := "unresolved"
 	if m.perByte > 0 {
 		bw = fmt.Sprintf("%.3g GB/s", 1e-9/m.perByte)
 	}
 	for i, b := range e.buckets {
-		p := m.predict(e.exchanger, e.size, b.n)
+		p := m.predict(x, e.size, b.n)
 		b.predDense, b.predComp = p.Dense, p.Compressed
 		if p.Compress {
 			choice[i] = 1
@@ -307,7 +326,7 @@ func (m *costModel) decide(ctx context.Context, e *Engine) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	if err := e.c.Broadcast(tctx, choice, 0); err != nil {
+	if err := e.host.Broadcast(tctx, choice, 0); err != nil {
 		return fmt.Errorf("overlap: cost model: broadcasting the decisions on rank %d: %w", e.rank, err)
 	}
 	for i, b := range e.buckets {
@@ -327,8 +346,9 @@ func seconds(s float64) time.Duration {
 }
 
 // predict predicts a bucket of n elements on size ranks: the dense path,
-// and the compressed path of x (nil: codec none, no compressed path).
-func (m *costModel) predict(x exchanger, size, n int) Prediction {
+// and the compressed path whose collectives x gives (nil: codec none, no
+// compressed path).
+func (m *costModel) predict(x linker, size, n int) Prediction {
 	dense := stageCosts{exchange: m.link(allReduceVolume(size, 4*n)), decode: m.avg.at(n)}
 	p := Prediction{Dense: seconds(dense.total()), AllReduce: seconds(dense.exchange), Average: seconds(dense.decode)}
 	if x == nil {
@@ -408,7 +428,11 @@ func predictWith(c compress.Compressor, s Strategy, n, world int, link Link, cal
 	}
 	m := calib.model
 	m.alpha, m.perByte = link.Latency.Seconds(), 1/link.Bandwidth
-	p := m.predict(calib.exchanger, world, n)
+	var x linker
+	if calib.exchanger != nil {
+		x = calib.exchanger
+	}
+	p := m.predict(x, world, n)
 	p.Strategy = strategy
 	return p, nil
 }
@@ -465,7 +489,8 @@ func calibrated(c compress.Compressor, strategy Strategy, world int) (calibratio
 
 // calibrate times (spec, strategy, world) with t, as calibrated describes.
 func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (calibration, error) {
-	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec().String(), strategy: strategy}}
+	e := &Engine{core: &core{cfg: Config{ErrorFeedback: true, Timeout: DefaultTimeout}, size: world, spec: c.Spec().String(),
+		strategy: strategy, mech: mechanism(strategy, c.Codec(), world)}}
 	if c.Codec() != compress.CodecNone {
 		e.comp = c
 		e.exchanger = e.newExchanger()

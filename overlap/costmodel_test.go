@@ -168,6 +168,37 @@ func TestPredictKnownLink(t *testing.T) {
 	}
 }
 
+// TestPredictMechanism: Predict's exchange is the collectives of the
+// strategy's own mechanism: SRA's all-to-all and all-gather of N-part
+// slots (also for fp16's dense), shared-index's all-reduce of the values
+// and statuses.
+func TestPredictMechanism(t *testing.T) {
+	const n, world, bw, lat = 1 << 16, 4, 1e6, time.Millisecond
+	link := Link{Bandwidth: bw, Latency: lat}
+	at := func(bytes int64) time.Duration { return seconds(lat.Seconds() + float64(bytes)/bw) }
+	for _, tc := range []struct {
+		spec string
+		s    Strategy
+	}{
+		{"int8", StrategyAuto}, {"fp16", StrategyAuto}, {"randomk:0.01", StrategyAuto}, {"int8", StrategyQuantSRA},
+	} {
+		c := compresstest.MustParse(t, tc.spec)
+		slot := int64(slotHead(false) + c.MaxEncodedLen(n/world))
+		want := at(allToAllVolume(world, int(world*slot))) + at(allGatherVolume(world, int(slot)))
+		if c.Codec() == compress.CodecRandomK {
+			k := (c.MaxEncodedLen(n) - c.MaxEncodedLen(0)) / 4
+			want = at(allReduceVolume(world, 4*(world+k)))
+		}
+		p, err := predictWith(c, tc.s, n, world, link, fixedCalibration(predictCompute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := p.Exchange - want; d < -time.Microsecond/5 || d > time.Microsecond/5 {
+			t.Errorf("%s (%v): exchange %v, want %v", tc.spec, p.Strategy, p.Exchange, want)
+		}
+	}
+}
+
 // TestPredictCached: Predict calibrates once per (spec, strategy, world)
 // and answers the same afterwards.
 func TestPredictCached(t *testing.T) {

@@ -45,6 +45,7 @@ type Engine struct {
 	// twoLevel is data for a two-level StrategyHier engine (top-k,
 	// random-k), which it closes; nil otherwise.
 	twoLevel *twolevel.Comm
+	probe    []float32 // the cost model's link probes
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -229,15 +230,30 @@ func (e *Engine) newExchanger() exchanger {
 // costModel is DecideAuto's decision: the cost model measures, decides
 // every bucket and returns itself.
 func (e *Engine) costModel(ctx context.Context) (*costModel, error) {
-	m, err := measure(ctx, e)
+	m, err := measure(ctx, e.core, e)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.decide(ctx, e); err != nil {
+	if err := m.decide(ctx, e.core, e.exchanger); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
+
+// probeAllReduce is the cost model's link probe on the host: an all-reduce of
+// floats float32s over the bucket collectives' comm.
+func (e *Engine) probeAllReduce(ctx context.Context, floats int) error {
+	if len(e.probe) < floats {
+		e.probe = make([]float32, floats)
+	}
+	return e.data.AllReduce(ctx, e.probe[:floats])
+}
+
+// timePaths times the host's paths (timePath).
+func (e *Engine) timePaths(ns []int) ([4][]float64, error) { return timePath(e, ns) }
+
+// linkCost is the compressed path's (exchanger.linkCost).
+func (e *Engine) linkCost(m *costModel, n int) float64 { return e.exchanger.linkCost(m, n) }
 
 // prepare allocates b's buffers the first time it takes the compressed
 // path.

@@ -3,8 +3,6 @@ package overlap
 import (
 	"context"
 	"time"
-
-	"github.com/gradcomp/gradcomp/comm"
 )
 
 // timing is where the engine's timing-based decisions take their times
@@ -16,13 +14,13 @@ import (
 // collective paths: every decision is agreed on by a collective (the cost
 // model's broadcast, verification's all-gather).
 type timing interface {
-	// probe runs one link probe, an all-reduce of buf on c, and returns
-	// its time in seconds.
-	probe(ctx context.Context, c comm.Comm, buf []float32) (float64, error)
+	// probe runs one link probe, p's all-reduce of floats float32s on
+	// size ranks, and returns its time in seconds.
+	probe(ctx context.Context, p prober, size, floats int) (float64, error)
 	// paths returns, per stage (encode, between collectives, decode, dense
-	// average), the time in seconds of a bucket of each size in ns on e's
-	// paths (see timePath).
-	paths(e *Engine, ns []int) ([4][]float64, error)
+	// average), the time in seconds of a bucket of each size in ns on p's
+	// paths (see prober.timePaths).
+	paths(p prober, ns []int) ([4][]float64, error)
 	// spans returns the times verification records for a step: measured,
 	// the spans the backend measured, or others.
 	spans(measured []span) []span
@@ -41,12 +39,12 @@ type span struct {
 // clockTiming is the engine's timing: measured.
 type clockTiming struct{}
 
-func (clockTiming) probe(ctx context.Context, c comm.Comm, buf []float32) (float64, error) {
+func (clockTiming) probe(ctx context.Context, p prober, _, floats int) (float64, error) {
 	t := time.Now()
-	err := c.AllReduce(ctx, buf)
+	err := p.probeAllReduce(ctx, floats)
 	return time.Since(t).Seconds(), err
 }
 
-func (clockTiming) paths(e *Engine, ns []int) ([4][]float64, error) { return timePath(e, ns) }
+func (clockTiming) paths(p prober, ns []int) ([4][]float64, error) { return p.timePaths(ns) }
 
 func (clockTiming) spans(measured []span) []span { return measured }

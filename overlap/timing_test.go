@@ -19,14 +19,14 @@ type fixedTiming struct {
 	dense, compressed float64
 }
 
-func (f *fixedTiming) probe(ctx context.Context, c comm.Comm, buf []float32) (float64, error) {
-	if err := c.AllReduce(ctx, buf); err != nil {
+func (f *fixedTiming) probe(ctx context.Context, p prober, size, floats int) (float64, error) {
+	if err := p.probeAllReduce(ctx, floats); err != nil {
 		return 0, err
 	}
-	return f.alpha + float64(allReduceVolume(c.Size(), 4*len(buf)))*f.perByte, nil
+	return f.alpha + float64(allReduceVolume(size, 4*floats))*f.perByte, nil
 }
 
-func (f *fixedTiming) paths(_ *Engine, ns []int) ([4][]float64, error) {
+func (f *fixedTiming) paths(_ prober, ns []int) ([4][]float64, error) {
 	var times [4][]float64
 	for k, l := range []line{f.enc, f.mid, f.dec, f.avg} {
 		for _, n := range ns {
