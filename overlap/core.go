@@ -491,10 +491,9 @@ func (c *core) phaseAt(num uint64) int {
 	return len(c.phases) - 1
 }
 
-// decide sets every bucket's path, pinned or, with DecideAuto, from
-// auto (nil: the backend has no cost model, and auto set the paths; the
-// decisions are verified online either way), and
-// prepares the compressed buckets.
+// decide sets every bucket's path, pinned or, with DecideAuto, by auto
+// (the backend's cost model, verified online afterwards), and prepares
+// the compressed buckets.
 func (c *core) decide(ctx context.Context, auto func(context.Context) (*costModel, error)) error {
 	if c.comp == nil {
 		return nil

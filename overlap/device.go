@@ -162,13 +162,14 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // zeroed residual is installed, otherwise, and on a failed or skipped
 // step, e stays and the flush stays pending. Engine's ρ sums in index
 // order (for sparse codecs ‖s‖² less the kept squares), so the two
-// backends' ρ agree within rounding, not bit for bit (see Config.Guard). Shared-index's smaller
-// all-reduce is not on the device, nor SRA for random-k (ConfigError),
-// nor the cost model: DecideAuto starts every bucket compressed, and the
-// online verification Engine runs then measures both paths and switches
-// as on Engine (its times are the events' between a bucket's encode
-// start and its decode end); DecideDense pins the dense all-reduce. Warm-up steps (Config.Warmup) are dense, as on
-// Engine. A compression warm-up (Config.Schedule) changes the codec at
+// backends' ρ agree within rounding, not bit for bit (see Config.Guard).
+// SRA for random-k is not on the device (ConfigError). DecideAuto runs
+// Engine's cost model (devicecost.go: the link probed with all-reduces on
+// the DeviceComm, the device's own kernels timed by its events, the
+// device slots' collectives), then the online verification Engine runs,
+// timed by the events between a bucket's encode start and its decode
+// end; DecideDense pins the dense all-reduce. Warm-up steps
+// (Config.Warmup) are dense, as on Engine. A compression warm-up (Config.Schedule) changes the codec at
 // each phase's first step (every phase's kernels.Codec is made by
 // NewDevice); a bucket's slots and workspaces are made again for it when
 // the bucket next takes the compressed path, and its error-feedback
@@ -212,6 +213,10 @@ type DeviceEngine struct {
 	guards         gpu.Ptr      // Config.Guard: kernels.GuardLen per bucket, the largest ρ over the ranks
 	part           parts        // SRA's partition of a bucket (count: the world size)
 	done           gpu.Event    // the step's end, on the decode stream
+	mark           gpu.Event    // the cost model's waits (sync)
+	timed          [2]gpu.Event // the cost model's stage timing
+	probe          gpu.Ptr      // the cost model's link probes: probeLen float32s
+	probeLen       int
 	drained        [2]gpu.Event // encode and wire stream ends, for a step that did not launch every bucket
 	mem            []gpu.Ptr
 	events         []gpu.Event
@@ -290,13 +295,7 @@ func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 		e.release()
 		return nil, fmt.Errorf("overlap: NewDevice on rank %d: %w", e.rank, err)
 	}
-	err := e.decide(ctx, func(context.Context) (*costModel, error) {
-		for _, b := range e.buckets {
-			b.compressed, b.reason = true, "auto: compressed first (the device engine has no cost model yet), then verified online"
-		}
-		return nil, nil
-	})
-	if err != nil {
+	if err := e.decide(ctx, e.costModel); err != nil {
 		e.release()
 		return nil, err
 	}
@@ -363,8 +362,8 @@ func (e *DeviceEngine) allocate() error {
 			return err
 		}
 	}
-	for _, p := range []*gpu.Event{&e.done, &e.drained[0], &e.drained[1]} {
-		if *p, err = e.event(false); err != nil {
+	for _, p := range []*gpu.Event{&e.done, &e.drained[0], &e.drained[1], &e.mark, &e.timed[0], &e.timed[1]} {
+		if *p, err = e.event(p == &e.timed[0] || p == &e.timed[1]); err != nil {
 			return err
 		}
 	}
@@ -424,25 +423,20 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	if b.send != 0 && b.phase == e.active {
 		return nil
 	}
-	slot := func(n int) int { return e.slotHead() + (e.codec.BodyLen(n)+15)&^15 }
-	// What one encode covers: the bucket, or (SRA) its largest part.
-	unit, sends := bk.n, 1
-	if e.mech == StrategyQuantSRA {
-		unit, sends = (bk.n+e.size-1)/e.size, e.size
-	}
+	unit, sends := e.unit(bk.n)
 	lo, hi := e.part.bounds(bk.n, e.rank)
 	mine := hi - lo
 	sra, ef := e.mech == StrategyQuantSRA, e.cfg.ErrorFeedback
 	ws := e.codec.WorkspaceLen(unit)
 	nb := *b
 	nb.phase, nb.send, nb.recv, nb.work, nb.send2, nb.recv2, nb.work2 = e.active, 0, 0, 0, 0, 0, 0
-	nb.slot, nb.slot2 = slot(unit), 0
+	nb.slot, nb.slot2 = e.slotLen(unit), 0
 	recvStride := nb.slot
 	if e.mech == StrategySharedIndex {
 		recvStride = e.slotHead() // every rank's status (and guard) block; the values are summed in send
 	}
 	if sra {
-		nb.slot2 = slot(unit)
+		nb.slot2 = e.slotLen(unit)
 	}
 	for _, x := range []struct {
 		p     *gpu.Ptr
@@ -904,15 +898,12 @@ func (e *DeviceEngine) conclude(st *step) error {
 				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
 			}
 		}
-		switch {
-		case r.compressed && e.mech == StrategyQuantSRA:
-			s.BytesSent = allToAllVolume(e.size, e.size*b.slot) + allGatherVolume(e.size, b.slot2)
-		case r.compressed && e.mech == StrategySharedIndex:
-			s.BytesSent = allGatherVolume(e.size, e.slotHead()) + allReduceVolume(e.size, e.codec.BodyLen(r.b.n))
-		case r.compressed:
-			s.BytesSent = allGatherVolume(e.size, b.slot)
-		default:
-			s.BytesSent = allReduceVolume(e.size, 4*r.b.n)
+		s.BytesSent = allReduceVolume(e.size, 4*r.b.n)
+		if r.compressed {
+			s.BytesSent = 0
+			for _, v := range e.volumes(r.b.n) {
+				s.BytesSent += v
+			}
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -637,29 +638,53 @@ func TestDeviceEngineDecideDense(t *testing.T) {
 	}
 }
 
-// TestDeviceEngineVerifies: with DecideAuto the device engine starts every
-// bucket compressed and verification decides as on Engine: measured
-// slower, every rank switches to dense after the first window, and says
-// so; measured faster, it keeps compressing. The events give the times
-// (the fake device's clock), replaced here by fixed ones.
+// TestDeviceEngineVerifies: with DecideAuto the device engine runs
+// Engine's cost model on its own collectives and kernels, then
+// verification decides as on Engine: measured slower, every rank switches
+// to dense after the first window, and says so; measured faster, it keeps
+// compressing. The times (the link probes, the kernels' events, the
+// steps' events) are fixed ones here, so each prediction is exactly the
+// model's arithmetic on the device's slots.
 func TestDeviceEngineVerifies(t *testing.T) {
 	sizes := []int{300, 200}
+	slowLink := fixedTiming{alpha: 1e-4, perByte: 1e-6, enc: line{0, 1e-9}, dec: line{0, 1e-9}, avg: line{0, 1e-10}}
 	for _, tc := range []struct {
-		name string
-		tm   *fixedTiming
-		want bool // compressed after the window
+		name  string
+		tm    fixedTiming
+		model bool // the cost model compresses
+		want  bool // compressed after the window
 	}{
-		{"dense measured faster", &fixedTiming{dense: 1e-3, compressed: 2e-3}, false},
-		{"compressed measured faster", &fixedTiming{dense: 2e-3, compressed: 1e-3}, true},
+		{"dense measured faster", slowLink, true, false},
+		{"compressed measured faster", slowLink, true, true},
+		{"fast link", fixedTiming{alpha: 1e-5, enc: line{0, 1e-6}, dec: line{0, 1e-6}, avg: line{0, 1e-10}}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tm := tc.tm
+			tm.dense, tm.compressed = 1e-3, 2e-3
+			if tc.want {
+				tm.dense, tm.compressed = 2e-3, 1e-3
+			}
 			cfg := Config{Spec: "int8", ErrorFeedback: true}
-			g, errs := newDevRig(t, sizes, []Config{cfg, cfg}, 2*time.Second, tc.tm)
+			g, errs := newDevRig(t, sizes, []Config{cfg, cfg}, 2*time.Second, &tm)
 			mustNoErrors(t, "NewDevice", errs)
 			for r, e := range g.engines {
-				if c := e.Compressed(); !c[0] || !c[1] {
-					t.Fatalf("rank %d: %v before any step, want every bucket compressed", r, c)
+				if c := e.Compressed(); c[0] != tc.model || c[1] != tc.model {
+					t.Fatalf("rank %d: %v before any step, want the cost model's %v", r, c, tc.model)
 				}
+				for i, b := range e.buckets {
+					slot := e.slotHead() + (e.codec.BodyLen(b.n)+15)&^15
+					x := tm.alpha + float64(allGatherVolume(2, slot))*tm.perByte
+					comp := x + max(0, tm.enc.at(b.n)-x) + max(0, tm.dec.at(b.n)-x)
+					ar := tm.alpha + float64(allReduceVolume(2, 4*b.n))*tm.perByte
+					dense := ar + max(0, tm.avg.at(b.n)-ar)
+					if !nearly(b.predComp, seconds(comp)) || !nearly(b.predDense, seconds(dense)) || !strings.Contains(b.reason, "cost model") {
+						t.Errorf("rank %d bucket %d: predicted compressed %v, dense %v (%s); want %v, %v",
+							r, i, b.predComp, b.predDense, b.reason, seconds(comp), seconds(dense))
+					}
+				}
+			}
+			if !tc.model {
+				return
 			}
 			switched := false
 			for s := range windowSteps {
@@ -674,6 +699,46 @@ func TestDeviceEngineVerifies(t *testing.T) {
 			}
 			if switched == tc.want {
 				t.Errorf("Switched reported %v, want %v", switched, !tc.want)
+			}
+		})
+	}
+}
+
+// TestDeviceCostModelMeasures runs the device's cost model on the clock:
+// its kernels timed by the fake device's events, its link probed on the
+// fake DeviceComm. Whatever the times, every rank takes the same
+// decisions, each bucket's reason is the model's, and every stage its
+// mechanism has took time (the work between collectives only under SRA).
+func TestDeviceCostModelMeasures(t *testing.T) {
+	sizes := []int{4096, 300}
+	for _, tc := range []struct {
+		spec  string
+		ranks int
+	}{{"int8", 3}, {"int4", 2}, {"topk:0.05", 2}, {"randomk:0.1", 3}, {"fp16", 3}} {
+		t.Run(fmt.Sprintf("%s/%d", tc.spec, tc.ranks), func(t *testing.T) {
+			cfgs := slices.Repeat([]Config{{Spec: tc.spec, ErrorFeedback: true, Guard: 0.5}}, tc.ranks)
+			g, errs := newDevRig(t, sizes, cfgs, 5*time.Second)
+			mustNoErrors(t, "NewDevice", errs)
+			want := g.engines[0].Compressed()
+			for r, e := range g.engines {
+				if c := e.Compressed(); !slices.Equal(c, want) {
+					t.Errorf("rank %d decided %v, rank 0 %v", r, c, want)
+				}
+				for i, b := range e.buckets {
+					if !strings.Contains(b.reason, "cost model") || b.predComp <= 0 || b.predDense <= 0 {
+						t.Errorf("rank %d bucket %d: %q, predicted %v and %v", r, i, b.reason, b.predComp, b.predDense)
+					}
+				}
+			}
+			times, err := g.engines[0].timePaths([]int{4096})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sra := g.engines[0].mech == StrategyQuantSRA
+			for k, ts := range times {
+				if (ts[0] > 0) != (k != 1 || sra) {
+					t.Errorf("stage %d took %v s (SRA: %v)", k, ts[0], sra)
+				}
 			}
 		})
 	}
