@@ -86,6 +86,10 @@ type engineExchange struct {
 	e     *overlap.Engine
 	sizes []int
 	auto  bool // the cost model decides, verified online in the first steps
+	// chose: strategy auto on several nodes of several ranks, where New
+	// chose between flat and hierarchical by trial; its rows say
+	// "auto:" and the strategy it kept.
+	chose bool
 }
 
 func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*engineExchange, error) {
@@ -108,7 +112,11 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 	if err != nil {
 		return nil, err
 	}
-	return &engineExchange{e: e, sizes: sizes, auto: decision == overlap.DecideAuto}, nil
+	x := &engineExchange{e: e, sizes: sizes, auto: decision == overlap.DecideAuto}
+	if t, ok := c.(comm.Topologist); ok && strategy == overlap.StrategyAuto {
+		x.chose = t.Topology().Nodes > 1 && t.Topology().LocalSize > 1
+	}
+	return x, nil
 }
 
 func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error) {
@@ -127,6 +135,9 @@ func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error
 		return sample{}, err
 	}
 	s := sample{strategy: x.e.Strategy().String(), bytesSent: st.BytesSent, buckets: len(st.Buckets)}
+	if x.chose {
+		s.strategy = "auto:" + s.strategy
+	}
 	for _, b := range st.Buckets {
 		if b.Compressed {
 			s.compressed++

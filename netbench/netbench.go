@@ -58,9 +58,11 @@ type Case struct {
 	// Decision is Baseline, Pinned or CostModel.
 	Decision string
 	// Strategy is the engine's strategy (overlap.ParseStrategy): "" or
-	// "auto" for the codec's flat one, "hier" for the hierarchical
-	// exchange (which needs ranks that know their nodes). Result.Strategy
-	// says which one ran.
+	// "auto" for the codec's flat one — on several nodes of several ranks,
+	// the faster of it and the hierarchical exchange, chosen by New's
+	// trials —, "hier" for the hierarchical exchange (which needs ranks
+	// that know their nodes), or a flat strategy by name. Result.Strategy
+	// says which one ran ("auto:" and the one kept, where New chose).
 	Strategy string
 }
 
@@ -104,7 +106,7 @@ type Config struct {
 // Result is the measurement of one case, the same on every rank. The JSON
 // field names are part of the output format of `gradcomp netbench`.
 type Result struct {
-	Strategy string  `json:"strategy"`         // how the buckets crossed the wire: "dense" (MPI all-reduce), "sparse-gather", "sra", "shared-index", …
+	Strategy string  `json:"strategy"`         // how the buckets crossed the wire: "dense" (MPI all-reduce), "sparse-gather", "sra", "shared-index", …, "auto:hier" (chosen by trial)
 	Codec    string  `json:"codec"`            // compressor spec; "none" for the baseline
 	Decision string  `json:"decision"`         // Baseline, Pinned or CostModel
 	Link     string  `json:"link"`             // Config.Link

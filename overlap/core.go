@@ -132,7 +132,8 @@ type core struct {
 	rank, size int
 	spec       string              // the canonical spec
 	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
-	note       string              // how the buckets are exchanged, where Reason would not say (a two-level StrategyHier), or ""
+	note       string              // how the buckets are exchanged, where Reason would not say (a two-level StrategyHier, chooseShape's choice), or ""
+	trials     bool                // StrategyAuto over a comm that knows its nodes: New chooses flat or hierarchical by trial (shape.go)
 	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none
 	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
 	sched      string              // StrategyHier: the Schedule with canonical specs (its engine across nodes runs it)

@@ -111,6 +111,7 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if hier {
 		core.layout, local = hierLayout(c)
 	}
+	core.trials = shapeTrials(c, cfg)
 	if local == nil {
 		need, what := e.memoryNeed(), "host"
 		if e.sharded() {
@@ -144,6 +145,9 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 		return nil, err
 	}
 	e.compute, e.wire, e.between, e.decode = newStream(), newStream(), newStream(), newStream()
+	if core.trials {
+		return chooseShape(ctx, e, sizes, t)
+	}
 	return e, nil
 }
 

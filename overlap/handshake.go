@@ -32,6 +32,7 @@ func handshakeRecord(e *core, sizes []int) []field {
 		{"spec", e.spec},
 		{"strategy", e.strategy.String()},
 		{"layout", layoutName(e.layout)},
+		{"shape", shapeName(e.trials)},
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},
 		{"decision", e.cfg.Decision.String()},
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
@@ -46,6 +47,15 @@ func handshakeRecord(e *core, sizes []int) []field {
 		f = append(f, field{fmt.Sprintf("bucket %d elements", i), strconv.Itoa(n)})
 	}
 	return f
+}
+
+// shapeName says how the engine takes its shape: "chosen by trial" when
+// New times flat and hierarchical steps (every rank must, or none would).
+func shapeName(trials bool) string {
+	if trials {
+		return "chosen by trial"
+	}
+	return "as configured"
 }
 
 // invalidRecord is the record of a rank whose configuration is invalid:

@@ -17,7 +17,13 @@ const (
 	// randomk → StrategySharedIndex; topk → StrategySparseGather; int8,
 	// int4, int2, sign → StrategyQuantSRA, or StrategyQuantAllGather with
 	// two ranks or fewer (the same volume in one collective, without the
-	// second quantization).
+	// second quantization). On a comm that places the ranks on two nodes
+	// or more of two ranks or more (comm.Topologist, comm.Splitter), New
+	// then times a few steps of that flat strategy and of StrategyHier and
+	// keeps StrategyHier where it is more than 10% faster (shape.go);
+	// Strategy says which. A state saved by one loads only into the same
+	// shape: to resume, configure the strategy the state records
+	// (InspectState) rather than auto.
 	StrategyAuto Strategy = iota
 	// StrategyDense is the fp32 all-reduce (codec none) or, for fp16 and
 	// bf16, the SRA path with a 16-bit wire (comm has no 16-bit reduction).

@@ -24,6 +24,9 @@ type timing interface {
 	// spans returns the times verification records for a step: measured,
 	// the spans the backend measured, or others.
 	spans(measured []span) []span
+	// trial returns the time of a step of strategy s that chooseShape
+	// records: measured, the median it measured, or another.
+	trial(s Strategy, measured float64) float64
 }
 
 // span is one bucket's share of a step as verification measures it, in
@@ -48,3 +51,5 @@ func (clockTiming) probe(ctx context.Context, p prober, _, floats int) (float64,
 func (clockTiming) paths(p prober, ns []int) ([4][]float64, error) { return p.timePaths(ns) }
 
 func (clockTiming) spans(measured []span) []span { return measured }
+
+func (clockTiming) trial(_ Strategy, measured float64) float64 { return measured }
