@@ -83,12 +83,12 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 			return bad("-strategies: %v", err)
 		}
 	}
-	// A strategy other than the flat one gets a dense case ("none") even
-	// when -codecs names none: its dense exchange against the baseline's
-	// flat ring is the first thing to compare.
+	// Strategy hier gets a dense case ("none") even when -codecs names
+	// none: its dense exchange against the baseline's flat ring is the
+	// first thing to compare.
 	if !slices.Contains(bench.SplitList(*codecs), "none") {
 		for _, st := range bench.SplitList(*strategies) {
-			if st != "auto" {
+			if st == "hier" {
 				cases = append(cases, netbench.Case{Codec: "none", Decision: netbench.Pinned, Strategy: st})
 			}
 		}

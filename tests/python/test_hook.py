@@ -573,6 +573,20 @@ class Hier(unittest.TestCase):
                         self.assertIn("2 nodes × 2 ranks", refusal["message"])
                         self.assertIn("1 nodes × 4 ranks", refusal["message"])
 
+    def test_auto_chooses_a_shape_and_resumes_in_it(self):
+        results = ranks.run(workers.hier_auto, WORLD, 2, 8, 5, timeout=300)
+        chosen = results[0]["strategy"]
+        self.assertIn(chosen, ("hier", "sra"))
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(r["topology"], [rank // 2, 2, rank % 2, 2])
+                self.assertEqual(r["strategy"], chosen)  # every rank keeps the same shape
+                self.assertIn("auto on 2 nodes × 2 ranks: hierarchical", r["reason"])
+                self.assertEqual(r["resumed_strategy"], chosen)
+                self.assertEqual(r["saved_next_step"], 3)  # hook steps 2, 3, 4 ran on the engine
+                self.assertEqual(r["resumed_next_step"], 3 + 3)
+                self.assertTrue(r["finite"])
+
     def test_bad_layouts_fail_every_rank(self):
         cases = [[3, 3, 3, 3], [2, 2, 4, 4]]
         results = ranks.run(workers.hier_bad_layouts, WORLD, cases, timeout=150)

@@ -624,7 +624,7 @@ def hier_train(rank, world, k, epochs, seed):
     _ranks_per_node(k)
     x, y, xt, yt = digits()
     out = {}
-    for name, spec, strategy in (("default", None, None), ("int8 flat", "int8", "auto"), ("int8 hier", "int8", "hier")):
+    for name, spec, strategy in (("default", None, None), ("int8 flat", "int8", "sra"), ("int8 hier", "int8", "hier")):
         kw = dict(warmup_steps=4, decision="compressed", strategy=strategy) if spec else {}
         ddp, state = make_ddp(mlp(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -690,6 +690,37 @@ def hier_checkpoint(rank, world, k, other_k, steps, cut):
         out["refusals"]["engine"] = {"refused": True, "message": str(e), "iter": other.iter}
     other.close()
     _ranks_per_node(k)
+    return out
+
+
+def hier_auto(rank, world, k, steps, cut):
+    """State("int8", strategy="auto") on nodes of k ranks: the engine's
+    choice (the strategy its buckets report, the reason) after `cut` steps,
+    then state_dict through torch.save into a new auto State, which resumes
+    in the saved strategy and trains on to `steps`."""
+    _ranks_per_node(k)
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))
+    kw = dict(strategy="auto", warmup_steps=2, decision="compressed")
+    ddp, state = make_ddp(mlp(0), "int8", **kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in data[:cut]:
+        train_step(ddp, opt, xb, yb)
+    out = {"topology": list(state.topology) if state.topology else None,
+           "strategy": state.last_step.buckets[0].strategy, "reason": state.last_step.buckets[0].reason}
+    sd = _roundtrip(state.state_dict())
+    out["saved_next_step"] = _engine.Engine.state_info(sd["engine"]).next_step
+    module = ddp.module
+    state.close()
+    ddp2, state2 = make_ddp(module, "int8", **kw)
+    state2.load_state_dict(sd)
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.05)
+    for xb, yb in data[cut:steps]:
+        train_step(ddp2, opt2, xb, yb)
+    out["resumed_strategy"] = state2.last_step.buckets[0].strategy
+    out["resumed_next_step"] = _engine.Engine.state_info(state2.state_dict()["engine"]).next_step
+    out["finite"] = all(bool(torch.isfinite(p).all()) for p in ddp2.parameters())
+    state2.close()
     return out
 
 

@@ -192,16 +192,13 @@ def _node_of(claims):
     return [names.setdefault(c["host"], len(names)) for c in claims], "host names"
 
 
-def hier_layout(process_group=None, timeout=60.0):
-    """This rank's place among the nodes and its groups for strategy
-    "hier": ((node, nodes, local_rank, local_size), node group, cross
-    group). Collective over the default group: every rank all-gathers its
-    claim (GRADCOMP_RANKS_PER_NODE=k: rank r on node r // k; else torchrun's
-    LOCAL_RANK and LOCAL_WORLD_SIZE; else socket.gethostname()), then makes
-    every node's group and every local rank's cross-node group with
-    dist.new_group, in the same order on every rank. ValueError on every
-    rank when the claims disagree or the nodes hold different numbers of
-    ranks."""
+def _nodes(process_group):
+    """The ranks of every node, in node order, and how they were found.
+    Collective over the default group: every rank all-gathers its claim
+    (GRADCOMP_RANKS_PER_NODE=k: rank r on node r // k; else torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE; else socket.gethostname()).
+    ValueError on every rank when the claims disagree, the nodes hold
+    different numbers of ranks, or process_group is not every rank."""
     world = dist.get_world_size()
     if dist.get_world_size(process_group) != world:
         raise ValueError("gradcomp.torch.State(strategy='hier'): process_group holds %d of the job's %d ranks: the "
@@ -220,7 +217,15 @@ def hier_layout(process_group=None, timeout=60.0):
     if len(set(sizes)) > 1:
         raise ValueError("gradcomp.torch.State(strategy='hier'): the nodes (from %s) hold %s ranks: every node must "
                          "hold the same number (nodes: %s)" % (how, sizes, nodes))
-    rank, local_size = dist.get_rank(), sizes[0]
+    return nodes, how
+
+
+def _groups_of(nodes, process_group, timeout):
+    """This rank's place among ``nodes`` (_nodes's) and its groups:
+    ((node, nodes, local_rank, local_size), node group, cross group). It
+    makes every node's group and every local rank's cross-node group with
+    dist.new_group, in the same order on every rank."""
+    rank, local_size = dist.get_rank(), len(nodes[0])
     kw = dict(timeout=datetime.timedelta(seconds=timeout), backend=dist.get_backend(process_group))
     mine_node = mine_cross = None
     for n, m in enumerate(nodes):
@@ -232,6 +237,20 @@ def hier_layout(process_group=None, timeout=60.0):
         if l == local_rank:
             mine_cross = g
     return (node, len(nodes), local_rank, local_size), mine_node, mine_cross
+
+
+def hier_layout(process_group=None, timeout=60.0):
+    """This rank's place among the nodes and its groups for strategy
+    "hier": ((node, nodes, local_rank, local_size), node group, cross
+    group). Collective over the default group: every rank all-gathers its
+    claim (GRADCOMP_RANKS_PER_NODE=k: rank r on node r // k; else torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE; else socket.gethostname()), then makes
+    every node's group and every local rank's cross-node group with
+    dist.new_group, in the same order on every rank. ValueError on every
+    rank when the claims disagree or the nodes hold different numbers of
+    ranks."""
+    nodes, _ = _nodes(process_group)
+    return _groups_of(nodes, process_group, timeout)
 
 
 def _bucket_params(bucket):
@@ -321,15 +340,19 @@ class State:
     ``spec``: a compressor spec such as "topk:0.01", "int8", "sign",
     "randomk:0.01" or "none" (ValueError with the library's message if it
     is not accepted). ``strategy``: "auto" (the codec's own: sparse-gather
-    for top-k, shared-index for random-k, SRA for the quantizers), "dense",
+    for top-k, shared-index for random-k, SRA for the quantizers; when
+    torch.distributed is initialized as the State is made and its ranks
+    span 2 nodes or more of 2 ranks or more, the engine times steps of
+    that and of "hier" when it is created and keeps the faster, every rank
+    alike: see docs/DESIGN.md, "Auto chooses by trial"; a checkpoint
+    resumes in the strategy it was saved with), "dense",
     "shared-index", "sparse-gather", "sra", "allgather" or "hier": the
     hierarchical exchange (a reduce-scatter in each node, the codec across
     nodes on each rank's shard, an all-gather in the node; needs
     torch.distributed initialized when the State is made, which learns
     the nodes then and makes their groups, see :func:`hier_layout`:
     GRADCOMP_RANKS_PER_NODE=k places rank r on node r // k, else
-    torchrun's LOCAL_WORLD_SIZE, else the host names; "auto" never picks
-    it). ``decision``:
+    torchrun's LOCAL_WORLD_SIZE, else the host names). ``decision``:
     "auto" (the cost model, verified online), "compressed" or "dense"
     (pinned: reproducible). ``warmup_steps`` (≥ 2): steps exchanged dense
     before compression. ``error_feedback``: keep residuals. ``on_nonfinite``:
@@ -433,6 +456,8 @@ class State:
             self.topology, node, cross = hier_layout(process_group, self.timeout)
             self._groups = {_lib.Group.NODE: node, _lib.Group.CROSS: cross}
             logger.info("hierarchical exchange: node %d of %d, local rank %d of %d", *self.topology)
+        elif strategy == "auto" and dist.is_initialized() and dist.get_world_size() > 2:
+            self._auto_layout(process_group)
         #: Steps this State has seen (its hook's step count; restored by
         #: load_state_dict).
         self.iter = 0
@@ -455,6 +480,25 @@ class State:
         self._counts = collections.Counter()
         #: The engine's StepStats of the last waited step (None before).
         self.last_step = None
+
+    def _auto_layout(self, process_group):
+        """strategy "auto": learns the nodes (as hier_layout, the same on
+        every rank) and, on 2 nodes or more of 2 ranks or more, makes their
+        groups and hands the engine the layout, so that it chooses between
+        the flat and the hierarchical exchange by trial. A layout it cannot
+        use (claims that disagree, unequal nodes, process_group not every
+        rank) keeps the flat exchange, on every rank alike."""
+        try:
+            nodes, how = _nodes(process_group)
+        except ValueError as e:
+            logger.info("strategy auto: flat exchange (%s)", e)
+            return
+        if len(nodes) < 2 or len(nodes[0]) < 2:
+            return
+        self.topology, node, cross = _groups_of(nodes, process_group, self.timeout)
+        self._groups = {_lib.Group.NODE: node, _lib.Group.CROSS: cross}
+        logger.info("strategy auto on %d nodes × %d ranks (from %s): the engine times flat and hierarchical steps "
+                    "and keeps the faster", len(nodes), len(nodes[0]), how)
 
     # ---- what a user reads
 
@@ -923,8 +967,13 @@ class State:
         (checked against DDP's in staged steps)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
+            settings = self._settings()
+            if self._pending is not None and self.strategy == "auto" and self.topology is not None:
+                # A state loads only into the shape that saved it: resume
+                # with the strategy it records, not a new trial's.
+                settings["strategy"] = Engine.state_info(self._pending).strategy
             eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, groups=self._groups,
-                         **self._settings())
+                         **settings)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
