@@ -81,3 +81,15 @@ type DeviceComm interface {
 	// closing twice returns nil.
 	Close() error
 }
+
+// DeviceSplitter is implemented by a DeviceComm that can make
+// communicators of subgroups of its ranks, as the hierarchical exchange
+// needs (a node's ranks, the ranks of one local rank across nodes). Split
+// is collective over every rank of the DeviceComm, called by all of them
+// in the same order: the ranks that pass the same color form a new
+// DeviceComm, ranked by key (ties by their rank here), as ncclCommSplit
+// does. The new DeviceComm has the parent's timeout and device; closing
+// it leaves the parent open, and closing the parent leaves it open.
+type DeviceSplitter interface {
+	Split(ctx context.Context, color, key int) (DeviceComm, error)
+}
