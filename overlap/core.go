@@ -540,8 +540,8 @@ func (c *core) Strategy() Strategy { return c.strategy }
 // dense, warm-up steps are dense, and a verification trial takes the
 // other path: see BucketStats).
 func (c *core) Compressed() []bool {
-	if h, ok := c.be.(*hierBackend); ok {
-		return h.inner.Compressed()
+	if n, ok := c.be.(nester); ok {
+		return n.nestedCore().Compressed()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -38,6 +38,7 @@ type Device interface {
 	WaitEvent(s gpu.Stream, e gpu.Event) error
 	EventQuery(e gpu.Event) (bool, error)
 	Elapsed(start, end gpu.Event) (time.Duration, error)
+	Copy(s gpu.Stream, dst, src gpu.Ptr, bytes int) error
 	Encode(c *kernels.Codec, s gpu.Stream, a kernels.EncodeArgs) error
 	Decode(c *kernels.Codec, s gpu.Stream, a kernels.DecodeArgs) error
 	Average(s gpu.Stream, a kernels.AverageArgs) error
@@ -144,8 +145,11 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // Each gives bit for bit the result and error-feedback memory of Engine
 // with the same strategy (the package doc's definitions), with the same
 // payload keys; shared-index sends its statuses in a collective of their
-// own, where Engine's put them in front of the values. The device refuses
-// StrategyHier and SRA for random-k by name.
+// own, where Engine's put them in front of the values. StrategyHier's
+// sharded shape runs on the device too (devicehier.go: node stages on a
+// stream of their own, a DeviceEngine across nodes, over a DeviceComm
+// that splits, comm.DeviceSplitter); the device refuses its two-level
+// shape (top-k, random-k) and SRA for random-k by name.
 //
 // # Accuracy guard
 //
@@ -222,6 +226,7 @@ type DeviceEngine struct {
 	events         []gpu.Event
 	bufs           []*devBuffers // per bucket
 	released       bool          // teardown ran: the device state is gone
+	hier           *devHier      // a sharded StrategyHier engine's node stages and engine across nodes (the core's backend then); nil otherwise
 }
 
 // devBuffers are one bucket's device buffers and events. The events exist
@@ -288,12 +293,27 @@ func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	if local == nil && e.comp != nil {
 		local = e.newCodecs()
 	}
+	hier := local == nil && e.sharded()
+	if hier {
+		if core.layout, local = hierLayout(host); local == nil {
+			local = deviceHierCheck(dc)
+		}
+	}
 	if err := handshake(ctx, core, sizes, local); err != nil {
 		return nil, err
 	}
 	if err := e.allocate(); err != nil {
 		e.release()
 		return nil, fmt.Errorf("overlap: NewDevice on rank %d: %w", e.rank, err)
+	}
+	if hier {
+		h, err := newDevHier(ctx, e, sizes, t)
+		if err != nil {
+			e.release()
+			return nil, err
+		}
+		e.hier, core.be = h, h
+		return e, nil
 	}
 	if err := e.decide(ctx, e.costModel); err != nil {
 		e.release()
@@ -324,14 +344,15 @@ func (e *DeviceEngine) newCodecs() error {
 }
 
 // deviceStrategy resolves s as Engine does (resolve) and refuses, by name,
-// what the device cannot run: StrategyHier, and SRA for random-k.
+// what the device cannot run: StrategyHier's two-level shape, and SRA for
+// random-k.
 func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	r, err := resolve(s, c, size)
 	switch {
 	case err != nil:
 		return 0, err
-	case r == StrategyHier:
-		return 0, fmt.Errorf("strategy hier is not available on the device backend yet: its node stages need a device comm split by node (ncclCommSplit) and device streams for them")
+	case r == StrategyHier && (c == compress.CodecTopK || c == compress.CodecRandomK):
+		return 0, fmt.Errorf("strategy hier with %s is not available on the device: it exchanges over two-level collectives, which the device does not have (use sparse-gather or shared-index)", c)
 	case r == StrategyQuantSRA && c == compress.CodecRandomK:
 		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use shared-index)")
 	}
@@ -393,8 +414,8 @@ func (e *DeviceEngine) allocate() error {
 			}
 		}
 	}
-	if e.cfg.Momentum == 0 {
-		return nil
+	if e.cfg.Momentum == 0 || e.sharded() {
+		return nil // a sharded StrategyHier's engine across nodes keeps the velocities
 	}
 	if e.momStatuses, err = e.alloc(kernels.StatusLen * len(e.buckets)); err != nil {
 		return err
@@ -540,6 +561,9 @@ func (e *DeviceEngine) Ready(i int, grad gpu.Ptr, s gpu.Stream) error {
 		r.dgrad = grad
 		if err := st.failure(); err != nil {
 			return err
+		}
+		if e.hier != nil {
+			return e.hier.take(r, s)
 		}
 		return e.encode(st, r, s)
 	})

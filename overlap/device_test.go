@@ -33,8 +33,14 @@ type devRig struct {
 // New's errors by rank (the engines of failed ranks are nil).
 func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration, tm ...timing) (*devRig, []error) {
 	t.Helper()
+	return newDevRigOn(t, group(t, len(cfgs)), group(t, len(cfgs)), sizes, cfgs, timeout, tm...)
+}
+
+// newDevRigOn is newDevRig over the given host comms and the comms under
+// the fake DeviceComms (wire).
+func newDevRigOn(t *testing.T, host, wire []comm.Comm, sizes []int, cfgs []Config, timeout time.Duration, tm ...timing) (*devRig, []error) {
+	t.Helper()
 	n := len(cfgs)
-	host, wire := group(t, n), group(t, n)
 	g := &devRig{sizes: sizes, devs: make([]*fakeDevice, n), dcs: make([]*fakeDeviceComm, n),
 		engines: make([]*DeviceEngine, n), caller: make([]gpu.Stream, n), grads: make([][]gpu.Ptr, n)}
 	for r := range n {

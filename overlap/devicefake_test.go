@@ -122,6 +122,11 @@ func (d *fakeDevice) CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error {
 	return nil
 }
 
+func (d *fakeDevice) Copy(s gpu.Stream, dst, src gpu.Ptr, bytes int) error {
+	d.enqueue(s, func() { copy(d.bytes(dst, bytes), d.bytes(src, bytes)) })
+	return nil
+}
+
 func (d *fakeDevice) CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error {
 	d.sync(s)
 	copy(dst, d.bytes(src, len(dst)))
@@ -449,6 +454,7 @@ type fakeDeviceComm struct {
 	mu       sync.Mutex
 	asyncErr error
 	aborted  bool
+	split    []comm.Comm // Split: the cross comm its first call made, until the second takes it
 }
 
 func newFakeDeviceComm(c comm.Comm, dev *fakeDevice, timeout time.Duration) *fakeDeviceComm {
@@ -494,8 +500,37 @@ func (f *fakeDeviceComm) AllGather(ctx context.Context, dst, src gpu.Ptr, n int,
 
 var errFakeUnused = errors.New("fake DeviceComm: not used by the engine")
 
-func (f *fakeDeviceComm) ReduceScatter(context.Context, gpu.Ptr, gpu.Ptr, int, gpu.Stream) error {
-	return errFakeUnused
+func (f *fakeDeviceComm) ReduceScatter(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
+	return f.run(s, func(ctx context.Context) error {
+		return f.c.ReduceScatter(ctx, f.dev.floats(dst, n), f.dev.floats(src, n*f.c.Size()))
+	})
+}
+
+// Split is comm.DeviceSplitter's, for the hierarchical exchange only: the
+// host comm (a comm.Splitter) is split by node at the first call, which
+// returns the node's DeviceComm (color the node, key the local rank); the
+// second returns the cross-node one (color the local rank, key the node).
+func (f *fakeDeviceComm) Split(ctx context.Context, color, key int) (comm.DeviceComm, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	topo := f.c.(comm.Topologist).Topology()
+	if f.split == nil {
+		node, cross, err := f.c.(comm.Splitter).Split(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if color != topo.Node || key != topo.LocalRank {
+			return nil, fmt.Errorf("fake Split: first call (%d, %d), want the node's (%d, %d)", color, key, topo.Node, topo.LocalRank)
+		}
+		f.split = []comm.Comm{cross}
+		return newFakeDeviceComm(node, f.dev, f.timeout), nil
+	}
+	if len(f.split) != 1 || color != topo.LocalRank || key != topo.Node {
+		return nil, fmt.Errorf("fake Split: call (%d, %d), want the cross-node one (%d, %d) once", color, key, topo.LocalRank, topo.Node)
+	}
+	cross := f.split[0]
+	f.split = f.split[:0:0]
+	return newFakeDeviceComm(cross, f.dev, f.timeout), nil
 }
 
 func (f *fakeDeviceComm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {

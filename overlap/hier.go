@@ -59,6 +59,7 @@ import (
 // hierBackend runs a sharded StrategyHier core: the node stages on its stream and
 // an Engine across nodes for the shards.
 type hierBackend struct {
+	acrossNodes
 	c           *core
 	topo        comm.Topology
 	node, cross comm.Comm // from the Split; the engine's own, closed by teardown
@@ -90,7 +91,7 @@ func newTwoLevel(ctx context.Context, e *Engine) (*twolevel.Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	node, cross, err := split(ctx, e)
+	node, cross, err := split(ctx, e.c, e.cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -104,12 +105,12 @@ func newTwoLevel(ctx context.Context, e *Engine) (*twolevel.Comm, error) {
 	return tl, nil
 }
 
-// split splits e's comm by node, bounded by Config.Timeout.
-func split(ctx context.Context, e *Engine) (node, cross comm.Comm, err error) {
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+// split splits c (a comm.Splitter) by node, bounded by timeout.
+func split(ctx context.Context, c comm.Comm, timeout time.Duration) (node, cross comm.Comm, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if node, cross, err = e.c.(comm.Splitter).Split(ctx); err != nil {
-		return nil, nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", e.rank, err)
+	if node, cross, err = c.(comm.Splitter).Split(ctx); err != nil {
+		return nil, nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", c.Rank(), err)
 	}
 	return node, cross, nil
 }
@@ -228,7 +229,7 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 	if _, err := checkLayout(ctx, e.c, topo, e.cfg.Timeout); err != nil {
 		return nil, err
 	}
-	node, cross, err := split(ctx, e)
+	node, cross, err := split(ctx, e.c, e.cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -252,6 +253,7 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 		cross.Close()
 		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
 	}
+	h.acrossNodes = acrossNodes{inner: h.inner.core, be: h.inner}
 	h.inner.next = e.next
 	h.stream = newStream()
 	for _, b := range e.buckets {
@@ -259,9 +261,6 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 	}
 	return h, nil
 }
-
-// prepare: the engine across nodes prepares its own buckets.
-func (h *hierBackend) prepare(*bucket) error { return nil }
 
 // launch enqueues r's reduce-scatter, which hands the shard to the engine
 // across nodes, and the previous bucket's all-gather. The first launch of
@@ -390,45 +389,6 @@ func (h *hierBackend) wait(ctx context.Context, st *step) error {
 	}
 	return st.failure()
 }
-
-// conclude takes each bucket's outcome and statistics from the step across
-// nodes.
-func (h *hierBackend) conclude(st *step) error {
-	for i, r := range st.runs {
-		ir := st.nested.runs[i]
-		s := st.nestedResult.Buckets[i]
-		r.outcome, r.nonFinite, r.heldBack = ir.outcome, ir.nonFinite, ir.heldBack
-		r.stats.Reason += "; across nodes: " + s.Reason
-		r.stats.BytesSent += s.BytesSent
-		r.stats.Exchange += s.Exchange
-		r.stats.Compress, r.stats.Decompress = s.Compress, s.Decompress
-		r.stats.PredictedDense, r.stats.PredictedCompressed = s.PredictedDense, s.PredictedCompressed
-		r.stats.MeasuredDense, r.stats.MeasuredCompressed = s.MeasuredDense, s.MeasuredCompressed
-		r.stats.Trial, r.stats.Switched, r.stats.Guarded = s.Trial, s.Switched, s.Guarded
-		if ir.outcome == pathSkipped {
-			r.fallback = ir.fallback // core.finish's *NonFiniteStepError lists it
-		}
-	}
-	return nil
-}
-
-// settle: the step across nodes settled its memories in its Wait.
-func (h *hierBackend) settle(*step, stepEnd) {}
-
-func (h *hierBackend) memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error) {
-	return h.inner.memory(call)
-}
-
-func (h *hierBackend) install(gradEF, partEF *compress.ErrorFeedback) error {
-	return h.inner.install(gradEF, partEF)
-}
-
-func (h *hierBackend) velocity(i int) ([]float32, error) { return h.inner.velocity(i) }
-
-func (h *hierBackend) setVelocity(us [][]float32) error { return h.inner.setVelocity(us) }
-
-// usePhase: the engine across nodes runs the schedule.
-func (h *hierBackend) usePhase() {}
 
 // teardown closes the engine across nodes, the node stream and the comms
 // of the Split.

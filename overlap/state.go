@@ -113,9 +113,9 @@ func (e *core) Save(w io.Writer) error {
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
 	}
-	if h, ok := e.be.(*hierBackend); ok {
+	if n, ok := e.be.(nester); ok {
 		var nested bytes.Buffer
-		if err := h.inner.Save(&nested); err != nil {
+		if err := n.nestedCore().Save(&nested); err != nil {
 			return err
 		}
 		put64(uint64(nested.Len()))
@@ -208,8 +208,7 @@ func (e *core) Load(r io.Reader) error {
 // nodes takes its own).
 func (e *core) apply(st *savedState) error {
 	if st.nested != nil {
-		h := e.be.(*hierBackend)
-		if err := h.inner.apply(st.nested); err != nil {
+		if err := e.be.(nester).nestedCore().apply(st.nested); err != nil {
 			return err
 		}
 		e.next = st.info.NextStep
@@ -714,8 +713,8 @@ func (e *core) readNested(s *stateReader) (*savedState, error) {
 // nestedCore is the core of e's engine across nodes, or one configured as
 // it would be (CheckState).
 func (e *core) nestedCore() (*core, error) {
-	if h, ok := e.be.(*hierBackend); ok {
-		return h.inner.core, nil
+	if n, ok := e.be.(nester); ok {
+		return n.nestedCore(), nil
 	}
 	l := e.layout
 	shards := make([]int, len(e.buckets))
