@@ -93,3 +93,12 @@ type DeviceComm interface {
 type DeviceSplitter interface {
 	Split(ctx context.Context, color, key int) (DeviceComm, error)
 }
+
+// DeviceHost is implemented by a host Comm whose host also carries device
+// collectives for the same ranks (comm/hosted: the program hosting the
+// engine runs both): Device returns them as a DeviceComm. The comms of
+// such a Comm's Split are DeviceHosts too, so that a DeviceComm that does
+// not split itself still has device comms for a Split's groups.
+type DeviceHost interface {
+	Device() DeviceComm
+}

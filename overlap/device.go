@@ -296,7 +296,7 @@ func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	hier := local == nil && e.sharded()
 	if hier {
 		if core.layout, local = hierLayout(host); local == nil {
-			local = deviceHierCheck(dc)
+			local = deviceHierCheck(dc, host)
 		}
 	}
 	if err := handshake(ctx, core, sizes, local); err != nil {

@@ -14,7 +14,10 @@ import (
 // stages enqueued on a stream of their own and its engine across nodes a
 // DeviceEngine. The DeviceComm splits (comm.DeviceSplitter: ncclCommSplit
 // for NCCL) into the node's ranks and the ranks of this local rank, the
-// host comm likewise (the engine across nodes' handshake and cost model).
+// host comm likewise (the engine across nodes' handshake and cost model);
+// where the DeviceComm does not split but the host comm's groups carry
+// device collectives (comm.DeviceHost: comm/hosted), their device faces
+// serve.
 // Per bucket i, in bucket order, the node stream
 //
 //  1. waits for the caller's gradient (Ready's stream), copies it into a
@@ -51,10 +54,14 @@ type devHier struct {
 	mem              []gpu.Ptr
 }
 
-// deviceHierCheck says why StrategyHier cannot run over dc, or nil.
-func deviceHierCheck(dc comm.DeviceComm) error {
-	if _, ok := dc.(comm.DeviceSplitter); !ok {
-		return fmt.Errorf("strategy hier needs a DeviceComm that splits (comm.DeviceSplitter); %T does not", dc)
+// deviceHierCheck says why StrategyHier cannot run over dc and host, or
+// nil: the DeviceComm must split, or the host comm carry the device
+// collectives of its Split's groups.
+func deviceHierCheck(dc comm.DeviceComm, host comm.Comm) error {
+	_, splits := dc.(comm.DeviceSplitter)
+	_, hosts := host.(comm.DeviceHost)
+	if !splits && !hosts {
+		return fmt.Errorf("strategy hier needs a DeviceComm that splits (comm.DeviceSplitter) or a host comm that carries its groups' device collectives (comm.DeviceHost); %T and %T do neither", dc, host)
 	}
 	return nil
 }
@@ -76,14 +83,18 @@ func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h 
 	if h.node, h.cross, err = split(ctx, e.host, e.cfg.Timeout); err != nil {
 		return nil, err
 	}
-	ds := e.dc.(comm.DeviceSplitter)
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-	defer cancel()
-	if h.nodeDC, err = ds.Split(sctx, topo.Node, topo.LocalRank); err == nil {
-		h.crossDC, err = ds.Split(sctx, topo.LocalRank, topo.Node)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("overlap: splitting the DeviceComm by node on rank %d: %w", e.rank, err)
+	if ds, ok := e.dc.(comm.DeviceSplitter); ok {
+		sctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+		defer cancel()
+		if h.nodeDC, err = ds.Split(sctx, topo.Node, topo.LocalRank); err == nil {
+			h.crossDC, err = ds.Split(sctx, topo.LocalRank, topo.Node)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("overlap: splitting the DeviceComm by node on rank %d: %w", e.rank, err)
+		}
+	} else {
+		// The host carries the groups' device collectives (comm.DeviceHost).
+		h.nodeDC, h.crossDC = h.node.(comm.DeviceHost).Device(), h.cross.(comm.DeviceHost).Device()
 	}
 	l := topo.LocalSize
 	shards := make([]int, len(sizes))

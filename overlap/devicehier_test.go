@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/gpu"
 )
 
 // mustDevHierRig is a device rig of 2 nodes × 2 ranks: host comms and
@@ -153,5 +154,72 @@ func TestDeviceHierNonFinite(t *testing.T) {
 			_, _, errs = g.step(stepGrads(4, 1, hierSizes), inOrder(len(hierSizes)))
 			mustNoErrors(t, "next step", errs)
 		})
+	}
+}
+
+// deviceHosting is a host comm whose groups carry device collectives
+// (comm.DeviceHost), as comm/hosted's do: its Split's comms are too.
+type deviceHosting struct {
+	comm.Comm
+	dev *fakeDevice
+}
+
+func (d deviceHosting) Device() comm.DeviceComm {
+	return newFakeDeviceComm(d.Comm, d.dev, 5*time.Second)
+}
+func (d deviceHosting) Topology() comm.Topology { return d.Comm.(comm.Topologist).Topology() }
+func (d deviceHosting) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	node, cross, err = d.Comm.(comm.Splitter).Split(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return deviceHosting{node, d.dev}, deviceHosting{cross, d.dev}, nil
+}
+
+// TestDeviceHierHostedGroups: over a DeviceComm that does not split, the
+// host comm's groups' device faces (comm.DeviceHost) carry the node
+// stages and the engine across nodes, with Engine's results.
+func TestDeviceHierHostedGroups(t *testing.T) {
+	cfg := Config{Spec: "int8", Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed}
+	host, wire := nodeGroup(t, 2, 2), nodeGroup(t, 2, 2)
+	hosts := make([]comm.Comm, 4)
+	g := &devRig{sizes: hierSizes, devs: make([]*fakeDevice, 4), dcs: make([]*fakeDeviceComm, 4),
+		engines: make([]*DeviceEngine, 4), caller: make([]gpu.Stream, 4), grads: make([][]gpu.Ptr, 4)}
+	for r := range 4 {
+		g.devs[r] = newFakeDevice()
+		t.Cleanup(g.devs[r].close)
+		hosts[r] = deviceHosting{host[r], g.devs[r]}
+		g.caller[r], _ = g.devs[r].NewStream()
+		for _, n := range hierSizes {
+			p, _ := g.devs[r].Alloc(4 * n)
+			g.grads[r] = append(g.grads[r], p)
+		}
+	}
+	mustNoErrors(t, "NewDevice", onRanks(hosts, func(r int, c comm.Comm) error {
+		var err error
+		dc := unsplittable{newFakeDeviceComm(wire[r], g.devs[r], 5*time.Second)}
+		g.engines[r], err = NewDevice(context.Background(), g.devs[r], dc, c, hierSizes, cfg)
+		return err
+	}))
+	t.Cleanup(func() {
+		for _, e := range g.engines {
+			e.Close()
+		}
+	})
+	cpu := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+	for step := range 2 {
+		grads := stepGrads(4, step, hierSizes)
+		want := clone3(grads)
+		out, _, errs := g.step(grads, inOrder(len(hierSizes)))
+		mustNoErrors(t, "device step", errs)
+		_, errs = runStep(cpu, want, inOrder(len(hierSizes)))
+		mustNoErrors(t, "CPU step", errs)
+		for r := range 4 {
+			for i := range hierSizes {
+				if j := sameBits(out[r][i], want[r][i]); j >= 0 {
+					t.Fatalf("step %d rank %d bucket %d element %d: %v, Engine's hier gives %v", step, r, i, j, out[r][i][j], want[r][i][j])
+				}
+			}
+		}
 	}
 }

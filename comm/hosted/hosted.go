@@ -641,6 +641,10 @@ func (h hostComm) Split(ctx context.Context) (node, cross comm.Comm, err error) 
 	return h.t.Split(ctx)
 }
 
+// Device implements comm.DeviceHost: the transport's device face, whose
+// posts carry the same group (a Split's comm's: its group's).
+func (h hostComm) Device() comm.DeviceComm { return deviceComm{h.t} }
+
 // deviceComm posts device collectives.
 type deviceComm struct{ t *Transport }
 

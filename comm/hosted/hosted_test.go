@@ -441,6 +441,23 @@ func TestSplitGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	// A split comm's device face posts on its group.
+	ndc := node.(comm.DeviceHost).Device()
+	if ndc.Rank() != 1 || ndc.Size() != 2 {
+		t.Errorf("node device comm: rank %d of %d, want 1 of 2", ndc.Rank(), ndc.Size())
+	}
+	devDone := make(chan error, 1)
+	go func() { devDone <- ndc.AllReduce(ctx, 0x1000, 4, 7) }()
+	dop := take(t, tr)
+	if dop.Group != hosted.GroupNode || !dop.Device || dop.Count != 4 {
+		t.Errorf("node device op %+v, want group node, device, 4 elements", dop)
+	}
+	if err := tr.Complete(dop.ID, dop.RecvBytes, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-devDone; err != nil {
+		t.Errorf("node device AllReduce = %v", err)
+	}
 	nodeDone := post(ctx, node, make([]float32, 3))
 	crossDone := post(ctx, cross, make([]float32, 5))
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
