@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -13,8 +14,8 @@ import (
 )
 
 // DefaultTimeout is a communicator's timeout unless WithTimeout says
-// otherwise: the longest one call (InitRank, Run, Wait, Destroy) may run
-// before the communicator is aborted.
+// otherwise: the longest one call (InitRank, Split, Run, Wait, Destroy) may
+// run before the communicator is aborted.
 const DefaultTimeout = 60 * time.Second
 
 // DefaultAbortGrace is how long, unless WithAbortGrace says otherwise, a
@@ -29,7 +30,7 @@ const spinYields = 64
 // asynchronous errors.
 const pollEvery = time.Millisecond
 
-// Option configures a communicator (InitRank).
+// Option configures a communicator (InitRank, Split).
 type Option func(*commOptions) error
 
 type commOptions struct {
@@ -71,7 +72,8 @@ func WithAbortGrace(d time.Duration) Option {
 // cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent) before
 // ncclCommInitRank. A failure there is a *CUDAError and nothing reaches
 // NCCL. Without WithDevice the device is the init thread's current one,
-// which for a fresh thread is device 0.
+// which for a fresh thread is device 0. Split refuses it: a communicator
+// split from another is on its parent's device.
 func WithDevice(d int) Option {
 	return func(o *commOptions) error {
 		if d < 0 {
@@ -95,9 +97,9 @@ func WithDevice(d int) Option {
 //
 // # Concurrency and failure
 //
-// NCCL communicators are not thread-safe: Run, Wait and Destroy on one Comm
-// take turns (a call waits for the previous one, or for its ctx). Abort and
-// AsyncError may be called at any time, from any goroutine.
+// NCCL communicators are not thread-safe: Run, Wait, Split and Destroy on
+// one Comm take turns (a call waits for the previous one, or for its ctx).
+// Abort and AsyncError may be called at any time, from any goroutine.
 //
 // Every call runs the NCCL function on its own locked OS thread while the
 // calling goroutine watches it: when the communicator's timeout passes or
@@ -112,7 +114,7 @@ type Comm struct {
 	h          uintptr // the ncclComm_t; not touched once gone is set
 	rank, size int
 	o          commOptions
-	turn       chan struct{} // holds a token while Run, Wait or Destroy runs
+	turn       chan struct{} // holds a token while Run, Wait, Split or Destroy runs
 
 	mu    sync.Mutex // guards the fields below, and every use of h outside a turn
 	gone  bool       // h was aborted or destroyed
@@ -195,6 +197,135 @@ func (l *Library) InitRank(ctx context.Context, nranks int, id UniqueID, rank in
 		return nil, err
 	}
 	return &Comm{lib: l, h: h, rank: rank, size: nranks, o: o, turn: make(chan struct{}, 1)}, nil
+}
+
+// NoColor is the color (NCCL_SPLIT_NOCOLOR) with which a rank takes part in
+// a Split without joining any of the new communicators.
+const NoColor = -1
+
+// Split makes this rank's end of a new communicator of the ranks of c
+// that pass the same color (ncclCommSplit, NCCL ≥ 2.18). It is collective
+// over every rank of c: all call it, in the same order relative to their
+// other calls on c, and it returns once all have. The new communicator's
+// ranks are ordered by key, ties by their rank in c; its Rank and Size are
+// those NCCL reports (ncclCommUserRank, ncclCommCount). A rank that passes
+// NoColor joins none and gets a nil *Comm and a nil error. color must be
+// ≥ 0 or NoColor, key ≥ 0, and both fit a C int (*ArgumentError
+// otherwise, before NCCL sees them).
+//
+// The new Comm is on c's device (WithDevice is refused) and has c's
+// timeout and abort grace unless opts say otherwise (WithTimeout,
+// WithAbortGrace); NCCL gives it its default configuration (a NULL
+// ncclConfig_t). It is independent of c afterwards: destroying or aborting
+// either leaves the other usable.
+//
+// Split takes c's turn, and runs under the new communicator's timeout,
+// ctx and c's asynchronous errors, as InitRank does: the exchange of colors
+// and keys runs over c, so when the timeout passes or ctx ends before every
+// rank has called Split (or c reports an asynchronous error), c is aborted,
+// and so is the new communicator if NCCL has made it yet, and Split
+// returns an *AbortError naming ncclCommSplit and c's rank; c is ended
+// then. An NCCL failure is an *Error and leaves c usable. A library
+// without ncclCommSplit (NCCL < 2.18, which Open loads) fails here with an
+// *UnsupportedError naming the function and the library's version.
+func (c *Comm) Split(ctx context.Context, color, key int, opts ...Option) (*Comm, error) {
+	const f = fnCommSplit
+	o := commOptions{timeout: c.o.timeout, grace: c.o.grace, device: -1}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	bad := func(format string, args ...any) error {
+		return &ArgumentError{Func: f.String(), Reason: fmt.Sprintf("rank %d: ", c.rank) + fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case o.device >= 0:
+		return nil, bad("WithDevice(%d): the new communicator is on the parent's device", o.device)
+	case color < NoColor:
+		return nil, bad("color = %d, want ≥ 0, or NoColor (%d) to join no group", color, NoColor)
+	case key < 0:
+		return nil, bad("key = %d, want ≥ 0", key)
+	case color > math.MaxInt32 || key > math.MaxInt32:
+		return nil, bad("color = %d, key = %d: each must fit a C int (≤ %d)", color, key, math.MaxInt32)
+	case c.lib.fns[f] == 0:
+		return nil, c.lib.unsupported(f, c.rank)
+	}
+	o.device = c.o.device
+	if err := c.take(ctx, f.String()); err != nil {
+		return nil, err
+	}
+	defer c.release()
+	l := c.lib
+	slot := newCommSlot()
+	var mu sync.Mutex // orders the watchdog's use of the new handle against its abort
+	aborted := false
+	w := watch{
+		fn: f, rank: c.rank, o: o,
+		poll: func() error {
+			if err := c.pollAsync(); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if h := slot.load(); h != 0 && !aborted {
+				return l.asyncError(h, c.rank)
+			}
+			return nil
+		},
+		abort: func(cause error) (bool, error) {
+			mu.Lock()
+			h := slot.load()
+			aborted = true
+			mu.Unlock()
+			errs := []error{c.abort(cause)}
+			if h != 0 {
+				errs = append(errs, l.abort(h, c.rank, o.grace))
+			}
+			return true, errors.Join(errs...)
+		},
+	}
+	var rank, size int32
+	returned, err := l.supervise(ctx, w, func() error {
+		a := &[7]uintptr{c.h, uintptr(int64(color)), uintptr(int64(key))}
+		if r := ccall(l.fns[f], f, a, slot.ptr(), nil); r != ResultSuccess {
+			return l.errorf(f, c.rank, r, c.h)
+		}
+		h := slot.load()
+		switch {
+		case h == 0 && color == NoColor:
+			return nil
+		case h == 0:
+			return fmt.Errorf("nccl: %v on rank %d: NCCL returned success but no communicator for color %d", f, c.rank, color)
+		}
+		for _, q := range []struct {
+			fn  fnID
+			out *int32
+		}{{fnCommUserRank, &rank}, {fnCommCount, &size}} {
+			if r := ccall(l.fns[q.fn], q.fn, &[7]uintptr{h}, unsafe.Pointer(q.out), nil); r != ResultSuccess {
+				err := l.errorf(q.fn, c.rank, r, h)
+				ccall(l.fns[fnCommAbort], fnCommAbort, &[7]uintptr{h}, nil, nil)
+				return err
+			}
+		}
+		if size < 1 || rank < 0 || rank >= size {
+			ccall(l.fns[fnCommAbort], fnCommAbort, &[7]uintptr{h}, nil, nil)
+			return fmt.Errorf("nccl: %v on rank %d: NCCL reports rank %d of %d for the new communicator", f, c.rank, rank, size)
+		}
+		return nil
+	})
+	if !returned {
+		return nil, err // the slot stays allocated: the blocked call may still write it
+	}
+	h := slot.load()
+	slot.free()
+	switch {
+	case err != nil:
+		return nil, err
+	case h == 0:
+		return nil, nil
+	}
+	return &Comm{lib: l, h: h, rank: int(rank), size: int(size), o: o, turn: make(chan struct{}, 1)}, nil
 }
 
 // Library returns the library the communicator was made with.

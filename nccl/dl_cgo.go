@@ -21,7 +21,7 @@ enum {
 	GC_GET_VERSION, GC_GET_UNIQUE_ID, GC_COMM_INIT_RANK, GC_COMM_DESTROY,
 	GC_COMM_ABORT, GC_COMM_GET_ASYNC_ERROR, GC_ALL_REDUCE, GC_ALL_GATHER, GC_REDUCE_SCATTER, GC_BROADCAST, GC_SEND,
 	GC_RECV, GC_GROUP_START, GC_GROUP_END, GC_GET_ERROR_STRING,
-	GC_GET_LAST_ERROR,
+	GC_GET_LAST_ERROR, GC_COMM_USER_RANK, GC_COMM_COUNT, GC_COMM_SPLIT,
 };
 
 // gc_dlopen opens name (RTLD_NOW | RTLD_LOCAL, plus RTLD_NOLOAD when noload
@@ -62,7 +62,8 @@ static const char* gc_dlpath(uintptr_t addr) {
 // gc_call calls the NCCL function fn (of kind id) with the integer and
 // pointer arguments a[], the out-parameter out and the unique id in. It is
 // the whole C boundary of the package's calls: every argument was checked
-// in Go before.
+// in Go before. ncclCommSplit gets a NULL config: the new communicator's
+// configuration is NCCL's default for a child of a[0].
 static int gc_call(uintptr_t fn, int id, const uintptr_t* a, void* out, const void* in) {
 	void* f = (void*)fn;
 	switch (id) {
@@ -100,6 +101,13 @@ static int gc_call(uintptr_t fn, int id, const uintptr_t* a, void* out, const vo
 		return ((gc_ncclGroupStart_fn)f)();
 	case GC_GROUP_END:
 		return ((gc_ncclGroupEnd_fn)f)();
+	case GC_COMM_USER_RANK:
+		return ((gc_ncclCommUserRank_fn)f)((gc_handle)a[0], (int*)out);
+	case GC_COMM_COUNT:
+		return ((gc_ncclCommCount_fn)f)((gc_handle)a[0], (int*)out);
+	case GC_COMM_SPLIT:
+		return ((gc_ncclCommSplit_fn)f)((gc_handle)a[0], (int)(intptr_t)a[1], (int)(intptr_t)a[2], (gc_handle*)out,
+						NULL);
 	}
 	return -1;
 }
@@ -160,6 +168,8 @@ var (
 	_ [int(fnRecv) - C.GC_RECV]struct{}
 	_ [C.GC_GET_LAST_ERROR - int(fnGetLastError)]struct{}
 	_ [int(fnGetLastError) - C.GC_GET_LAST_ERROR]struct{}
+	_ [C.GC_COMM_SPLIT - int(fnCommSplit)]struct{}
+	_ [int(fnCommSplit) - C.GC_COMM_SPLIT]struct{}
 )
 
 // cgoEnabled says whether the package can load a library at all.
@@ -212,6 +222,8 @@ func dlpath(addr uintptr) string {
 // ccall calls fn (of kind id) with the arguments a, the out-parameter out
 // (nil, C memory, or Go memory holding no Go pointers) and the 128-byte
 // unique id in (nil unless id is fnCommInitRank), and returns its result.
+// A negative int argument travels as uintptr(int64(v)) and comes back
+// intact in C.
 func ccall(fn uintptr, id fnID, a *[7]uintptr, out, in unsafe.Pointer) Result {
 	return Result(C.gc_call(C.uintptr_t(fn), C.int(id), (*C.uintptr_t)(unsafe.Pointer(a)), out, in))
 }
@@ -226,8 +238,9 @@ func cstring(fn uintptr, id fnID, arg uintptr) string {
 	return C.GoString(p)
 }
 
-// commSlot is C memory holding the ncclComm_t that ncclCommInitRank writes,
-// so that a watchdog can read it while the call is still running.
+// commSlot is C memory holding the ncclComm_t that ncclCommInitRank or
+// ncclCommSplit writes, so that a watchdog can read it while the call is
+// still running, and a call left blocked can still write it.
 type commSlot struct{ p unsafe.Pointer }
 
 func newCommSlot() commSlot {

@@ -6,12 +6,16 @@
 // (ncclResult_t, ncclDataType_t and ncclRedOp_t are int enums, ncclComm_t
 // and cudaStream_t pointers, ncclUniqueId 128 bytes). Open accepts NCCL 2.7
 // or newer and refuses a library that is not NCCL 2.x (ErrIncompatible).
+// Functions of later releases are optional: Open loads a library without
+// them, and the call that needs one fails with an *UnsupportedError
+// naming it and the library's version (Comm.Split: ncclCommSplit, 2.18).
 //
 //	lib, err := nccl.Open()                  // the process's copy if one is loaded (PyTorch's), else $GRADCOMP_NCCL, else libnccl.so.2
 //	id, err := lib.GetUniqueID()             // on one rank; send id to the others (UniqueID.String / ParseUniqueID, or a comm.Comm broadcast)
 //	c, err := lib.InitRank(ctx, n, id, rank, nccl.WithTimeout(time.Minute))
 //	err = c.Run(ctx, nccl.AllReduce(buf, buf, count, nccl.Float32, nccl.Sum, stream))
 //	err = c.Wait(ctx, eventDone)             // optional: host waits for the stream's work, polling async errors
+//	sub, err := c.Split(ctx, color, key)     // collective: the ranks of one color, ordered by key (NCCL ≥ 2.18)
 //	err = c.Destroy(ctx)
 //
 // Device memory and streams cross the API as gpu.Ptr and gpu.Stream, plain
@@ -51,7 +55,9 @@
 // fixture, never shipped) that implements the ABI on host memory, and run
 // the real dlopen, dlsym and call paths against it: collectives on a world
 // of goroutine ranks, groups, NCCL errors, hangs that the timeout aborts,
-// asynchronous errors, libraries that lack a function or report NCCL 3.
+// asynchronous errors, splits by color and key, libraries that lack a
+// function (ncclSend: refused; ncclCommSplit: Split refused) or report
+// NCCL 3.
 //
 // Where a real libnccl.so.2 is at hand ($GRADCOMP_NCCL, else the
 // nvidia-nccl-cu12 wheel in the venv ${GRADCOMP_VENV:-$HOME/.cache/gradcomp/torch-venv}),

@@ -48,7 +48,7 @@ type LoadError struct {
 	Attempts []Attempt
 	Path     string   // the library that was opened and refused; "" when none was opened
 	Symbol   string   // the first function in Missing, "" when none is missing
-	Missing  []string // the functions the package calls that the library lacks, in the package's order
+	Missing  []string // the functions the package requires that the library lacks, in the package's order
 	Version  Version  // the library's ncclGetVersion; zero when it has none or it failed
 	Err      error    // ncclGetVersion's failure (an *Error), nil otherwise
 }
@@ -58,7 +58,7 @@ func (e *LoadError) Error() string {
 	case len(e.Missing) > 0 && e.Missing[0] == "ncclGetVersion":
 		s := fmt.Sprintf("nccl: %s is not an NCCL library: it has no function ncclGetVersion", e.Path)
 		if n := len(e.Missing) - 1; n > 0 {
-			s += fmt.Sprintf(", nor %d of the %d other functions the package calls (%s)", n, len(functions)-1, strings.Join(e.Missing[1:], ", "))
+			s += fmt.Sprintf(", nor %d of the %d other functions the package requires (%s)", n, requiredCount()-1, strings.Join(e.Missing[1:], ", "))
 		}
 		return s
 	case len(e.Missing) > 0:
@@ -198,3 +198,30 @@ func (e *DestroyedError) Unwrap() error { return e.Cause }
 
 // Is reports whether target is ErrClosed.
 func (e *DestroyedError) Is(target error) bool { return target == ErrClosed }
+
+// UnsupportedError reports a call that needs an optional NCCL function the
+// loaded library lacks because it predates it (ncclCommSplit before NCCL
+// 2.18). Open loads such a library; the call fails before NCCL sees
+// anything, and its communicator stays usable. errors.Is(err,
+// errors.ErrUnsupported) holds.
+type UnsupportedError struct {
+	Func    string  // the missing NCCL function, e.g. "ncclCommSplit"
+	Rank    int     // the communicator's rank, -1 when there is none
+	Path    string  // the library
+	Version Version // the library's version
+	Since   Version // the NCCL release that added Func
+}
+
+func (e *UnsupportedError) Error() string {
+	var b strings.Builder
+	b.WriteString("nccl: " + e.Func)
+	if e.Rank >= 0 {
+		fmt.Fprintf(&b, " on rank %d", e.Rank)
+	}
+	fmt.Fprintf(&b, ": %s is NCCL %v, which has no function %s (NCCL %d.%d added it); load NCCL %d.%d or newer (WithPath, $%s)",
+		e.Path, e.Version, e.Func, e.Since.Major, e.Since.Minor, e.Since.Major, e.Since.Minor, EnvPath)
+	return b.String()
+}
+
+// Is reports whether target is errors.ErrUnsupported.
+func (e *UnsupportedError) Is(target error) bool { return target == errors.ErrUnsupported }

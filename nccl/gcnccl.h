@@ -3,7 +3,8 @@
  *
  * The binding declares its own stand-ins for the few nccl.h 2.x types it
  * passes (gc_enum for ncclResult_t, ncclDataType_t and ncclRedOp_t;
- * gc_handle for ncclComm_t and cudaStream_t; gc_unique_id for ncclUniqueId)
+ * gc_handle for ncclComm_t and cudaStream_t; gc_unique_id for ncclUniqueId;
+ * gc_config, never defined, for ncclConfig_t, which it only passes as NULL)
  * and one function pointer type per NCCL function it calls, named
  * gc_<symbol>_fn, which gc_call (dl_cgo.go) casts each dlsym'ed address to.
  *
@@ -24,6 +25,7 @@
 typedef int gc_enum;      /* ncclResult_t, ncclDataType_t, ncclRedOp_t */
 typedef void* gc_handle;  /* ncclComm_t, cudaStream_t */
 typedef struct { char internal[GC_UNIQUE_ID_BYTES]; } gc_unique_id; /* ncclUniqueId */
+typedef struct gc_config gc_config; /* ncclConfig_t (NCCL >= 2.14): incomplete, only NULL is passed */
 
 #ifndef GC_RESULT
 #define GC_RESULT gc_enum
@@ -42,6 +44,9 @@ typedef struct { char internal[GC_UNIQUE_ID_BYTES]; } gc_unique_id; /* ncclUniqu
 #endif
 #ifndef GC_UNIQUE_ID
 #define GC_UNIQUE_ID gc_unique_id
+#endif
+#ifndef GC_CONFIG
+#define GC_CONFIG gc_config
 #endif
 
 typedef GC_RESULT (*gc_ncclGetVersion_fn)(int* version);
@@ -66,5 +71,8 @@ typedef GC_RESULT (*gc_ncclGroupStart_fn)(void);
 typedef GC_RESULT (*gc_ncclGroupEnd_fn)(void);
 typedef const char* (*gc_ncclGetErrorString_fn)(GC_RESULT result);
 typedef const char* (*gc_ncclGetLastError_fn)(GC_COMM comm);
+typedef GC_RESULT (*gc_ncclCommUserRank_fn)(GC_COMM comm, int* rank);
+typedef GC_RESULT (*gc_ncclCommCount_fn)(GC_COMM comm, int* count);
+typedef GC_RESULT (*gc_ncclCommSplit_fn)(GC_COMM comm, int color, int key, GC_COMM* newcomm, GC_CONFIG* config);
 
 #endif

@@ -34,33 +34,57 @@ const (
 	fnGroupEnd
 	fnGetErrorString
 	fnGetLastError
+	fnCommUserRank
+	fnCommCount
+	fnCommSplit
 	fnCount
 )
 
-// functions lists each function's symbol and whether Open requires it.
+// functions lists each function's symbol and, for an optional one, the
+// NCCL_VERSION_CODE of the release that added it (since; 0: every NCCL
+// 2.7 has it, and Open requires it). Open loads a library without an
+// optional function; the calls that need it fail then, naming it
+// (*UnsupportedError).
 var functions = [fnCount]struct {
-	name     string
-	required bool
+	name  string
+	since int
 }{
-	fnGetVersion:        {"ncclGetVersion", true},
-	fnGetUniqueID:       {"ncclGetUniqueId", true},
-	fnCommInitRank:      {"ncclCommInitRank", true},
-	fnCommDestroy:       {"ncclCommDestroy", true},
-	fnCommAbort:         {"ncclCommAbort", true},
-	fnCommGetAsyncError: {"ncclCommGetAsyncError", true},
-	fnAllReduce:         {"ncclAllReduce", true},
-	fnAllGather:         {"ncclAllGather", true},
-	fnReduceScatter:     {"ncclReduceScatter", true},
-	fnBroadcast:         {"ncclBroadcast", true},
-	fnSend:              {"ncclSend", true},
-	fnRecv:              {"ncclRecv", true},
-	fnGroupStart:        {"ncclGroupStart", true},
-	fnGroupEnd:          {"ncclGroupEnd", true},
-	fnGetErrorString:    {"ncclGetErrorString", true},
-	fnGetLastError:      {"ncclGetLastError", false}, // NCCL ≥ 2.13
+	fnGetVersion:        {"ncclGetVersion", 0},
+	fnGetUniqueID:       {"ncclGetUniqueId", 0},
+	fnCommInitRank:      {"ncclCommInitRank", 0},
+	fnCommDestroy:       {"ncclCommDestroy", 0},
+	fnCommAbort:         {"ncclCommAbort", 0},
+	fnCommGetAsyncError: {"ncclCommGetAsyncError", 0},
+	fnAllReduce:         {"ncclAllReduce", 0},
+	fnAllGather:         {"ncclAllGather", 0},
+	fnReduceScatter:     {"ncclReduceScatter", 0},
+	fnBroadcast:         {"ncclBroadcast", 0},
+	fnSend:              {"ncclSend", 0},
+	fnRecv:              {"ncclRecv", 0},
+	fnGroupStart:        {"ncclGroupStart", 0},
+	fnGroupEnd:          {"ncclGroupEnd", 0},
+	fnGetErrorString:    {"ncclGetErrorString", 0},
+	fnGetLastError:      {"ncclGetLastError", 21300},
+	fnCommUserRank:      {"ncclCommUserRank", 0},
+	fnCommCount:         {"ncclCommCount", 0},
+	fnCommSplit:         {"ncclCommSplit", 21800},
 }
 
 func (f fnID) String() string { return functions[f].name }
+
+// required reports whether Open refuses a library without f.
+func (f fnID) required() bool { return functions[f].since == 0 }
+
+// requiredCount returns how many functions Open requires.
+func requiredCount() int {
+	n := 0
+	for f := range fnCount {
+		if f.required() {
+			n++
+		}
+	}
+	return n
+}
 
 // Library is a loaded libnccl.so.2. It is safe for concurrent use. A
 // library is never unloaded: NCCL keeps threads and CUDA state alive for
@@ -108,10 +132,11 @@ var errNotLoaded = dlError("no copy is loaded in this process")
 // When nothing loads, the error is a *LoadError listing every attempt with
 // dlerror's message (errors.Is(err, ErrNotFound)). A library that loads but
 // cannot be used is a *LoadError too (errors.Is(err, ErrIncompatible)):
-// one without a function the package calls (Missing; a library that is not
-// NCCL at all lacks ncclGetVersion), or one whose ncclGetVersion fails or
-// reports a major version other than 2; Open closes it again. Without cgo,
-// Open returns ErrNoCgo.
+// one without a function the package requires (Missing; a library that is
+// not NCCL at all lacks ncclGetVersion), or one whose ncclGetVersion fails
+// or reports a major version other than 2; Open closes it again. A library
+// that lacks only optional functions of later releases (ncclGetLastError,
+// 2.13; ncclCommSplit, 2.18) loads. Without cgo, Open returns ErrNoCgo.
 func Open(opts ...LoadOption) (*Library, error) {
 	var o loadOptions
 	for _, opt := range opts {
@@ -161,7 +186,7 @@ func load(h uintptr, source string) (*Library, error) {
 	}
 	var missing []string
 	for f := range fnCount {
-		if l.fns[f] = dlsym(h, functions[f].name); l.fns[f] == 0 && functions[f].required {
+		if l.fns[f] = dlsym(h, functions[f].name); l.fns[f] == 0 && f.required() {
 			missing = append(missing, functions[f].name)
 		}
 	}
@@ -227,6 +252,12 @@ func (l *Library) errorf(f fnID, rank int, r Result, comm uintptr) *Error {
 		e.Detail = cstring(fn, fnGetLastError, comm)
 	}
 	return e
+}
+
+// unsupported returns the *UnsupportedError of the optional function f,
+// which the library lacks, for a call on rank rank (-1 when none).
+func (l *Library) unsupported(f fnID, rank int) *UnsupportedError {
+	return &UnsupportedError{Func: f.String(), Rank: rank, Path: l.path, Version: l.version, Since: VersionFromCode(functions[f].since)}
 }
 
 // lockedCall runs f on a locked OS thread, so that per-thread NCCL state

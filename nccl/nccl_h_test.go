@@ -30,7 +30,8 @@ var cudaShim = map[string]string{
 // nccl.h defines has a name here; the binding's stand-in types (gcnccl.h)
 // have the size and alignment of nccl.h's; and each function the package
 // calls, as the package's table lists them, has the prototype gcnccl.h
-// declares for it (an incompatible pointer type is an error).
+// declares for it (an incompatible pointer type is an error), an optional
+// one where nccl.h is of a release that has it.
 func TestHeaderABI(t *testing.T) {
 	lib, err := ncclmock.RealLibrary()
 	if err != nil {
@@ -124,6 +125,9 @@ func abiProgram() string {
 	w("#define GC_COMM ncclComm_t")
 	w("#define GC_STREAM cudaStream_t")
 	w("#define GC_UNIQUE_ID ncclUniqueId")
+	w("#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)") // ncclConfig_t
+	w("#define GC_CONFIG ncclConfig_t")
+	w("#endif")
 	w(`#include "gcnccl.h"`)
 	w("")
 	same := func(ours, theirs string) {
@@ -159,9 +163,17 @@ func abiProgram() string {
 		value(o.String(), int(o))
 	}
 	w("")
-	names, _ := nccl.FunctionTable()
-	for _, name := range names {
+	// An optional function is checked where the header is of a release
+	// that has it.
+	names, _, since := nccl.FunctionTable()
+	for i, name := range names {
+		if since[i].Code != 0 {
+			w("#if NCCL_VERSION_CODE >= NCCL_VERSION(%d, %d, 0)", since[i].Major, since[i].Minor)
+		}
 		w("gc_%s_fn check_%s = %s;", name, name, name)
+		if since[i].Code != 0 {
+			w("#endif")
+		}
 	}
 	return b.String()
 }

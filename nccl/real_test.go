@@ -80,14 +80,14 @@ func TestRealLibrary(t *testing.T) {
 	if want := "WithPath(" + path + ")"; l.Source() != want {
 		t.Errorf("Source() = %q, want %q", l.Source(), want)
 	}
-	names, required := nccl.FunctionTable()
+	names, required, since := nccl.FunctionTable()
 	for i, name := range names {
 		file := l.SymbolFile(name)
 		switch {
-		case file == "" && (required[i] || v.Minor >= 13):
+		case file == "" && (required[i] || v.Minor >= since[i].Minor):
 			t.Errorf("%s: not resolved in NCCL %v", name, v)
 		case file == "":
-			t.Logf("%s: absent (optional, NCCL %v)", name, v)
+			t.Logf("%s: absent (optional, added in NCCL %d.%d; this is %v)", name, since[i].Major, since[i].Minor, v)
 		case !sameFile(file, path):
 			t.Errorf("%s resolved in %s, not in %s", name, file, path)
 		}
@@ -285,7 +285,7 @@ func TestOpenIncompatible(t *testing.T) {
 		t.Logf("Open(%s): %v", path, err)
 		return le
 	}
-	_, required := nccl.FunctionTable()
+	_, required, _ := nccl.FunctionTable()
 	nreq := 0
 	for _, r := range required {
 		if r {
@@ -321,5 +321,73 @@ func TestOpenIncompatible(t *testing.T) {
 	l, err := nccl.Open(nccl.WithPath(mockPath))
 	if err != nil || l.Path() != mockPath || !strings.HasPrefix(l.Source(), "WithPath") {
 		t.Fatalf("Open(mock) after the refusals: %v", err)
+	}
+}
+
+// TestRealSplit: the real library has ncclCommSplit (NCCL ≥ 2.18), and
+// where a GPU makes a communicator, Split of a one-rank communicator gives
+// a one-rank one (NoColor gives none), and the parent and the child each
+// outlive the other's Destroy. Without a GPU ncclCommInitRank fails, so
+// after the symbol check the test skips, saying so.
+func TestRealSplit(t *testing.T) {
+	path, err := ncclmock.RealLibrary()
+	if err != nil {
+		t.Skip(err)
+	}
+	if !ncclmock.Isolate(t, isolatedTimeout) {
+		return
+	}
+	l := openReal(t)
+	if v := l.Version(); v.Minor < 18 {
+		t.Skipf("NCCL %v predates ncclCommSplit (2.18)", v)
+	}
+	if file := l.SymbolFile("ncclCommSplit"); !sameFile(file, path) {
+		t.Fatalf("ncclCommSplit resolved in %q, not in %s", file, path)
+	}
+	id, err := l.GetUniqueID()
+	if err != nil {
+		t.Skipf("GetUniqueID failed (no bootstrap interface?), so no communicator: %v", err)
+	}
+	ctx := t.Context()
+	opts := []nccl.Option{nccl.WithTimeout(callTimeout), nccl.WithAbortGrace(5 * time.Second)}
+	c, err := l.InitRank(ctx, 1, id, 0, opts...)
+	if err != nil {
+		var ne *nccl.Error
+		if errors.As(err, &ne) && ne.Func == "ncclCommInitRank" {
+			t.Skipf("ncclCommInitRank failed (no usable GPU here), so Split is out of reach: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer c.Destroy(context.Background())
+	start := time.Now()
+	s, err := c.Split(ctx, 0, 0)
+	if err != nil {
+		t.Fatalf("Split: %v", err)
+	}
+	if s.Rank() != 0 || s.Size() != 1 {
+		t.Errorf("Split of one rank: Rank %d Size %d", s.Rank(), s.Size())
+	}
+	t.Logf("ncclCommSplit of one rank took %v", time.Since(start).Round(time.Millisecond))
+	if none, err := c.Split(ctx, nccl.NoColor, 0); none != nil || err != nil {
+		t.Errorf("Split(NoColor): got %v, %v; want nil, nil", none, err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatalf("Destroy of the child: %v", err)
+	}
+	if err := c.AsyncError(); err != nil {
+		t.Errorf("the parent after its child's Destroy: %v", err)
+	}
+	s, err = c.Split(ctx, 1, 0)
+	if err != nil {
+		t.Fatalf("second Split: %v", err)
+	}
+	if err := c.Destroy(ctx); err != nil {
+		t.Fatalf("Destroy of the parent: %v", err)
+	}
+	if err := s.Wait(ctx, func() (bool, error) { return true, nil }); err != nil {
+		t.Errorf("the child after its parent's Destroy: %v", err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Errorf("Destroy of the child: %v", err)
 	}
 }

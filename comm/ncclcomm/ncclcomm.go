@@ -14,13 +14,15 @@
 //	ReduceScatter  ncclReduceScatter(src, dst, n, ncclFloat32, ncclSum)
 //	AllToAll       one group of ncclSend/ncclRecv of n/Size() bytes with every rank, itself included
 //	Broadcast      ncclBroadcast(buf, buf, n, ncclUint8, root) (in place)
+//	Split          ncclCommSplit(comm, color, key, &newcomm, NULL) (comm.DeviceSplitter; NCCL ≥ 2.18)
 //
 // Timeouts, aborts and errors are those of the binding (nccl.Comm): a call
 // or Wait that runs past the timeout given to New (nccl.WithTimeout) or
 // past its ctx aborts the communicator and returns an *nccl.AbortError;
 // the Comm is unusable afterwards. Invalid arguments are an
 // *nccl.ArgumentError, or a *comm.ArgumentError for what only this
-// package checks (AllToAll's divisibility).
+// package checks (AllToAll's divisibility). Split on a library older than
+// NCCL 2.18 is an *nccl.UnsupportedError.
 package ncclcomm
 
 import (
@@ -37,7 +39,10 @@ type Comm struct {
 	c *nccl.Comm
 }
 
-var _ comm.DeviceComm = (*Comm)(nil)
+var (
+	_ comm.DeviceComm     = (*Comm)(nil)
+	_ comm.DeviceSplitter = (*Comm)(nil)
+)
 
 // New creates this rank's NCCL communicator for the ranks of boot, which
 // it uses once to broadcast the unique id from rank 0 (a collective call on
@@ -120,6 +125,26 @@ func (c *Comm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stre
 func (c *Comm) Broadcast(ctx context.Context, buf gpu.Ptr, n int, root int, s gpu.Stream) error {
 	b := buf
 	return c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, s))
+}
+
+// Split implements comm.DeviceSplitter with nccl.Comm.Split
+// (ncclCommSplit): the ranks that pass the same color form a new Comm,
+// ranked by key, ties by their rank here. It is collective over every rank
+// of c. The new Comm has c's device, timeout and abort grace; closing
+// either leaves the other open. color must be ≥ 0 (every rank joins a
+// group; nccl.NoColor is for NCCL() directly) and key ≥ 0: otherwise an
+// *nccl.ArgumentError. A Split that does not complete within the timeout
+// or ctx aborts c too (see nccl.Comm.Split).
+func (c *Comm) Split(ctx context.Context, color, key int) (comm.DeviceComm, error) {
+	if color < 0 {
+		return nil, &nccl.ArgumentError{Func: "ncclCommSplit", Reason: fmt.Sprintf(
+			"rank %d: color = %d, want ≥ 0 (comm.DeviceSplitter puts every rank in a group; use NCCL().Split with nccl.NoColor to leave one out)", c.c.Rank(), color)}
+	}
+	s, err := c.c.Split(ctx, color, key)
+	if err != nil {
+		return nil, err
+	}
+	return &Comm{c: s}, nil
 }
 
 // Wait implements comm.DeviceComm with nccl.Comm.Wait.

@@ -13,6 +13,8 @@
 // ignored and every operation completes before it returns. Ranks are
 // goroutines of one process that share a unique id; the id's first bytes
 // select a behaviour for the whole world (see ID and mocknccl.c).
+// ncclCommSplit groups a world's ranks by color, ordered by key then by
+// their old rank, into new worlds of the same behaviour.
 package ncclmock
 
 import (
@@ -54,7 +56,8 @@ func CC() (string, error) {
 
 // Build compiles the mock into dir/libnccl.so.2 (soname libnccl.so.2) and
 // returns its path. defines are extra -D macros: "MOCK_NO_SEND" for a
-// library that lacks ncclSend, "MOCK_VERSION=30000" for one whose
+// library that lacks ncclSend, "MOCK_NO_SPLIT" for one that lacks
+// ncclCommSplit (as NCCL before 2.18), "MOCK_VERSION=30000" for one whose
 // ncclGetVersion reports 3.0.0.
 func Build(dir string, defines ...string) (string, error) {
 	cc, err := CC()

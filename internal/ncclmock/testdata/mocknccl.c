@@ -20,9 +20,12 @@
  *   "mock:async:…"  operations succeed, then ncclCommGetAsyncError reports
  *                   ncclRemoteError;
  *   "mock:fail:…"   operations return ncclInvalidUsage with a last error.
+ * ncclCommSplit makes each new communicator a world of its own, of the
+ * parent's mode (see ncclCommSplit below).
  * Build with -DMOCK_NO_SEND to leave out ncclSend (a library that lacks a
- * function the binding needs), and with -DMOCK_VERSION=<code> to make
- * ncclGetVersion report another version (30000: an NCCL 3.0.0).
+ * function the binding needs), with -DMOCK_NO_SPLIT to leave out
+ * ncclCommSplit (as NCCL before 2.18), and with -DMOCK_VERSION=<code> to
+ * make ncclGetVersion report another version (30000: an NCCL 3.0.0).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -44,8 +47,10 @@ typedef struct mock_comm* ncclComm_t;
 typedef void* cudaStream_t;
 
 enum mode { MODE_OK, MODE_HANG, MODE_STUCK, MODE_ASYNC, MODE_FAIL };
-enum kind { K_ALLREDUCE = 1, K_ALLGATHER, K_REDUCESCATTER, K_BROADCAST };
-static const char* kind_names[] = {"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast"};
+enum kind { K_ALLREDUCE = 1, K_ALLGATHER, K_REDUCESCATTER, K_BROADCAST, K_SPLIT };
+static const char* kind_names[] = {"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "CommSplit"};
+
+#define NCCL_SPLIT_NOCOLOR -1
 
 #define MAXRANKS 64
 
@@ -62,6 +67,10 @@ struct world {
 	struct slot slots[MAXRANKS];
 	/* point-to-point mailbox: one pending send per (from, to) pair */
 	struct { const void* buf; size_t bytes; int full; } box[MAXRANKS][MAXRANKS];
+	/* ncclCommSplit: each rank's color and key, and the new world each
+	 * group's first rank made, at that rank's index */
+	struct { int color, key; } split[MAXRANKS];
+	struct world* split_world[MAXRANKS];
 	struct world* next;
 };
 
@@ -489,6 +498,75 @@ ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t t, int peer, ncclC
 	(void)s;
 	return p2p(0, buf, count, t, peer, c);
 }
+
+/* ---- split ---- */
+
+/* split_before reports whether old rank q comes before old rank p in their
+ * new communicator: by key, then by old rank. */
+static int split_before(struct world* w, int q, int p) {
+	return w->split[q].key < w->split[p].key || (w->split[q].key == w->split[p].key && q < p);
+}
+
+#ifndef MOCK_NO_SPLIT
+/* ncclCommSplit is a collective of the parent's world: every rank posts its
+ * color and key, then the ranks of one color form a new world, ordered by
+ * key, then by their rank in the parent. The group's first rank makes the
+ * world (of the parent's mode, every rank joined). As in NCCL, *newcomm is
+ * NULL until the split is complete, and stays NULL for NCCL_SPLIT_NOCOLOR;
+ * an abort of the parent ends a split that waits for its peers. config is
+ * ignored (the binding passes NULL). */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, void* config) {
+	(void)config;
+	if (newcomm == NULL) return fail(comm, ncclInvalidArgument, "mock: ncclCommSplit: NULL newcomm");
+	*newcomm = NULL;
+	ncclResult_t r = enter(comm, "ncclCommSplit");
+	if (r != ncclSuccess) return r;
+	if (color < NCCL_SPLIT_NOCOLOR) return fail(comm, ncclInvalidArgument, "mock: ncclCommSplit: color %d", color);
+	struct world* w = comm->w;
+	int me = comm->rank;
+	w->slots[me] = (struct slot){.kind = K_SPLIT};
+	w->split[me].color = color;
+	w->split[me].key = key;
+	if (barrier(comm)) return fail(comm, ncclRemoteError, "mock: ncclCommSplit: a peer aborted");
+	for (int q = 0; q < w->nranks; q++) {
+		if (w->slots[q].kind != K_SPLIT) {
+			barrier(comm);
+			return fail(comm, ncclInvalidUsage, "mock: ranks disagree: rank %d called CommSplit, rank %d called %s", me, q,
+				    kind_names[w->slots[q].kind]);
+		}
+	}
+	int n = 0, pos = 0, first = -1;
+	if (color != NCCL_SPLIT_NOCOLOR) {
+		for (int q = 0; q < w->nranks; q++) {
+			if (w->split[q].color != color) continue;
+			n++;
+			if (q != me && split_before(w, q, me)) pos++;
+			if (first < 0 || split_before(w, q, first)) first = q;
+		}
+	}
+	if (first == me) {
+		struct world* nw = calloc(1, sizeof *nw);
+		pthread_mutex_lock(&worlds_mu);
+		unsigned long k = ++id_counter;
+		pthread_mutex_unlock(&worlds_mu);
+		snprintf(nw->id.internal, sizeof nw->id.internal, "mock:split:%d:%lu", (int)getpid(), k);
+		nw->mode = w->mode;
+		nw->nranks = nw->joined = n;
+		pthread_mutex_init(&nw->mu, NULL);
+		pthread_cond_init(&nw->cv, NULL);
+		w->split_world[me] = nw;
+	}
+	/* Nobody reads split_world before the group's first rank has written it. */
+	if (barrier(comm)) return fail(comm, ncclRemoteError, "mock: ncclCommSplit: a peer aborted");
+	leave(comm);
+	if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+	struct mock_comm* c = calloc(1, sizeof *c);
+	c->w = w->split_world[first];
+	c->rank = pos;
+	__atomic_store_n(newcomm, c, __ATOMIC_RELEASE);
+	return ncclSuccess;
+}
+#endif
 
 /* group_run runs one communicator's queued collectives, in order, on a thread. */
 struct group_run {
