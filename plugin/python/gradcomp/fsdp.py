@@ -1,0 +1,786 @@
+"""FSDP2 (torch 2.x ``fully_shard``) with gradcomp's engine across replicas:
+HSDP whose cross-replica exchange is compressed with error feedback.
+
+Usage::
+
+    from torch.distributed.fsdp import fully_shard
+    from gradcomp.fsdp import FSDPState, init_mesh, register
+
+    mesh = init_mesh(replicas=2, shards=4)           # 8 ranks: rank r is replica r // 4, shard r % 4
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["shard"])       # FSDP inside a shard group (a node) only
+    fully_shard(model, mesh=mesh["shard"])
+    state = register(model, FSDPState("int8", replicate_group=mesh["replicate"], warmup_steps=10))
+    ...
+    print(state.summary())
+    torch.save({"gradcomp": state.state_dict(), ...}, path)
+
+What it does: the model is sharded with FSDP2 inside each shard group only,
+so FSDP's reduce-scatter leaves on every rank its shard of the gradient
+averaged over its shard group. :func:`register` sets
+:meth:`FSDPModule.set_all_reduce_hook` on every FSDP module of the model;
+the hook averages that shard across the replicate group (the ranks holding
+the same shard: the same place in their shard groups) through gradcomp's
+engine: HSDP's semantics, with the cross-replica traffic compressed with
+error feedback, exchanged by the engine's strategy and cost model.
+
+When torch calls the hook (torch 2.15's
+``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``,
+``foreach_reduce``, called by ``FSDPParamGroup.post_backward``): once per
+FSDP module (param group) that has gradients to reduce, per backward,
+right after the module's reduce-scatter; on the CPU on the thread that runs
+backward (on CUDA inside FSDP's all-reduce stream, or the ``stream`` given
+to set_all_reduce_hook). Modules whose post-backward did not run during
+backward (those whose inputs need no gradient: in the tests' MLP the root
+and the first layer) reduce in FSDP's end-of-backward callback, so their
+hooks fire there, last. No hook fires in a backward under
+``set_requires_gradient_sync(False)``. The hook gets the reduce output
+already averaged over the shard group for float32 and bfloat16 reduce
+dtypes (FSDP reduce-scatters with ReduceOp.AVG; for other dtypes it divides
+after the hook), and torch uses the tensor as soon as the hook returns: it
+views it as the parameters' sharded gradients (``.grad``, no copy when the
+gradient dtype is the reduce dtype), or casts it, and adds it to an
+existing ``.grad``. With native HSDP (a 2-D mesh) torch's own all-reduce
+has run before the hook, which therefore cannot replace it:
+:func:`register` refuses such modules.
+
+How the hook meets that: every FSDP module's reduce output is one engine
+bucket, in the order the hooks fire (deterministic, the same on every
+rank). The first backward of a State (``PLAIN_STEPS``) is exchanged with a
+plain ``dist.all_reduce`` of output/replicas over the replicate group; it
+learns the buckets' sizes and modules. At the first hook of the next
+backward the State creates the engine for them (its handshake compares
+spec, strategy, decision, error feedback, on_nonfinite, warm-up, momentum,
+schedule, guard and the bucket sizes: a rank that differs gets ValueError
+on every rank). From then on, per backward: gc_engine_step at the first
+hook, each module's reduce output handed to the engine as its hook fires
+(a float32 copy: FSDP keeps using the tensor), and at the last module's
+hook the State waits for the engine and writes every module's average back
+into its reduce output in place, where FSDP's sharded gradients look: the
+earlier modules' ``.grad`` are views of it, the last module's FSDP reads
+after the hook returns. So the engine compresses and exchanges the early
+modules' shards while backward computes the later ones, and when backward
+returns every ``.grad`` holds the average over all ranks.
+
+Limits, each refused with ValueError or NotImplementedError naming it:
+
+* CPU tensors (gloo, or any backend that takes CPU tensors); CUDA is not
+  supported by this front end.
+* No gradient accumulation into an existing ``.grad`` across backward
+  passes: a module's gradients are final only at the last module's hook,
+  after FSDP has assigned the earlier ones. Zero the gradients with
+  ``set_to_none=True`` (``optimizer.zero_grad()``'s default) and accumulate
+  microbatches with ``model.set_requires_gradient_sync(False)`` (FSDP keeps
+  the unsharded gradients and neither reduce-scatters nor calls the hook
+  until the last microbatch).
+* The reduce dtype must be float32 or bfloat16 (FSDP divides others after
+  the hook), and for every module but the last the parameters' gradient
+  dtype (FSDP's gradients must be views of its reduce output). In torch
+  2.15 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` with float32
+  parameters reduces in float32 and passes; a bfloat16 ``reduce_dtype``
+  with float32 parameters (earlier torch's default under that policy) is
+  refused.
+  ``set_force_sum_reduction_for_comms(True)`` (FSDP divides after the
+  hook) and post-accumulate-grad hooks (optimizer in backward: they would
+  read the gradient before its average exists) are refused.
+* Every backward must reduce the same modules with the same sizes: a model
+  with parameters unused in some steps needs
+  ``set_reduce_scatter_unused_params(True)``.
+
+``set_gradient_divide_factor`` acts inside the shard group only; the hook
+always averages over the replicate group.
+
+Errors reach the caller of ``loss.backward()`` with their own type, raised
+from an autograd callback that runs after FSDP has finished its backward
+(the hooks themselves never raise into FSDP): ValueError when the ranks'
+configurations differ or the modules do not match the engine's buckets,
+FloatingPointError (gradcomp.NonFiniteError) under
+``on_nonfinite="raise"`` (the State stays usable: skip the optimizer step;
+the gradients then hold unaveraged values), gradcomp.CommError when a
+collective failed or timed out (the State is broken).
+
+Checkpoints: :meth:`FSDPState.state_dict` holds the engine's state
+(error-feedback memories, momentum, step, spec, strategy, bucket sizes),
+the step count and the buckets' module names; :meth:`FSDPState.load_state_dict`
+refuses, with ValueError and changing nothing, a state of another spec,
+strategy or error-feedback setting or of another model (other module
+names, or bucket sizes that differ from the shard sizes of this model's
+modules or from the buckets this State has seen). A State loaded before its
+engine exists creates it at its next backward, with the checkpoint's
+buckets, without a plain step; with the decision pinned the steps after a
+resume are bit for bit those of the uninterrupted run
+(tests/python/test_fsdp.py).
+"""
+
+import collections
+import functools
+import logging
+import math
+import threading
+
+import torch
+import torch.distributed as dist
+
+try:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, Shard
+except Exception as e:  # torch 1.x: no FSDP2 (1.13's fsdp package even fails on Python 3.11 with a ValueError)
+    raise ImportError("gradcomp.fsdp needs torch 2.x with FSDP2 (torch.distributed.fsdp.fully_shard); this torch is "
+                      "%s: %s: %s" % (torch.__version__, type(e).__name__, e)) from e
+if not hasattr(FSDPModule, "set_all_reduce_hook"):
+    raise ImportError("gradcomp.fsdp needs FSDPModule.set_all_reduce_hook, which this torch (%s) lacks"
+                      % torch.__version__)
+
+from . import _lib
+from ._compressor import Compressor
+from ._engine import Engine, format_schedule
+from .torch import _ms
+
+__all__ = ["FSDPState", "init_mesh", "register"]
+
+logger = logging.getLogger("gradcomp")
+
+#: Backward passes exchanged with a plain all-reduce before the engine
+#: exists (the State learns the buckets in it).
+PLAIN_STEPS = 1
+_FORMAT = "gradcomp.fsdp.FSDPState/1"
+_DECISIONS = ("auto", "compressed", "dense")
+_STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
+_ON_NONFINITE = ("dense", "raise")
+_REDUCE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def init_mesh(replicas, shards, device_type="cpu"):
+    """A 2-D DeviceMesh of ``replicas`` × ``shards`` ranks named
+    ("replicate", "shard") over every rank of the job (collective):
+    rank r is replica r // shards, shard r % shards. Shard the model with
+    ``fully_shard(module, mesh=mesh["shard"])`` (consecutive ranks: a node
+    under torchrun when ``shards`` is LOCAL_WORLD_SIZE) and give
+    ``mesh["replicate"]`` to :class:`FSDPState`."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if not (isinstance(replicas, int) and isinstance(shards, int) and replicas >= 1 and shards >= 1
+            and replicas * shards == world):
+        raise ValueError("gradcomp.fsdp.init_mesh: %r replicas × %r shards is not the job's %d ranks"
+                         % (replicas, shards, world))
+    return init_device_mesh(device_type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
+
+
+def _managed(module):
+    """The parameters an FSDP module manages: those of its subtree outside
+    nested FSDP modules."""
+    out, seen, stack = [], set(), [module]
+    while stack:
+        m = stack.pop()
+        for p in m.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        stack.extend(c for c in reversed(list(m.children())) if not isinstance(c, FSDPModule))
+    return out
+
+
+def _shard_size(p):
+    """The elements of ``p``'s padded shard in FSDP's reduce output (dim 0
+    split in ceil(d0/S) rows), or None when not sharded on dim 0 of a
+    1-D mesh."""
+    if not isinstance(p, DTensor) or p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+        return None
+    shape = tuple(p.shape) or (1,)
+    return math.ceil(shape[0] / p.device_mesh.size()) * math.prod(shape[1:])
+
+
+def _param_groups(module):
+    """The FSDP param groups of ``module`` (torch's private state; [] where
+    this torch does not have it)."""
+    try:
+        state = module._get_fsdp_state()
+    except Exception:
+        return []
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+def _local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _same_storage(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def register(model, state):
+    """Registers ``state``'s hook on every FSDP module of ``model`` (an
+    nn.Module whose FSDP modules are found by ``named_modules``, named by
+    their qualified names; or a list of FSDP modules, named by their
+    positions) with ``set_all_reduce_hook``; returns ``state``. ValueError
+    for a module sharded on a 2-D mesh (native HSDP: torch all-reduces
+    across replicas itself, before the hook) or when there is no FSDP
+    module; NotImplementedError for parameters that are not on the CPU."""
+    if isinstance(model, torch.nn.Module):
+        mods = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    else:
+        mods = [(str(i), m) for i, m in enumerate(model)]
+        for name, m in mods:
+            if not isinstance(m, FSDPModule):
+                raise TypeError("gradcomp.fsdp.register: item %s is a %s, not an FSDP module (fully_shard it)"
+                                % (name, type(m).__name__))
+    if not mods:
+        raise ValueError("gradcomp.fsdp.register: no FSDP module (fully_shard(module, mesh=mesh['shard']) first)")
+    for name, m in mods:
+        for p in _managed(m):
+            if p.device.type != "cpu":
+                raise NotImplementedError("gradcomp.fsdp.register: module %r holds parameters on %s: gradcomp.fsdp "
+                                          "takes CPU tensors only" % (name, p.device))
+            if isinstance(p, DTensor) and p.device_mesh.ndim != 1:
+                raise ValueError("gradcomp.fsdp.register: module %r is sharded on a %d-D mesh (native HSDP): torch "
+                                 "all-reduces across replicas itself and calls the hook after; shard with "
+                                 "fully_shard(module, mesh=mesh['shard']) and give mesh['replicate'] to the State"
+                                 % (name, p.device_mesh.ndim))
+    state._attach(mods)
+    for name, m in mods:
+        m.set_all_reduce_hook(functools.partial(state._hook, name))
+    return state
+
+
+class _Step:
+    """One backward pass: its buckets so far and its first error."""
+
+    def __init__(self, number, plain):
+        self.number = number
+        self.plain = plain
+        self.names = []  # the modules whose hook fired, in order
+        self.sizes = []
+        self.dtypes = []  # plain steps: the reduce dtypes
+        self.pending = []  # engine steps: (reduce output, float32 buffer handed to the engine)
+        self.started = False  # gc_engine_step was called
+        self.done = False  # the engine's step ended
+        self.error = None
+        self.plain_sent = 0
+
+    def fail(self, e):
+        if self.error is None:
+            self.error = e
+
+
+class FSDPState:
+    """gradcomp's engine across the replicas of an FSDP2 model sharded
+    within shard groups (see the module documentation).
+
+    ``spec``: a compressor spec ("int8", "topk:0.01", "none", ...).
+    ``replicate_group``: the process group of the ranks that hold the same
+    shard (a ProcessGroup, or a 1-D DeviceMesh such as
+    ``init_mesh(...)["replicate"]``). ``strategy``: "auto", "dense",
+    "shared-index", "sparse-gather", "sra" or "allgather". ``decision``:
+    "auto" (the cost model, verified online), "compressed" or "dense"
+    (pinned: reproducible). ``warmup_steps`` (≥ 1): backward passes
+    exchanged dense (the first, plain, included). ``error_feedback``,
+    ``on_nonfinite`` ("dense" or "raise"), ``timeout`` (seconds per
+    collective), ``workers`` (compressor threads, 0: all CPUs),
+    ``momentum``, ``momentum_masking``, ``schedule`` and ``guard`` are
+    gradcomp.torch.State's. ``engine_group``: the process group the
+    engine's collectives run on (None: ``replicate_group``; nothing else
+    may run collectives on it during backward).
+    """
+
+    def __init__(self, spec, replicate_group, strategy="auto", decision="auto", warmup_steps=10,
+                 error_feedback=True, on_nonfinite="dense", timeout=60.0, workers=0, momentum=0.0, schedule=None,
+                 guard=0.0, momentum_masking=False, engine_group=None):
+        where = "gradcomp.fsdp.FSDPState"
+        if not isinstance(spec, str):
+            raise TypeError("%s: spec must be a str, got %s" % (where, type(spec).__name__))
+        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
+            raise ValueError("%s: warmup_steps=%r: want an int ≥ %d (the first backward learns the buckets)"
+                             % (where, warmup_steps, PLAIN_STEPS))
+        if decision not in _DECISIONS:
+            raise ValueError("%s: decision=%r: want one of %s" % (where, decision, _DECISIONS))
+        if strategy not in _STRATEGIES:
+            raise ValueError("%s: strategy=%r: want one of %s (the shard groups are FSDP's: no 'hier')"
+                             % (where, strategy, _STRATEGIES))
+        if on_nonfinite not in _ON_NONFINITE:
+            raise ValueError("%s: on_nonfinite=%r: want one of %s" % (where, on_nonfinite, _ON_NONFINITE))
+        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+            raise ValueError("%s: timeout=%r: want seconds > 0" % (where, timeout))
+        if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
+            raise ValueError("%s: momentum=%r: want a number in [0, 1)" % (where, momentum))
+        if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
+            raise ValueError("%s: guard=%r: want a finite number ≥ 0 (0: off)" % (where, guard))
+        if momentum_masking and not momentum:
+            raise ValueError("%s: momentum_masking=True needs momentum > 0" % where)
+        if guard and not error_feedback:
+            raise ValueError("%s: guard=%r needs error_feedback=True" % (where, guard))
+        self.replicate_group = self._group(replicate_group, "replicate_group")
+        self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
+                                                                                          "engine_group")
+        with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
+            #: The canonical spec.
+            self.spec = c.spec
+        self.strategy = strategy
+        self.decision = decision
+        self.warmup_steps = warmup_steps
+        self.error_feedback = bool(error_feedback)
+        self.on_nonfinite = on_nonfinite
+        self.timeout = float(timeout)
+        self.workers = int(workers)
+        self.momentum = float(momentum)
+        self.momentum_masking = bool(momentum_masking)
+        self.schedule = format_schedule(schedule)
+        self.guard = float(guard)
+        #: Backward passes this State has seen (restored by load_state_dict).
+        self.iter = 0
+        #: The engine's StepStats of the last waited step (None before).
+        self.last_step = None
+        self._modules = None  # [(name, module, managed parameters)], from register
+        self._names = None  # the engine's buckets: module names, in hook order
+        self._sizes = None  # and their sizes
+        self._engine = None
+        self._pending = None  # engine state bytes to load when the engine is created
+        self._checked = False  # the replicate group was checked against FSDP's shard groups
+        self._broken = None
+        self._cur = None
+        self._lock = threading.Lock()
+        self._counts = collections.Counter()
+        self._decided = {}
+
+    @staticmethod
+    def _group(g, what):
+        if g is None:
+            raise ValueError("gradcomp.fsdp.FSDPState: %s is required (e.g. init_mesh(...)['replicate'])" % what)
+        if hasattr(g, "get_group") and hasattr(g, "ndim"):  # a DeviceMesh
+            if g.ndim != 1:
+                raise ValueError("gradcomp.fsdp.FSDPState: %s is a %d-D DeviceMesh; want its 'replicate' dimension "
+                                 "(mesh['replicate'])" % (what, g.ndim))
+            return g.get_group()
+        return g
+
+    # ---- what a user reads
+
+    @property
+    def engine(self):
+        """The gradcomp.Engine (None before it exists)."""
+        return self._engine
+
+    @property
+    def buckets(self):
+        """The engine's buckets as (module name, elements) pairs in hook
+        order (None before they are known)."""
+        return None if self._sizes is None else list(zip(self._names, self._sizes))
+
+    @property
+    def stats(self):
+        """Counters as gradcomp.torch.State's: "steps", "plain_steps",
+        "engine_steps", bucket-steps "compressed", "dense", "nonfinite",
+        "guarded", "bytes_sent" (this rank's bytes in the last step; a
+        plain step counts a ring all-reduce's 2(R−1)/R·4S) and
+        "bytes_sent_total"."""
+        with self._lock:
+            out = dict(self._counts)
+        out["steps"] = self.iter
+        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "guarded", "bytes_sent",
+                  "bytes_sent_total"):
+            out.setdefault(k, 0)
+        return out
+
+    def summary(self):
+        """A table of the last engine step, per bucket (FSDP module)."""
+        if self._broken is not None:
+            return "gradcomp.fsdp: %s: the engine failed: %s" % (self.spec, self._broken)
+        s = self.last_step
+        if s is None:
+            return ("gradcomp.fsdp: %s: no engine step yet (%d steps seen; the engine starts at step %d, "
+                    "compression after warm-up, at step %d)" % (self.spec, self.iter, PLAIN_STEPS, self.warmup_steps))
+        head = "gradcomp.fsdp: spec %s, %d replicas, step %d: %d bytes sent by this rank, %.3f ms (%.3f ms exposed)" % (
+            self.spec, self._engine.world if self._engine else 0, s.step, s.bytes_sent, s.total_seconds * 1e3,
+            s.exposed_seconds * 1e3)
+        rows = [("bucket", "module", "elements", "strategy", "sent", "bytes", "compress", "exchange", "reason")]
+        for b in s.buckets:
+            rows.append((str(b.bucket), self._names[b.bucket] or "(root)", str(b.elements), b.strategy,
+                         "compressed" if b.compressed else "dense", str(b.bytes_sent), _ms(b.compress_seconds),
+                         _ms(b.exchange_seconds), b.reason))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows])
+
+    def close(self):
+        """Destroys the engine and its transport (the State then fails)."""
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            self._broken = self._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
+                                                            "gradcomp.fsdp: the State was closed")
+            eng.close()
+
+    # ---- checkpoints
+
+    def state_dict(self):
+        """The engine's state bytes (None before the engine exists, unless
+        a loaded one waits), the step count, and the buckets: module names
+        and sizes in hook order."""
+        data = self._engine.save_state() if self._engine is not None else self._pending
+        return {
+            "format": _FORMAT,
+            "spec": self.spec,
+            "strategy": self.strategy,
+            "error_feedback": self.error_feedback,
+            "iter": self.iter,
+            "modules": None if self._names is None else list(self._names),
+            "layout": None if self._sizes is None else list(self._sizes),
+            "engine": data,
+        }
+
+    def load_state_dict(self, sd):
+        """Restores a :meth:`state_dict`, checked whole before anything
+        changes (ValueError naming what differs: format, spec, strategy,
+        error feedback, the modules, their sizes, the engine's settings)."""
+        where = "gradcomp.fsdp.FSDPState.load_state_dict"
+        if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
+            raise ValueError("%s: not a %s state dict" % (where, _FORMAT))
+        try:
+            spec, strategy, ef, it = sd["spec"], sd["strategy"], sd["error_feedback"], sd["iter"]
+            names, layout, data = sd["modules"], sd["layout"], sd["engine"]
+        except KeyError as e:
+            raise ValueError("%s: the state dict lacks %s" % (where, e))
+        if spec != self.spec:
+            raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
+        if strategy != self.strategy:
+            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
+        if bool(ef) != self.error_feedback:
+            raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
+                             % (where, bool(ef), self.error_feedback))
+        if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+            raise ValueError("%s: iter %r is not a step count" % (where, it))
+        if (names is None) != (layout is None):
+            raise ValueError("%s: modules and layout must both be given or both be None" % where)
+        if layout is not None:
+            if not (isinstance(layout, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                     for n in layout)):
+                raise ValueError("%s: layout %r is not a list of bucket sizes" % (where, layout))
+            if not (isinstance(names, list) and len(names) == len(layout) and all(isinstance(n, str) for n in names)
+                    and len(set(names)) == len(names)):
+                raise ValueError("%s: modules %r are not %d distinct module names" % (where, names, len(layout)))
+        if data is not None:
+            if not isinstance(data, (bytes, bytearray)):
+                raise ValueError("%s: engine state is %s, not bytes" % (where, type(data).__name__))
+            data = bytes(data)
+            if layout is None:
+                raise ValueError("%s: an engine state without its modules" % where)
+            info = Engine.state_info(data)  # ValueError when it is not one
+            if info.spec != self.spec:
+                raise ValueError("%s: the engine state is for spec %r, this State has %r" % (where, info.spec,
+                                                                                          self.spec))
+            if list(info.sizes) != layout:
+                raise ValueError("%s: the engine state's buckets %s differ from the dict's layout %s"
+                                 % (where, info.sizes, layout))
+        if layout is not None:
+            self._check_model(names, layout, where)
+        if self._engine is not None:
+            if data is None:
+                raise ValueError("%s: the state holds no engine state (saved in the plain step) but this State's "
+                                 "engine exists" % where)
+            self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
+        else:
+            if data is not None and dist.is_initialized():
+                Engine.check_state(data, layout, dist.get_world_size(self.engine_group), spec=self.spec,
+                                   **self._settings())
+            self._pending = data
+            if layout is not None:
+                self._names, self._sizes = list(names), list(layout)
+        self.iter = it
+
+    def _check_model(self, names, layout, where):
+        """ValueError when a checkpoint's buckets are not this model's."""
+        if self._sizes is not None and (self._names != names or self._sizes != layout):
+            raise ValueError("%s: the state is for the buckets %s; this State's are %s: not the same model"
+                             % (where, list(zip(names, layout)), self.buckets))
+        if self._modules is None:
+            return
+        mine = {name: params for name, _, params in self._modules if any(p.requires_grad for p in params)}
+        if sorted(names) != sorted(mine):
+            raise ValueError("%s: the state is for the FSDP modules %s; this model's (with trainable parameters) are "
+                             "%s: not the same model"
+                             % (where, names, sorted(mine)))
+        for name, n in zip(names, layout):
+            sizes = [_shard_size(p) for p in mine[name] if p.requires_grad]
+            if None not in sizes and sum(sizes) != n:
+                raise ValueError("%s: the state's bucket for module %r holds %d elements; this model's shard of it "
+                                 "holds %d: not the same model (or not the same sharding)"
+                                 % (where, name, n, sum(sizes)))
+
+    def _settings(self):
+        return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
+                    fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
+                    timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
+                    guard=self.guard, momentum_masking=self.momentum_masking)
+
+    # ---- the hook
+
+    def _attach(self, mods):
+        self._modules = [(name, m, _managed(m)) for name, m in mods]
+
+    def _params_of(self, name):
+        for n, _, params in self._modules or ():
+            if n == name:
+                return params
+        return []
+
+    def _begin(self):
+        """A new step, and a callback that ends it after FSDP's own
+        end-of-backward callback (queued at the root's pre-backward: ours,
+        queued from a hook, comes after it)."""
+        st = _Step(self.iter, self._engine is None and self._sizes is None)
+        engine = torch.autograd.Variable._execution_engine
+        try:
+            engine.queue_callback(lambda: self._end(st))
+        except RuntimeError as e:  # "Final callbacks can only be installed during backward pass"
+            raise RuntimeError("gradcomp.fsdp: the hook runs inside FSDP's backward only (%s)" % e) from e
+        self._cur = st
+        return st
+
+    def _hook(self, name, out):
+        st = self._cur or self._begin()
+        if st.error is not None:
+            return  # raised at the end of backward
+        try:
+            if self._broken is not None:
+                raise self._broken
+            if out.device.type != "cpu":
+                raise NotImplementedError("gradcomp.fsdp: reduce output on %s: CPU tensors only" % out.device)
+            if not self._checked:
+                self._check_groups(name)
+            if st.plain:
+                self._plain(st, name, out)
+            else:
+                self._bucket(st, name, out)
+        except BaseException as e:
+            st.fail(e)
+            self._abort(st, e)
+
+    def _check_groups(self, name):
+        """Collective over the replicate group: every rank of it must sit at
+        the same place of an FSDP shard group of the same size (else they
+        would average different shards)."""
+        params = [p for p in self._params_of(name) if isinstance(p, DTensor)]
+        mine = (params[0].device_mesh.get_local_rank(), params[0].device_mesh.size()) if params else None
+        world = dist.get_world_size(self.replicate_group)
+        theirs = [None] * world
+        dist.all_gather_object(theirs, mine, group=self.replicate_group)
+        if len(set(theirs)) != 1:
+            raise ValueError("gradcomp.fsdp: the replicate group's ranks sit at (place, size) %s of their FSDP shard "
+                             "groups: a replicate group must join the ranks at one place of shard groups of one size "
+                             "(init_mesh(...)['replicate'] with fully_shard(..., mesh=mesh['shard']))" % theirs)
+        self._checked = True
+
+    def _plain(self, st, name, out):
+        """The plain step: out/R all-reduced over the replicate group; the
+        State learns the bucket."""
+        if name in st.names:
+            raise ValueError("gradcomp.fsdp: step %d: the hook of module %r fired twice in one backward"
+                             % (st.number, name))
+        if out.dtype not in _REDUCE_DTYPES:
+            raise NotImplementedError("gradcomp.fsdp: module %r reduces in %s; want float32 or bfloat16 (FSDP divides "
+                                      "other dtypes after the hook)" % (name, out.dtype))
+        st.names.append(name)
+        st.sizes.append(out.numel())
+        st.dtypes.append(out.dtype)
+        world = dist.get_world_size(self.replicate_group)
+        out.div_(world)
+        dist.all_reduce(out, group=self.replicate_group)
+        st.plain_sent += 2 * (world - 1) * 4 * out.numel() // world
+
+    def _bucket(self, st, name, out):
+        i = len(st.names)
+        if i == 0:
+            if self._engine is None:
+                self._create()
+            self._check_fresh(st)
+            self._engine.step()
+            st.started = True
+        eng = self._engine
+        if i >= eng.nbuckets or self._names[i] != name or self._sizes[i] != out.numel():
+            raise ValueError("gradcomp.fsdp: step %d: hook %d is module %r with %d elements; the engine's buckets "
+                             "are %s (from the first step or the checkpoint), in hook order: not the same model, or "
+                             "its modules reduce in another order or other sizes (unused parameters: "
+                             "set_reduce_scatter_unused_params(True))"
+                             % (st.number, i, name, out.numel(), self.buckets))
+        if i > 0:
+            self._check_views(st, i - 1)
+        last = i == eng.nbuckets - 1
+        if out.dtype not in _REDUCE_DTYPES:
+            raise NotImplementedError("gradcomp.fsdp: module %r reduces in %s; want float32 or bfloat16" % (name,
+                                                                                                        out.dtype))
+        if not last:
+            self._check_dtype(name, out.dtype)
+        if last and out.dtype == torch.float32 and out.is_contiguous():
+            staged = out  # waited for below, before FSDP reads it
+        else:
+            staged = out.detach().to(torch.float32, copy=True).contiguous()
+        st.names.append(name)
+        st.sizes.append(out.numel())
+        eng.ready(i, staged)
+        st.pending.append((out, staged))
+        if last:
+            self._finish(st)
+
+    def _check_dtype(self, name, dtype):
+        """A module but the last must reduce in its gradients' dtype."""
+        for p in self._params_of(name):
+            grad_dtype = getattr(p, "grad_dtype", None) or p.dtype  # torch 2.15 parameters have grad_dtype
+            if p.requires_grad and grad_dtype != dtype:
+                raise NotImplementedError(
+                    "gradcomp.fsdp: module %r reduces in %s but its parameters' gradients are %s: FSDP would cast "
+                    "its reduce output into new gradients before the engine's average exists (only the last module "
+                    "may)" % (name, dtype, grad_dtype))
+
+    def _check_fresh(self, st):
+        """Before an engine step: no gradient may be there already (FSDP
+        would accumulate the early modules' unaveraged outputs into it),
+        and no post-accumulate-grad hook may read them."""
+        for name, _, params in self._modules or ():
+            for p in params:
+                if p.grad is not None:
+                    raise ValueError(
+                        "gradcomp.fsdp: step %d: a parameter of module %r already holds a gradient: accumulating "
+                        "into .grad across backward passes is not supported (zero with set_to_none=True; accumulate "
+                        "microbatches with set_requires_gradient_sync(False))" % (st.number, name))
+                if getattr(p, "_post_accumulate_grad_hooks", None):
+                    raise NotImplementedError("gradcomp.fsdp: a parameter of module %r has a post-accumulate-grad "
+                                              "hook: it would read the gradient before its average exists" % name)
+        for name, m, _ in self._modules or ():
+            if any(getattr(g, "force_sum_reduction_for_comms", False) for g in _param_groups(m)):
+                raise NotImplementedError("gradcomp.fsdp: module %r has set_force_sum_reduction_for_comms(True): FSDP "
+                                          "would divide its reduce output after the hook" % name)
+
+    def _check_views(self, st, i):
+        """Module i's gradients, as FSDP has just set them, must be views of
+        its reduce output (where the average will be written)."""
+        out = st.pending[i][0]
+        for p in self._params_of(st.names[i]):
+            if p.grad is not None and not _same_storage(_local(p.grad), out):
+                raise NotImplementedError(
+                    "gradcomp.fsdp: step %d: FSDP copied module %r's reduce output into its gradients (a cast, an "
+                    "offload or accumulation): the engine's average could not reach them" % (st.number, st.names[i]))
+
+    def _create(self):
+        if self._sizes is None:
+            raise ValueError("gradcomp.fsdp: no buckets known (the first step learns them)")
+        try:
+            eng = Engine(self.spec, self._sizes, process_group=self.engine_group, **self._settings())
+        except _lib.ConfigError as e:
+            e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d of the replicate group) has FSDPState(%r, "
+                                 "strategy=%r, decision=%r, warmup_steps=%d (the engine's warm-up is warmup_steps - "
+                                 "%d), error_feedback=%r, on_nonfinite=%r, momentum=%r, schedule=%r) and buckets %s" % (
+                                     e.message, dist.get_rank(self.engine_group), self.spec, self.strategy,
+                                     self.decision, self.warmup_steps, PLAIN_STEPS, self.error_feedback,
+                                     self.on_nonfinite, self.momentum, self.schedule, self.buckets))
+            self._broken = e
+            raise e
+        except BaseException as e:
+            self._broken = e
+            raise
+        if self._pending is not None:
+            try:
+                eng.load_state(self._pending)
+            except BaseException as e:
+                eng.close()
+                self._broken = e
+                raise
+        self._pending = None
+        self._engine = eng
+        logger.info("gradcomp.fsdp: engine for %s (strategy %s, decision %s) across %d replicas, %d buckets %s, "
+                    "warm-up until step %d", self.spec, self.strategy, self.decision, eng.world, len(self._sizes),
+                    self.buckets, self.warmup_steps)
+
+    def _finish(self, st):
+        """At the last module's hook: waits for the engine and writes every
+        module's average into its reduce output."""
+        eng = self._engine
+        err = None
+        try:
+            eng.wait()
+        except BaseException as e:
+            err = e
+        st.done = True
+        try:
+            stats = eng.stats()
+        except Exception:
+            stats = None
+        if stats is not None:
+            self._record(stats, st.number)
+        if err is not None:
+            if isinstance(err, _lib.NonFiniteError):
+                st.fail(_lib.NonFiniteError(err.function, err.status, "gradcomp.fsdp: step %d: %s (on_nonfinite="
+                                            "'raise'; the State stays usable: skip this optimizer step)"
+                                            % (st.number, err.message)))
+            else:
+                st.fail(err)
+                self._broken = err
+            return
+        for out, staged in st.pending:
+            if staged is not out:
+                out.copy_(staged)
+
+    def _abort(self, st, e):
+        """A step that cannot go on after gc_engine_step: the engine is
+        destroyed (error feedback keeping e + g) and the State broken."""
+        if st.started and not st.done and self._engine is not None:
+            eng, self._engine = self._engine, None
+            self._broken = e
+            try:
+                eng.close()
+            except Exception as e2:
+                logger.debug("gradcomp.fsdp: closing the engine after %s: %s", e, e2)
+
+    def _end(self, st):
+        """After FSDP's end of backward: closes the step, learns the buckets
+        of a plain step, raises the step's error."""
+        self._cur = None
+        self.iter += 1
+        if st.error is None and st.plain:
+            try:
+                for name, dtype in list(zip(st.names, st.dtypes))[:-1]:
+                    self._check_dtype(name, dtype)
+            except NotImplementedError as e:
+                st.fail(e)
+        if st.error is None and st.plain:
+            self._names, self._sizes = list(st.names), list(st.sizes)
+            with self._lock:
+                self._counts["plain_steps"] += 1
+                self._counts["dense"] += len(st.sizes)
+                self._counts["bytes_sent"] = st.plain_sent
+                self._counts["bytes_sent_total"] += st.plain_sent
+            logger.info("gradcomp.fsdp: %d buckets (module, elements) %s", len(st.sizes), self.buckets)
+        if st.error is None and not st.plain and st.started and not st.done:
+            e = ValueError("gradcomp.fsdp: step %d ended after %d of the engine's %d buckets %s: modules without "
+                           "gradients in this step? (set_reduce_scatter_unused_params(True))"
+                           % (st.number, len(st.names), len(self._sizes), self.buckets))
+            st.fail(e)
+            self._abort(st, e)
+        if st.error is not None:
+            raise st.error
+
+    def _record(self, s, step):
+        with self._lock:
+            self.last_step = s
+            c = self._counts
+            c["engine_steps"] += 1
+            c["bytes_sent"] = s.bytes_sent
+            c["bytes_sent_total"] += s.bytes_sent
+            for b in s.buckets:
+                c["compressed" if b.compressed else "dense"] += 1
+                c["nonfinite"] += int(b.nonfinite)
+                c["guarded"] += int(b.guarded)
+        bad = [self._names[b.bucket] for b in s.buckets if b.nonfinite]
+        if bad:
+            logger.warning("gradcomp.fsdp: step %d (engine step %d): NaN/Inf in module(s) %s (%s)", step, s.step, bad,
+                           "raised" if self.on_nonfinite == "raise" else "sent dense")
+        for b in s.buckets:
+            key = (b.strategy, b.decided_compressed)
+            if self._decided.get(b.bucket) == key and not b.switched:
+                continue
+            self._decided[b.bucket] = key
+            logger.info("gradcomp.fsdp: module %r (%d elements): %s, %s; predicted dense %s, compressed %s; %s",
+                        self._names[b.bucket], b.elements, b.strategy,
+                        "compressed" if b.decided_compressed else "dense", _ms(b.predicted_dense_seconds),
+                        _ms(b.predicted_compressed_seconds), b.reason)
