@@ -58,11 +58,12 @@ type Config struct {
 	// ErrorFeedback; both backends. Every rank measures, for each bucket
 	// it compresses, ρ = ‖e‖/‖g‖: what error feedback holds back after the
 	// step against the step's gradient (after momentum correction), and
-	// sends ρ in the status its payload carries anyway (a DeviceEngine's
-	// slots grow by a 16-byte guard block; its ρ is kernels.GuardRatio's
-	// float64, within about 2⁻²³ + n·2⁻⁵² relative of Engine's float32 ρ
-	// for a bucket of n elements, more where Engine's sparse
-	// ‖s‖² − ‖kept‖² cancels; ρ is only compared with Guard). When the largest
+	// sends ρ in the status its payload carries anyway (its slots grow by
+	// a 16-byte guard block holding ρ as a float64; a DeviceEngine's ρ is
+	// kernels.GuardRatio's, within about n·2⁻⁵² relative of Engine's for a
+	// bucket of n elements, more where Engine's sparse ‖s‖² − ‖kept‖²
+	// cancels; shared-index on the host carries it as a float32; ρ is only
+	// compared with Guard). When the largest
 	// ρ of a bucket over the ranks exceeds Guard, the bucket's next
 	// compressed step goes dense with everything its memory holds (e + g:
 	// a flush, which empties the memory), on every rank alike.
@@ -71,6 +72,15 @@ type Config struct {
 	// section gives measured ones): set Guard above that level, to catch
 	// a memory that keeps growing.
 	Guard float64
+	// NodeSpec is the codec of StrategyHier's node stages (the sharded
+	// shape's reduce-scatter and all-gather in the node): "" for float32
+	// (the default), or "bf16", "fp16" or "int8" (SDP4Bit's 8-bit inside
+	// a node), each part quantized once per stage without error feedback:
+	// the node link carries half or a quarter of the bytes, for each
+	// stage's rounding error. Engine only (a DeviceEngine refuses it), and
+	// only with StrategyHier or StrategyAuto (whose trial's hierarchical
+	// engine then uses it).
+	NodeSpec string
 }
 
 // Phase is one stage of a Config.Schedule: Steps steps compressed with
@@ -866,6 +876,8 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Guard %v needs ErrorFeedback: without it nothing is held back", cfg.Guard)
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
+	case cfg.NodeSpec != "" && cfg.Strategy != StrategyHier && cfg.Strategy != StrategyAuto:
+		return fmt.Errorf("NodeSpec %q is the codec of strategy hier's node stages, not of strategy %v", cfg.NodeSpec, cfg.Strategy)
 	case len(sizes) == 0:
 		return fmt.Errorf("no buckets")
 	case int64(len(sizes)) > math.MaxUint32 || ranks > math.MaxUint16:
@@ -881,5 +893,29 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 			return fmt.Errorf("schedule phase %d (%s) has %d steps, want at least 1", i, p.Spec, p.Steps)
 		}
 	}
+	if _, err := nodeCodec(cfg.NodeSpec); err != nil {
+		return err
+	}
 	return nil
+}
+
+// nodeCodec is the compressor of the node stages NodeSpec names (nil for
+// float32).
+func nodeCodec(spec string) (compress.Compressor, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	c, err := compress.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("NodeSpec: %w", err)
+	}
+	switch c.Codec() {
+	case compress.CodecNone:
+		return nil, nil
+	case compress.CodecBF16, compress.CodecFP16, compress.CodecInt8:
+		if c.Spec().Lossless == compress.LosslessNone {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("NodeSpec %q: want bf16, fp16 or int8 (options allowed, no lossless stage)", spec)
 }

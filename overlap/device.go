@@ -293,6 +293,9 @@ func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	if local == nil && e.comp != nil {
 		local = e.newCodecs()
 	}
+	if local == nil && cfg.NodeSpec != "" {
+		local = fmt.Errorf("NodeSpec %q: the device's node stages are float32 only", cfg.NodeSpec)
+	}
 	hier := local == nil && e.sharded()
 	if hier {
 		if core.layout, local = hierLayout(host); local == nil {

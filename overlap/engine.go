@@ -115,7 +115,8 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if local == nil {
 		need, what := e.memoryNeed(), "host"
 		if e.sharded() {
-			need, what = hierNeed(sizes, core.layout.LocalSize), "node"
+			in, _ := nodeCodec(cfg.NodeSpec) // checkConfig validated it
+			need, what = hierNeed(sizes, core.layout.LocalSize, in), "node"
 		}
 		local = fits(fmt.Sprintf("the %s buffers of %d buckets on rank %d", what, len(sizes), e.rank), need)
 	}

@@ -33,6 +33,7 @@ func handshakeRecord(e *core, sizes []int) []field {
 		{"strategy", e.strategy.String()},
 		{"layout", layoutName(e.layout)},
 		{"shape", shapeName(e.trials)},
+		{"node spec", nodeSpecName(e.cfg.NodeSpec)},
 		{"error feedback", onOff(e.cfg.ErrorFeedback)},
 		{"decision", e.cfg.Decision.String()},
 		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
@@ -56,6 +57,15 @@ func shapeName(trials bool) string {
 		return "chosen by trial"
 	}
 	return "as configured"
+}
+
+// nodeSpecName is Config.NodeSpec's canonical form, "fp32" for the
+// default (a NodeSpec checkConfig refused never reaches a record).
+func nodeSpecName(spec string) string {
+	if c, err := nodeCodec(spec); err == nil && c != nil {
+		return c.Spec().String()
+	}
+	return "fp32"
 }
 
 // invalidRecord is the record of a rank whose configuration is invalid:

@@ -68,6 +68,12 @@ type hierBackend struct {
 	stream      *stream   // the node stages
 	shard       [][]float32
 	pad         [][]float32 // per bucket: L·m elements when L does not divide n, else nil
+	// With Config.NodeSpec (and L > 1): the node stages' compressors and
+	// per bucket their slots: the reduce-scatter's L parts sent and
+	// received, the all-gather's one sent and L received.
+	rs, ag         *parts
+	rsSend, rsRecv [][]byte
+	agSend, agRecv [][]byte
 }
 
 // twoLevelMech returns the mechanism of StrategyHier for codec c on size
@@ -158,9 +164,10 @@ func hierLayout(c comm.Comm) (comm.Topology, error) {
 func shardLen(n, l int) int { return (n + l - 1) / l }
 
 // hierNeed is the host memory the node stages of buckets of sizes need on
-// nodes of l ranks: each bucket's shard, and its padded copy where l does
-// not divide it.
-func hierNeed(sizes []int, l int) uint64 {
+// nodes of l ranks: each bucket's shard, its padded copy where l does not
+// divide it, and with a node codec (in, else nil) the slots of both
+// stages (stageSlots).
+func hierNeed(sizes []int, l int, in compress.Compressor) uint64 {
 	var need bytesNeed
 	for _, n := range sizes {
 		m := shardLen(n, l)
@@ -168,8 +175,28 @@ func hierNeed(sizes []int, l int) uint64 {
 		if n%l != 0 {
 			need.addTimes(4, uint64(l*m))
 		}
+		if in != nil && l > 1 {
+			s1, s2 := nodeParts(in, 0, l)
+			need.addTimes(2*uint64(l), uint64(s1.slotLen(l*m)))
+			need.addTimes(uint64(l+1), uint64(s2.slotLen(m)))
+		}
 	}
 	return uint64(need)
+}
+
+// nodeParts are the node stages' compressors with a node codec in, for
+// local rank l of size: the reduce-scatter's size parts of the padded
+// bucket, and the all-gather's one (its key the same on every node, so
+// that every node sends the same payloads for the same shard).
+func nodeParts(in compress.Compressor, l, size int) (rs, ag *parts) {
+	return &parts{inner: in, count: size, stage: 1, rank: l, ranks: size},
+		&parts{inner: in, count: 1, stage: 2, rank: l, ranks: size}
+}
+
+// nodeKey is the key of bucket i's node stages in step num: apart from
+// the keys of the engine across nodes, whose bucket numbers stay below 2³¹.
+func nodeKey(num uint64, i int) compress.Key {
+	return compress.Key{Bucket: uint64(i) | 1<<31, Step: num}
 }
 
 // configureHier is configure's end for StrategyHier: the schedule in its
@@ -239,11 +266,22 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 		h.nodeData = u.Unchecked()
 	}
 	shards := make([]int, len(sizes))
+	l := topo.LocalSize
+	if in, _ := nodeCodec(e.cfg.NodeSpec); in != nil && l > 1 { // checkConfig validated it
+		h.rs, h.ag = nodeParts(in, topo.LocalRank, l)
+		h.rsSend, h.rsRecv = make([][]byte, len(sizes)), make([][]byte, len(sizes))
+		h.agSend, h.agRecv = make([][]byte, len(sizes)), make([][]byte, len(sizes))
+	}
 	for i, n := range sizes {
-		shards[i] = shardLen(n, topo.LocalSize)
+		shards[i] = shardLen(n, l)
 		h.shard[i] = make([]float32, shards[i])
-		if n%topo.LocalSize != 0 {
-			h.pad[i] = make([]float32, topo.LocalSize*shards[i])
+		if n%l != 0 {
+			h.pad[i] = make([]float32, l*shards[i])
+		}
+		if h.rs != nil {
+			s1, s2 := h.rs.slotLen(l*shards[i]), h.ag.slotLen(shards[i])
+			h.rsSend[i], h.rsRecv[i] = make([]byte, l*s1), make([]byte, l*s1)
+			h.agSend[i], h.agRecv[i] = make([]byte, s2), make([]byte, l*s2)
 		}
 	}
 	icfg := e.cfg
@@ -300,24 +338,32 @@ func (h *hierBackend) scatterTask(st *step, r *run) {
 		return
 	}
 	i, l := r.b.idx, h.topo.LocalSize
-	shard := h.shard[i]
-	if l == 1 {
+	shard, src := h.shard[i], r.grad
+	if p := h.pad[i]; p != nil {
+		copy(p, r.grad)
+		clear(p[len(r.grad):])
+		src = p
+	}
+	var bad int
+	switch {
+	case l == 1:
 		copy(shard, r.grad)
-	} else {
-		src := r.grad
-		if p := h.pad[i]; p != nil {
-			copy(p, r.grad)
-			clear(p[len(r.grad):])
-			src = p
+		bad = compress.Average(shard, l)
+	case h.rs != nil:
+		var err error
+		if bad, err = h.scatterCoded(st, r, src); err != nil {
+			st.fail(err)
+			return
 		}
+	default:
 		if err := h.nodeCollective(st, r, "node ReduceScatter", allToAllVolume(l, 4*len(src)), func(ctx context.Context) error {
 			return h.nodeData.ReduceScatter(ctx, shard, src)
 		}); err != nil {
 			st.fail(err)
 			return
 		}
+		bad = compress.Average(shard, l)
 	}
-	bad := compress.Average(shard, l)
 	if h.c.cfg.FailOnNonFinite && l > 1 {
 		flag := []float32{0}
 		if bad >= 0 {
@@ -362,14 +408,105 @@ func (h *hierBackend) gatherTask(st *step, r *run) {
 	if p := h.pad[i]; p != nil {
 		dst = p
 	}
-	if err := h.nodeCollective(st, r, "node AllGather", allGatherVolume(l, 4*len(h.shard[i])), func(ctx context.Context) error {
-		return h.nodeData.AllGather(ctx, f32.Bytes(dst), f32.Bytes(h.shard[i]))
-	}); err != nil {
+	var err error
+	if h.ag != nil {
+		err = h.gatherCoded(st, r, dst)
+	} else {
+		err = h.nodeCollective(st, r, "node AllGather", allGatherVolume(l, 4*len(h.shard[i])), func(ctx context.Context) error {
+			return h.nodeData.AllGather(ctx, f32.Bytes(dst), f32.Bytes(h.shard[i]))
+		})
+	}
+	if err != nil {
 		st.fail(err)
 		return
 	}
 	if h.pad[i] != nil {
 		copy(r.grad, dst)
+	}
+}
+
+// scatterCoded is the node's reduce-scatter of src (L·m elements) with
+// Config.NodeSpec's codec: each of the L parts encoded (a NaN or a value
+// the codec cannot hold becomes the slot's status), an all-to-all, and
+// this rank's part decoded from every rank's slot, summed in rank order
+// and divided by L into the shard, NaN where a rank's status is not ok.
+// It returns the shard's first non-finite element, or −1.
+func (h *hierBackend) scatterCoded(st *step, r *run, src []float32) (int, error) {
+	i, l := r.b.idx, h.topo.LocalSize
+	send, recv, shard := h.rsSend[i], h.rsRecv[i], h.shard[i]
+	if _, err := h.rs.Compress(send[:0], src, nodeKey(st.num, i)); err != nil {
+		s, err := statusOf(err)
+		if err != nil {
+			return -1, &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
+		}
+		stride := len(send) / l
+		for j := range l {
+			s.put(send[j*stride:], false)
+		}
+	}
+	if err := h.nodeCollective(st, r, "node AllToAll", allToAllVolume(l, len(send)), func(ctx context.Context) error {
+		return h.nodeData.AllToAll(ctx, recv, send)
+	}); err != nil {
+		return -1, err
+	}
+	sts, err := stepStatuses(st, r, "node AllToAll", recv, l, false)
+	if err != nil {
+		return -1, err
+	}
+	if !allOK(sts) {
+		fillNaN(shard)
+		return 0, nil
+	}
+	bad, err := h.rs.averageSlots(shard, recv, l, fmt.Sprintf("node rank %%d's part %d", h.topo.LocalRank))
+	if err != nil {
+		return -1, &StepError{Step: st.num, Bucket: i, Stage: "node decode", Err: err}
+	}
+	return bad, nil
+}
+
+// gatherCoded is the node's all-gather of the shards into dst with
+// Config.NodeSpec's codec: the shard encoded (under a key every node
+// shares), an all-gather, every part decoded, this rank's own included,
+// so that every rank of every node ends with the same values; a part
+// whose status is not ok is NaN.
+func (h *hierBackend) gatherCoded(st *step, r *run, dst []float32) error {
+	i, l := r.b.idx, h.topo.LocalSize
+	send, recv, shard := h.agSend[i], h.agRecv[i], h.shard[i]
+	m := len(shard)
+	if _, err := h.ag.Compress(send[:0], shard, nodeKey(st.num, i)); err != nil {
+		s, err := statusOf(err)
+		if err != nil {
+			return &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
+		}
+		s.put(send, false)
+	}
+	if err := h.nodeCollective(st, r, "node AllGather", allGatherVolume(l, len(send)), func(ctx context.Context) error {
+		return h.nodeData.AllGather(ctx, recv, send)
+	}); err != nil {
+		return err
+	}
+	sts, err := stepStatuses(st, r, "node AllGather", recv, l, false)
+	if err != nil {
+		return err
+	}
+	for j, s := range sts {
+		part := dst[j*m : (j+1)*m]
+		if s.code != statusOK {
+			fillNaN(part)
+			continue
+		}
+		if err := h.ag.decodeSlot(part, recv[j*len(send):(j+1)*len(send)], false); err != nil {
+			return &StepError{Step: st.num, Bucket: i, Stage: "node decode", Err: fmt.Errorf("node rank %d's shard: %w", j, err)}
+		}
+	}
+	return nil
+}
+
+// fillNaN sets every element of x to NaN.
+func fillNaN(x []float32) {
+	nan := float32(math.NaN())
+	for j := range x {
+		x[j] = nan
 	}
 }
 

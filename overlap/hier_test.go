@@ -512,3 +512,101 @@ func TestHierDeadRank(t *testing.T) {
 		})
 	}
 }
+
+// TestHierNodeSpec: with Config.NodeSpec the node stages carry bf16 or
+// int8 (one quantization per stage, no memory): every rank of every node
+// ends with the same values, within the codecs' error of the exact
+// average, the node link carries the coded stages' bytes (an all-to-all
+// of L part slots, an all-gather of one), and a NaN on one rank reaches
+// every rank (FailOnNonFinite: the same *NonFiniteStepError everywhere).
+func TestHierNodeSpec(t *testing.T) {
+	for _, tc := range []struct {
+		spec, node string
+		tol        float64 // relative L2 error against the exact average
+	}{{"none", "bf16", 1e-2}, {"none", "int8", 6e-2}, {"int8", "int8", 8e-2}, {"none", "fp16", 1e-3}} {
+		t.Run(tc.spec+"/"+tc.node, func(t *testing.T) {
+			cfg := Config{Spec: tc.spec, Strategy: StrategyHier, NodeSpec: tc.node, ErrorFeedback: tc.spec != "none", Decision: DecideCompressed}
+			engines := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+			grads := stepGrads(4, 0, hierSizes)
+			want := clone3(grads)
+			stats, errs := runStep(engines, grads, reversedOnOdd(len(hierSizes)))
+			mustNoErrors(t, "step", errs)
+			in, _ := nodeCodec(tc.node)
+			for b, n := range hierSizes {
+				avg := exactAverage(want, b)
+				var num, den float64
+				for i, v := range grads[0][b] {
+					num += (float64(v) - avg[i]) * (float64(v) - avg[i])
+					den += avg[i] * avg[i]
+				}
+				if rel := math.Sqrt(num / den); rel > tc.tol || math.IsNaN(rel) {
+					t.Errorf("bucket %d: relative error %.3g, want ≤ %g", b, rel, tc.tol)
+				}
+				m := shardLen(n, 2)
+				rs, ag := nodeParts(in, 0, 2)
+				inNode := allToAllVolume(2, 2*rs.slotLen(2*m)) + allGatherVolume(2, ag.slotLen(m))
+				for r := range engines {
+					if i := sameFloats(grads[r][b], grads[0][b]); i >= 0 {
+						t.Fatalf("bucket %d: rank %d differs from rank 0 at element %d", b, r, i)
+					}
+					if got := stats[r].Buckets[b].BytesInNode; got != inNode {
+						t.Errorf("rank %d bucket %d: %d bytes in the node, want %d", r, b, got, inNode)
+					}
+				}
+			}
+		})
+	}
+	t.Run("non-finite", func(t *testing.T) {
+		cfg := Config{Spec: "int8", Strategy: StrategyHier, NodeSpec: "int8", ErrorFeedback: true, Decision: DecideCompressed, FailOnNonFinite: true}
+		engines := newEnginesOn(t, nodeGroup(t, 2, 2), hierSizes, cfg)
+		grads := stepGrads(4, 0, hierSizes)
+		grads[2][0][7] = float32(math.Inf(1))
+		_, errs := runStep(engines, grads, inOrder(len(hierSizes)))
+		for r, err := range errs {
+			var nf *NonFiniteStepError
+			if !errors.As(err, &nf) {
+				t.Errorf("rank %d: %v, want a *NonFiniteStepError", r, err)
+			}
+		}
+	})
+}
+
+// TestHierNodeSpecConfig: a NodeSpec that is not bf16, fp16 or int8, one
+// with a flat strategy, one the device would run, and ranks that differ
+// are refused on every rank, naming it.
+func TestHierNodeSpecConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Spec: "int8", Strategy: StrategyHier, NodeSpec: "topk:0.1"}, "NodeSpec \"topk:0.1\": want bf16, fp16 or int8"},
+		{Config{Spec: "int8", Strategy: StrategyHier, NodeSpec: "int9"}, "NodeSpec"},
+		{Config{Spec: "int8", Strategy: StrategyQuantSRA, NodeSpec: "bf16"}, "not of strategy sra"},
+	} {
+		engines := make([]*Engine, 4)
+		errs := onRanks(nodeGroup(t, 2, 2), func(r int, c comm.Comm) (err error) {
+			engines[r], err = New(context.Background(), c, []int{64}, tc.cfg)
+			return err
+		})
+		for r, err := range errs {
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%+v rank %d: %v, want a *ConfigError saying %q", tc.cfg, r, err, tc.want)
+			}
+		}
+	}
+	errs := onRanks(nodeGroup(t, 2, 2), func(r int, c comm.Comm) error {
+		cfg := Config{Spec: "int8", Strategy: StrategyHier, NodeSpec: []string{"bf16", "int8"}[r%2]}
+		e, err := New(context.Background(), c, []int{64}, cfg)
+		if err == nil {
+			e.Close()
+		}
+		return err
+	})
+	for r, err := range errs {
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || me.Field != "node spec" {
+			t.Errorf("rank %d: %v, want a *ConfigMismatchError on node spec", r, err)
+		}
+	}
+}

@@ -37,6 +37,7 @@ func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Sche
 		Momentum:      momentum,
 		Schedule:      schedule,
 		Guard:         s.Guard,
+		NodeSpec:      s.NodeSpec,
 	})
 	if err != nil {
 		return nil, err

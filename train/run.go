@@ -66,6 +66,9 @@ type Scheme struct {
 	// Auto lets the engine's cost model decide each bucket's path
 	// (overlap.DecideAuto); otherwise every bucket is compressed.
 	Auto bool
+	// NodeSpec is the codec of strategy hier's node stages
+	// (overlap.Config.NodeSpec); "" for float32.
+	NodeSpec string
 }
 
 // Markers of a scheme's name.
@@ -77,13 +80,14 @@ const (
 	rampOption     = "ramp="
 	guardOption    = "guard="
 	autoOption     = "auto"
+	nodeOption     = "node="
 )
 
 // String returns the scheme's name: the spec, then its options in this
 // order, "+ef" with error feedback, "+mc" with momentum correction,
-// "+ramp=N", "+guard=G" and "+auto", then "@" and the strategy unless it
-// is auto
-// ("sign+ef+ramp=20@allgather"). ParseScheme reads it back.
+// "+ramp=N", "+guard=G", "+auto" and "+node=SPEC", then "@" and the
+// strategy unless it is auto ("sign+ef+ramp=20@allgather",
+// "int8+ef+node=bf16@hier"). ParseScheme reads it back.
 func (s Scheme) String() string {
 	name := s.Spec
 	if s.ErrorFeedback {
@@ -101,6 +105,9 @@ func (s Scheme) String() string {
 	if s.Auto {
 		name += optionMarker + autoOption
 	}
+	if s.NodeSpec != "" {
+		name += optionMarker + nodeOption + s.NodeSpec
+	}
 	if s.Strategy != overlap.StrategyAuto {
 		name += strategyMarker + s.Strategy.String()
 	}
@@ -111,7 +118,8 @@ func (s Scheme) String() string {
 // order, each once: "+ef" for error feedback, "+mc" for momentum
 // correction, "+ramp=N" for a compression warm-up of N steps per phase,
 // "+guard=G" for the accuracy guard, "+auto" for the cost model's
-// decisions; then optionally "@" and a strategy
+// decisions, "+node=SPEC" for strategy hier's node stages' codec (bf16,
+// fp16 or int8); then optionally "@" and a strategy
 // name (overlap.ParseStrategy): "topk:0.01+ef", "topk:0.01+ef+mc+ramp=20",
 // "int4+ef@allgather". The spec must parse (compress.Parse) and the
 // strategy must be known; their errors are returned otherwise. Error
@@ -153,12 +161,18 @@ func ParseScheme(name string) (Scheme, error) {
 			if s.Ramp, err = strconv.Atoi(opt[len(rampOption):]); err != nil || s.Ramp < 1 {
 				return fail("%q: want ramp=STEPS, STEPS ≥ 1", opt)
 			}
+		case strings.HasPrefix(opt, nodeOption):
+			nc, err := compress.Parse(opt[len(nodeOption):])
+			if err != nil {
+				return fail("%q: %w", opt, err)
+			}
+			s.NodeSpec = nc.Spec().String()
 		case strings.HasPrefix(opt, guardOption):
 			if s.Guard, err = strconv.ParseFloat(opt[len(guardOption):], 64); err != nil || !(s.Guard > 0) || math.IsInf(s.Guard, 0) {
 				return fail("%q: want guard=G, G > 0", opt)
 			}
 		default:
-			return fail("unknown option %q (ef, mc, ramp=N, guard=G, auto)", opt)
+			return fail("unknown option %q (ef, mc, ramp=N, guard=G, auto, node=SPEC)", opt)
 		}
 	}
 	c, err := compress.Parse(parts[0])

@@ -583,6 +583,7 @@ class Hier(unittest.TestCase):
                 self.assertEqual(r["strategy"], chosen)  # every rank keeps the same shape
                 self.assertIn("auto on 2 nodes × 2 ranks: hierarchical", r["reason"])
                 self.assertEqual(r["resumed_strategy"], chosen)
+                self.assertEqual(r["resume_other"], "sra" if chosen == "hier" else "hier")
                 self.assertEqual(r["saved_next_step"], 3)  # hook steps 2, 3, 4 ran on the engine
                 self.assertEqual(r["resumed_next_step"], 3 + 3)
                 self.assertTrue(r["finite"])

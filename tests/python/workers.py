@@ -721,6 +721,22 @@ def hier_auto(rank, world, k, steps, cut):
     out["resumed_next_step"] = _engine.Engine.state_info(state2.state_dict()["engine"]).next_step
     out["finite"] = all(bool(torch.isfinite(p).all()) for p in ddp2.parameters())
     state2.close()
+    # Whichever shape the trial kept, an auto State resumes a state of the
+    # other in that state's strategy, and its check before the engine
+    # exists agrees.
+    other = "sra" if out["strategy"] == "hier" else "hier"
+    ddp3, state3 = make_ddp(mlp(0), "int8", **dict(kw, strategy=other))
+    opt3 = torch.optim.SGD(ddp3.parameters(), lr=0.05)
+    for xb, yb in data[:4]:
+        train_step(ddp3, opt3, xb, yb)
+    engine_state = state3.state_dict()["engine"]
+    state3.close()
+    auto = gct.State("int8", workers=1, **kw)
+    settings = auto._settings(engine_state)
+    out["resume_other"] = settings["strategy"]
+    _engine.Engine.check_state(engine_state, _engine.Engine.state_info(engine_state).sizes, world, spec="int8",
+                               **settings)
+    auto.close()
     return out
 
 

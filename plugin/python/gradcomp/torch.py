@@ -645,7 +645,7 @@ class State:
             if data is not None and dist.is_initialized():
                 # The engine's own word, as its load will give it: every setting that shapes the exchange.
                 Engine.check_state(data, layout, dist.get_world_size(self.process_group), spec=self.spec,
-                                   **self._settings())
+                                   **self._settings(data))
             self._pending, self._pending_layout, self._pending_params = data, layout, params if layout else None
         self.iter = it
 
@@ -934,9 +934,16 @@ class State:
             raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
         return fut
 
-    def _settings(self):
-        """The engine's settings, as Engine and Engine.check_state take them."""
-        return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
+    def _settings(self, state=None):
+        """The engine's settings, as Engine and Engine.check_state take them,
+        for an engine that is to load ``state`` (engine state bytes, or
+        None): strategy "auto" with the nodes known resumes in the strategy
+        the state records (a state loads only into the shape that saved
+        it), without a new trial."""
+        strategy = self.strategy
+        if state is not None and strategy == "auto" and self.topology is not None:
+            strategy = Engine.state_info(state).strategy
+        return dict(strategy=strategy, decision=self.decision, error_feedback=self.error_feedback,
                     fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                     timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
                     guard=self.guard, momentum_masking=self.momentum_masking, topology=self.topology)
@@ -967,13 +974,8 @@ class State:
         (checked against DDP's in staged steps)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
-            settings = self._settings()
-            if self._pending is not None and self.strategy == "auto" and self.topology is not None:
-                # A state loads only into the shape that saved it: resume
-                # with the strategy it records, not a new trial's.
-                settings["strategy"] = Engine.state_info(self._pending).strategy
             eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, groups=self._groups,
-                         **settings)
+                         **self._settings(self._pending))
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
