@@ -25,7 +25,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ranks := fs.Int("ranks", 4, "in-process ranks (one goroutine each); ignored with -mpi")
 	nodes := fs.Int("nodes", 1, "nodes the in-process ranks pretend to run on (rank r on node r/(ranks/nodes)), for @hier; ignored with -mpi")
 	epochs := fs.Int("epochs", def.Epochs, "passes over the train set")
-	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard, +auto for the cost model's decisions (else every bucket is compressed); then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather, hier)")
+	schemes := fs.String("configs", train.DefaultSchemes, "comma-separated schemes: a compressor spec (see compress.Parse), then options: +ef for error feedback, +mc for momentum correction (SGD's momentum moves into the exchange), +ramp=N for a compression warm-up of N steps per phase (overlap.Ramp), +guard=G for the accuracy guard, +auto for the cost model's decisions (else every bucket is compressed), +node=SPEC for @hier's node stages (bf16, fp16, int8); then @STRATEGY to override the codec's exchange (dense, shared-index, sparse-gather, sra, allgather, hier)")
 	out := fs.String("out", filepath.Join("out", "train"), "directory for the reports (created)")
 	seed := fs.Uint64("seed", def.Seed, "seed of the data, the initial weights and the shuffles")
 	trainSize := fs.Int("train-size", def.TrainSize, "examples in the train set")
