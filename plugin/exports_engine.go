@@ -35,9 +35,10 @@ type cOp struct {
 	Stream               uintptr
 }
 
-// cEngineConfig mirrors gc_engine_config (104 bytes; ABI 2.0's, without
+// cEngineConfig mirrors gc_engine_config (112 bytes; ABI 2.0's, without
 // Momentum and Schedule, 56; ABI 2.1's, without Guard and
-// MomentumMasking, 72; ABI 2.2's and 2.3's, without the topology, 88).
+// MomentumMasking, 72; ABI 2.2's and 2.3's, without the topology, 88;
+// ABI 2.4's, without NodeSpec, 104).
 type cEngineConfig struct {
 	Size                     uint32
 	ErrorFeedback            int32
@@ -52,6 +53,7 @@ type cEngineConfig struct {
 	Node, Nodes              int32   // since ABI 2.4
 	LocalRank, LocalSize     int32   // since ABI 2.4
 	_                        int32
+	NodeSpec                 *C.char // since ABI 2.5
 }
 
 // engineConfigSize20 and engineConfigSize21 are sizeof(gc_engine_config)
@@ -60,6 +62,7 @@ const (
 	engineConfigSize20 = 56
 	engineConfigSize21 = 72
 	engineConfigSize22 = 88 // and 2.3
+	engineConfigSize24 = 104
 )
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
@@ -283,8 +286,11 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 	if c.Size >= engineConfigSize22 {
 		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
 	}
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+	if c.Size >= engineConfigSize24 {
 		raw.topo = comm.Topology{Node: int(c.Node), Nodes: int(c.Nodes), LocalRank: int(c.LocalRank), LocalSize: int(c.LocalSize)}
+	}
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+		raw.nodeSpec = str(c.NodeSpec)
 	}
 	conf, err := parseEngineConfig(raw)
 	if err == nil && c.Spec == nil { // after parsing, so that conf holds the timeout

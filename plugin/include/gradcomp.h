@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 4
+#define GRADCOMP_ABI_MINOR 5
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -397,11 +397,18 @@ typedef struct gc_engine_config {
 	 * places that the ranks do not agree on (the engine all-gathers them after the handshake) are
 	 * GC_ERR_CONFIG on every rank, naming the first rank at fault. The engine state records the layout
 	 * and this rank's place, and gc_engine_state_load / gc_engine_state_check refuse another
-	 * (GC_ERR_CORRUPT). Host buckets only (device engines refuse "hier"). Other strategies ignore it. */
+	 * (GC_ERR_CORRUPT). Device engines run the sharded "hier" (every codec but top-k and random-k, whose
+	 * "hier" is host buckets only). Other strategies ignore it. With strategy "auto" and a place on 2 nodes
+	 * or more of 2 ranks or more, the engine times steps of the flat strategy and of "hier" at creation and
+	 * keeps the faster (host buckets). */
 	int32_t node;
 	int32_t nodes;
 	int32_t local_rank;
 	int32_t local_size;
+	const char *node_spec;     /* since 2.5: the codec of "hier"'s node stages (host buckets): NULL or "" for
+	                            * float32, "bf16", "fp16" or "int8" (SDP4Bit's 8-bit inside a node): each stage's
+	                            * parts quantized once, without error feedback. Needs strategy "hier" or "auto";
+	                            * compared by the handshake. A 2.4 or older caller's size (104 or less) means float32. */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

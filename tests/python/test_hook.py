@@ -573,6 +573,18 @@ class Hier(unittest.TestCase):
                         self.assertIn("2 nodes × 2 ranks", refusal["message"])
                         self.assertIn("1 nodes × 4 ranks", refusal["message"])
 
+    def test_node_spec_codes_the_node_stages(self):
+        results = ranks.run(workers.hier_node_spec, WORLD, 2, 6, timeout=300)
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(r["bf16"]["strategy"], "hier")
+                self.assertLess(r["fp32"]["max_diff"], 1e-5)  # the same average, summed in another order
+                self.assertGreater(r["bf16"]["max_diff"], 0)  # bf16 rounds
+                self.assertLess(r["bf16"]["max_diff"], 1e-2)
+                self.assertLess(r["bf16"]["bytes_sent"], r["fp32"]["bytes_sent"])
+                self.assertIsNotNone(r["mismatch"], "rank %d trained with node specs that differ" % rank)
+                self.assertIn("node spec", r["mismatch"]["message"])
+
     def test_auto_chooses_a_shape_and_resumes_in_it(self):
         results = ranks.run(workers.hier_auto, WORLD, 2, 8, 5, timeout=300)
         chosen = results[0]["strategy"]

@@ -617,6 +617,43 @@ def hier_dense(rank, world, k, steps):
     return out
 
 
+def hier_node_spec(rank, world, k, steps):
+    """DDP trained `steps` steps with State("none", strategy="hier") with
+    float32 and bf16 node stages, and torch's default all-reduce, same data
+    and initialization: each one's largest parameter difference from the
+    default's and bytes sent; then the error of a State whose node_spec
+    differs from the other ranks' (rank 0 bf16, the others int8)."""
+    _ranks_per_node(k)
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))[:steps]
+    params, out = {}, {}
+    for name, kw in (("default", None), ("fp32", {}), ("bf16", {"node_spec": "bf16"})):
+        if kw is None:
+            ddp, state = make_ddp(two_bucket_mlp(0), None)
+        else:
+            ddp, state = make_ddp(two_bucket_mlp(0), "none", strategy="hier", warmup_steps=2, **kw)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for xb, yb in data:
+            train_step(ddp, opt, xb, yb)
+        params[name] = [p.detach().clone() for p in ddp.parameters()]
+        if state:
+            out[name] = {"bytes_sent": state.stats["bytes_sent"], "strategy": state.last_step.buckets[0].strategy}
+            state.close()
+    for name in ("fp32", "bf16"):
+        out[name]["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(params[name], params["default"]))
+    ddp, state = make_ddp(two_bucket_mlp(0), "none", strategy="hier", warmup_steps=2,
+                          node_spec="bf16" if rank == 0 else "int8")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    try:
+        for xb, yb in data[:3]:
+            train_step(ddp, opt, xb, yb)
+        out["mismatch"] = None
+    except Exception as e:  # the engine's ConfigError, raised through DDP's backward
+        out["mismatch"] = {"type": type(e).__name__, "message": str(e)}
+    state.close()
+    return out
+
+
 def hier_train(rank, world, k, epochs, seed):
     """The digits MLP trained with the default hook, flat int8 and hier
     int8 with error feedback (nodes of k ranks), decision compressed:

@@ -441,12 +441,14 @@ def format_schedule(schedule):
 
 def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True, fail_on_nonfinite=False, warmup=0,
                   timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False,
-                  topology=None):
+                  topology=None, node_spec=""):
     """A gc_engine_config of :class:`Engine`'s settings (its docstring
     says what each means); ValueError for a decision the library does not
     know, or settings this library's ABI lacks."""
     if (topology is not None or strategy == "hier") and _lib.lib().gc_abi_version() & 0xFFFF < 4:
         raise ValueError("gradcomp: strategy hier and topology need libgradcomp ABI 2.4; %s is older" % _lib.path())
+    if node_spec and _lib.lib().gc_abi_version() & 0xFFFF < 5:
+        raise ValueError("gradcomp: node_spec needs libgradcomp ABI 2.5; %s is older" % _lib.path())
     if decision not in _DECISIONS:
         raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
     if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
@@ -468,6 +470,7 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
     cfg.momentum_masking = 1 if momentum_masking else 0
     if topology is not None:
         cfg.node, cfg.nodes, cfg.local_rank, cfg.local_size = (int(v) for v in topology)
+    cfg.node_spec = _lib.cstring("node_spec", node_spec) if node_spec else None
     return cfg
 
 
@@ -479,7 +482,9 @@ class Engine:
     ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
     "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``).
     ``topology``: this rank's place among the nodes, (node, nodes,
-    local_rank, local_size) (None: unknown). ``groups``: {Group.NODE:
+    local_rank, local_size) (None: unknown). ``node_spec`` (ABI 2.5):
+    "bf16", "fp16" or "int8" codes the node stages of "hier" (host
+    buckets; "" for float32). ``groups``: {Group.NODE:
     process group of this rank's node, Group.CROSS: process group of the
     ranks with this rank's local rank, one per node}, the groups the "hier"
     engine's posts name (each served by a thread of its own). ``decision``: "auto" (the cost model, verified online),
@@ -510,13 +515,13 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False, topology=None, groups=None):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec=""):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
                             fail_on_nonfinite=fail_on_nonfinite, warmup=warmup, timeout=timeout, workers=workers,
                             device=device, momentum=momentum, schedule=schedule, guard=guard,
-                            momentum_masking=momentum_masking, topology=topology)
+                            momentum_masking=momentum_masking, topology=topology, node_spec=node_spec)
         if groups is not None and not all(g in groups for g in (_lib.Group.NODE, _lib.Group.CROSS)):
             raise ValueError("gradcomp: groups=%r: want {Group.NODE: process group, Group.CROSS: process group}"
                              % (groups,))

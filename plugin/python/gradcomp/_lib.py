@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 4
+ABI_MINOR = 5
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -250,6 +250,7 @@ class EngineConfig(ctypes.Structure):
         ("nodes", ctypes.c_int32),
         ("local_rank", ctypes.c_int32),
         ("local_size", ctypes.c_int32),
+        ("node_spec", ctypes.c_char_p),  # since ABI 2.5: the codec of "hier"'s node stages (None: float32)
     ]
 
 

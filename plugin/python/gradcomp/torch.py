@@ -384,6 +384,10 @@ class State:
     ``engine_group``: the process group the engine's collectives run on
     (None: a new group over the ranks of ``process_group``, made when the
     engine is created; see the module documentation).
+    ``node_spec``: the codec of "hier"'s node stages (strategy "hier", or
+    "auto" when it keeps "hier"; CPU buckets): "" for float32, "bf16",
+    "fp16" or "int8" (SDP4Bit's 8-bit inside a node), each stage quantized
+    once without error feedback; the handshake compares it.
     ``guard``: the accuracy guard's threshold, 0 for none (needs
     ``error_feedback``; CPU or CUDA buckets): every rank measures, for each bucket
     it compresses, how much error feedback holds back against the
@@ -396,7 +400,7 @@ class State:
 
     def __init__(self, spec, strategy="auto", decision="auto", warmup_steps=10, error_feedback=True,
                  on_nonfinite="dense", timeout=60.0, process_group=None, workers=0, overlap=True, model=None,
-                 momentum=0.0, schedule=None, guard=0.0, momentum_masking=False, engine_group=None):
+                 momentum=0.0, schedule=None, guard=0.0, momentum_masking=False, engine_group=None, node_spec=""):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError(
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
@@ -418,6 +422,9 @@ class State:
             raise ValueError("gradcomp.torch.State: guard=%r: want a finite number ≥ 0 (0: off)" % (guard,))
         if momentum_masking and not momentum:
             raise ValueError("gradcomp.torch.State: momentum_masking=True needs momentum > 0")
+        if not isinstance(node_spec, str) or (node_spec and strategy not in ("hier", "auto")):
+            raise ValueError("gradcomp.torch.State: node_spec=%r: want a str, with strategy \"hier\" or \"auto\" (the "
+                             "codec of the hierarchical exchange's node stages), not strategy %r" % (node_spec, strategy))
         if guard and not error_feedback:
             raise ValueError("gradcomp.torch.State: guard=%r needs error_feedback=True: without it nothing is "
                              "held back" % (guard,))
@@ -441,6 +448,8 @@ class State:
         self.schedule = format_schedule(schedule)
         #: The accuracy guard's threshold (0: off).
         self.guard = float(guard)
+        #: The codec of "hier"'s node stages ("" for float32).
+        self.node_spec = node_spec
         self._params = None
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -946,7 +955,8 @@ class State:
         return dict(strategy=strategy, decision=self.decision, error_feedback=self.error_feedback,
                     fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
                     timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
-                    guard=self.guard, momentum_masking=self.momentum_masking, topology=self.topology)
+                    guard=self.guard, momentum_masking=self.momentum_masking, topology=self.topology,
+                    node_spec=self.node_spec)
 
     def _engine_group(self):
         """The process group the engine's collectives run on: the State's
