@@ -271,15 +271,7 @@ func (h *devHier) wait(ctx context.Context, st *step) error {
 	if err := h.e.dc.Wait(ctx, func() (bool, error) { return h.e.dev.EventQuery(h.e.done) }); err != nil {
 		st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err})
 	}
-	if st.nested != nil {
-		res, err := h.inner.Wait(ctx)
-		st.nestedResult = res
-		var nf *NonFiniteStepError
-		if err != nil && !errors.As(err, &nf) {
-			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "step across nodes", Err: err})
-		}
-	}
-	return st.failure()
+	return h.endNested(ctx, st)
 }
 
 // conclude adds the node stages' bytes to the statistics across nodes.

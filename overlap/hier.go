@@ -516,15 +516,7 @@ func (h *hierBackend) wait(ctx context.Context, st *step) error {
 	if awaitDone(ctx, st) != nil {
 		<-h.stream.record().fired()
 	}
-	if st.nested != nil {
-		res, err := h.inner.Wait(ctx)
-		st.nestedResult = res
-		var nf *NonFiniteStepError
-		if err != nil && !errors.As(err, &nf) {
-			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "step across nodes", Err: err})
-		}
-	}
-	return st.failure()
+	return h.endNested(ctx, st)
 }
 
 // teardown closes the engine across nodes, the node stream and the comms

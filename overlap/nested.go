@@ -1,6 +1,11 @@
 package overlap
 
-import "github.com/gradcomp/gradcomp/compress"
+import (
+	"context"
+	"errors"
+
+	"github.com/gradcomp/gradcomp/compress"
+)
 
 // acrossNodes is what the backends of the sharded StrategyHier share, on
 // the host (hierBackend) and on the device (devHier): the engine across
@@ -17,6 +22,21 @@ func (a acrossNodes) nestedCore() *core { return a.inner }
 
 // prepare: the engine across nodes prepares its own buckets.
 func (a acrossNodes) prepare(*bucket) error { return nil }
+
+// endNested ends the step across nodes of st, if it began (its Wait),
+// whose failure, but for a *NonFiniteStepError, fails st, and returns
+// st's failure.
+func (a acrossNodes) endNested(ctx context.Context, st *step) error {
+	if st.nested != nil {
+		res, err := a.inner.Wait(ctx)
+		st.nestedResult = res
+		var nf *NonFiniteStepError
+		if err != nil && !errors.As(err, &nf) {
+			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "step across nodes", Err: err})
+		}
+	}
+	return st.failure()
+}
 
 // conclude takes each bucket's outcome and statistics from the step across
 // nodes, which the backend's wait ended (st.nestedResult).

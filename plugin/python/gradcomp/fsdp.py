@@ -134,7 +134,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 from . import _lib
 from ._compressor import Compressor
 from ._engine import Engine, format_schedule
-from .torch import _ms
+from .torch import _ms, check_options
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -144,9 +144,7 @@ logger = logging.getLogger("gradcomp")
 #: exists (the State learns the buckets in it).
 PLAIN_STEPS = 1
 _FORMAT = "gradcomp.fsdp.FSDPState/1"
-_DECISIONS = ("auto", "compressed", "dense")
 _STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
-_ON_NONFINITE = ("dense", "raise")
 _REDUCE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -291,28 +289,13 @@ class FSDPState:
                  error_feedback=True, on_nonfinite="dense", timeout=60.0, workers=0, momentum=0.0, schedule=None,
                  guard=0.0, momentum_masking=False, engine_group=None):
         where = "gradcomp.fsdp.FSDPState"
-        if not isinstance(spec, str):
-            raise TypeError("%s: spec must be a str, got %s" % (where, type(spec).__name__))
+        check_options(where, spec, decision, on_nonfinite, timeout, momentum, guard, momentum_masking, error_feedback)
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
             raise ValueError("%s: warmup_steps=%r: want an int ≥ %d (the first backward learns the buckets)"
                              % (where, warmup_steps, PLAIN_STEPS))
-        if decision not in _DECISIONS:
-            raise ValueError("%s: decision=%r: want one of %s" % (where, decision, _DECISIONS))
         if strategy not in _STRATEGIES:
             raise ValueError("%s: strategy=%r: want one of %s (the shard groups are FSDP's: no 'hier')"
                              % (where, strategy, _STRATEGIES))
-        if on_nonfinite not in _ON_NONFINITE:
-            raise ValueError("%s: on_nonfinite=%r: want one of %s" % (where, on_nonfinite, _ON_NONFINITE))
-        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
-            raise ValueError("%s: timeout=%r: want seconds > 0" % (where, timeout))
-        if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
-            raise ValueError("%s: momentum=%r: want a number in [0, 1)" % (where, momentum))
-        if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
-            raise ValueError("%s: guard=%r: want a finite number ≥ 0 (0: off)" % (where, guard))
-        if momentum_masking and not momentum:
-            raise ValueError("%s: momentum_masking=True needs momentum > 0" % where)
-        if guard and not error_feedback:
-            raise ValueError("%s: guard=%r needs error_feedback=True" % (where, guard))
         self.replicate_group = self._group(replicate_group, "replicate_group")
         self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
                                                                                           "engine_group")

@@ -253,6 +253,28 @@ def hier_layout(process_group=None, timeout=60.0):
     return _groups_of(nodes, process_group, timeout)
 
 
+def check_options(where, spec, decision, on_nonfinite, timeout, momentum, guard, momentum_masking, error_feedback):
+    """Checks the engine options every front end's State takes (State's
+    docstring says what each means): TypeError for a spec that is not a
+    str, ValueError naming ``where`` and the option otherwise."""
+    if not isinstance(spec, str):
+        raise TypeError("%s: spec must be a str, got %s" % (where, type(spec).__name__))
+    if decision not in _DECISIONS:
+        raise ValueError("%s: decision=%r: want one of %s" % (where, decision, _DECISIONS))
+    if on_nonfinite not in _ON_NONFINITE:
+        raise ValueError("%s: on_nonfinite=%r: want one of %s" % (where, on_nonfinite, _ON_NONFINITE))
+    if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+        raise ValueError("%s: timeout=%r: want seconds > 0" % (where, timeout))
+    if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
+        raise ValueError("%s: momentum=%r: want a number in [0, 1)" % (where, momentum))
+    if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
+        raise ValueError("%s: guard=%r: want a finite number ≥ 0 (0: off)" % (where, guard))
+    if momentum_masking and not momentum:
+        raise ValueError("%s: momentum_masking=True needs momentum > 0" % where)
+    if guard and not error_feedback:
+        raise ValueError("%s: guard=%r needs error_feedback=True: without it nothing is held back" % (where, guard))
+
+
 def _bucket_params(bucket):
     """A DDP bucket's parameters, in its order (None for a bucket that does
     not say: GradBucket.parameters() missing or empty)."""
@@ -406,28 +428,13 @@ class State:
                 "gradcomp.torch.State: warmup_steps=%r: want an int ≥ %d (DDP builds its buckets in its first "
                 "step; the hook learns them in the second)" % (warmup_steps, PLAIN_STEPS)
             )
-        if decision not in _DECISIONS:
-            raise ValueError("gradcomp.torch.State: decision=%r: want one of %s" % (decision, _DECISIONS))
         if strategy not in _STRATEGIES:
             raise ValueError("gradcomp.torch.State: strategy=%r: want one of %s" % (strategy, _STRATEGIES))
-        if on_nonfinite not in _ON_NONFINITE:
-            raise ValueError("gradcomp.torch.State: on_nonfinite=%r: want one of %s" % (on_nonfinite, _ON_NONFINITE))
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError("gradcomp.torch.State: timeout=%r: want seconds > 0" % (timeout,))
-        if not isinstance(spec, str):
-            raise TypeError("gradcomp.torch.State: spec must be a str, got %s" % type(spec).__name__)
-        if not (isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0 <= momentum < 1):
-            raise ValueError("gradcomp.torch.State: momentum=%r: want a number in [0, 1)" % (momentum,))
-        if not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and 0 <= guard < float("inf")):
-            raise ValueError("gradcomp.torch.State: guard=%r: want a finite number ≥ 0 (0: off)" % (guard,))
-        if momentum_masking and not momentum:
-            raise ValueError("gradcomp.torch.State: momentum_masking=True needs momentum > 0")
+        check_options("gradcomp.torch.State", spec, decision, on_nonfinite, timeout, momentum, guard,
+                      momentum_masking, error_feedback)
         if not isinstance(node_spec, str) or (node_spec and strategy not in ("hier", "auto")):
             raise ValueError("gradcomp.torch.State: node_spec=%r: want a str, with strategy \"hier\" or \"auto\" (the "
                              "codec of the hierarchical exchange's node stages), not strategy %r" % (node_spec, strategy))
-        if guard and not error_feedback:
-            raise ValueError("gradcomp.torch.State: guard=%r needs error_feedback=True: without it nothing is "
-                             "held back" % (guard,))
         with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
             #: The canonical spec.
             self.spec = c.spec
