@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"time"
@@ -226,6 +227,7 @@ type stepper interface {
 	Wait(ctx context.Context) (overlap.StepStats, error)
 	Save(w *bytes.Buffer) error
 	Load(b []byte) error
+	LoadReshaped(ctx context.Context, r io.Reader) error
 	Close() error
 	Compressed() []bool
 }
@@ -336,6 +338,16 @@ func (e *engine) loadState(src []byte) error {
 		return err
 	}
 	return e.stepper().Load(src)
+}
+
+// loadReshaped is gc_engine_state_load_reshaped's core: src nil for a
+// rank without a state.
+func (e *engine) loadReshaped(src []byte) error {
+	var r io.Reader
+	if src != nil {
+		r = bytes.NewReader(src)
+	}
+	return e.stepper().LoadReshaped(context.Background(), r)
 }
 
 // close is gc_engine_destroy's core.

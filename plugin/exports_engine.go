@@ -547,6 +547,27 @@ func gc_engine_state_load(h C.uint64_t, src unsafe.Pointer, length C.size_t) (st
 	return C.int(statusOK)
 }
 
+//export gc_engine_state_load_reshaped
+func gc_engine_state_load_reshaped(h C.uint64_t, src unsafe.Pointer, length C.size_t) (st C.int) {
+	const fn = "gc_engine_state_load_reshaped"
+	defer guard(fn, &st)
+	in, err := cBytes(src, length, "src")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if src == nil {
+		in = nil // this rank has no state
+	}
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.loadReshaped(in)
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
 //export gc_engine_state_check
 func gc_engine_state_check(src unsafe.Pointer, length C.size_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t, world C.int) (st C.int) {
 	const fn = "gc_engine_state_check"

@@ -514,6 +514,20 @@ gc_status gc_engine_state_size(gc_engine e, size_t *len);
 gc_status gc_engine_state_save(gc_engine e, uint8_t *dst, size_t cap, size_t *written);
 gc_status gc_engine_state_load(gc_engine e, const uint8_t *src, size_t len);
 
+/* Loads a state across a change of shape (since 2.5): of another strategy
+ * ("hier" or flat), node layout or world size, which gc_engine_state_load
+ * refuses. COLLECTIVE: every rank of e calls it, with the state its rank
+ * saved, or src NULL (len 0) where the old job had no such rank; it BLOCKS
+ * until its posts are completed. Each old rank's error-feedback memories
+ * and momentum velocities are summed by what they add to the average (one
+ * all-reduce) and handed out to e's ranks, so that the next steps add the
+ * same; the step number is the states' (they must agree); pending
+ * accuracy-guard flushes are cleared. The states must have e's spec,
+ * error feedback, momentum, schedule, guard and bucket sizes: otherwise
+ * GC_ERR_CORRUPT on every rank (the faulty rank's message says why) and e
+ * is unchanged. */
+gc_status gc_engine_state_load_reshaped(gc_engine e, const uint8_t *src, size_t len);
+
 /* Reads what a saved engine state records, without an engine (checksum
  * checked): the canonical spec and strategy in use (NUL-terminated, cut to
  * spec_cap / strategy_cap), world size, rank, next step and bucket count;

@@ -600,6 +600,14 @@ class Hier(unittest.TestCase):
                 self.assertEqual(r["resumed_next_step"], 3 + 3)
                 self.assertTrue(r["finite"])
 
+    def test_load_state_reshaped_takes_another_shape(self):
+        results = ranks.run(workers.hier_reshape, WORLD, 2, timeout=300)
+        for rank, r in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertIn("strategy", r["plain_refused"] or "")  # hier's state, a flat engine
+                self.assertEqual(r["next_step"], r["saved_next_step"])
+                self.assertTrue(r["finite"])
+
     def test_bad_layouts_fail_every_rank(self):
         cases = [[3, 3, 3, 3], [2, 2, 4, 4]]
         results = ranks.run(workers.hier_bad_layouts, WORLD, cases, timeout=150)

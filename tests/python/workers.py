@@ -777,6 +777,40 @@ def hier_auto(rank, world, k, steps, cut):
     return out
 
 
+def hier_reshape(rank, world, k):
+    """A hierarchical State's engine state (nodes of k ranks, 5 steps) into
+    the engine of a flat State: its load refuses it, the collective
+    load_state_reshaped takes it (the step number carried over), and
+    training goes on."""
+    _ranks_per_node(k)
+    x, y, _, _ = digits()
+    data = list(batches(rank, world, x, y, 0, 0))
+    kw = dict(warmup_steps=2, decision="compressed")
+    ddp, state = make_ddp(mlp(0), "int8", strategy="hier", **kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in data[:5]:
+        train_step(ddp, opt, xb, yb)
+    saved = state.state_dict()["engine"]
+    state.close()
+    ddp2, flat = make_ddp(mlp(0), "int8", strategy="sra", **kw)
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.05)
+    for xb, yb in data[:3]:
+        train_step(ddp2, opt2, xb, yb)
+    out = {"saved_next_step": _engine.Engine.state_info(saved).next_step}
+    try:
+        flat.engine.load_state(saved)
+        out["plain_refused"] = None
+    except ValueError as e:
+        out["plain_refused"] = str(e)
+    flat.engine.load_state_reshaped(saved)
+    out["next_step"] = _engine.Engine.state_info(flat.engine.save_state()).next_step
+    for xb, yb in data[3:6]:
+        train_step(ddp2, opt2, xb, yb)
+    out["finite"] = all(bool(torch.isfinite(p).all()) for p in ddp2.parameters())
+    flat.close()
+    return out
+
+
 def hier_bad_layouts(rank, world, cases):
     """Per case (GRADCOMP_RANKS_PER_NODE per rank, a list indexed by rank):
     the error State(strategy="hier") raised on this rank, and the seconds

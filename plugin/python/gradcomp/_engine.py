@@ -636,6 +636,25 @@ class Engine:
                 raise ValueError(str(e)) from e
             raise
 
+    def load_state_reshaped(self, data):
+        """Loads a state saved by an engine of another strategy, node layout
+        or world size (gc_engine_state_load_reshaped, ABI 2.5). COLLECTIVE:
+        every rank calls it, with the state its rank saved or None where the
+        old job had no such rank. Each old rank's memories and velocities
+        are summed by what they add to the average and handed out to this
+        engine's ranks; the states must agree on the step. A state of
+        another spec, error feedback, momentum, schedule, guard or bucket
+        sizes raises ValueError on every rank and changes nothing."""
+        if not _lib.has("gc_engine_state_load_reshaped"):
+            raise ValueError("gradcomp: load_state_reshaped needs libgradcomp ABI 2.5; %s is older" % _lib.path())
+        data = b"" if data is None else bytes(data)
+        try:
+            _lib.call("gc_engine_state_load_reshaped", self._h(), data if data else None, len(data))
+        except _lib.LibraryError as e:
+            if e.status == Status.CORRUPT:
+                raise ValueError(str(e)) from e
+            raise
+
     @staticmethod
     def check_state(data, sizes, world, **settings):
         """Checks a saved state against an engine of ``settings``

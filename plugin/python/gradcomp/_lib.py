@@ -331,6 +331,7 @@ _OPTIONAL = {
     "gc_engine_state_check": (
         3, ctypes.c_int, [_byte_p, ctypes.c_size_t, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, ctypes.c_int],
     ),
+    "gc_engine_state_load_reshaped": (5, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()
