@@ -589,6 +589,26 @@ func gc_engine_state_check(src unsafe.Pointer, length C.size_t, cfg unsafe.Point
 	return C.int(statusOK)
 }
 
+//export gc_engine_state_layout
+func gc_engine_state_layout(src unsafe.Pointer, length C.size_t, node, nodes, localRank, localSize *C.int) (st C.int) {
+	const fn = "gc_engine_state_layout"
+	defer guard(fn, &st)
+	in, err := cBytes(src, length, "src")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	if node == nil || nodes == nil || localRank == nil || localSize == nil {
+		return C.int(fail(errInvalid, fn, "null output pointer"))
+	}
+	info, err := overlap.InspectState(in)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	l := info.Layout
+	*node, *nodes, *localRank, *localSize = C.int(l.Node), C.int(l.Nodes), C.int(l.LocalRank), C.int(l.LocalSize)
+	return C.int(statusOK)
+}
+
 //export gc_engine_state_info
 func gc_engine_state_info(src unsafe.Pointer, length C.size_t, spec *C.char, specCap C.size_t, strategy *C.char, strategyCap C.size_t,
 	world, rank *C.int, nextStep *C.uint64_t, nbuckets *C.size_t, sizes *C.uint64_t, sizesCap C.size_t) (st C.int) {

@@ -536,6 +536,12 @@ gc_status gc_engine_state_info(const uint8_t *src, size_t len, char *spec, size_
                                char *strategy, size_t strategy_cap, int *world, int *rank,
                                uint64_t *next_step, size_t *nbuckets, uint64_t *sizes, size_t sizes_cap);
 
+/* Reads the node layout a saved engine state records (since 2.5): this
+ * rank's node of nodes and local rank of local_size; all 0 for a state of
+ * a flat strategy or older than the layout (format 4). */
+gc_status gc_engine_state_layout(const uint8_t *src, size_t len, int *node, int *nodes, int *local_rank,
+                                 int *local_size);
+
 /* Checks a saved engine state against a configuration, without an engine
  * (since 2.3): GC_OK when gc_engine_state_load would accept src[0..len) into
  * an engine created with cfg, sizes and nbuckets on world_size ranks, else

@@ -403,9 +403,9 @@ class Ranks(unittest.TestCase):
                         self.assertTrue(refusal["unchanged"], refusal)
                         self.assertTrue(refusal.get("usable", True), refusal)
                 self.assertIn("int8", r["refusals"]["other spec"]["message"])
-                self.assertIn("allgather", r["refusals"]["other strategy"]["message"])
+                self.assertTrue(r["other_strategy_reshape"])
                 self.assertIn("guard", r["refusals"]["other guard (engine state)"]["message"])
-                self.assertIn("strategy", r["refusals"]["other strategy (engine state)"]["message"])
+                self.assertTrue(r["relabeled_reshape"])
                 self.assertIn("4810", r["refusals"]["other model (model=)"]["message"])
                 self.assertIn("9610", r["refusals"]["other model (engine)"]["message"])
 
@@ -566,6 +566,7 @@ class Hier(unittest.TestCase):
                 self.assertEqual(r["resumed_next_step"], 3 + 3)
                 self.assertEqual(r["iter"], 8)
                 self.assertTrue(r["finite"])
+                self.assertTrue(r["pending_reshape"])  # another layout loads across shapes, before the engine
                 for where, refusal in r["refusals"].items():
                     with self.subTest(where=where):
                         self.assertTrue(refusal["refused"], refusal)
@@ -607,6 +608,10 @@ class Hier(unittest.TestCase):
                 self.assertIn("strategy", r["plain_refused"] or "")  # hier's state, a flat engine
                 self.assertEqual(r["next_step"], r["saved_next_step"])
                 self.assertTrue(r["finite"])
+                s = r["state_reshape"]
+                self.assertEqual(s["strategy"], "sra")  # one node: flat
+                self.assertEqual(s["next_step"], r["saved_next_step"] + 3)
+                self.assertTrue(s["finite"])
 
     def test_bad_layouts_fail_every_rank(self):
         cases = [[3, 3, 3, 3], [2, 2, 4, 4]]

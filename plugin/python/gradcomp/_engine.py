@@ -656,6 +656,22 @@ class Engine:
             raise
 
     @staticmethod
+    def state_layout(data):
+        """The node layout a saved state records, as ``topology`` takes it:
+        (node, nodes, local_rank, local_size), or None for a flat one (ABI
+        2.5; ValueError when it is not a valid engine state)."""
+        data = bytes(data)
+        out = [ctypes.c_int() for _ in range(4)]
+        try:
+            _lib.call("gc_engine_state_layout", data, len(data), *(ctypes.byref(v) for v in out))
+        except _lib.LibraryError as e:
+            if e.status in (Status.CORRUPT, Status.MISMATCH):
+                raise ValueError("gradcomp: not a valid engine state: %s" % e) from e
+            raise
+        node, nodes, local_rank, local_size = (v.value for v in out)
+        return (node, nodes, local_rank, local_size) if nodes else None
+
+    @staticmethod
     def check_state(data, sizes, world, **settings):
         """Checks a saved state against an engine of ``settings``
         (:class:`Engine`'s keywords, spec included) for buckets of ``sizes``

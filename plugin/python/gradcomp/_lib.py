@@ -332,6 +332,7 @@ _OPTIONAL = {
         3, ctypes.c_int, [_byte_p, ctypes.c_size_t, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, ctypes.c_int],
     ),
     "gc_engine_state_load_reshaped": (5, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
+    "gc_engine_state_layout": (5, ctypes.c_int, [_byte_p, ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_int)] * 4),
 }
 
 _lock = threading.Lock()

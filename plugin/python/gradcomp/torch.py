@@ -486,6 +486,7 @@ class State:
         self._warned_staged = False
         self._engine = None
         self._pending = None  # engine state bytes to load when the engine is created
+        self._pending_reshape = False  # saved by a job of another shape: load it collectively across shapes
         self._pending_layout = None  # and the layout it records
         self._pending_params = None  # and the parameters of that layout
         self._broken = None  # the error that ended this State's engine
@@ -608,7 +609,14 @@ class State:
         the engine then validates its state whole (gc_engine_state_load).
         Before the engine exists the state is kept and applied when it is
         created, and the State's next steps are exact continuations (see
-        the module documentation, "Checkpoints")."""
+        the module documentation, "Checkpoints"). A state saved by a job
+        of another strategy, node layout or world size (but this State's
+        spec, error feedback, momentum, schedule, guard and buckets) is
+        accepted then too: when the engine is made every rank loads across
+        shapes (Engine.load_state_reshaped: the memories summed by what they
+        add to the average and handed out again, not bit for bit; ranks
+        without a state add none). Once the engine exists, only its own
+        shape loads."""
         where = "gradcomp.torch.State.load_state_dict"
         if not isinstance(sd, dict) or sd.get("format") not in _FORMATS:
             raise ValueError("%s: not a %s state dict" % (where, _FORMAT))
@@ -620,8 +628,9 @@ class State:
         params = sd.get("params")
         if spec != self.spec:
             raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
-        if strategy != self.strategy:
-            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
+        if strategy != self.strategy and self._engine is not None:
+            raise ValueError("%s: state saved with strategy %r, this State's engine has %r (a state of another "
+                             "strategy loads before the engine exists)" % (where, strategy, self.strategy))
         if bool(ef) != self.error_feedback:
             raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
                              % (where, bool(ef), self.error_feedback))
@@ -658,12 +667,35 @@ class State:
                                  "exists" % (where, PLAIN_STEPS))
             self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
         else:
+            reshape = False
             if data is not None and dist.is_initialized():
-                # The engine's own word, as its load will give it: every setting that shapes the exchange.
-                Engine.check_state(data, layout, dist.get_world_size(self.process_group), spec=self.spec,
-                                   **self._settings(data))
+                reshape = self._check_pending(where, data, layout, info)
             self._pending, self._pending_layout, self._pending_params = data, layout, params if layout else None
+            self._pending_reshape = reshape
         self.iter = it
+
+    def _check_pending(self, where, data, layout, info):
+        """Checks engine state bytes against the engine this State will make
+        (the engine's own word, as its load will give it) and returns
+        whether they need the load across shapes: a state of another
+        strategy, node layout or world size that is otherwise this State's
+        (its spec, error feedback, momentum, schedule, guard, buckets) is
+        loaded by every rank at once when the engine is made
+        (Engine.load_state_reshaped); any other mismatch raises
+        ValueError."""
+        world = dist.get_world_size(self.process_group)
+        try:
+            Engine.check_state(data, layout, world, spec=self.spec, **self._settings(data))
+            return False
+        except ValueError as plain:
+            shaped = dict(self._settings(), strategy=info.strategy, topology=Engine.state_layout(data), node_spec="")
+            try:
+                Engine.check_state(data, layout, info.world, spec=self.spec, **shaped)
+            except ValueError:
+                raise plain
+            logger.info("%s: the state was saved by a job of another shape (%s); every rank loads it across "
+                        "shapes when the engine is made", where, plain)
+            return True
 
     def _seen_layout(self):
         """The bucket sizes of DDP's final buckets, from a plain step after
@@ -991,8 +1023,9 @@ class State:
         (checked against DDP's in staged steps)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
-            eng = Engine(self.spec, sizes, process_group=self._engine_group(), device=device, groups=self._groups,
-                         **self._settings(self._pending))
+            group = self._engine_group()
+            eng = Engine(self.spec, sizes, process_group=group, device=device, groups=self._groups,
+                         **self._settings(None if self._pending_reshape else self._pending))
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
@@ -1005,14 +1038,21 @@ class State:
         except BaseException as e:
             self._broken = e
             raise
-        if self._pending is not None:
-            try:
+        try:
+            # Whether any rank holds a state of another shape: then every
+            # rank loads across shapes, those without a state adding none.
+            reshape = [None] * dist.get_world_size(group)
+            dist.all_gather_object(reshape, bool(self._pending_reshape), group=group)
+            if any(reshape):
+                eng.load_state_reshaped(self._pending)
+            elif self._pending is not None:
                 eng.load_state(self._pending)
-            except BaseException as e:
-                eng.close()
-                self._broken = e
-                raise
+        except BaseException as e:
+            eng.close()
+            self._broken = e
+            raise
         self._pending = self._pending_layout = self._pending_params = None
+        self._pending_reshape = False
         self._engine, self._sizes, self._params_sig = eng, list(sizes), params
         logger.info("engine for %s (strategy %s, decision %s) on %d ranks, %d buckets %s, warm-up until "
                     "step %d", self.spec, self.strategy, self.decision, eng.world, len(sizes), sizes,
