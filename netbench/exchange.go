@@ -107,7 +107,7 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 	sizes := bucketSizes(cfg.Size, cfg.BucketElems)
 	e, err := overlap.New(ctx, c, sizes, overlap.Config{
 		Spec: cs.Codec, Strategy: strategy, ErrorFeedback: cfg.ErrorFeedback, Decision: decision,
-		Timeout: cfg.Timeout, Workers: cfg.Workers,
+		Timeout: cfg.Timeout, Workers: cfg.Workers, NodeSpec: nodeSpecFor(strategy, cfg.NodeSpec),
 	})
 	if err != nil {
 		return nil, err
@@ -117,6 +117,15 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 		x.chose = t.Topology().Nodes > 1 && t.Topology().LocalSize > 1
 	}
 	return x, nil
+}
+
+// nodeSpecFor is cfg's NodeSpec for an engine of strategy s: the node
+// stages' codec where there are node stages (hier, auto), else none.
+func nodeSpecFor(s overlap.Strategy, spec string) string {
+	if s == overlap.StrategyHier || s == overlap.StrategyAuto {
+		return spec
+	}
+	return ""
 }
 
 func (x *engineExchange) run(ctx context.Context, grad []float32) (sample, error) {

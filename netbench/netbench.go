@@ -90,6 +90,9 @@ type Config struct {
 	BucketElems int
 	// ErrorFeedback turns the engine's error-feedback memory on.
 	ErrorFeedback bool
+	// NodeSpec is the codec of strategy hier's node stages
+	// (overlap.Config.NodeSpec; "" for float32).
+	NodeSpec string
 	// Workers is the number of compressor goroutines per rank, at least 1.
 	Workers int
 	// ProbeBytes is the per-rank size of the all-to-all that measures the

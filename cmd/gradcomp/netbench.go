@@ -44,6 +44,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	decisions := fs.String("decisions", netbench.Pinned+","+netbench.CostModel, "comma-separated decision modes per codec: pinned (always compress), cost-model (the engine may fall back to dense)")
 	bucketMiB := fs.Float64("bucket-mib", 25, "largest bucket handed to the engine, in MiB of fp32")
 	ef := fs.Bool("ef", true, "error-feedback memory on")
+	nodeSpec := fs.String("node-spec", "", "codec of strategy hier's node stages (overlap.Config.NodeSpec): bf16, fp16, int8, or empty for float32")
 	workers := fs.Int("workers", 0, "compressor goroutines per rank (0: this host's cores divided by the ranks on it)")
 	probeMiB := fs.Float64("probe-mib", 64, "all-to-all bytes per rank, in MiB, of the link-rate probe, at most the gradient's size (0: no probe)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "bound on each collective and each exchange")
@@ -108,7 +109,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 		cfg: netbench.Config{
 			Link: *link, Size: n, Reps: *reps, Seed: *seed, Cases: cases,
 			BucketElems:   max(1, int(*bucketMiB*(1<<20)/4)),
-			ErrorFeedback: *ef, Workers: w,
+			ErrorFeedback: *ef, Workers: w, NodeSpec: *nodeSpec,
 			ProbeBytes: min(int(*probeMiB*(1<<20)), 4*n),
 			Timeout:    *timeout,
 		},
