@@ -286,6 +286,7 @@ class Run:
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
         self.times = []
         self.across = []  # per timed step, what the node's interfaces sent per rank (the largest over ranks)
+        self.splits = []  # gradcomp: per timed engine step, State.last_split (this rank's)
 
     def step(self, x, y, timed):
         dist.barrier()
@@ -301,6 +302,8 @@ class Run:
         if timed:
             self.times.append(float(t[0]))
             self.across.append(float(t[1]))
+            if self.state is not None and self.state.last_split is not None:
+                self.splits.append(self.state.last_split)
 
     def row(self):
         ts = sorted(self.times)
@@ -327,6 +330,8 @@ class Run:
             if last is not None:
                 row["exposed_s"] = last.exposed_seconds
                 row["buckets"] = [b._asdict() for b in last.buckets]
+            if self.splits:  # each part's median over the timed steps, rank 0's
+                row["split_ms"] = {k: statistics.median(s[k] for s in self.splits) for k in self.splits[0]}
         return row
 
 

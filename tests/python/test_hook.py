@@ -397,6 +397,12 @@ class Ranks(unittest.TestCase):
                 self.assertEqual(r["resumed_iter"], 9)
                 self.assertEqual(r["stats"]["compressed"], 5)
                 self.assertTrue(r["finite"])
+                # Where the last step's time went: every part measured.
+                split = r["split"]
+                self.assertEqual(set(split), {"backward", "encode", "wire", "handoff", "decode", "exposed"})
+                self.assertTrue(all(v >= 0 for v in split.values()), split)
+                self.assertGreater(split["wire"], 0, split)
+                self.assertGreater(split["encode"], 0, split)
                 for name, refusal in r["refusals"].items():
                     with self.subTest(refusal=name):
                         self.assertTrue(refusal["refused"], refusal)

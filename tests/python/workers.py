@@ -284,6 +284,7 @@ def checkpoint_resume(rank, world, spec, steps, cut):
         "resumed_next_step": info.next_step,
         "resumed_iter": resumed["iter"],
         "stats": state.stats,
+        "split": state.last_split,
         "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
         "refusals": {},
     }

@@ -38,6 +38,7 @@ import collections
 import ctypes
 import logging
 import threading
+import time
 
 from . import _lib
 from ._lib import Status
@@ -350,13 +351,16 @@ class TorchHost:
     the node and cross-node collectives the engine runs at once run at
     once here too (one thread carrying out every post in turn would
     deadlock: ranks of different nodes see them interleaved differently).
-    ``ops_by_group`` counts each group's ops."""
+    ``ops_by_group`` counts each group's ops. ``wire_seconds`` is the
+    time spent in the collectives themselves (:func:`run_op`), summed over
+    the ops."""
 
     def __init__(self, hosted, group=None, name="gradcomp-host", groups=None):
         self.hosted = hosted
         self.group = group
         self.ops = collections.Counter()
         self.ops_by_group = collections.Counter()
+        self.wire_seconds = 0.0
         self.error = None  # the last exception an op raised (for diagnosis)
         self._stop = threading.Event()
         self._count = threading.Lock()
@@ -389,7 +393,9 @@ class TorchHost:
             if op is None:
                 continue
             try:
+                t = time.perf_counter()
                 written = run_op(op, group, rank, size)
+                took = time.perf_counter() - t
             except BaseException as e:
                 self.error = e
                 name = _kind_name(op.kind)
@@ -406,6 +412,7 @@ class TorchHost:
                 with self._count:
                     self.ops[_kind_name(op.kind)] += 1
                     self.ops_by_group[_group_name(op.group)] += 1
+                    self.wire_seconds += took
             except _lib.ClosedError:
                 return
             except Exception as e:  # GC_ERR_STATE: the engine already gave up on it

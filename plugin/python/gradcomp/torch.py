@@ -120,6 +120,7 @@ import math
 import os
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -328,6 +329,29 @@ def _complete(out, f, buf):
         out.set_result(buf)
 
 
+def _split(st, stats, wire, done):
+    """Where an engine step's time went, in milliseconds: "backward" from
+    DDP's first bucket to its last (the step's buckets arriving, gradients
+    still being computed), "encode" and "decode" the engine's compression
+    and decompression summed over buckets, "wire" the collectives
+    themselves as the host ran them, "handoff" the rest of the engine's
+    exchange time (posting, queueing, copying: the engine's exchange
+    minus the wire, at least 0), and "exposed" from the last bucket to the
+    averages (what backward did not hide). Encode, wire, handoff and decode
+    run on several threads at once and overlap backward and each other:
+    they do not add up to the step."""
+    buckets = stats.buckets
+    exchange = sum(b.exchange_seconds for b in buckets)
+    return {
+        "backward": 1e3 * (st.last - st.first),
+        "encode": 1e3 * sum(b.compress_seconds for b in buckets),
+        "wire": 1e3 * wire,
+        "handoff": 1e3 * max(0.0, exchange - wire),
+        "decode": 1e3 * sum(b.decompress_seconds for b in buckets),
+        "exposed": 1e3 * (done - st.last),
+    }
+
+
 def _ms(seconds):
     return "%.3f ms" % (seconds * 1e3) if seconds else "-"
 
@@ -349,6 +373,8 @@ class _Step:
         self.stream = None  # CUDA: the stream of the buckets
         self.plain_sent = 0  # a plain step's bytes (ring all-reduce accounting)
         self.plain_buckets = 0
+        self.first = self.last = time.perf_counter()  # the step's first and latest bucket from DDP
+        self.wire0 = 0.0  # the host's wire seconds when the engine's step began
 
     def fail(self, e):
         if self.error is None:
@@ -497,6 +523,9 @@ class State:
         self._counts = collections.Counter()
         #: The engine's StepStats of the last waited step (None before).
         self.last_step = None
+        #: Where the last waited step's time went (see :func:`_split`),
+        #: None before.
+        self.last_split = None
 
     def _auto_layout(self, process_group):
         """strategy "auto": learns the nodes (as hier_layout, the same on
@@ -751,6 +780,7 @@ class State:
             self._cur = _Step(self.iter, False)
             self._cur.in_backward = self._queue_end_of_backward(self._cur)
         st = self._cur
+        st.last = time.perf_counter()
         try:
             return self._bucket(st, bucket, buf, index, last)
         except BaseException as e:
@@ -801,7 +831,7 @@ class State:
         try:
             if not st.started:
                 eng.step()
-                st.started = True
+                st.started, st.wire0 = True, eng.host.wire_seconds
             if not (0 <= index < eng.nbuckets) or buf.numel() != eng.sizes[index] or index in st.readied:
                 raise ValueError(
                     "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
@@ -893,7 +923,7 @@ class State:
             ddp_flat = torch.cat([b.reshape(-1).to(torch.float32) for b in bufs])
             flat = ddp_flat if perm is None else ddp_flat[perm]
             eng.step()
-            st.started = True
+            st.started, st.wire0 = True, eng.host.wire_seconds
             start = 0
             for i, m in enumerate(eng.sizes):
                 self._ready(st, eng, i, flat, flat.narrow(0, start, m))
@@ -1082,12 +1112,14 @@ class State:
             eng.wait()
         except BaseException as e:
             err = e
+        done = time.perf_counter()
         try:
             stats = eng.stats()
         except Exception:
             stats = None
         if stats is not None:
             self._record(stats, st.number)
+            self.last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
         if isinstance(err, _lib.NonFiniteError):
             err = _lib.NonFiniteError(err.function, err.status, "gradcomp.torch: hook step %d: %s (on_nonfinite="
                                       "'raise'; the State stays usable: skip this optimizer step)"
