@@ -310,7 +310,6 @@ def _run_device_op(op, kind, group, rank, size):
     import torch.distributed as dist
 
     K = _lib.OpKind
-    n = op.count
     stream = torch.cuda.ExternalStream(op.stream) if op.stream else torch.cuda.default_stream()
     all_gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
     reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base

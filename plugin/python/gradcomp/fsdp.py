@@ -132,9 +132,8 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
                       % torch.__version__)
 
 from . import _lib
-from ._compressor import Compressor
-from ._engine import Engine, format_schedule
-from .torch import _ms, check_options
+from ._engine import Engine
+from .torch import _ms, check_options, set_options
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -299,20 +298,8 @@ class FSDPState:
         self.replicate_group = self._group(replicate_group, "replicate_group")
         self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
                                                                                           "engine_group")
-        with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
-            #: The canonical spec.
-            self.spec = c.spec
-        self.strategy = strategy
-        self.decision = decision
-        self.warmup_steps = warmup_steps
-        self.error_feedback = bool(error_feedback)
-        self.on_nonfinite = on_nonfinite
-        self.timeout = float(timeout)
-        self.workers = int(workers)
-        self.momentum = float(momentum)
-        self.momentum_masking = bool(momentum_masking)
-        self.schedule = format_schedule(schedule)
-        self.guard = float(guard)
+        set_options(self, spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
+                    momentum, momentum_masking, schedule, guard)
         #: Backward passes this State has seen (restored by load_state_dict).
         self.iter = 0
         #: The engine's StepStats of the last waited step (None before).

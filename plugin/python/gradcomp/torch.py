@@ -276,6 +276,23 @@ def check_options(where, spec, decision, on_nonfinite, timeout, momentum, guard,
         raise ValueError("%s: guard=%r needs error_feedback=True: without it nothing is held back" % (where, guard))
 
 
+def set_options(state, spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
+                momentum, momentum_masking, schedule, guard):
+    """Sets the engine options every front end's State keeps, checked
+    (check_options), as attributes of ``state``: ``spec`` in its canonical
+    form (the library's word on it: ValueError with its message),
+    ``strategy``, ``decision``, ``warmup_steps``, ``error_feedback``,
+    ``on_nonfinite``, ``timeout``, ``workers``, ``momentum`` (momentum
+    correction's, 0: off), ``momentum_masking``, ``schedule`` (as
+    gc_engine_config takes it, "" for none) and ``guard`` (0: off)."""
+    with Compressor(spec, 1) as c:
+        state.spec = c.spec
+    state.strategy, state.decision, state.warmup_steps = strategy, decision, warmup_steps
+    state.error_feedback, state.on_nonfinite, state.timeout = bool(error_feedback), on_nonfinite, float(timeout)
+    state.workers, state.momentum, state.momentum_masking = int(workers), float(momentum), bool(momentum_masking)
+    state.schedule, state.guard = format_schedule(schedule), float(guard)
+
+
 def _bucket_params(bucket):
     """A DDP bucket's parameters, in its order (None for a bucket that does
     not say: GradBucket.parameters() missing or empty)."""
@@ -461,26 +478,10 @@ class State:
         if not isinstance(node_spec, str) or (node_spec and strategy not in ("hier", "auto")):
             raise ValueError("gradcomp.torch.State: node_spec=%r: want a str, with strategy \"hier\" or \"auto\" (the "
                              "codec of the hierarchical exchange's node stages), not strategy %r" % (node_spec, strategy))
-        with Compressor(spec, 1) as c:  # the library's word on the spec, and its canonical form
-            #: The canonical spec.
-            self.spec = c.spec
-        self.strategy = strategy
-        self.decision = decision
-        self.warmup_steps = warmup_steps
-        self.error_feedback = bool(error_feedback)
-        self.on_nonfinite = on_nonfinite
-        self.timeout = float(timeout)
+        set_options(self, spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
+                    momentum, momentum_masking, schedule, guard)
         self.process_group = process_group
-        self.workers = int(workers)
         self.overlap = bool(overlap)
-        #: Momentum correction's momentum (0: off).
-        self.momentum = float(momentum)
-        #: DGC's momentum factor masking (with momentum).
-        self.momentum_masking = bool(momentum_masking)
-        #: The compression warm-up, as gc_engine_config takes it ("" for none).
-        self.schedule = format_schedule(schedule)
-        #: The accuracy guard's threshold (0: off).
-        self.guard = float(guard)
         #: The codec of "hier"'s node stages ("" for float32).
         self.node_spec = node_spec
         self._params = None
