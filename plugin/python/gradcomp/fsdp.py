@@ -133,7 +133,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from . import _lib
 from ._engine import Engine
-from .torch import _ms, check_options, set_options
+from .torch import _ms, check_options, set_options, table
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -371,8 +371,7 @@ class FSDPState:
             rows.append((str(b.bucket), self._names[b.bucket] or "(root)", str(b.elements), b.strategy,
                          "compressed" if b.compressed else "dense", str(b.bytes_sent), _ms(b.compress_seconds),
                          _ms(b.exchange_seconds), b.reason))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows])
+        return table(head, rows)
 
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""

@@ -369,6 +369,14 @@ def _split(st, stats, wire, done):
     }
 
 
+def table(head, rows):
+    """A summary table: ``head``, then ``rows`` (the first the column
+    names) in columns padded to their widest cell, the last column (the
+    reason) left as it is."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows])
+
+
 def _ms(seconds):
     return "%.3f ms" % (seconds * 1e3) if seconds else "-"
 
@@ -590,11 +598,7 @@ class State:
             rows.append((str(b.bucket), str(b.elements), b.strategy, "compressed" if b.compressed else "dense",
                          "compressed" if b.decided_compressed else "dense", str(b.bytes_sent),
                          _ms(b.compress_seconds), _ms(b.exchange_seconds), _ms(b.decompress_seconds), b.reason))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = [head]
-        for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-        return "\n".join(lines)
+        return table(head, rows)
 
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""
