@@ -110,8 +110,10 @@
 // # Handshake and cost model
 //
 // New exchanges every rank's protocol version, canonical spec, strategy,
-// error-feedback flag, decision mode, FailOnNonFinite and bucket layout (two
-// all-gathers); a difference is a *ConfigMismatchError on every rank, e.g.
+// node layout, shape choice, node-stage codec, error-feedback flag,
+// decision mode, FailOnNonFinite, the other settings that shape the
+// exchange and the bucket layout (two all-gathers; handshake.go lists
+// them); a difference is a *ConfigMismatchError on every rank, e.g.
 // "ranks disagree on spec: rank 2 has int8, rank 0 has topk:0.01".
 //
 // With DecideAuto, New then measures, on every rank: the link, with
