@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,4 +277,49 @@ func overlapBench(b *testing.B, spec string) {
 	b.ReportMetric(ms(w), "step_ms")
 	b.ReportMetric(ms(alone), "engine_alone_ms")
 	b.ReportMetric(float64(r), "gemms/bucket")
+}
+
+// TestDeviceEngineCostModelCUDA runs DecideAuto's cost model on the GPU
+// (one NCCL rank): the link probed with NCCL all-reduces, the codec's
+// kernels timed by CUDA events on scratch buffers. Every bucket must carry
+// the model's prediction and reason, and a step must then run; the
+// predictions are logged for the report.
+func TestDeviceEngineCostModelCUDA(t *testing.T) {
+	ctx, dc, host := testDevice(t)
+	sizes := []int{1 << 22, 1 << 12}
+	for _, spec := range []string{"int8", "topk:0.01", "randomk:0.01"} {
+		t.Run(spec, func(t *testing.T) {
+			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, Config{Spec: spec, ErrorFeedback: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			for i, b := range e.buckets {
+				if !strings.Contains(b.reason, "cost model") || b.predComp <= 0 || b.predDense <= 0 {
+					t.Errorf("bucket %d: %q, predicted %v and %v", i, b.reason, b.predComp, b.predDense)
+				}
+				t.Logf("%s bucket %d (%d elements): compressed %v, dense %v", spec, i, b.n, b.predComp, b.predDense)
+			}
+			s, err := ctx.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ctx.DestroyStream(s)
+			grads := gpuBuffers(t, ctx, sizes)
+			if err := e.Step(); err != nil {
+				t.Fatal(err)
+			}
+			for i, n := range sizes {
+				if err := ctx.CopyIn(s, grads[i], f32.Bytes(stepGrads(1, 0, []int{n})[0][0])); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Ready(i, grads[i], s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := e.Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
