@@ -71,7 +71,8 @@ func deviceHierCheck(dc comm.DeviceComm, host comm.Comm) error {
 // buffers, after the handshake.
 func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h *devHier, err error) {
 	topo := e.layout
-	if _, err := checkLayout(ctx, e.host, topo, e.cfg.Timeout); err != nil {
+	claimed, err := checkLayout(ctx, e.host, topo, e.cfg.Timeout)
+	if err != nil {
 		return nil, err
 	}
 	h = &devHier{e: e, topo: topo}
@@ -80,7 +81,7 @@ func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h 
 			h.release()
 		}
 	}()
-	if h.node, h.cross, err = split(ctx, e.host, e.cfg.Timeout); err != nil {
+	if h.node, h.cross, err = split(ctx, e.host, claimed, e.cfg.Timeout); err != nil {
 		return nil, err
 	}
 	if ds, ok := e.dc.(comm.DeviceSplitter); ok {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
@@ -93,15 +94,15 @@ func (c *core) sharded() bool { return c.strategy == StrategyHier && c.mech == S
 // newTwoLevel checks the layout, splits e's comm by node and returns the
 // two-level comm a top-k or random-k StrategyHier engine exchanges over.
 func newTwoLevel(ctx context.Context, e *Engine) (*twolevel.Comm, error) {
-	topo, err := checkLayout(ctx, e.c, e.layout, e.cfg.Timeout)
+	claimed, err := checkLayout(ctx, e.c, e.layout, e.cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
-	node, cross, err := split(ctx, e.c, e.cfg.Timeout)
+	node, cross, err := split(ctx, e.c, claimed, e.cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}
-	tl, err := twolevel.New(e.c, node, cross, topo)
+	tl, err := twolevel.New(e.c, node, cross, claimed)
 	if err != nil {
 		node.Close()
 		cross.Close()
@@ -111,14 +112,64 @@ func newTwoLevel(ctx context.Context, e *Engine) (*twolevel.Comm, error) {
 	return tl, nil
 }
 
-// split splits c (a comm.Splitter) by node, bounded by timeout.
-func split(ctx context.Context, c comm.Comm, timeout time.Duration) (node, cross comm.Comm, err error) {
+// split splits c (a comm.Splitter) by node, bounded by timeout, and
+// checks that each group holds the ranks the layout claimed (checkLayout's
+// topologies, by rank) in their order: a Splitter (a host mapping group
+// ids to its groups, say) that handed this rank another group gets a
+// *TopologyError naming both, and the groups are closed.
+func split(ctx context.Context, c comm.Comm, claimed []comm.Topology, timeout time.Duration) (node, cross comm.Comm, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if node, cross, err = c.(comm.Splitter).Split(ctx); err != nil {
 		return nil, nil, fmt.Errorf("overlap: splitting the comm by node on rank %d: %w", c.Rank(), err)
 	}
+	me := claimed[c.Rank()]
+	for _, g := range []struct {
+		name string
+		c    comm.Comm
+		in   func(t comm.Topology) bool
+	}{
+		{"node", node, func(t comm.Topology) bool { return t.Node == me.Node }},
+		{"cross-node", cross, func(t comm.Topology) bool { return t.LocalRank == me.LocalRank }},
+	} {
+		if err = checkGroup(ctx, c.Rank(), g.name, g.c, claimed, g.in); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		node.Close()
+		cross.Close()
+		return nil, nil, err
+	}
 	return node, cross, nil
+}
+
+// checkGroup all-gathers the parent ranks of group g and checks them
+// against the ranks in claims, in rank order (a node's by local rank and
+// the cross-node group's by node, as comm.CheckTopologies numbers them).
+func checkGroup(ctx context.Context, rank int, name string, g comm.Comm, claimed []comm.Topology, in func(comm.Topology) bool) error {
+	var want []int
+	for r, t := range claimed {
+		if in(t) {
+			want = append(want, r)
+		}
+	}
+	all := make([]byte, 4*g.Size())
+	mine := binary.LittleEndian.AppendUint32(nil, uint32(rank))
+	if g.Size() != len(want) {
+		return &TopologyError{Reason: fmt.Sprintf("rank %d's %s group has %d ranks, the layout %d", rank, name, g.Size(), len(want))}
+	}
+	if err := g.AllGather(ctx, all, mine); err != nil {
+		return fmt.Errorf("overlap: checking the %s group on rank %d: %w", name, rank, err)
+	}
+	got := make([]int, g.Size())
+	for i := range got {
+		got[i] = int(binary.LittleEndian.Uint32(all[4*i:]))
+	}
+	if !slices.Equal(got, want) {
+		return &TopologyError{Reason: fmt.Sprintf("rank %d's %s group holds ranks %v, the layout says %v", rank, name, got, want)}
+	}
+	return nil
 }
 
 // twoLevelGatherVolume is what one rank sends in a two-level all-gather of
@@ -253,10 +304,11 @@ func describeTopology(t comm.Topology) string {
 // returned backend.
 func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBackend, error) {
 	topo := e.layout // hierLayout's, before the handshake
-	if _, err := checkLayout(ctx, e.c, topo, e.cfg.Timeout); err != nil {
+	claimed, err := checkLayout(ctx, e.c, topo, e.cfg.Timeout)
+	if err != nil {
 		return nil, err
 	}
-	node, cross, err := split(ctx, e.c, e.cfg.Timeout)
+	node, cross, err := split(ctx, e.c, claimed, e.cfg.Timeout)
 	if err != nil {
 		return nil, err
 	}

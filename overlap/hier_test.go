@@ -610,3 +610,37 @@ func TestHierNodeSpecConfig(t *testing.T) {
 		}
 	}
 }
+
+// swapped is a rank whose Split hands back its groups the other way round,
+// as a host that maps the group ids to the wrong groups would.
+type swapped struct{ comm.Comm }
+
+func (s swapped) Topology() comm.Topology { return s.Comm.(comm.Topologist).Topology() }
+func (s swapped) Split(ctx context.Context) (node, cross comm.Comm, err error) {
+	node, cross, err = s.Comm.(comm.Splitter).Split(ctx)
+	return cross, node, err
+}
+
+// TestHierWrongGroups: groups that are not the ones the layout says
+// (here every rank's node and cross-node groups swapped, which on 2 × 2
+// still make collectives that complete) fail every rank's New with a
+// *TopologyError naming the ranks found and the ranks the layout wants,
+// for both shapes; nothing hangs.
+func TestHierWrongGroups(t *testing.T) {
+	for _, spec := range []string{"int8", "topk:0.1"} {
+		comms := nodeGroup(t, 2, 2)
+		errs := onRanks(comms, func(r int, c comm.Comm) error {
+			e, err := New(context.Background(), swapped{c}, []int{64}, Config{Spec: spec, Strategy: StrategyHier, Timeout: 10e9})
+			if err == nil {
+				e.Close()
+			}
+			return err
+		})
+		for r, err := range errs {
+			var te *TopologyError
+			if !errors.As(err, &te) || !strings.Contains(err.Error(), "node group holds ranks") {
+				t.Errorf("%s rank %d: %v, want a *TopologyError on the node group", spec, r, err)
+			}
+		}
+	}
+}
