@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -124,35 +125,41 @@ func (e *DeviceEngine) timePaths(ns []int) ([4][]float64, error) {
 	return times, nil
 }
 
-// scratch holds timeBucket's device buffers.
-type scratch struct {
-	e    *DeviceEngine
+// deviceBuffers are device allocations freed together: timeBucket's
+// scratch, the device hier's node-stage buffers.
+type deviceBuffers struct {
+	dev  Device
+	s    gpu.Stream // where the zeroed ones are zeroed
 	ptrs []gpu.Ptr
 }
 
 // alloc returns a buffer of bytes (at least 16), zeroed when zero is set.
-func (s *scratch) alloc(bytes int, zero bool) (gpu.Ptr, error) {
+func (b *deviceBuffers) alloc(bytes int, zero bool) (gpu.Ptr, error) {
 	bytes = max(bytes, 16)
-	p, err := s.e.dev.Alloc(bytes)
+	p, err := b.dev.Alloc(bytes)
 	if err != nil {
 		return 0, err
 	}
-	s.ptrs = append(s.ptrs, p)
+	b.ptrs = append(b.ptrs, p)
 	if zero {
-		err = s.e.dev.CopyIn(s.e.enc, p, make([]byte, bytes))
+		err = b.dev.CopyIn(b.s, p, make([]byte, bytes))
 	}
 	return p, err
 }
 
-func (s *scratch) free() {
-	for _, p := range s.ptrs {
-		s.e.dev.Free(p)
+// free frees every buffer and returns the failures.
+func (b *deviceBuffers) free() error {
+	var errs []error
+	for _, p := range b.ptrs {
+		errs = append(errs, b.dev.Free(p))
 	}
+	b.ptrs = nil
+	return errors.Join(errs...)
 }
 
 // timeBucket is timePaths for one size n (a multiple of the world size).
 func (e *DeviceEngine) timeBucket(n int) (t [4]float64, err error) {
-	sc := &scratch{e: e}
+	sc := &deviceBuffers{dev: e.dev, s: e.enc}
 	defer sc.free()
 	unit, sends := e.unit(n)
 	slot, head, part := e.slotLen(unit), e.slotHead(), n/e.size

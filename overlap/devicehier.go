@@ -45,13 +45,13 @@ type devHier struct {
 	node, cross      comm.Comm       // the host comm's split; cross is the inner engine's host comm
 	nodeDC, crossDC  comm.DeviceComm // the DeviceComm's split
 	inner            *DeviceEngine
-	stream           gpu.Stream  // the node stages
-	ready            []gpu.Event // per bucket: the caller's gradient is ready (on its stream)
-	shard, pad       []gpu.Ptr   // per bucket: m floats; L·m floats where L does not divide n, else 0
-	status, gathered []gpu.Ptr   // per bucket: the shard's record (kernels.StatusLen), the node's (L of them)
-	poison           gpu.Ptr     // the poisoning Average's own record
-	zeros            gpu.Ptr     // L floats of zero: the padded buffers' tails
-	mem              []gpu.Ptr
+	stream           gpu.Stream    // the node stages
+	ready            []gpu.Event   // per bucket: the caller's gradient is ready (on its stream)
+	shard, pad       []gpu.Ptr     // per bucket: m floats; L·m floats where L does not divide n, else 0
+	status, gathered []gpu.Ptr     // per bucket: the shard's record (kernels.StatusLen), the node's (L of them)
+	poison           gpu.Ptr       // the poisoning Average's own record
+	zeros            gpu.Ptr       // L floats of zero: the padded buffers' tails
+	bufs             deviceBuffers // the node stages' buffers
 }
 
 // deviceHierCheck says why StrategyHier cannot run over dc and host, or
@@ -107,7 +107,7 @@ func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h 
 	if h.inner, err = newDevice(ctx, e.dev, h.crossDC, h.cross, shards, icfg, t); err != nil {
 		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
 	}
-	h.acrossNodes = acrossNodes{inner: h.inner.core, be: h.inner}
+	h.acrossNodes = acrossNodes{inner: h.inner.core}
 	h.inner.next = e.next
 	if err := h.allocate(sizes, shards); err != nil {
 		return nil, fmt.Errorf("overlap: NewDevice on rank %d: the node stages: %w", e.rank, err)
@@ -118,30 +118,18 @@ func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h 
 	return h, nil
 }
 
-// alloc is a device buffer of the node stages, zeroed when zero is set.
-func (h *devHier) alloc(bytes int, zero bool) (gpu.Ptr, error) {
-	p, err := h.e.dev.Alloc(max(bytes, 16))
-	if err != nil {
-		return 0, err
-	}
-	h.mem = append(h.mem, p)
-	if zero {
-		err = h.e.dev.CopyIn(h.stream, p, make([]byte, max(bytes, 16)))
-	}
-	return p, err
-}
-
 // allocate makes the node stream, the ready events and the buffers.
 func (h *devHier) allocate(sizes, shards []int) error {
 	var err error
 	if h.stream, err = h.e.dev.NewStream(); err != nil {
 		return err
 	}
+	h.bufs = deviceBuffers{dev: h.e.dev, s: h.stream}
 	l := h.topo.LocalSize
-	if h.zeros, err = h.alloc(4*l, true); err != nil {
+	if h.zeros, err = h.bufs.alloc(4*l, true); err != nil {
 		return err
 	}
-	if h.poison, err = h.alloc(kernels.StatusLen, false); err != nil {
+	if h.poison, err = h.bufs.alloc(kernels.StatusLen, false); err != nil {
 		return err
 	}
 	n := len(sizes)
@@ -151,18 +139,18 @@ func (h *devHier) allocate(sizes, shards []int) error {
 		if h.ready[i], err = h.e.event(false); err != nil {
 			return err
 		}
-		if h.shard[i], err = h.alloc(4*shards[i], false); err != nil {
+		if h.shard[i], err = h.bufs.alloc(4*shards[i], false); err != nil {
 			return err
 		}
 		if sz%l != 0 {
-			if h.pad[i], err = h.alloc(4*l*shards[i], false); err != nil {
+			if h.pad[i], err = h.bufs.alloc(4*l*shards[i], false); err != nil {
 				return err
 			}
 		}
-		if h.status[i], err = h.alloc(kernels.StatusLen, false); err != nil {
+		if h.status[i], err = h.bufs.alloc(kernels.StatusLen, false); err != nil {
 			return err
 		}
-		if h.gathered[i], err = h.alloc(l*kernels.StatusLen, false); err != nil {
+		if h.gathered[i], err = h.bufs.alloc(l*kernels.StatusLen, false); err != nil {
 			return err
 		}
 	}
@@ -300,9 +288,7 @@ func (h *devHier) release() error {
 	if h.inner != nil {
 		errs = append(errs, h.inner.Close())
 	}
-	for _, p := range h.mem {
-		errs = append(errs, h.e.dev.Free(p))
-	}
+	errs = append(errs, h.bufs.free())
 	if h.stream != 0 {
 		errs = append(errs, h.e.dev.DestroyStream(h.stream))
 	}

@@ -343,7 +343,7 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 		cross.Close()
 		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
 	}
-	h.acrossNodes = acrossNodes{inner: h.inner.core, be: h.inner}
+	h.acrossNodes = acrossNodes{inner: h.inner.core}
 	h.inner.next = e.next
 	h.stream = newStream()
 	for _, b := range e.buckets {
@@ -486,15 +486,8 @@ func (h *hierBackend) gatherTask(st *step, r *run) {
 func (h *hierBackend) scatterCoded(st *step, r *run, src []float32) (int, error) {
 	i, l := r.b.idx, h.topo.LocalSize
 	send, recv, shard := h.rsSend[i], h.rsRecv[i], h.shard[i]
-	if _, err := h.rs.Compress(send[:0], src, nodeKey(st.num, i)); err != nil {
-		s, err := statusOf(err)
-		if err != nil {
-			return -1, &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
-		}
-		stride := len(send) / l
-		for j := range l {
-			s.put(send[j*stride:], false)
-		}
+	if _, _, err := encodeInto(coder{p: h.rs}, send, src, nodeKey(st.num, i), false); err != nil {
+		return -1, &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
 	}
 	if err := h.nodeCollective(st, r, "node AllToAll", allToAllVolume(l, len(send)), func(ctx context.Context) error {
 		return h.nodeData.AllToAll(ctx, recv, send)
@@ -525,12 +518,8 @@ func (h *hierBackend) gatherCoded(st *step, r *run, dst []float32) error {
 	i, l := r.b.idx, h.topo.LocalSize
 	send, recv, shard := h.agSend[i], h.agRecv[i], h.shard[i]
 	m := len(shard)
-	if _, err := h.ag.Compress(send[:0], shard, nodeKey(st.num, i)); err != nil {
-		s, err := statusOf(err)
-		if err != nil {
-			return &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
-		}
-		s.put(send, false)
+	if _, _, err := encodeInto(coder{p: h.ag}, send, shard, nodeKey(st.num, i), false); err != nil {
+		return &StepError{Step: st.num, Bucket: i, Stage: "node encode", Err: err}
 	}
 	if err := h.nodeCollective(st, r, "node AllGather", allGatherVolume(l, len(send)), func(ctx context.Context) error {
 		return h.nodeData.AllGather(ctx, recv, send)

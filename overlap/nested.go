@@ -13,8 +13,7 @@ import (
 // and state (per shard), and whose step the outer step runs inside
 // (step.nested).
 type acrossNodes struct {
-	inner *core   // the engine across nodes' core
-	be    backend // and its backend
+	inner *core // the engine across nodes' core (its backend: inner.be)
 }
 
 // nestedCore returns the core of the engine across nodes.
@@ -63,16 +62,16 @@ func (a acrossNodes) conclude(st *step) error {
 func (a acrossNodes) settle(*step, stepEnd) {}
 
 func (a acrossNodes) memory(call string) (gradEF, partEF *compress.ErrorFeedback, err error) {
-	return a.be.memory(call)
+	return a.inner.be.memory(call)
 }
 
 func (a acrossNodes) install(gradEF, partEF *compress.ErrorFeedback) error {
-	return a.be.install(gradEF, partEF)
+	return a.inner.be.install(gradEF, partEF)
 }
 
-func (a acrossNodes) velocity(i int) ([]float32, error) { return a.be.velocity(i) }
+func (a acrossNodes) velocity(i int) ([]float32, error) { return a.inner.be.velocity(i) }
 
-func (a acrossNodes) setVelocity(us [][]float32) error { return a.be.setVelocity(us) }
+func (a acrossNodes) setVelocity(us [][]float32) error { return a.inner.be.setVelocity(us) }
 
 // usePhase: the engine across nodes runs the schedule.
 func (a acrossNodes) usePhase() {}

@@ -149,7 +149,7 @@ func (e *core) contribute(r io.Reader, ve, vu [][]float32) (uint64, error) {
 		return 0, err
 	}
 	if !src.sharded() {
-		add(ve, st.mem, st.velocity, vu, src.size, func(i int) (int, int) { return 0, e.buckets[i].n }, src.rank)
+		addShares(ve, vu, st, src.rank, src.size, func(i int) (int, int) { return 0, e.buckets[i].n })
 		return info.NextStep, nil
 	}
 	inner, err := src.nestedCore()
@@ -161,16 +161,17 @@ func (e *core) contribute(r io.Reader, ve, vu [][]float32) (uint64, error) {
 		m := shardLen(e.buckets[i].n, l.LocalSize)
 		return l.LocalRank * m, m
 	}
-	add(ve, st.nested.mem, st.nested.velocity, vu, inner.size, shard, inner.rank)
+	addShares(ve, vu, st.nested, inner.rank, inner.size, shard)
 	return info.NextStep, nil
 }
 
-// add adds a rank's memories and velocities to ve and vu: on bucket i's
-// window (start, length) from at, its stage-1 memory and velocity divided
-// by ranks (the share of the average its ranks' values have), its SRA
-// part memory (rank's part of the window) whole. Elements past a bucket's
-// end (a padded shard's) add nothing.
-func add(ve [][]float32, mem [2]*compress.ErrorFeedback, velocity [][]float32, vu [][]float32, ranks int, at func(i int) (start, length int), rank int) {
+// addShares adds the memories and velocities of st, rank's of ranks, to ve
+// and vu: on bucket i's window (start, length) from at, its stage-1 memory
+// and velocity divided by ranks (the share of the average its ranks'
+// values have), its SRA part memory (rank's part of the window) whole.
+// Elements past a bucket's end (a padded shard's) add nothing.
+func addShares(ve, vu [][]float32, st *savedState, rank, ranks int, at func(i int) (start, length int)) {
+	mem, velocity := st.mem, st.velocity
 	put := func(dst []float32, start int, src []float32, scale float32) {
 		for j, x := range src {
 			if k := start + j; k < len(dst) {

@@ -40,7 +40,7 @@ func parseNetbench(args []string, stderr io.Writer) (a netbenchArgs, code int, o
 	size := fs.String("size", "25000000", "gradient length in fp32 elements (see gradcomp bench -size): 25000000 is 100 MB")
 	reps := fs.Int("reps", 5, "timed runs per case (the median is reported), after one warm-up")
 	codecs := fs.String("codecs", netbenchDefaultCodecs, "comma-separated compressor specs to time against the dense all-reduce")
-	strategies := fs.String("strategies", "auto", "comma-separated engine strategies per codec and decision: auto (the codec's flat exchange), hier (hierarchical: needs ranks on several nodes), or any overlap.ParseStrategy name; each strategy but auto also gets a dense case (codec none, pinned) when -codecs lacks one")
+	strategies := fs.String("strategies", "auto", "comma-separated engine strategies per codec and decision: auto (the codec's flat exchange; on several nodes of several ranks, that or hier, whichever New's trial finds faster: its rows say auto:), hier (hierarchical: needs ranks on several nodes; it also gets a dense case, codec none pinned, when -codecs lacks one), or any overlap.ParseStrategy name")
 	decisions := fs.String("decisions", netbench.Pinned+","+netbench.CostModel, "comma-separated decision modes per codec: pinned (always compress), cost-model (the engine may fall back to dense)")
 	bucketMiB := fs.Float64("bucket-mib", 25, "largest bucket handed to the engine, in MiB of fp32")
 	ef := fs.Bool("ef", true, "error-feedback memory on")

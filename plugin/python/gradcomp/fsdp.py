@@ -133,7 +133,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from . import _lib
 from ._engine import Engine
-from .torch import _ms, check_options, set_options, table
+from .torch import _ms, check_options, close_engine, set_options, table
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -375,11 +375,7 @@ class FSDPState:
 
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""
-        eng, self._engine = self._engine, None
-        if eng is not None:
-            self._broken = self._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
-                                                            "gradcomp.fsdp: the State was closed")
-            eng.close()
+        close_engine(self, "gradcomp.fsdp")
 
     # ---- checkpoints
 

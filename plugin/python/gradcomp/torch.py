@@ -369,6 +369,16 @@ def _split(st, stats, wire, done):
     }
 
 
+def close_engine(state, who):
+    """A State's close: destroys ``state._engine`` and its transport, and
+    the State fails from then on (``who`` names it in the error)."""
+    eng, state._engine = state._engine, None
+    if eng is not None:
+        state._broken = state._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
+                                                          "%s: the State was closed" % who)
+        eng.close()
+
+
 def table(head, rows):
     """A summary table: ``head``, then ``rows`` (the first the column
     names) in columns padded to their widest cell, the last column (the
@@ -602,11 +612,7 @@ class State:
 
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""
-        eng, self._engine = self._engine, None
-        if eng is not None:
-            self._broken = self._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
-                                                            "gradcomp.torch: the State was closed")
-            eng.close()
+        close_engine(self, "gradcomp.torch")
 
     # ---- checkpoints
 
