@@ -18,14 +18,36 @@
 // Implementations check this where they can and then return a
 // *MismatchError, the same one on every rank, instead of moving data.
 //
-// A Comm runs one collective at a time: a call made on a rank while another
-// call is in flight on the same Comm returns a *BusyError at once (the order
-// of two concurrent calls would differ between ranks). Goroutines that need
-// independent streams of collectives use independent Comms.
+// A Comm runs one blocking call at a time: a call made on a rank while
+// another call is in flight on the same Comm returns a *BusyError at once
+// (the order of two concurrent calls would differ between ranks).
+// Goroutines that need independent streams of collectives use independent
+// Comms, or one Starter (below) from one goroutine.
 //
 // Buffers belong to the call until it returns: the caller must not read or
 // write them meanwhile. Buffers of different ranks must not overlap each
 // other, and a call's dst must not overlap its src.
+//
+// # Several collectives in flight
+//
+// A Comm that is also a Starter lets one rank have up to InFlight()
+// collectives started and not yet waited for. StartAllReduce and its
+// siblings issue a collective and return at once with a Request; the
+// collective then runs while the caller goes on, and Request.Wait ends it.
+// Starts are matched across ranks by their order, exactly as calls are
+// (the k-th collective a rank starts or calls meets the k-th of every other
+// rank), so every rank must start them in the same order, from one
+// goroutine or in an order the caller fixes; Waits may come in any order
+// and from any goroutine, and collectives may complete in any order. A
+// blocking call while requests are outstanding is one more collective in
+// that order. A start beyond InFlight() outstanding requests, or made while
+// a blocking call is in flight, returns a *BusyError and starts nothing.
+//
+// Buffers belong to a started collective until its Wait has returned. When
+// one collective fails (an error of the transport or host, a Wait whose ctx
+// ended first), the Comm is poisoned: every request not complete by then
+// fails with a *PoisonedError wrapping that first failure, on this rank,
+// and the other ranks learn of it as the implementation documents.
 //
 // # Sum order
 //
@@ -124,4 +146,33 @@ type Comm interface {
 // else: one collective at a time across both, one failure, one Close.
 type Unchecker interface {
 	Unchecked() Comm
+}
+
+// Request is a collective a Starter started.
+type Request interface {
+	// Wait blocks until the collective completes (nil), fails, or ctx
+	// ends. A Wait whose ctx ends first abandons the collective: it
+	// returns an *IncompleteError and poisons the Comm. The first Wait
+	// releases the request's slot of Starter.InFlight; later Waits
+	// return the same result at once.
+	Wait(ctx context.Context) error
+}
+
+// Starter is implemented by a Comm that can have several collectives in
+// flight (see "Several collectives in flight" in the package doc). Each
+// Start method takes the arguments of the Comm method of the same name,
+// checks them as that method does (an invalid call returns its error and
+// starts nothing), issues the collective and returns without waiting for
+// the other ranks. ctx bounds the start itself; the Request's Wait takes
+// its own.
+type Starter interface {
+	Comm
+	// InFlight returns how many started collectives this rank may have
+	// outstanding (started, not yet waited for) at once; at least 2. It
+	// never blocks.
+	InFlight() int
+	StartAllReduce(ctx context.Context, buf []float32) (Request, error)
+	StartAllGather(ctx context.Context, dst, src []byte) (Request, error)
+	StartReduceScatter(ctx context.Context, dst, src []float32) (Request, error)
+	StartAllToAll(ctx context.Context, dst, src []byte) (Request, error)
 }

@@ -134,10 +134,17 @@ func (e *ClosedError) Is(target error) bool { return target == ErrClosed }
 type BusyError struct {
 	Op      Op // the rejected call
 	Rank    int
-	Pending Op // the call in flight
+	Pending Op // the call in flight; 0 when Started is set
+	// Started, when non-zero, is the Starter's InFlight(): the rejected
+	// start found that many collectives started and not yet waited for.
+	Started int
 }
 
 func (e *BusyError) Error() string {
+	if e.Started > 0 {
+		return fmt.Sprintf("comm: %v on rank %d: %d started collectives are outstanding, this Comm's InFlight(); Wait for one first",
+			e.Op, e.Rank, e.Started)
+	}
 	return fmt.Sprintf("comm: %v on rank %d: %v is still in flight on this Comm; calls on one Comm must not overlap (use a separate Comm per stream)",
 		e.Op, e.Rank, e.Pending)
 }

@@ -21,10 +21,19 @@
 //
 // Posts come out of Take in the order they were made. The engine makes its
 // collectives in the same order on every rank, so a host that carries them
-// out in Take's order on one communicator matches them across ranks. One
-// collective is in flight at a time per group (the rules of comm.Comm): the
-// next is posted only after the previous one completed. (A transport with
-// a Split has three groups: see "Groups" below.)
+// out in Take's order on one communicator matches them across ranks. (A
+// transport with a Split has three groups: see "Groups" below.)
+//
+// # Several in flight
+//
+// Every face is a comm.Starter: up to InFlight collectives per group
+// (WithInFlight, default DefaultInFlight) may be posted and not yet
+// complete. A host may take the next post before it completes the previous
+// one, launch each on its communicator as it takes it (torch's
+// async_op=True, an NCCL call on a stream) and complete them in any order,
+// as its framework finishes them; it must launch them in Take's order. A
+// host that carries out one post at a time is correct too, just not
+// concurrent.
 //
 // # Buffers
 //
@@ -61,17 +70,19 @@
 //
 // A post nobody takes within the caller's ctx, a host error (Complete with
 // a non-nil error), a completion of an unknown or finished id, or a
-// completion with a wrong length ends the collective in flight with an
-// error and poisons the transport: later calls return a
-// *comm.PoisonedError wrapping the first failure (the ranks are out of
-// step). Nothing waits forever: every wait is bounded by a ctx, and Close
-// wakes everyone.
+// completion with a wrong length ends that collective with an error and
+// poisons its group: every other collective of the group not complete by
+// then fails with a *comm.PoisonedError wrapping that first failure, its
+// posts not yet taken leave the queue, and later calls fail the same way
+// (the ranks are out of step). Nothing waits forever: every wait is
+// bounded by a ctx, and Close wakes everyone.
 package hosted
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -160,6 +171,8 @@ type post struct {
 	op   Op
 	g    *Transport // the group it was posted on
 	done chan error // buffered: the completion's result
+	once sync.Once  // the caller's first Wait
+	err  error      // its result
 }
 
 // The group ids of Op.Group.
@@ -202,11 +215,14 @@ type Transport struct {
 	rank, size int
 	timeout    time.Duration
 
+	inFlight int // the most posts outstanding at once
+
 	// Guarded by h.mu.
-	queue    []*post // posted, not taken
-	inFlight *post   // the collective a caller waits on
-	poison   error   // the first failure
-	closed   bool    // Close was called
+	queue   []*post // posted, not taken
+	started []*post // posted, not yet waited for by their caller
+	calling comm.Op // the blocking call in flight, 0 when none
+	poison  error   // the first failure
+	closed  bool    // Close was called
 }
 
 // Option configures a Transport.
@@ -224,6 +240,19 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
+// WithInFlight sets how many collectives each group may have posted and
+// not yet complete at once (comm.Starter.InFlight; default
+// DefaultInFlight): 1 makes every post wait for the previous one.
+func WithInFlight(k int) Option {
+	return func(t *Transport) error {
+		if k < 1 || k > 1024 {
+			return fmt.Errorf("hosted: WithInFlight(%d): want 1 to 1024", k)
+		}
+		t.inFlight = k
+		return nil
+	}
+}
+
 // WithTopology gives the transport this rank's place among the nodes of
 // the job (see SetTopology).
 func WithTopology(topo comm.Topology) Option {
@@ -233,13 +262,16 @@ func WithTopology(topo comm.Topology) Option {
 // DefaultTimeout is WithTimeout's default.
 const DefaultTimeout = 60 * time.Second
 
+// DefaultInFlight is WithInFlight's default.
+const DefaultInFlight = 4
+
 // New returns rank's end of a hosted group of size ranks.
 func New(rank, size int, opts ...Option) (*Transport, error) {
 	if size < 1 || size > 1<<16-1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("hosted: New(rank %d, size %d): want 1 ≤ size ≤ 65535 and 0 ≤ rank < size", rank, size)
 	}
 	h := &hub{taken: map[uint64]*post{}, changed: make(chan struct{})}
-	t := &Transport{h: h, group: GroupWorld, rank: rank, size: size, timeout: DefaultTimeout}
+	t := &Transport{h: h, group: GroupWorld, rank: rank, size: size, timeout: DefaultTimeout, inFlight: DefaultInFlight}
 	h.groups[GroupWorld] = t
 	for _, o := range opts {
 		if err := o(t); err != nil {
@@ -337,8 +369,8 @@ func (t *Transport) Split(ctx context.Context) (node, cross comm.Comm, err error
 			return nil, nil, fmt.Errorf("hosted: Split on rank %d: the previous Split's comms are open (close them first)", t.rank)
 		}
 	}
-	n := &Transport{h: h, group: GroupNode, rank: topo.LocalRank, size: topo.LocalSize, timeout: t.timeout}
-	c := &Transport{h: h, group: GroupCross, rank: topo.Node, size: topo.Nodes, timeout: t.timeout}
+	n := &Transport{h: h, group: GroupNode, rank: topo.LocalRank, size: topo.LocalSize, timeout: t.timeout, inFlight: t.inFlight}
+	c := &Transport{h: h, group: GroupCross, rank: topo.Node, size: topo.Nodes, timeout: t.timeout, inFlight: t.inFlight}
 	h.groups[GroupNode], h.groups[GroupCross] = n, c
 	h.notify()
 	return hostComm{n}, hostComm{c}, nil
@@ -413,11 +445,12 @@ func (t *Transport) take(ctx context.Context, group int) (Op, error) {
 // Complete ends the taken op id, of any group: hostErr nil with recvBytes
 // the bytes the host wrote to the op's output (Op.RecvBytes; 0 for a
 // barrier), or the host's error, which the caller's collective returns as
-// a *HostError. A completion the transport cannot accept (an id not taken
-// or already complete, a wrong length) returns a *ProtocolError and fails
-// the collective in flight with it: the op's group's for a wrong length,
-// every group's for an id it does not know. Either failure poisons the
-// group(s). After Close, and for an op of a group closed since it was
+// a *HostError. Ops may complete in any order. A completion the transport
+// cannot accept (an id not taken or already complete, a wrong length)
+// returns a *ProtocolError and fails the op with it (a wrong length), or
+// every outstanding op of every group (an id it does not know). A failure
+// poisons the group(s): their other outstanding collectives fail with a
+// *comm.PoisonedError. After Close, and for an op of a group closed since it was
 // taken, it returns an error matching ErrClosed.
 func (t *Transport) Complete(id uint64, recvBytes int, hostErr error) error {
 	h := t.h
@@ -443,6 +476,7 @@ func (t *Transport) Complete(id uint64, recvBytes int, hostErr error) error {
 	}
 	if perr != nil {
 		if ok {
+			deliver(p, perr)
 			p.g.failLocked(perr)
 		} else {
 			for _, g := range h.groups {
@@ -456,8 +490,8 @@ func (t *Transport) Complete(id uint64, recvBytes int, hostErr error) error {
 	delete(h.taken, id)
 	if hostErr != nil {
 		herr := &HostError{Rank: p.g.rank, Op: p.op, Err: hostErr}
-		p.g.poisonLocked(herr)
 		deliver(p, herr)
+		p.g.failLocked(herr)
 		return nil
 	}
 	deliver(p, nil)
@@ -480,13 +514,17 @@ func (t *Transport) poisonLocked(err error) {
 	}
 }
 
-// failLocked poisons t with err and fails the collective in flight with
-// it. h.mu is held.
+// failLocked poisons t with err: its outstanding collectives that have no
+// result yet fail with a *comm.PoisonedError wrapping it, and its posts
+// not yet taken leave the queue (taken ones stay in h.taken, their
+// buffers reachable, until the host completes them or Close). h.mu is
+// held.
 func (t *Transport) failLocked(err error) {
 	t.poisonLocked(err)
-	if p := t.inFlight; p != nil {
-		deliver(p, err)
+	for _, p := range t.started {
+		deliver(p, &comm.PoisonedError{Op: p.op.Kind, Rank: t.rank, Cause: t.poison})
 	}
+	t.queue = nil
 }
 
 // Close ends the transport: posts not taken and collectives in flight fail
@@ -525,56 +563,99 @@ func (t *Transport) closeLocked() {
 	}
 	t.closed = true
 	t.failLocked(&comm.ClosedError{Rank: t.rank})
-	t.queue = nil
 }
 
-// collective posts op and waits for its completion, for ctx, or for a
-// failure of the transport. A caller that gives up poisons the transport.
+// collective is a blocking call: start, then wait.
 func (t *Transport) collective(ctx context.Context, op Op) error {
+	p, err := t.start(ctx, op, true)
+	if err != nil {
+		return err
+	}
+	err = p.wait(ctx)
+	t.h.mu.Lock()
+	t.calling = 0
+	t.h.mu.Unlock()
+	return err
+}
+
+// start posts op as the group's next collective and returns its post,
+// whose wait ends it; blocking marks a blocking call in flight (the
+// caller clears it).
+func (t *Transport) start(ctx context.Context, op Op, blocking bool) (*post, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &comm.IncompleteError{Op: op.Kind, Rank: t.rank, Err: err}
+	}
 	h := t.h
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	switch {
 	case t.poison != nil:
-		err := &comm.PoisonedError{Op: op.Kind, Rank: t.rank, Cause: t.poison}
-		h.mu.Unlock()
-		return err
-	case t.inFlight != nil:
-		err := &comm.BusyError{Op: op.Kind, Rank: t.rank, Pending: t.inFlight.op.Kind}
-		h.mu.Unlock()
-		return err
+		return nil, &comm.PoisonedError{Op: op.Kind, Rank: t.rank, Cause: t.poison}
+	case t.calling != 0:
+		return nil, &comm.BusyError{Op: op.Kind, Rank: t.rank, Pending: t.calling}
+	case len(t.started) >= t.inFlight:
+		return nil, &comm.BusyError{Op: op.Kind, Rank: t.rank, Started: t.inFlight}
+	}
+	if blocking {
+		t.calling = op.Kind
 	}
 	h.nextID++
 	op.ID = h.nextID
 	op.Group = t.group
 	p := &post{op: op, g: t, done: make(chan error, 1)}
 	t.queue = append(t.queue, p)
-	t.inFlight = p
+	t.started = append(t.started, p)
 	h.notify()
-	h.mu.Unlock()
-
-	var err error
-	select {
-	case err = <-p.done:
-	case <-ctx.Done():
-		err = &comm.IncompleteError{Op: op.Kind, Rank: t.rank, Err: ctx.Err()}
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t.inFlight = nil
-	if err == nil {
-		return nil
-	}
-	t.poisonLocked(err)
-	// Untaken, it leaves the queue; taken, it stays in h.taken (so its
-	// buffers stay reachable) until the host completes it or Close.
-	for i, q := range t.queue {
-		if q == p {
-			t.queue = append(t.queue[:i], t.queue[i+1:]...)
-			break
-		}
-	}
-	return err
+	return p, nil
 }
+
+// request is start of a comm.Starter's collective.
+func (t *Transport) request(ctx context.Context, op Op) (comm.Request, error) {
+	p, err := t.start(ctx, op, false)
+	if err != nil {
+		return nil, err // not a nil *post in a non-nil interface
+	}
+	return p, nil
+}
+
+// wait waits, once, for p's completion, for ctx (which abandons p and
+// poisons the group), or for a failure of the group, and releases p's
+// place among the group's outstanding collectives.
+func (p *post) wait(ctx context.Context) error {
+	p.once.Do(func() {
+		t := p.g
+		var err error
+		select {
+		case err = <-p.done:
+		case <-ctx.Done():
+			select {
+			case err = <-p.done: // completed as ctx ended: keep the result
+			default:
+				err = &comm.IncompleteError{Op: p.op.Kind, Rank: t.rank, Err: ctx.Err()}
+			}
+		}
+		h := t.h
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if i := slices.Index(t.started, p); i >= 0 {
+			t.started = slices.Delete(t.started, i, i+1)
+		}
+		if err != nil {
+			// Untaken, it leaves the queue; taken, it stays in h.taken
+			// (so its buffers stay reachable) until the host completes
+			// it or Close.
+			if i := slices.Index(t.queue, p); i >= 0 {
+				t.queue = slices.Delete(t.queue, i, i+1)
+			}
+			t.failLocked(err)
+		}
+		p.err = err
+	})
+	return p.err
+}
+
+// Wait implements comm.Request.
+func (p *post) Wait(ctx context.Context) error { return p.wait(ctx) }
 
 // Host returns the transport's comm.Comm face.
 func (t *Transport) Host() comm.Comm { return hostComm{t} }
@@ -594,29 +675,35 @@ func (h hostComm) Rank() int { return h.t.rank }
 func (h hostComm) Size() int { return h.t.size }
 
 func (h hostComm) AllReduce(ctx context.Context, buf []float32) error {
-	b := f32.Bytes(buf)
-	return h.t.collective(ctx, Op{Kind: comm.OpAllReduce, Count: len(buf), Send: b, Recv: b, SendBytes: len(b), RecvBytes: len(b)})
+	op, err := allReduceOp(buf)
+	if err != nil {
+		return err
+	}
+	return h.t.collective(ctx, op)
 }
 
 func (h hostComm) AllGather(ctx context.Context, dst, src []byte) error {
-	if len(dst) != h.t.size*len(src) {
-		return h.t.argError(comm.OpAllGather, "len(dst) = %d, want Size() × len(src) = %d × %d", len(dst), h.t.size, len(src))
+	op, err := h.t.allGatherOp(dst, src)
+	if err != nil {
+		return err
 	}
-	return h.t.collective(ctx, Op{Kind: comm.OpAllGather, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)})
+	return h.t.collective(ctx, op)
 }
 
 func (h hostComm) ReduceScatter(ctx context.Context, dst, src []float32) error {
-	if len(src) != h.t.size*len(dst) {
-		return h.t.argError(comm.OpReduceScatter, "len(src) = %d, want Size() × len(dst) = %d × %d", len(src), h.t.size, len(dst))
+	op, err := h.t.reduceScatterOp(dst, src)
+	if err != nil {
+		return err
 	}
-	return h.t.collective(ctx, Op{Kind: comm.OpReduceScatter, Count: len(dst), Send: f32.Bytes(src), Recv: f32.Bytes(dst), SendBytes: 4 * len(src), RecvBytes: 4 * len(dst)})
+	return h.t.collective(ctx, op)
 }
 
 func (h hostComm) AllToAll(ctx context.Context, dst, src []byte) error {
-	if len(dst) != len(src) || len(src)%h.t.size != 0 {
-		return h.t.argError(comm.OpAllToAll, "len(src) = %d, len(dst) = %d: want equal lengths, a multiple of Size() = %d", len(src), len(dst), h.t.size)
+	op, err := h.t.allToAllOp(dst, src)
+	if err != nil {
+		return err
 	}
-	return h.t.collective(ctx, Op{Kind: comm.OpAllToAll, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)})
+	return h.t.collective(ctx, op)
 }
 
 func (h hostComm) Broadcast(ctx context.Context, buf []byte, root int) error {
@@ -630,8 +717,76 @@ func (h hostComm) Barrier(ctx context.Context) error {
 	return h.t.collective(ctx, Op{Kind: comm.OpBarrier})
 }
 
+// The host ops of the collectives that comm.Starter starts too, or their
+// argument errors.
+
+func allReduceOp(buf []float32) (Op, error) {
+	b := f32.Bytes(buf)
+	return Op{Kind: comm.OpAllReduce, Count: len(buf), Send: b, Recv: b, SendBytes: len(b), RecvBytes: len(b)}, nil
+}
+
+func (t *Transport) allGatherOp(dst, src []byte) (Op, error) {
+	if len(dst) != t.size*len(src) {
+		return Op{}, t.argError(comm.OpAllGather, "len(dst) = %d, want Size() × len(src) = %d × %d", len(dst), t.size, len(src))
+	}
+	return Op{Kind: comm.OpAllGather, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)}, nil
+}
+
+func (t *Transport) reduceScatterOp(dst, src []float32) (Op, error) {
+	if len(src) != t.size*len(dst) {
+		return Op{}, t.argError(comm.OpReduceScatter, "len(src) = %d, want Size() × len(dst) = %d × %d", len(src), t.size, len(dst))
+	}
+	return Op{Kind: comm.OpReduceScatter, Count: len(dst), Send: f32.Bytes(src), Recv: f32.Bytes(dst), SendBytes: 4 * len(src), RecvBytes: 4 * len(dst)}, nil
+}
+
+func (t *Transport) allToAllOp(dst, src []byte) (Op, error) {
+	if len(dst) != len(src) || len(src)%t.size != 0 {
+		return Op{}, t.argError(comm.OpAllToAll, "len(src) = %d, len(dst) = %d: want equal lengths, a multiple of Size() = %d", len(src), len(dst), t.size)
+	}
+	return Op{Kind: comm.OpAllToAll, Count: len(src), Send: src, Recv: dst, SendBytes: len(src), RecvBytes: len(dst)}, nil
+}
+
 // Close closes the transport (both faces).
 func (h hostComm) Close() error { return h.t.Close() }
+
+// InFlight implements comm.Starter (WithInFlight).
+func (h hostComm) InFlight() int { return h.t.inFlight }
+
+// StartAllReduce implements comm.Starter.
+func (h hostComm) StartAllReduce(ctx context.Context, buf []float32) (comm.Request, error) {
+	op, err := allReduceOp(buf)
+	if err != nil {
+		return nil, err
+	}
+	return h.t.request(ctx, op)
+}
+
+// StartAllGather implements comm.Starter.
+func (h hostComm) StartAllGather(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	op, err := h.t.allGatherOp(dst, src)
+	if err != nil {
+		return nil, err
+	}
+	return h.t.request(ctx, op)
+}
+
+// StartReduceScatter implements comm.Starter.
+func (h hostComm) StartReduceScatter(ctx context.Context, dst, src []float32) (comm.Request, error) {
+	op, err := h.t.reduceScatterOp(dst, src)
+	if err != nil {
+		return nil, err
+	}
+	return h.t.request(ctx, op)
+}
+
+// StartAllToAll implements comm.Starter.
+func (h hostComm) StartAllToAll(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	op, err := h.t.allToAllOp(dst, src)
+	if err != nil {
+		return nil, err
+	}
+	return h.t.request(ctx, op)
+}
 
 // Topology implements comm.Topologist (see Transport.Topology).
 func (h hostComm) Topology() comm.Topology { return h.t.Topology() }
@@ -789,12 +944,49 @@ func Serve(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) e
 
 // ServeGroup is Serve of group's posts (TakeGroup), carried out on c and
 // dc, communicators of that group's ranks: run one per group, each on its
-// own goroutine, so that the groups' collectives run independently.
+// own goroutine, so that the groups' collectives run independently. When c
+// is a comm.Starter, host ops it can start are started in Take's order and
+// completed as they finish, up to c.InFlight() at once (several in flight);
+// the others run one at a time, in that order.
 func ServeGroup(ctx context.Context, t *Transport, group int, c comm.Comm, dc comm.DeviceComm) error {
+	starter, _ := c.(comm.Starter)
+	var slots chan struct{}
+	if starter != nil {
+		slots = make(chan struct{}, starter.InFlight())
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	refused := make(chan error, 1) // the first completion Complete refused
+	complete := func(op Op, n int, runErr error) {
+		if err := t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
+			select {
+			case refused <- err:
+			default:
+			}
+		}
+	}
 	for {
 		op, err := t.TakeGroup(ctx, group)
 		if err != nil {
-			return nil
+			return firstOf(refused)
+		}
+		select {
+		case err := <-refused:
+			return err
+		default:
+		}
+		if q, ok, err := startHostOp(ctx, op, starter, slots); ok {
+			if err != nil {
+				<-slots
+				complete(op, 0, err)
+				continue
+			}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				err := q.Wait(ctx)
+				complete(op, op.RecvBytes, err)
+			})
+			continue
 		}
 		var n int
 		var runErr error
@@ -806,8 +998,43 @@ func ServeGroup(ctx context.Context, t *Transport, group int, c comm.Comm, dc co
 		default:
 			n, runErr = RunDevice(ctx, op, dc)
 		}
-		if err := t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
-			return err
-		}
+		complete(op, n, runErr)
 	}
+}
+
+// firstOf returns the error in ch, if any.
+func firstOf(ch chan error) error {
+	select {
+	case err := <-ch:
+		return err
+	default:
+		return nil
+	}
+}
+
+// startHostOp starts op on s when s can (a host all-reduce, all-gather,
+// reduce-scatter or all-to-all on a comm.Starter), after taking one of
+// slots, and says whether it did (ok; err: the start's error, its slot
+// still taken).
+func startHostOp(ctx context.Context, op Op, s comm.Starter, slots chan struct{}) (q comm.Request, ok bool, err error) {
+	if s == nil || op.Device {
+		return nil, false, nil
+	}
+	switch op.Kind {
+	case comm.OpAllReduce, comm.OpAllGather, comm.OpReduceScatter, comm.OpAllToAll:
+	default:
+		return nil, false, nil
+	}
+	slots <- struct{}{}
+	switch op.Kind {
+	case comm.OpAllReduce:
+		q, err = s.StartAllReduce(ctx, Float32s(op.Recv))
+	case comm.OpAllGather:
+		q, err = s.StartAllGather(ctx, op.Recv, op.Send)
+	case comm.OpReduceScatter:
+		q, err = s.StartReduceScatter(ctx, Float32s(op.Recv), Float32s(op.Send))
+	default:
+		q, err = s.StartAllToAll(ctx, op.Recv, op.Send)
+	}
+	return q, true, err
 }

@@ -548,3 +548,129 @@ func TestTopologyRefused(t *testing.T) {
 		t.Error("Split without a topology succeeded")
 	}
 }
+
+// TestStartedConformance: the hosted transport as a comm.Starter, served
+// by Go hosts that start each post on comm/inproc and complete it when it
+// finishes (out of Take's order where it finishes first), passes the
+// several-in-flight conformance suite.
+func TestStartedConformance(t *testing.T) {
+	for _, n := range []int{1, 2, 3} {
+		ts := servedGroup(t, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r, tr := range ts {
+			wg.Go(func() {
+				errs[r] = commtest.RunStarted(context.Background(), tr.Host().(comm.Starter), commtest.Options{RankOrder: true})
+			})
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("%d ranks, rank %d: %v", n, r, err)
+			}
+		}
+	}
+}
+
+// startN starts n all-reduces of one element on tr, returning the
+// requests and their buffers.
+func startN(t *testing.T, tr *hosted.Transport, n int) ([]comm.Request, [][]float32) {
+	t.Helper()
+	s := tr.Host().(comm.Starter)
+	var reqs []comm.Request
+	var bufs [][]float32
+	for i := range n {
+		buf := []float32{float32(i)}
+		q, err := s.StartAllReduce(context.Background(), buf)
+		if err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		reqs, bufs = append(reqs, q), append(bufs, buf)
+	}
+	return reqs, bufs
+}
+
+// TestStartedHost: a host completing several outstanding posts out of
+// order, twice, never, or with an error.
+func TestStartedHost(t *testing.T) {
+	waitAll := func(reqs []comm.Request, ctx context.Context) []error {
+		errs := make([]error, len(reqs))
+		for i, q := range reqs {
+			errs[i] = q.Wait(ctx)
+		}
+		return errs
+	}
+	t.Run("out of order", func(t *testing.T) {
+		tr, _ := hosted.New(0, 1, hosted.WithInFlight(3))
+		reqs, bufs := startN(t, tr, 3)
+		var busy *comm.BusyError
+		if _, err := tr.Host().(comm.Starter).StartAllReduce(context.Background(), make([]float32, 1)); !errors.As(err, &busy) || busy.Started != 3 {
+			t.Fatalf("a fourth start with WithInFlight(3): %v, want a *comm.BusyError with Started 3", err)
+		}
+		ops := []hosted.Op{take(t, tr), take(t, tr), take(t, tr)}
+		for i := 2; i >= 0; i-- {
+			hosted.Float32s(ops[i].Recv)[0] += 10
+			if err := tr.Complete(ops[i].ID, 4, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, err := range waitAll(reqs, context.Background()) {
+			if err != nil || bufs[i][0] != float32(i+10) {
+				t.Fatalf("request %d: %v, buffer %v", i, err, bufs[i])
+			}
+		}
+	})
+	t.Run("one of several fails", func(t *testing.T) {
+		tr, _ := hosted.New(0, 2)
+		reqs, _ := startN(t, tr, 3)
+		a, b := take(t, tr), take(t, tr) // the third is never taken
+		if err := tr.Complete(a.ID, 4, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Complete(b.ID, 0, errors.New("gloo: connection reset by peer")); err != nil {
+			t.Fatal(err)
+		}
+		errs := waitAll(reqs, context.Background())
+		var he *hosted.HostError
+		var pe *comm.PoisonedError
+		if errs[0] != nil || !errors.As(errs[1], &he) || !errors.As(errs[2], &pe) || !errors.As(errs[2], &he) {
+			t.Fatalf("waits: %v; want nil (complete before), the *HostError, a *PoisonedError wrapping it", errs)
+		}
+		tctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		if op, err := tr.Take(tctx); err == nil {
+			t.Fatalf("Take after the failure returned %v: the failed group's posts must leave the queue", op)
+		}
+		mustPoisoned(t, tr, &he)
+	})
+	t.Run("completed twice", func(t *testing.T) {
+		tr, _ := hosted.New(0, 2)
+		reqs, _ := startN(t, tr, 2)
+		a, _ := take(t, tr), take(t, tr)
+		if err := tr.Complete(a.ID, 4, nil); err != nil {
+			t.Fatal(err)
+		}
+		var perr *hosted.ProtocolError
+		if err := tr.Complete(a.ID, 4, nil); !errors.As(err, &perr) {
+			t.Fatalf("second completion: %v, want a *ProtocolError", err)
+		}
+		errs := waitAll(reqs, context.Background())
+		if errs[0] != nil || !errors.As(errs[1], &perr) {
+			t.Fatalf("waits: %v; want nil, then a failure wrapping the *ProtocolError", errs)
+		}
+	})
+	t.Run("never completed", func(t *testing.T) {
+		tr, _ := hosted.New(0, 2)
+		reqs, _ := startN(t, tr, 2)
+		take(t, tr)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		t0 := time.Now()
+		errs := waitAll(reqs, ctx)
+		var ie *comm.IncompleteError
+		var pe *comm.PoisonedError
+		if !errors.As(errs[0], &ie) || !errors.As(errs[1], &pe) || time.Since(t0) > 5*time.Second {
+			t.Fatalf("waits: %v after %v; want an *IncompleteError, then a *PoisonedError, at once", errs, time.Since(t0))
+		}
+	})
+}

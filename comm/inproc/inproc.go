@@ -7,12 +7,19 @@
 // Calls are matched by their sequence number on each rank. A call first
 // checks its own arguments, then arrives at its rendezvous; the last rank to
 // arrive compares every rank's call (operation, lengths, root) and, when they
-// agree, releases all ranks. Each rank then computes its own share of the
+// agree, starts one goroutine per rank computing that rank's share of the
 // result — for AllReduce and AllGather, the elements of chunk Rank() of every
-// rank's buffer; for ReduceScatter, AllToAll and Broadcast, its own dst — and
-// waits until every share is done before returning, since other ranks write
-// into its buffers. Only the arrival takes a lock shared by the group; the
-// data path runs in parallel without one.
+// rank's buffer; for ReduceScatter, AllToAll and Broadcast, its own dst.
+// Every rank returns once every share is done, since other ranks write into
+// its buffers. Only the arrival takes a lock shared by the group; the data
+// path runs in parallel without one.
+//
+// # Several in flight
+//
+// Every rank is a comm.Starter with InFlight collectives: a start arrives
+// at its rendezvous and returns; its Request's Wait is the rest of the
+// call. Since no share waits for its rank, ranks may wait for their
+// requests in any order.
 //
 // A rank whose arguments are invalid returns its *comm.ArgumentError at once;
 // the other ranks get the same error when they arrive, and a disagreement
@@ -111,7 +118,7 @@ type args struct {
 	root        int
 }
 
-// rank is one rank's comm.Comm.
+// rank is one rank's comm.Comm and comm.Starter.
 type rank struct {
 	g      *group
 	r      int
@@ -235,17 +242,25 @@ func (k *rank) run(ctx context.Context, c check.Call, a args) error {
 		return err
 	}
 	defer k.guard.Exit()
-	g := k.g
+	rd, err := k.arrive(c, a)
+	if err != nil {
+		return err
+	}
+	return k.complete(ctx, rd, c.Op)
+}
 
+// arrive makes rank k's next call c at its round and returns the round,
+// or the error that ends the call at once (k closed, the group poisoned,
+// c invalid).
+func (k *rank) arrive(c check.Call, a args) (*round, error) {
+	g := k.g
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if k.closed {
-		g.mu.Unlock()
-		return &comm.PoisonedError{Op: c.Op, Rank: k.r, Cause: &comm.ClosedError{Rank: k.r}}
+		return nil, &comm.PoisonedError{Op: c.Op, Rank: k.r, Cause: &comm.ClosedError{Rank: k.r}}
 	}
 	if g.failed != nil {
-		cause := g.failed
-		g.mu.Unlock()
-		return &comm.PoisonedError{Op: c.Op, Rank: k.r, Cause: cause}
+		return nil, &comm.PoisonedError{Op: c.Op, Rank: k.r, Cause: g.failed}
 	}
 	seq := k.seq
 	k.seq++
@@ -269,24 +284,28 @@ func (k *rank) run(ctx context.Context, c check.Call, a args) error {
 		rd.op = c.Op
 		rd.err = check.Agree(rd.calls)
 		close(rd.ready)
+		rd.compute()
 	}
-	g.mu.Unlock()
+	// An invalid call's peers learn of it from rd.calls; nothing of ours
+	// is read.
+	return rd, c.Err
+}
 
-	if c.Err != nil {
-		// The others learn of it from rd.calls; nothing of ours is read.
-		return c.Err
-	}
+// complete waits until every rank has arrived at rd, then computes rank
+// k's share and waits for every share.
+func (k *rank) complete(ctx context.Context, rd *round, op comm.Op) error {
+	g := k.g
 	select {
 	case <-rd.ready:
 	case <-ctx.Done():
-		if err := k.withdraw(rd, c.Op, func(missing []int) error {
-			return &comm.IncompleteError{Op: c.Op, Rank: k.r, Missing: missing, Err: ctx.Err()}
+		if err := k.withdraw(rd, op, func(missing []int) error {
+			return &comm.IncompleteError{Op: op, Rank: k.r, Missing: missing, Err: ctx.Err()}
 		}); err != nil {
 			return err
 		}
 	case <-g.failedCh:
-		if err := k.withdraw(rd, c.Op, func([]int) error {
-			return &comm.PoisonedError{Op: c.Op, Rank: k.r, Cause: g.failed}
+		if err := k.withdraw(rd, op, func([]int) error {
+			return &comm.PoisonedError{Op: op, Rank: k.r, Cause: g.failed}
 		}); err != nil {
 			return err
 		}
@@ -294,12 +313,89 @@ func (k *rank) run(ctx context.Context, c check.Call, a args) error {
 	if rd.err != nil {
 		return rd.err
 	}
-	share(rd.op, rd.args, k.r)
-	if rd.left.Add(-1) == 0 {
-		close(rd.finished)
-	}
 	<-rd.finished
 	return nil
+}
+
+// compute computes every rank's share of a round every rank has reached,
+// each on a goroutine of its own, and closes rd.finished once all are
+// done (at once when the calls disagree). Shares do not wait for their
+// ranks: a rank may wait for its started collectives in any order.
+func (rd *round) compute() {
+	if rd.err != nil {
+		close(rd.finished)
+		return
+	}
+	for r := range rd.args {
+		go func() {
+			share(rd.op, rd.args, r)
+			if rd.left.Add(-1) == 0 {
+				close(rd.finished)
+			}
+		}()
+	}
+}
+
+// InFlight implements comm.Starter: a rank may have this many collectives
+// started and not yet waited for.
+func (k *rank) InFlight() int { return InFlight }
+
+// InFlight is what every rank's comm.Starter.InFlight returns.
+const InFlight = 8
+
+// StartAllReduce implements comm.Starter.
+func (k *rank) StartAllReduce(ctx context.Context, buf []float32) (comm.Request, error) {
+	return k.start(ctx, check.AllReduce(buf), args{f32: buf})
+}
+
+// StartAllGather implements comm.Starter.
+func (k *rank) StartAllGather(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	return k.start(ctx, check.AllGather(k.r, k.g.n, dst, src), args{b: dst, bsrc: src})
+}
+
+// StartReduceScatter implements comm.Starter.
+func (k *rank) StartReduceScatter(ctx context.Context, dst, src []float32) (comm.Request, error) {
+	return k.start(ctx, check.ReduceScatter(k.r, k.g.n, dst, src), args{f32: dst, f32src: src})
+}
+
+// StartAllToAll implements comm.Starter.
+func (k *rank) StartAllToAll(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	return k.start(ctx, check.AllToAll(k.r, k.g.n, dst, src), args{b: dst, bsrc: src})
+}
+
+// start arrives at the collective's round and returns the request that
+// completes it.
+func (k *rank) start(ctx context.Context, c check.Call, a args) (comm.Request, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &comm.IncompleteError{Op: c.Op, Rank: k.r, Err: err}
+	}
+	if err := k.guard.Start(c.Op, k.r, InFlight); err != nil {
+		return nil, err
+	}
+	rd, err := k.arrive(c, a)
+	if err != nil {
+		k.guard.Finish()
+		return nil, err
+	}
+	return &request{k: k, rd: rd, op: c.Op}, nil
+}
+
+// request is a started collective of comm/inproc.
+type request struct {
+	k    *rank
+	rd   *round
+	op   comm.Op
+	once sync.Once
+	err  error
+}
+
+// Wait implements comm.Request.
+func (q *request) Wait(ctx context.Context) error {
+	q.once.Do(func() {
+		q.err = q.k.complete(ctx, q.rd, q.op)
+		q.k.guard.Finish()
+	})
+	return q.err
 }
 
 // withdraw leaves rd unless every rank has arrived already (then it returns

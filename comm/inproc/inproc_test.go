@@ -68,6 +68,69 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestStartedConformance: several collectives in flight (comm.Starter).
+func TestStartedConformance(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			noErrors(t, each(newGroup(t, n), func(c comm.Comm) error {
+				return commtest.RunStarted(ctx, c.(comm.Starter), commtest.Options{RankOrder: true})
+			}))
+		})
+	}
+}
+
+// TestStartedFailure: ranks 1 and 2 start a fourth collective that rank
+// 0 never makes; rank 1 gives up on it. Rank 1 gets an
+// *comm.IncompleteError, rank 2's outstanding request fails with a
+// *comm.PoisonedError instead of hanging, and the three collectives every
+// rank made complete on every rank, whatever the order of the waits.
+func TestStartedFailure(t *testing.T) {
+	const n = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := each(newGroup(t, n), func(c comm.Comm) error {
+		s := c.(comm.Starter)
+		var reqs []comm.Request
+		for range 3 {
+			q, err := s.StartAllReduce(ctx, make([]float32, 5))
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, q)
+		}
+		if c.Rank() > 0 {
+			q, err := s.StartAllGather(ctx, make([]byte, n), []byte{1})
+			if err != nil {
+				return err
+			}
+			wait := ctx
+			if c.Rank() == 1 {
+				short, stop := context.WithTimeout(ctx, 20*time.Millisecond)
+				defer stop()
+				wait = short
+			}
+			err = q.Wait(wait)
+			var inc *comm.IncompleteError
+			var p *comm.PoisonedError
+			switch {
+			case c.Rank() == 1 && !errors.As(err, &inc):
+				return fmt.Errorf("abandoned wait: %v, want an *IncompleteError", err)
+			case c.Rank() == 2 && !errors.As(err, &p):
+				return fmt.Errorf("outstanding request after the failure: %v, want a *PoisonedError", err)
+			}
+		}
+		for i := range reqs {
+			if err := reqs[len(reqs)-1-i].Wait(ctx); err != nil {
+				return fmt.Errorf("request %d, which every rank made: %v", len(reqs)-1-i, err)
+			}
+		}
+		return nil
+	})
+	noErrors(t, errs)
+}
+
 func TestNewGroupSize(t *testing.T) {
 	if _, err := NewGroup(0); err == nil || !strings.Contains(err.Error(), "size 0") {
 		t.Fatalf("NewGroup(0) = %v, want an error naming size 0", err)

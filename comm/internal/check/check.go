@@ -130,11 +130,36 @@ func overlap[T any](a, b []T) bool {
 	return a0 < b0+uintptr(len(b))*size && b0 < a0+uintptr(len(a))*size
 }
 
-// Guard rejects overlapping calls on one Comm. The zero value is ready.
+// Guard rejects overlapping calls on one Comm, and starts beyond a
+// Starter's bound. The zero value is ready.
 type Guard struct {
 	mu      sync.Mutex
 	pending comm.Op       // the call in flight, 0 when idle
 	done    chan struct{} // closed when the call in flight exits
+	started int           // collectives started and not yet finished
+}
+
+// Start counts one started collective op of rank, or returns a
+// *comm.BusyError when a blocking call is in flight or inFlight started
+// collectives are outstanding. Every successful Start needs one Finish.
+func (g *Guard) Start(op comm.Op, rank, inFlight int) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.pending != 0:
+		return &comm.BusyError{Op: op, Rank: rank, Pending: g.pending}
+	case g.started >= inFlight:
+		return &comm.BusyError{Op: op, Rank: rank, Started: inFlight}
+	}
+	g.started++
+	return nil
+}
+
+// Finish ends what one successful Start counted.
+func (g *Guard) Finish() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.started--
 }
 
 // Enter marks op as in flight on rank, or returns a *comm.BusyError naming
