@@ -27,11 +27,26 @@
 // Each collective is the matching non-blocking MPI call (MPI_Iallreduce,
 // MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast,
 // MPI_Ibarrier), polled with MPI_Test until it completes, ctx ends or the
-// Comm is closed; the poll spins briefly (64 tests with runtime.Gosched
-// between them), then sleeps between tests, from 10 µs doubling up to 1 ms.
-// The Go buffers are pinned (runtime.Pinner) while MPI may touch them.
-// Communicators use MPI_ERRORS_RETURN: an MPI error comes back as an *Error
-// instead of aborting the job.
+// Comm fails or is closed; the poll spins briefly (64 tests with
+// runtime.Gosched between them), then sleeps between tests, from 10 µs
+// doubling up to 1 ms. The Go buffers are pinned (runtime.Pinner) while MPI
+// may touch them. Communicators use MPI_ERRORS_RETURN: an MPI error comes
+// back as an *Error instead of aborting the job.
+//
+// A Comm is a comm.Starter with InFlight (8) collectives outstanding per
+// communicator, counted across the Comm and its Unchecked view.
+// StartAllReduce, StartAllGather, StartReduceScatter and StartAllToAll issue
+// the non-blocking call, pinning the buffers until the request completes,
+// and return; the Request's Wait polls it as above, bounded by Wait's ctx.
+// The first Wait gives the request's place back, and its result is kept:
+// later Waits return it at once.
+// A blocking call is the same start followed by its wait, so it may run
+// while started collectives are outstanding and takes its place in their
+// order; a start made while a blocking call is in flight, or beyond
+// InFlight outstanding requests, returns a *comm.BusyError. MPI matches the
+// non-blocking collectives of a communicator in the order each rank issues
+// them, which is the order of its starts and calls; Open MPI progresses all
+// of them whenever any is tested, so the order of the Waits does not matter.
 //
 // With argument checks on (the default; see WithArgCheck), every collective
 // first exchanges a 128-byte header (operation, length, root, validity, and
@@ -40,9 +55,13 @@
 // *comm.ArgumentError or *comm.MismatchError, as in comm/inproc, and no data
 // moves. That costs one small all-gather per call: with 4 ranks on a 2-core
 // machine, a 4-byte AllReduce took about 110 µs with the check and 70 µs
-// without (BenchmarkAllReduce says how to measure). Without the check, such
-// a call is MPI's undefined behaviour (a hang until the deadline, a
-// truncation error, or wrong data).
+// without (BenchmarkAllReduce says how to measure). A start runs that
+// exchange before it returns, bounded by the start's ctx, so it waits until
+// every rank has made the matching start or call (the error of the check
+// comes back from the start, which then starts nothing); without the check
+// a start does not block and does not look at its ctx. Without the check, a
+// call or start whose arguments differ between ranks is MPI's undefined
+// behaviour (a hang until the deadline, a truncation error, or wrong data).
 //
 // # Sum order
 //
@@ -53,16 +72,24 @@
 //
 // # Deadlines and failure
 //
-// MPI cannot cancel a collective. When ctx ends first, the call returns a
-// *comm.IncompleteError (the ranks that did not arrive are unknown to MPI)
-// and leaves the request outstanding, its buffers pinned and possibly still
-// written by MPI: do not reuse them. The Comm is then poisoned on this rank:
-// later calls return a *comm.PoisonedError at once. Other ranks are not told;
-// they time out in turn, or complete the collective if the missing ranks
-// make the matching calls later. The communicator cannot be trusted again:
-// end the job with Abort. Only when the missing ranks are known to make the
-// matching calls after all can the job end cleanly: Close then completes the
-// abandoned requests (waiting up to the drain timeout) before freeing.
+// MPI cannot cancel a collective. When ctx ends first — a blocking call's, a
+// Wait's, or a checked start's during the header exchange — the call
+// returns a *comm.IncompleteError (the ranks that did not arrive are unknown
+// to MPI) and leaves the MPI request outstanding, its buffers pinned and
+// possibly still written by MPI: do not reuse them. The Comm is then
+// poisoned on this rank: later calls and starts return a *comm.PoisonedError
+// at once, and so does every request this rank had not yet seen complete
+// (started requests whose Wait had not returned nil, and a call in flight on
+// another goroutine): their Waits fail at once with a *comm.PoisonedError
+// wrapping the first failure, whether or not MPI has completed them
+// meanwhile, and their requests are abandoned the same way, buffers
+// included. An MPI error of MPI_Test or of an MPI_I* call poisons the Comm
+// likewise. Other ranks are not told; they time out in turn, or complete the
+// collectives if the missing ranks make the matching calls later. The
+// communicator cannot be trusted again: end the job with Abort. Only when
+// the missing ranks are known to make the matching calls after all can the
+// job end cleanly: Close then completes the abandoned requests (waiting up
+// to the drain timeout) before freeing.
 //
 // A process that dies ends the job: mpirun kills the other ranks and names
 // the rank that failed.
@@ -121,8 +148,10 @@ func WithArgCheck(on bool) Option {
 	return func(c *config) error { c.argCheck = on; return nil }
 }
 
-// WithDrainTimeout sets how long Close waits for collectives abandoned after
-// a deadline to complete (default 2s). It must not be negative.
+// WithDrainTimeout sets how long Close waits for abandoned collectives to
+// complete: those given up on after a deadline, failed by another's
+// failure, or failed by Close itself (default 2s). It must not be
+// negative.
 func WithDrainTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
@@ -150,7 +179,7 @@ func Init(opts ...Option) (*Comm, error) {
 }
 
 // Comm is one process's rank of an MPI communicator; it implements
-// comm.Comm. Make one with Init and more with Dup.
+// comm.Comm and comm.Starter. Make one with Init and more with Dup.
 type Comm struct {
 	rank, size int
 	topo       comm.Topology
@@ -160,6 +189,7 @@ type Comm struct {
 
 var (
 	_ comm.Comm       = (*Comm)(nil)
+	_ comm.Starter    = (*Comm)(nil)
 	_ comm.Unchecker  = (*Comm)(nil)
 	_ comm.Topologist = (*Comm)(nil)
 	_ comm.Splitter   = (*Comm)(nil)
@@ -230,8 +260,9 @@ func (c *Comm) Split(ctx context.Context) (node, cross comm.Comm, err error) {
 }
 
 // Unchecked implements comm.Unchecker: c's communicator without the
-// argument check (WithArgCheck(false)), sharing c's state — one collective
-// at a time across both, one failure, and Close of either closes both.
+// argument check (WithArgCheck(false)), sharing c's state — one blocking
+// call at a time and InFlight started collectives across both, one
+// failure, and Close of either closes both. It is a comm.Starter too.
 func (c *Comm) Unchecked() comm.Comm {
 	u := *c
 	u.cfg.argCheck = false
@@ -279,14 +310,51 @@ func (c *Comm) Barrier(ctx context.Context) error {
 // Init it also finalizes MPI (MPI_Finalize, which in Open MPI waits for the
 // other ranks to finalize too), unless MPI was initialized before Init.
 // Close that Comm last: calls on any Comm after it fail with a
-// *comm.PoisonedError wrapping a *comm.ClosedError. Close is collective: call it on every rank once its last collective has
-// returned. A call in flight on another goroutine is abandoned and returns a
-// *comm.PoisonedError wrapping a *comm.ClosedError. Collectives abandoned
-// after a deadline get up to the drain timeout to complete; if some do not,
-// Close leaves the communicator (and MPI) as they are and returns an error
-// saying so — end the job with Abort then. Later calls return a
-// *comm.PoisonedError. Closing a closed Comm returns nil.
+// *comm.PoisonedError wrapping a *comm.ClosedError. Close is collective:
+// call it on every rank once its last collective has returned and its
+// last started collective has been waited for. A call in flight on another
+// goroutine is abandoned and returns a *comm.PoisonedError wrapping a
+// *comm.ClosedError; so is every started collective not yet seen complete
+// (its Wait returns that error, at once). Collectives abandoned this way or
+// after a deadline get up to the drain timeout to complete; if some do
+// not, Close leaves the communicator (and MPI) as they are and returns an
+// error saying so — end the job with Abort then. Later calls and starts
+// return a *comm.PoisonedError. Closing a closed Comm returns nil.
 func (c *Comm) Close() error { return c.close() }
+
+// InFlight is how many started collectives a Comm may have outstanding
+// (started, not yet waited for) at once: comm.Starter.InFlight.
+const InFlight = 8
+
+// InFlight implements comm.Starter: it returns the package's InFlight.
+func (c *Comm) InFlight() int { return InFlight }
+
+// StartAllReduce implements comm.Starter with MPI_Iallreduce (see
+// AllReduce).
+func (c *Comm) StartAllReduce(ctx context.Context, buf []float32) (comm.Request, error) {
+	call := check.AllReduce(buf)
+	return c.start(ctx, c.limit(call, len(buf)), args{f32: buf})
+}
+
+// StartAllGather implements comm.Starter with MPI_Iallgather (see
+// AllGather).
+func (c *Comm) StartAllGather(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	call := check.AllGather(c.rank, c.size, dst, src)
+	return c.start(ctx, c.limit(call, len(src)), args{b: dst, bsrc: src})
+}
+
+// StartReduceScatter implements comm.Starter with
+// MPI_Ireduce_scatter_block (see ReduceScatter).
+func (c *Comm) StartReduceScatter(ctx context.Context, dst, src []float32) (comm.Request, error) {
+	call := check.ReduceScatter(c.rank, c.size, dst, src)
+	return c.start(ctx, c.limit(call, len(dst)), args{f32: dst, f32src: src})
+}
+
+// StartAllToAll implements comm.Starter with MPI_Ialltoall (see AllToAll).
+func (c *Comm) StartAllToAll(ctx context.Context, dst, src []byte) (comm.Request, error) {
+	call := check.AllToAll(c.rank, c.size, dst, src)
+	return c.start(ctx, c.limit(call, len(src)/c.size), args{b: dst, bsrc: src})
+}
 
 // Abort ends the whole job (MPI_Abort with code) after writing a line to
 // stderr naming this rank. It does not return.

@@ -65,6 +65,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,18 +145,36 @@ type handle struct {
 	world bool // made by Init
 	guard check.Guard
 
-	mu        sync.Mutex
-	failed    error         // first failure; nil while usable
-	closed    bool          // Close ran
-	closing   chan struct{} // closed when Close starts
-	abandoned []*request    // collectives given up on, still outstanding
+	mu          sync.Mutex
+	failed      error         // first failure (Close's *comm.ClosedError included); nil while usable
+	failedCh    chan struct{} // closed at the first failure
+	closed      bool          // Close ran
+	outstanding []*request    // issued, not yet settled
+	abandoned   []*request    // settled by a failure before MPI completed them, as far as this rank saw
 }
 
-// request is an outstanding MPI request and the pins of its buffers.
+func newHandle() *handle { return &handle{failedCh: make(chan struct{})} }
+
+// request is one non-blocking MPI call this rank issued (a collective, or
+// the header exchange of the argument check) and the pins of its buffers.
+// Its waiter tests it until it is settled: complete (err nil), or failed.
+// A request settled by a failure before its waiter saw it complete is
+// abandoned: MPI may still use its buffers, and only Close's drain tests
+// it again.
 type request struct {
+	op  comm.Op
+	mu  sync.Mutex // held while testing req or unpinning: one MPI_Test of a request at a time
 	req C.MPI_Request
 	pin runtime.Pinner
+
+	settled bool  // under handle.mu
+	err     error // the result, once settled; under handle.mu
 }
+
+// issuer makes one non-blocking MPI call whose request is r.req, pinning
+// the Go memory it passes with r.pin, and returns the MPI function's name
+// and its return code.
+type issuer func(r *request) (fn string, rc C.int)
 
 // pin pins s's backing array for r and returns its address, nil when s is
 // empty.
@@ -215,7 +234,8 @@ func initWorld(cfg config) (*Comm, error) {
 		return nil, err
 	}
 	proc.inited = true
-	c := &Comm{cfg: cfg, h: &handle{world: true, closing: make(chan struct{})}}
+	c := &Comm{cfg: cfg, h: newHandle()}
+	c.h.world = true
 	if rc := mpi(func() C.int { return C.gc_world(&c.h.comm) }); rc != C.MPI_SUCCESS {
 		return nil, mpiError("Init", "MPI_Comm_dup", -1, rc)
 	}
@@ -291,7 +311,7 @@ func (c *Comm) setRankSize(op string, rank int) error {
 }
 
 func (c *Comm) dup(ctx context.Context, cfg config) (*Comm, error) {
-	nc := &Comm{topo: c.topo, cfg: cfg, h: &handle{closing: make(chan struct{})}}
+	nc := &Comm{topo: c.topo, cfg: cfg, h: newHandle()}
 	err := c.collective(ctx, check.Call{Op: comm.OpDup}, func(r *request) (string, C.int) {
 		r.pin.Pin(nc)
 		return "MPI_Comm_idup", C.gc_idup(c.h.comm, &nc.h.comm, &r.req)
@@ -331,7 +351,7 @@ func (c *Comm) split(ctx context.Context) (node, cross *Comm, err error) {
 // topology topo and c's options. A failure of MPI_Comm_split leaves c out
 // of step with the ranks it succeeded on, so it poisons c.
 func (c *Comm) splitBy(color, key int, topo comm.Topology) (*Comm, error) {
-	nc := &Comm{topo: topo, cfg: c.cfg, h: &handle{closing: make(chan struct{})}}
+	nc := &Comm{topo: topo, cfg: c.cfg, h: newHandle()}
 	if rc := mpi(func() C.int { return C.gc_split(c.h.comm, C.int(color), C.int(key), &nc.h.comm) }); rc != C.MPI_SUCCESS {
 		err := mpiError("Split", "MPI_Comm_split", c.rank, rc)
 		c.fail(err, nil)
@@ -343,9 +363,10 @@ func (c *Comm) splitBy(color, key int, topo comm.Topology) (*Comm, error) {
 	return nc, nil
 }
 
-func (c *Comm) run(ctx context.Context, call check.Call, a args) error {
-	return c.collective(ctx, call, func(r *request) (string, C.int) {
-		switch call.Op {
+// issuer returns the issuer of collective op with a's buffers.
+func (c *Comm) issuer(op comm.Op, a args) issuer {
+	return func(r *request) (string, C.int) {
+		switch op {
 		case comm.OpAllReduce:
 			return "MPI_Iallreduce", C.gc_iallreduce((*C.float)(pin(r, a.f32)), C.int(len(a.f32)), c.h.comm, &r.req)
 		case comm.OpAllGather:
@@ -359,13 +380,48 @@ func (c *Comm) run(ctx context.Context, call check.Call, a args) error {
 			return "MPI_Ibcast", C.gc_ibcast(pin(r, a.b), C.int(len(a.b)), C.int(a.root), c.h.comm, &r.req)
 		}
 		return "MPI_Ibarrier", C.gc_ibarrier(c.h.comm, &r.req)
-	})
+	}
 }
 
-// collective runs one collective call on c: the guard, the argument check,
-// then issue (which starts the non-blocking MPI call, pinning what it
-// passes) and the poll until it completes.
-func (c *Comm) collective(ctx context.Context, call check.Call, issue func(*request) (string, C.int)) error {
+// run is a blocking collective: the start of call, then its wait.
+func (c *Comm) run(ctx context.Context, call check.Call, a args) error {
+	return c.collective(ctx, call, c.issuer(call.Op, a))
+}
+
+// start is a comm.Starter's start of call: it takes one of the guard's
+// InFlight places, which the request's first Wait gives back.
+func (c *Comm) start(ctx context.Context, call check.Call, a args) (comm.Request, error) {
+	if err := c.h.guard.Start(call.Op, c.rank, InFlight); err != nil {
+		return nil, err
+	}
+	r, err := c.begin(ctx, call, c.issuer(call.Op, a))
+	if err != nil {
+		c.h.guard.Finish()
+		return nil, err
+	}
+	return &started{c: c, r: r}, nil
+}
+
+// started is the comm.Request of a started collective.
+type started struct {
+	c    *Comm
+	r    *request
+	once sync.Once
+	err  error // the first Wait's result
+}
+
+// Wait implements comm.Request: it polls the collective as a blocking call
+// does, once; later Waits return the first one's result.
+func (s *started) Wait(ctx context.Context) error {
+	s.once.Do(func() {
+		s.err = s.c.wait(ctx, s.r)
+		s.c.h.guard.Finish()
+	})
+	return s.err
+}
+
+// collective runs one blocking call on c: the guard, then entered.
+func (c *Comm) collective(ctx context.Context, call check.Call, issue issuer) error {
 	if err := c.h.guard.Enter(call.Op, c.rank); err != nil {
 		return err
 	}
@@ -373,27 +429,54 @@ func (c *Comm) collective(ctx context.Context, call check.Call, issue func(*requ
 	return c.entered(ctx, call, issue)
 }
 
-// entered is collective's work once the caller holds c's guard.
-func (c *Comm) entered(ctx context.Context, call check.Call, issue func(*request) (string, C.int)) error {
-	if err := c.usable(call.Op); err != nil {
+// entered is a blocking call's work once the caller holds c's guard: the
+// start (begin) and the wait.
+func (c *Comm) entered(ctx context.Context, call check.Call, issue issuer) error {
+	r, err := c.begin(ctx, call, issue)
+	if err != nil {
 		return err
+	}
+	return c.wait(ctx, r)
+}
+
+// begin starts call on c, blocking or started: it fails at once on a
+// closed or failed c, runs the argument check when it is on (waiting for
+// the header exchange, bounded by ctx), and issues the collective.
+func (c *Comm) begin(ctx context.Context, call check.Call, issue issuer) (*request, error) {
+	if err := c.usable(call.Op); err != nil {
+		return nil, err
 	}
 	if c.cfg.argCheck {
 		if err := c.agree(ctx, call); err != nil {
-			return err
+			return nil, err
 		}
 	} else if call.Err != nil {
-		return call.Err
+		return nil, call.Err
 	}
-	r := new(request)
+	return c.issue(call.Op, issue)
+}
+
+// issue makes the non-blocking MPI call of op with f and returns its
+// request, outstanding, unless c is closed or failed. It holds c's lock,
+// so that Close, which fails every outstanding request under it, sees the
+// request or keeps it from being issued. A failure of the call poisons c.
+func (c *Comm) issue(op comm.Op, f issuer) (*request, error) {
+	h := c.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := c.usableLocked(op); err != nil {
+		return nil, err
+	}
+	r := &request{op: op}
 	var fn string
-	if rc := mpi(func() C.int { var rc C.int; fn, rc = issue(r); return rc }); rc != C.MPI_SUCCESS {
+	if rc := mpi(func() C.int { var rc C.int; fn, rc = f(r); return rc }); rc != C.MPI_SUCCESS {
 		r.pin.Unpin()
-		err := mpiError(call.Op.String(), fn, c.rank, rc)
-		c.fail(err, nil)
-		return err
+		err := mpiError(op.String(), fn, c.rank, rc)
+		c.failLocked(err, nil)
+		return nil, err
 	}
-	return c.wait(ctx, call.Op, r)
+	h.outstanding = append(h.outstanding, r)
+	return r, nil
 }
 
 // header layout: op, length, root, valid (int64 little-endian), then the
@@ -420,16 +503,13 @@ func (c *Comm) agree(ctx context.Context, call check.Call) error {
 		binary.LittleEndian.PutUint64(mine[8*i:], uint64(v))
 	}
 	all := make([]byte, headerLen*c.size)
-	r := new(request)
-	if rc := mpi(func() C.int {
-		return C.gc_iallgather(pin(r, mine), headerLen, pin(r, all), c.h.comm, &r.req)
-	}); rc != C.MPI_SUCCESS {
-		r.pin.Unpin()
-		err := mpiError(call.Op.String(), "MPI_Iallgather (argument check)", c.rank, rc)
-		c.fail(err, nil)
+	r, err := c.issue(call.Op, func(r *request) (string, C.int) {
+		return "MPI_Iallgather (argument check)", C.gc_iallgather(pin(r, mine), headerLen, pin(r, all), c.h.comm, &r.req)
+	})
+	if err != nil {
 		return err
 	}
-	if err := c.wait(ctx, call.Op, r); err != nil {
+	if err := c.wait(ctx, r); err != nil {
 		return err
 	}
 	if call.Err != nil {
@@ -448,60 +528,111 @@ func (c *Comm) agree(ctx context.Context, call check.Call) error {
 	return check.Agree(calls)
 }
 
-// wait polls r until it completes, ctx ends or c is closed. On completion it
-// unpins r's buffers; otherwise it abandons r and poisons c.
-func (c *Comm) wait(ctx context.Context, op comm.Op, r *request) error {
+// wait polls r until it is settled or ctx ends; then it abandons r and
+// poisons c. A failure elsewhere on c (another request, Close) settles r
+// and wakes wait at once.
+func (c *Comm) wait(ctx context.Context, r *request) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	delay := minPoll
 	for i := 0; ; i++ {
-		var flag C.int
-		if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc != C.MPI_SUCCESS {
-			err := mpiError(op.String(), "MPI_Test", c.rank, rc)
-			c.fail(err, r)
+		if done, err := c.poll(r); done {
 			return err
 		}
-		if flag != 0 {
-			r.pin.Unpin()
-			return nil
+		if ctx.Err() != nil { // tested once more after ctx ended: it did not complete
+			return c.fail(&comm.IncompleteError{Op: r.op, Rank: c.rank, Err: ctx.Err()}, r)
 		}
 		if i < spinPolls {
 			runtime.Gosched()
-		} else {
-			timer.Reset(delay)
-			delay = min(2*delay, maxPoll)
-			select {
-			case <-ctx.Done():
-			case <-c.h.closing:
-			case <-timer.C:
-			}
+			continue
 		}
+		timer.Reset(delay)
+		delay = min(2*delay, maxPoll)
 		select {
-		case <-c.h.closing:
-			cause := &comm.ClosedError{Rank: c.rank}
-			c.fail(cause, r)
-			return &comm.PoisonedError{Op: op, Rank: c.rank, Cause: cause}
-		default:
-		}
-		if ctx.Err() != nil {
-			err := &comm.IncompleteError{Op: op, Rank: c.rank, Err: ctx.Err()}
-			c.fail(err, r)
-			return err
+		case <-ctx.Done():
+		case <-c.h.failedCh:
+		case <-timer.C:
 		}
 	}
 }
 
-// fail poisons c with cause unless it failed already, and keeps r (when not
-// nil) as abandoned.
-func (c *Comm) fail(cause error, r *request) {
+// poll returns r's result and true once r is settled: it tests r
+// (MPI_Test) unless a failure settled it already. Completion unpins r's
+// buffers; an MPI error poisons c.
+func (c *Comm) poll(r *request) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if settled, err := c.result(r); settled {
+		return true, err
+	}
+	if proc.finalized.Load() { // MPI_Finalize ran (the world was closed first): no more MPI calls
+		c.fail(&comm.ClosedError{Rank: c.rank}, nil)
+		return c.result(r)
+	}
+	var flag C.int
+	if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc != C.MPI_SUCCESS {
+		return true, c.fail(mpiError(r.op.String(), "MPI_Test", c.rank, rc), r)
+	}
+	if flag == 0 {
+		return false, nil
+	}
+	r.pin.Unpin()
+	return true, c.complete(r)
+}
+
+// result returns whether r is settled and its result.
+func (c *Comm) result(r *request) (bool, error) {
 	c.h.mu.Lock()
 	defer c.h.mu.Unlock()
-	if c.h.failed == nil {
-		c.h.failed = cause
+	return r.settled, r.err
+}
+
+// complete settles r, which MPI completed, with nil, unless a failure
+// settled it first: then r stays abandoned and keeps that failure.
+func (c *Comm) complete(r *request) error {
+	h := c.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.settled {
+		return r.err
 	}
-	if r != nil {
-		c.h.abandoned = append(c.h.abandoned, r)
+	r.settled = true
+	h.outstanding = slices.DeleteFunc(h.outstanding, func(q *request) bool { return q == r })
+	return nil
+}
+
+// fail poisons c (see failLocked) and returns r's result.
+func (c *Comm) fail(cause error, r *request) error {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	return c.failLocked(cause, r)
+}
+
+// failLocked poisons c with cause unless it failed already, settles r
+// (when not nil and not settled yet) with cause and every other
+// outstanding request with a *comm.PoisonedError wrapping the first
+// failure, keeps them all as abandoned, and returns r's result (nil for a
+// nil r). c.h.mu is held.
+func (c *Comm) failLocked(cause error, r *request) error {
+	h := c.h
+	if h.failed == nil {
+		h.failed = cause
+		close(h.failedCh)
 	}
+	if r != nil && !r.settled {
+		r.settled, r.err = true, cause
+	}
+	for _, q := range h.outstanding {
+		if !q.settled {
+			q.settled, q.err = true, &comm.PoisonedError{Op: q.op, Rank: c.rank, Cause: h.failed}
+		}
+	}
+	h.abandoned = append(h.abandoned, h.outstanding...)
+	h.outstanding = nil
+	if r == nil {
+		return nil
+	}
+	return r.err
 }
 
 // usable returns the *comm.PoisonedError for a call of op on a closed or
@@ -509,6 +640,11 @@ func (c *Comm) fail(cause error, r *request) {
 func (c *Comm) usable(op comm.Op) error {
 	c.h.mu.Lock()
 	defer c.h.mu.Unlock()
+	return c.usableLocked(op)
+}
+
+// usableLocked is usable with c.h.mu held.
+func (c *Comm) usableLocked(op comm.Op) error {
 	switch {
 	case c.h.closed || proc.finalized.Load():
 		return &comm.PoisonedError{Op: op, Rank: c.rank, Cause: &comm.ClosedError{Rank: c.rank}}
@@ -519,15 +655,18 @@ func (c *Comm) usable(op comm.Op) error {
 }
 
 func (c *Comm) close() error {
-	c.h.mu.Lock()
-	if c.h.closed {
-		c.h.mu.Unlock()
+	h := c.h
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
 		return nil
 	}
-	c.h.closed = true
-	close(c.h.closing)
-	c.h.mu.Unlock()
-	<-c.h.guard.Idle() // a call in flight sees closing and abandons its request
+	h.closed = true
+	// Every outstanding request, started or of a call in flight, fails and
+	// is abandoned; nothing more is issued.
+	c.failLocked(&comm.ClosedError{Rank: c.rank}, nil)
+	h.mu.Unlock()
+	<-h.guard.Idle() // a call in flight has seen the failure and returned
 
 	if proc.finalized.Load() {
 		c.leak() // MPI_Finalize released every communicator
@@ -536,14 +675,14 @@ func (c *Comm) close() error {
 	if pending := c.drain(); pending > 0 {
 		c.leak()
 		return fmt.Errorf("comm/mpi: Close on rank %d: %d abandoned collective(s) still pending after %v (first failure: %v); the communicator was not freed and MPI not finalized: end the job with Abort",
-			c.rank, pending, c.cfg.drain, c.h.failed)
+			c.rank, pending, c.cfg.drain, c.firstFailure())
 	}
 	proc.mu.Lock()
 	defer proc.mu.Unlock()
-	if rc := mpi(func() C.int { return C.gc_free(&c.h.comm) }); rc != C.MPI_SUCCESS {
+	if rc := mpi(func() C.int { return C.gc_free(&h.comm) }); rc != C.MPI_SUCCESS {
 		return mpiError("Close", "MPI_Comm_free", c.rank, rc)
 	}
-	if !c.h.world || !proc.ownMPI {
+	if !h.world || !proc.ownMPI {
 		return nil
 	}
 	var rc C.int
@@ -555,35 +694,64 @@ func (c *Comm) close() error {
 	return nil
 }
 
+// firstFailure returns the failure that poisoned c.
+func (c *Comm) firstFailure() error {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	return c.h.failed
+}
+
 // leak keeps c's abandoned requests, and the buffers they pin, for the rest
 // of the process: MPI may still write into them.
 func (c *Comm) leak() {
+	c.h.mu.Lock()
+	abandoned := c.h.abandoned
+	c.h.abandoned = nil
+	c.h.mu.Unlock()
 	proc.mu.Lock()
 	defer proc.mu.Unlock()
-	proc.leaked = append(proc.leaked, c.h.abandoned...)
-	c.h.abandoned = nil
+	proc.leaked = append(proc.leaked, abandoned...)
 }
 
 // drain polls the abandoned requests for up to the drain timeout, releases
-// the completed ones, and returns how many remain.
+// the completed ones, and returns how many remain. It runs after Close
+// failed every outstanding request, so none is added meanwhile; a waiter
+// still testing one finishes its test first (request.mu).
 func (c *Comm) drain() int {
 	deadline := time.Now().Add(c.cfg.drain)
+	h := c.h
 	for {
-		left := c.h.abandoned[:0]
-		for _, r := range c.h.abandoned {
-			var flag C.int
-			if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc == C.MPI_SUCCESS && flag != 0 {
-				r.pin.Unpin()
-				continue
+		h.mu.Lock()
+		abandoned := h.abandoned
+		h.mu.Unlock()
+		var left []*request
+		for _, r := range abandoned {
+			if !drained(r) {
+				left = append(left, r)
 			}
-			left = append(left, r)
 		}
-		c.h.abandoned = left
+		h.mu.Lock()
+		h.abandoned = left
+		h.mu.Unlock()
 		if len(left) == 0 || time.Now().After(deadline) {
 			return len(left)
 		}
 		time.Sleep(maxPoll)
 	}
+}
+
+// drained tests the abandoned request r once and unpins it if MPI
+// completed it (at once for one its waiter saw complete: MPI_Test of
+// MPI_REQUEST_NULL).
+func drained(r *request) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var flag C.int
+	if rc := mpi(func() C.int { return C.gc_test(&r.req, &flag) }); rc != C.MPI_SUCCESS || flag == 0 {
+		return false
+	}
+	r.pin.Unpin()
+	return true
 }
 
 func (c *Comm) abort(code int) {

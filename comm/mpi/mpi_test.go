@@ -27,18 +27,29 @@ func TestConformance(t *testing.T) {
 		if err := commtest.Run(ctx, c, commtest.Options{}); err != nil {
 			t.Fatal(err)
 		}
+		if err := commtest.RunStarted(ctx, c, commtest.Options{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Run("checked", func(t *testing.T) { onRanks(t, body) })
 	t.Run("unchecked", func(t *testing.T) { onRanks(t, body, WithArgCheck(false)) })
 }
 
 // TestUnchecked: the view without argument checks passes the conformance
-// suite on the checked communicator's handle, and shares its state: once
-// the view is closed, the checked Comm is closed too.
+// suites (Run, and RunStarted: it is a comm.Starter too) on the checked
+// communicator's handle, and shares its state: once the view is closed,
+// the checked Comm is closed too.
 func TestUnchecked(t *testing.T) {
 	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
 		u := c.Unchecked()
 		if err := commtest.Run(ctx, u, commtest.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		s, ok := u.(comm.Starter)
+		if !ok {
+			t.Fatalf("Unchecked() is a %T, not a comm.Starter", u)
+		}
+		if err := commtest.RunStarted(ctx, s, commtest.Options{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Barrier(ctx); err != nil { // the checked one still works
@@ -486,6 +497,347 @@ func TestTopologyEnvRefused(t *testing.T) {
 	for _, m := range lines {
 		if string(m[1]) != string(m[2]) {
 			t.Errorf("rank %s printed the error of rank %s: %s", m[1], m[2], m[0])
+		}
+	}
+}
+
+// outstanding returns how many requests c has issued and not yet settled.
+func outstanding(c *Comm) int {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	return len(c.h.outstanding)
+}
+
+// waited is the result of a Wait or call made on another goroutine, and
+// when it returned.
+type waited struct {
+	err error
+	at  time.Time
+}
+
+// TestStartedDeadline: with several collectives outstanding, a rank that
+// gives up on one (a Wait, or a checked start, whose ctx ends first) gets
+// its *comm.IncompleteError within the deadline, and every other
+// collective it had outstanding fails with a *comm.PoisonedError wrapping
+// that error: at once for a Wait made afterwards, promptly for a Wait and
+// a blocking call already waiting on other goroutines. Nothing hangs. Rank
+// 3 then makes the calls matching what the others left outstanding, so
+// their Close drains them and the job ends cleanly.
+func TestStartedDeadline(t *testing.T) {
+	const deadline = 300 * time.Millisecond
+	// poisoned checks that err is a *comm.PoisonedError of op wrapping
+	// cause and that it came within a second of the failure at failedAt.
+	poisoned := func(t *testing.T, what string, w waited, op comm.Op, cause error, failedAt time.Time) {
+		t.Helper()
+		var p *comm.PoisonedError
+		if !errors.As(w.err, &p) || p.Op != op || p.Cause != cause {
+			t.Errorf("%s: got %v, want a *PoisonedError of %v wrapping %v", what, w.err, op, cause)
+		}
+		if late := w.at.Sub(failedAt); late > time.Second {
+			t.Errorf("%s returned %v after the failure, want at once", what, late)
+		}
+	}
+	incomplete := func(t *testing.T, what string, err error, op comm.Op, rank int, took time.Duration) *comm.IncompleteError {
+		t.Helper()
+		var inc *comm.IncompleteError
+		if !errors.As(err, &inc) || inc.Op != op || inc.Rank != rank || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: got %v, want *IncompleteError of %v wrapping DeadlineExceeded", what, err, op)
+		}
+		if took < deadline || took > deadline+time.Second {
+			t.Errorf("%s returned after %v, want just after the %v deadline", what, took, deadline)
+		}
+		return inc
+	}
+
+	// Unchecked: every rank starts A; the others start B, C, D and call E
+	// (a blocking AllReduce on another goroutine), which rank 3 does not
+	// make yet. They wait for A, wait for B on another goroutine, and give
+	// up on C after the deadline.
+	t.Run("wait", func(t *testing.T) {
+		onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+			n, r := c.Size(), c.Rank()
+			a := []float32{1}
+			qa, err := c.StartAllReduce(ctx, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gsrc, gdst := []byte{byte(r)}, make([]byte, n)
+			cbuf := []float32{2}
+			asrc, adst := make([]byte, n), make([]byte, n)
+			for j := range asrc {
+				asrc[j] = byte(r*n + j)
+			}
+			ebuf := []float32{3}
+			if r == 3 {
+				if err := qa.Wait(ctx); err != nil || a[0] != float32(n) {
+					t.Errorf("A: %v, sum %v, want %d", err, a[0], n)
+				}
+				if err := world.Barrier(ctx); err != nil {
+					t.Fatal(err)
+				}
+				// The late calls matching the others' B, C, D and E.
+				qb, err := c.StartAllGather(ctx, gdst, gsrc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				qc, err := c.StartAllReduce(ctx, cbuf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				qd, err := c.StartAllToAll(ctx, adst, asrc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.AllReduce(ctx, ebuf); err != nil || ebuf[0] != float32(3*n) {
+					t.Errorf("late E: %v, sum %v, want %d", err, ebuf[0], 3*n)
+				}
+				for i, q := range []comm.Request{qd, qb, qc} {
+					if err := q.Wait(ctx); err != nil {
+						t.Errorf("late wait %d: %v", i, err)
+					}
+				}
+				for q := range n {
+					if gdst[q] != byte(q) || adst[q] != byte(q*n+r) {
+						t.Errorf("late B, D: all-gather %v, all-to-all %v", gdst, adst)
+						break
+					}
+				}
+				if cbuf[0] != float32(2*n) {
+					t.Errorf("late C: sum %v, want %d", cbuf[0], 2*n)
+				}
+				return
+			}
+			qb, err := c.StartAllGather(ctx, gdst, gsrc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qc, err := c.StartAllReduce(ctx, cbuf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qd, err := c.StartAllToAll(ctx, adst, asrc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eDone := make(chan waited, 1)
+			go func() {
+				err := c.AllReduce(ctx, ebuf)
+				eDone <- waited{err, time.Now()}
+			}()
+			for outstanding(c) < 5 { // A, B, C, D and E issued
+				time.Sleep(time.Millisecond)
+			}
+			if err := qa.Wait(ctx); err != nil || a[0] != float32(n) {
+				t.Errorf("A: %v, sum %v, want %d", err, a[0], n)
+			}
+			bDone := make(chan waited, 1)
+			go func() {
+				err := qb.Wait(ctx)
+				bDone <- waited{err, time.Now()}
+			}()
+
+			start := time.Now()
+			short, cancel := context.WithTimeout(ctx, deadline)
+			err = qc.Wait(short)
+			failedAt := time.Now()
+			cancel()
+			inc := incomplete(t, "Wait for C", err, comm.OpAllReduce, r, failedAt.Sub(start))
+
+			b := <-bDone
+			poisoned(t, "Wait for B, waiting meanwhile", b, comm.OpAllGather, inc, failedAt)
+			poisoned(t, "blocking E, in flight meanwhile", <-eDone, comm.OpAllReduce, inc, failedAt)
+			err = qd.Wait(ctx)
+			poisoned(t, "Wait for D", waited{err, time.Now()}, comm.OpAllToAll, inc, failedAt)
+			if err := qc.Wait(ctx); err != inc {
+				t.Errorf("second Wait for C: got %v, want the first's %v", err, inc)
+			}
+			if err := qb.Wait(ctx); err != b.err {
+				t.Errorf("second Wait for B: got %v, want the first's %v", err, b.err)
+			}
+			err = c.Barrier(ctx)
+			poisoned(t, "Barrier after the failure", waited{err, time.Now()}, comm.OpBarrier, inc, failedAt)
+			q, err := c.StartAllReduce(ctx, []float32{1})
+			if q != nil {
+				t.Errorf("start after the failure returned a request")
+			}
+			poisoned(t, "start after the failure", waited{err, time.Now()}, comm.OpAllReduce, inc, failedAt)
+			if err := world.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Close (onRanks) drains B, C, D and E once rank 3 has made them.
+		}, WithArgCheck(false))
+	})
+
+	// Checked: every rank starts A and B; the others then start C with a
+	// short ctx, whose header exchange rank 3 does not join yet.
+	t.Run("start", func(t *testing.T) {
+		onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+			n, r := c.Size(), c.Rank()
+			a := []float32{1}
+			qa, err := c.StartAllReduce(ctx, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gdst := make([]byte, n)
+			qb, err := c.StartAllGather(ctx, gdst, []byte{byte(r)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r == 3 {
+				if err := qa.Wait(ctx); err != nil || a[0] != float32(n) {
+					t.Errorf("A: %v, sum %v, want %d", err, a[0], n)
+				}
+				if err := qb.Wait(ctx); err != nil || gdst[n-1] != byte(n-1) {
+					t.Errorf("B: %v, all-gather %v", err, gdst)
+				}
+				if err := world.Barrier(ctx); err != nil {
+					t.Fatal(err)
+				}
+				// The others left C's header exchange outstanding; a
+				// Barrier meets it with a mismatch and moves no data.
+				err := c.Barrier(ctx)
+				if _, ok := err.(*comm.MismatchError); !ok || !strings.Contains(err.Error(), "rank 0 passed AllReduce, rank 3 passed Barrier") {
+					t.Errorf("rank 3's late Barrier: got %v, want a mismatch with the others' AllReduce", err)
+				}
+				return
+			}
+			start := time.Now()
+			short, cancel := context.WithTimeout(ctx, deadline)
+			qc, err := c.StartAllReduce(short, []float32{2})
+			failedAt := time.Now()
+			cancel()
+			if qc != nil {
+				t.Errorf("the failed start returned a request")
+			}
+			inc := incomplete(t, "start of C", err, comm.OpAllReduce, r, failedAt.Sub(start))
+			err = qb.Wait(ctx)
+			poisoned(t, "Wait for B", waited{err, time.Now()}, comm.OpAllGather, inc, failedAt)
+			err = qa.Wait(ctx)
+			poisoned(t, "Wait for A", waited{err, time.Now()}, comm.OpAllReduce, inc, failedAt)
+			err = c.Unchecked().Barrier(ctx)
+			poisoned(t, "Barrier of the unchecked view after the failure", waited{err, time.Now()}, comm.OpBarrier, inc, failedAt)
+			if err := world.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}
+
+// TestCloseStarted: Close with started collectives not waited for fails
+// them (their Wait returns a *comm.PoisonedError wrapping the
+// *comm.ClosedError, at once) and, every rank having started them, drains
+// them and frees the communicator.
+func TestCloseStarted(t *testing.T) {
+	body := func(ctx context.Context, t *testing.T, c *Comm) {
+		qa, err := c.StartAllReduce(ctx, []float32{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qb, err := c.StartAllGather(ctx, make([]byte, c.Size()), []byte{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		for _, q := range []comm.Request{qa, qb} {
+			start := time.Now()
+			err := q.Wait(ctx)
+			var ce *comm.ClosedError
+			if !errors.Is(err, comm.ErrClosed) || !errors.As(err, &ce) || ce.Rank != c.Rank() {
+				t.Errorf("Wait after Close: got %v, want a *PoisonedError wrapping this rank's *ClosedError", err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("Wait after Close took %v, want at once", took)
+			}
+		}
+		if _, err := c.StartAllReduce(ctx, nil); !errors.Is(err, comm.ErrClosed) {
+			t.Errorf("start after Close: got %v, want ErrClosed", err)
+		}
+	}
+	t.Run("checked", func(t *testing.T) { onRanks(t, body) })
+	t.Run("unchecked", func(t *testing.T) { onRanks(t, body, WithArgCheck(false)) })
+}
+
+// TestStartBusy: a start made while a blocking call is in flight returns a
+// *comm.BusyError naming that call and starts nothing.
+func TestStartBusy(t *testing.T) {
+	onRanks(t, func(ctx context.Context, t *testing.T, c *Comm) {
+		if c.Rank() == 0 {
+			pending := make(chan error, 1)
+			go func() { pending <- c.Barrier(ctx) }()
+			for outstanding(c) == 0 { // the Barrier's header exchange is issued
+				time.Sleep(time.Millisecond)
+			}
+			q, err := c.StartAllReduce(ctx, []float32{1})
+			var busy *comm.BusyError
+			if q != nil || !errors.As(err, &busy) || busy.Op != comm.OpAllReduce || busy.Pending != comm.OpBarrier || busy.Started != 0 {
+				t.Errorf("start during a Barrier: got %v, %v; want a *BusyError naming the Barrier", q, err)
+			}
+			if err := world.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-pending; err != nil {
+				t.Errorf("Barrier: %v", err)
+			}
+		} else {
+			if err := world.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Barrier(ctx); err != nil {
+				t.Errorf("Barrier: %v", err)
+			}
+		}
+		buf := []float32{1}
+		q, err := c.StartAllReduce(ctx, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Wait(ctx); err != nil || buf[0] != float32(c.Size()) {
+			t.Errorf("start after the Barrier: %v, sum %v", err, buf[0])
+		}
+	})
+}
+
+// serializedRan is the line every rank of TestSerialized's job prints at
+// the end of its body.
+const serializedRan = "serialized body ran on rank"
+
+// TestSerialized runs the conformance suites with every MPI call
+// serialized by the process-wide mutex, as Init does when MPI provides
+// only MPI_THREAD_SERIALIZED (Debian's Open MPI provides
+// MPI_THREAD_MULTIPLE, so the job turns serialization on by hand): the
+// locking of several collectives in flight neither deadlocks nor races.
+func TestSerialized(t *testing.T) {
+	j := ownJob(t, func(ctx context.Context, w *Comm) {
+		serial = true // before any goroutine of this job's collectives starts
+		if got, want := w.ThreadLevel(), "MPI_THREAD_SERIALIZED (calls serialized by a process-wide mutex)"; got != want {
+			t.Errorf("ThreadLevel() = %q, want %q", got, want)
+		}
+		c, err := w.Dup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for _, s := range []comm.Starter{c, c.Unchecked().(comm.Starter)} {
+			if err := commtest.Run(ctx, s, commtest.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := commtest.RunStarted(ctx, s, commtest.Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fmt.Println(serializedRan, w.Rank())
+	})
+	if j == nil {
+		return
+	}
+	if j.Err != nil {
+		t.Errorf("%s: %v\n%s", j.Cmd, j.Err, mpilaunch.Tail(j.Out, 60))
+	}
+	for r := range np {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[\d+,%d\]<stdout>:%s %d$`, r, serializedRan, r)).Match(j.Out) {
+			t.Errorf("rank %d did not report that the test body ran:\n%s", r, mpilaunch.Tail(j.Out, 40))
 		}
 	}
 }
