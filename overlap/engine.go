@@ -46,6 +46,12 @@ type Engine struct {
 	// random-k), which it closes; nil otherwise.
 	twoLevel *twolevel.Comm
 	probe    []float32 // the cost model's link probes
+	// inFlight are the tails the wire started and has not waited for
+	// (inflight.go); the wire's alone.
+	inFlight []*tail
+	// oneAtATime keeps the wire to one collective at a time even over a
+	// comm.Starter (the engine across nodes of a sharded hier engine).
+	oneAtATime bool
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -76,6 +82,7 @@ type hostRun struct {
 	pend1, pend2 *compress.Pending
 	seed         uint64 // shared-index: the payload's seed
 	momentum     bool   // next holds this step's finite u, for settle to install
+	tail         *tail  // the bucket's last collective, in flight (inflight.go)
 }
 
 // New builds an engine over c for buckets of the given element counts
@@ -325,6 +332,8 @@ func (e *Engine) launched(st *step) error {
 		e.enqueueSecond(st, st.held)
 		st.held = nil
 	}
+	e.wire.enqueue(func() { e.settleTails(st) })
+	e.decode.waitEvent(e.wire.record()) // the step ends when the wire's work does too
 	st.done = e.decode.record()
 	return nil
 }
@@ -585,15 +594,18 @@ func (e *Engine) exchangeTask(st *step, r *run) {
 	}
 	if !r.compressed {
 		r.outcome = pathDense
-		if err := e.allReduce(st, r, "dense AllReduce", r.grad); err != nil {
+		if err := e.allReduceLast(st, r, "dense AllReduce", r.grad, nil); err != nil {
 			st.fail(err)
 		}
 		return
 	}
 	sts, err := e.exchanger.exchange(st, r)
-	if err != nil {
+	switch {
+	case err != nil:
 		st.fail(err)
 		return
+	case r.tail != nil:
+		return // decode and settleTails take it from here
 	}
 	if _, ok := e.exchanger.(twoRounds); ok && allOK(sts) {
 		r.second = true
@@ -624,7 +636,9 @@ func (e *Engine) secondTask(st *step, r *run, x twoRounds) {
 		st.fail(err)
 		return
 	}
-	e.takePath(st, r, sts)
+	if r.tail == nil {
+		e.takePath(st, r, sts)
+	}
 }
 
 // takePath settles r's path from the statuses of its last collective,
@@ -660,6 +674,9 @@ func (e *Engine) takePath(st *step, r *run, sts []status) {
 // decodeTask runs on the decode stream: decode and average into the
 // gradient.
 func (e *Engine) decodeTask(st *step, r *run) {
+	if r.tail != nil && !e.waitTail(st, r) {
+		return
+	}
 	if st.failure() != nil || r.outcome == pathSkipped {
 		return
 	}
@@ -706,14 +723,34 @@ func (e *core) collective(st *step, r *run, stage string, volume [2]int64, call 
 	return nil
 }
 
+// wireCall is a blocking collective of the wire: over a comm.Starter it
+// first makes room for it among the tails in flight.
+func (e *Engine) wireCall(st *step, r *run, stage string, volume [2]int64, call func(ctx context.Context) error) error {
+	if s := e.starter(); s != nil {
+		e.makeRoom(s)
+	}
+	return e.collective(st, r, stage, volume, call)
+}
+
 func (e *Engine) allReduce(st *step, r *run, stage string, buf []float32) error {
 	v := [2]int64{allReduceVolume(e.size, 4*len(buf)), 0}
 	if l := e.layout; e.twoLevel != nil {
 		v = twoLevelReduceVolume(l.Nodes, l.LocalSize, len(buf))
 	}
-	return e.collective(st, r, stage, v, func(ctx context.Context) error {
+	return e.wireCall(st, r, stage, v, func(ctx context.Context) error {
 		return e.data.AllReduce(ctx, buf)
 	})
+}
+
+// allReduceLast is allReduce as the bucket's last collective: a tail over
+// a comm.Starter, whose statuses (nil: none) decide the bucket's path.
+func (e *Engine) allReduceLast(st *step, r *run, stage string, buf []float32, statuses func() ([]status, error)) error {
+	started, err := e.startTail(st, r, stage, [2]int64{allReduceVolume(e.size, 4*len(buf)), 0}, statuses,
+		func(ctx context.Context, s comm.Starter) (comm.Request, error) { return s.StartAllReduce(ctx, buf) })
+	if started {
+		return err
+	}
+	return e.allReduce(st, r, stage, buf)
 }
 
 func (e *Engine) allGather(st *step, r *run, stage string, dst, src []byte) error {
@@ -721,13 +758,26 @@ func (e *Engine) allGather(st *step, r *run, stage string, dst, src []byte) erro
 	if l := e.layout; e.twoLevel != nil {
 		v = twoLevelGatherVolume(l.Nodes, l.LocalSize, len(src))
 	}
-	return e.collective(st, r, stage, v, func(ctx context.Context) error {
+	return e.wireCall(st, r, stage, v, func(ctx context.Context) error {
 		return e.data.AllGather(ctx, dst, src)
 	})
 }
 
+// allGatherLast is allGather as the bucket's last collective (see
+// allReduceLast).
+func (e *Engine) allGatherLast(st *step, r *run, stage string, dst, src []byte, statuses func() ([]status, error)) error {
+	started, err := e.startTail(st, r, stage, [2]int64{allGatherVolume(e.size, len(src)), 0}, statuses,
+		func(ctx context.Context, s comm.Starter) (comm.Request, error) {
+			return s.StartAllGather(ctx, dst, src)
+		})
+	if started {
+		return err
+	}
+	return e.allGather(st, r, stage, dst, src)
+}
+
 func (e *Engine) allToAll(st *step, r *run, stage string, dst, src []byte) error {
-	return e.collective(st, r, stage, [2]int64{allToAllVolume(e.size, len(src)), 0}, func(ctx context.Context) error {
+	return e.wireCall(st, r, stage, [2]int64{allToAllVolume(e.size, len(src)), 0}, func(ctx context.Context) error {
 		return e.data.AllToAll(ctx, dst, src)
 	})
 }

@@ -143,10 +143,11 @@ func (g *gatherExchanger) encode(r *run) (err error) {
 }
 
 func (g *gatherExchanger) exchange(st *step, r *run) ([]status, error) {
-	if err := g.e.allGather(st, r, g.e.strategy.String()+" AllGather", r.b.recv, r.b.send); err != nil {
+	statuses := func() ([]status, error) { return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size, g.c.p.guard) }
+	if err := g.e.allGatherLast(st, r, g.e.strategy.String()+" AllGather", r.b.recv, r.b.send, statuses); err != nil || r.tail != nil {
 		return nil, err
 	}
-	return stepStatuses(st, r, "AllGather", r.b.recv, g.e.size, g.c.p.guard)
+	return statuses()
 }
 
 func (g *gatherExchanger) decode(r *run) (int, error) {
@@ -228,10 +229,11 @@ func (s *sraExchanger) reduce(st *step, r *run) error {
 
 func (s *sraExchanger) exchange2(st *step, r *run) ([]status, error) {
 	b, e := r.b, s.e
-	if err := e.allGather(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2); err != nil {
+	statuses := func() ([]status, error) { return stepStatuses(st, r, "AllGather", b.recv2, e.size, s.c2.p.guard) }
+	if err := e.allGatherLast(st, r, e.strategy.String()+" AllGather", b.recv2, b.send2, statuses); err != nil || r.tail != nil {
 		return nil, err
 	}
-	return stepStatuses(st, r, "AllGather", b.recv2, e.size, s.c2.p.guard)
+	return statuses()
 }
 
 func (s *sraExchanger) decode(r *run) (int, error) {
@@ -314,10 +316,16 @@ func (s *sharedExchanger) encode(r *run) error {
 }
 
 func (s *sharedExchanger) exchange(st *step, r *run) ([]status, error) {
-	b, n := r.b, s.e.size
-	if err := s.e.allReduce(st, r, "shared-index AllReduce", b.vals); err != nil {
+	statuses := func() ([]status, error) { return s.statuses(st, r) }
+	if err := s.e.allReduceLast(st, r, "shared-index AllReduce", r.b.vals, statuses); err != nil || r.tail != nil {
 		return nil, err
 	}
+	return statuses()
+}
+
+// statuses reads the statuses (and ρ) at the head of the summed values.
+func (s *sharedExchanger) statuses(st *step, r *run) ([]status, error) {
+	b, n := r.b, s.e.size
 	sts := make([]status, n)
 	for q, v := range b.vals[:n] {
 		switch v {

@@ -1,0 +1,156 @@
+package overlap
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/comm/hosted"
+)
+
+// oneAtATimeComm hides a comm's comm.Starter: the engine's wire then
+// waits for every collective before it makes the next.
+type oneAtATimeComm struct{ comm.Comm }
+
+// inFlightSizes are buckets of lengths no handshake collective has.
+var inFlightSizes = []int{1001, 2003, 3005, 517}
+
+// TestWireInFlight: with its last collectives in flight (comm/inproc and
+// the hosted transport with different InFlight on different ranks), every
+// strategy gives bit for bit what the wire gives one collective at a
+// time, a non-finite gradient's dense fallback included, over three steps.
+func TestWireInFlight(t *testing.T) {
+	for _, spec := range []string{"none", "int8", "int4", "topk:0.05", "randomk:0.25", "fp16", "sign"} {
+		t.Run(spec, func(t *testing.T) {
+			cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: 20 * time.Second}
+			const n = 3
+			serial := group(t, n)
+			for r := range serial {
+				serial[r] = oneAtATimeComm{serial[r]}
+			}
+			inner := group(t, n)
+			viaHost := make([]comm.Comm, n)
+			for r := range viaHost {
+				tr, err := hosted.New(r, n, hosted.WithInFlight(2+r))
+				if err != nil {
+					t.Fatal(err)
+				}
+				serve(t, tr, inner[r], nil)
+				viaHost[r] = tr.Host()
+			}
+			runs := [][]*Engine{
+				newEnginesOn(t, serial, inFlightSizes, cfg),
+				newEnginesOn(t, group(t, n), inFlightSizes, cfg),
+				newEnginesOn(t, viaHost, inFlightSizes, cfg),
+			}
+			for s := range 3 {
+				var want [][][]float32
+				var wantStats []StepStats
+				for k, engines := range runs {
+					grads := stepGrads(n, s, inFlightSizes)
+					if s == 1 {
+						grads[2][1][7] = float32(math.NaN()) // bucket 1 goes dense this step
+					}
+					stats, errs := runStep(engines, grads, reversedOnOdd(len(inFlightSizes)))
+					mustNoErrors(t, fmt.Sprintf("step %d, run %d", s, k), errs)
+					if k == 0 {
+						want, wantStats = grads, stats
+						if s == 1 && !stats[0].Buckets[1].NonFinite {
+							t.Fatalf("step 1: bucket 1 not reported non-finite")
+						}
+						continue
+					}
+					for r := range n {
+						for b := range inFlightSizes {
+							if i := sameFloats(grads[r][b], want[r][b]); i >= 0 {
+								t.Fatalf("step %d, run %d, rank %d, bucket %d: element %d is %v, one at a time %v", s, k, r, b, i, grads[r][b][i], want[r][b][i])
+							}
+							got, w := stats[r].Buckets[b], wantStats[r].Buckets[b]
+							if got.Compressed != w.Compressed || got.NonFinite != w.NonFinite || got.BytesSent != w.BytesSent {
+								t.Fatalf("step %d, run %d, rank %d, bucket %d: compressed %v, non-finite %v, %d bytes; one at a time %v, %v, %d",
+									s, k, r, b, got.Compressed, got.NonFinite, got.BytesSent, w.Compressed, w.NonFinite, w.BytesSent)
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestWireStartsBeforeWaiting: the wire starts a bucket's collective
+// before the previous bucket's has completed. Each rank's host holds the
+// first bucket's all-reduce until it has taken the second one's, so an
+// engine that waited for each collective before the next would time out.
+func TestWireStartsBeforeWaiting(t *testing.T) {
+	const n = 2
+	inner := group(t, n)
+	comms := make([]comm.Comm, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hostErr := make(chan error, n)
+	for r := range comms {
+		tr, err := hosted.New(r, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		comms[r] = tr.Host()
+		c := inner[r].(comm.Starter)
+		go func() { hostErr <- pairingHost(ctx, tr, c, inFlightSizes[0]) }()
+	}
+	engines := newEnginesOn(t, comms, inFlightSizes, Config{Spec: "none", Timeout: 10 * time.Second})
+	grads := stepGrads(n, 0, inFlightSizes)
+	want := clone3(grads)
+	_, errs := runStep(engines, grads, inOrder(len(inFlightSizes)))
+	mustNoErrors(t, "step", errs)
+	for r := range n {
+		if err := <-hostErr; err != nil {
+			t.Fatalf("host: %v", err)
+		}
+		for b := range inFlightSizes {
+			avg := exactAverage(want, b)
+			for i, v := range grads[r][b] {
+				if math.Abs(float64(v)-avg[i]) > 1e-6*(1+math.Abs(avg[i])) {
+					t.Fatalf("rank %d bucket %d element %d: %v, want %v", r, b, i, v, avg[i])
+				}
+			}
+		}
+	}
+}
+
+// pairingHost serves tr on c one post at a time, except the all-reduce of
+// first floats: it takes the next post before it carries that one out,
+// and fails if none comes. It returns after carrying out that pair.
+func pairingHost(ctx context.Context, tr *hosted.Transport, c comm.Starter, first int) error {
+	for {
+		op, err := tr.Take(ctx)
+		if err != nil {
+			return err
+		}
+		if op.Kind != comm.OpAllReduce || op.Count != first {
+			n, err := hosted.Run(ctx, op, c)
+			if err := tr.Complete(op.ID, n, err); err != nil {
+				return err
+			}
+			continue
+		}
+		wait, stop := context.WithTimeout(ctx, 5*time.Second)
+		next, err := tr.Take(wait)
+		stop()
+		if err != nil {
+			return fmt.Errorf("no second post while the all-reduce of bucket 0 was in flight: %w", err)
+		}
+		for _, o := range []hosted.Op{op, next} {
+			n, err := hosted.Run(ctx, o, c)
+			if err := tr.Complete(o.ID, n, err); err != nil {
+				return err
+			}
+		}
+		go hosted.Serve(ctx, tr, c, nil)
+		return nil
+	}
+}
