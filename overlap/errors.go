@@ -16,6 +16,7 @@ var (
 	ErrWaiting       = errors.New("Wait has been called for this step")
 	ErrEngineClosed  = errors.New("engine closed")
 	ErrLength        = errors.New("gradient length differs from the bucket size")
+	ErrNotDelegable  = errors.New("the bucket's exchange is the engine's this step")
 )
 
 // UsageError reports a call the engine's state does not allow (Ready of an

@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -153,4 +154,87 @@ func pairingHost(ctx context.Context, tr *hosted.Transport, c comm.Starter, firs
 		go hosted.Serve(ctx, tr, c, nil)
 		return nil
 	}
+}
+
+// TestDelegate: in warm-up every bucket is Delegable on every rank; a
+// caller that all-reduces some buckets itself and readies the others gets
+// the averages, the statistics say which it exchanged, and the error
+// feedback memory is untouched. A compressed bucket is not Delegable, and
+// Delegate refuses it without taking it.
+func TestDelegate(t *testing.T) {
+	const n = 2
+	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed, Warmup: 1}
+	engines := newEngines(t, n, inFlightSizes, cfg)
+	own := group(t, n)
+	grads := stepGrads(n, 0, inFlightSizes)
+	want := clone3(grads)
+	stats := make([]StepStats, n)
+	errs := onRanks(own, func(r int, c comm.Comm) error {
+		e := engines[r]
+		if err := e.Step(); err != nil {
+			return err
+		}
+		for b := range inFlightSizes {
+			if !e.Delegable(b) {
+				return fmt.Errorf("warm-up bucket %d not Delegable", b)
+			}
+			if b%2 == 1 {
+				if err := e.Ready(b, grads[r][b]); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := c.AllReduce(context.Background(), grads[r][b]); err != nil {
+				return err
+			}
+			for i := range grads[r][b] {
+				grads[r][b][i] /= n
+			}
+			if err := e.Delegate(b); err != nil {
+				return err
+			}
+		}
+		var err error
+		stats[r], err = e.Wait(context.Background())
+		return err
+	})
+	mustNoErrors(t, "step 0", errs)
+	for r := range n {
+		for b := range inFlightSizes {
+			avg := exactAverage(want, b)
+			for i, v := range grads[r][b] {
+				if math.Abs(float64(v)-avg[i]) > 1e-6*(1+math.Abs(avg[i])) {
+					t.Fatalf("rank %d bucket %d element %d: %v, want %v", r, b, i, v, avg[i])
+				}
+			}
+			s := stats[r].Buckets[b]
+			if s.Delegated != (b%2 == 0) || s.Compressed || s.BytesSent != allReduceVolume(n, 4*inFlightSizes[b]) {
+				t.Errorf("rank %d bucket %d: delegated %v, compressed %v, %d bytes", r, b, s.Delegated, s.Compressed, s.BytesSent)
+			}
+		}
+		if got := engines[r].gradEF.Buckets(); len(got) != 0 {
+			t.Fatalf("rank %d: a dense step left error feedback memory for buckets %v", r, got)
+		}
+	}
+	// Step 1 compresses: nothing is Delegable, Delegate refuses.
+	errs = onRanks(own, func(r int, c comm.Comm) error {
+		e := engines[r]
+		if err := e.Step(); err != nil {
+			return err
+		}
+		if e.Delegable(0) {
+			return fmt.Errorf("compressed bucket 0 Delegable")
+		}
+		if err := e.Delegate(0); !errors.Is(err, ErrNotDelegable) {
+			return fmt.Errorf("Delegate of a compressed bucket: %v, want ErrNotDelegable", err)
+		}
+		for b := range inFlightSizes {
+			if err := e.Ready(b, grads[r][b]); err != nil {
+				return err
+			}
+		}
+		_, err := e.Wait(context.Background())
+		return err
+	})
+	mustNoErrors(t, "step 1", errs)
 }

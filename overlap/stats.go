@@ -51,6 +51,10 @@ type BucketStats struct {
 	// Guarded is true when the accuracy guard sent the bucket dense with
 	// its residual this step (a flush, which empties the memory).
 	Guarded bool
+	// Delegated is true when the caller all-reduced the bucket itself
+	// (Engine.Delegate); BytesSent is then a ring all-reduce's, Exchange
+	// and NonFinite are not measured.
+	Delegated bool
 }
 
 // StepStats describes one step on this rank.
