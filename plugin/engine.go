@@ -257,6 +257,19 @@ func (e *engine) ready(i int, grad []float32) error {
 	return e.host.Ready(i, grad)
 }
 
+// delegable is gc_engine_delegable's core (a device engine: false).
+func (e *engine) delegable(i int) bool {
+	return e.host != nil && e.host.Delegable(i)
+}
+
+// delegate is gc_engine_delegate's core.
+func (e *engine) delegate(i int) error {
+	if e.host == nil {
+		return errorf(errInvalid, "this engine has device buckets (gc_engine_config.device ≥ 0): it exchanges every bucket itself")
+	}
+	return e.host.Delegate(i)
+}
+
 // readyDevice is gc_engine_ready_device's core.
 func (e *engine) readyDevice(i int, grad gpu.Ptr, n int, s gpu.Stream) error {
 	if e.device == nil {

@@ -355,6 +355,38 @@ func gc_engine_ready(h C.uint64_t, bucket C.size_t, grad *C.float, n C.size_t) (
 	return C.int(statusOK)
 }
 
+//export gc_engine_delegable
+func gc_engine_delegable(h C.uint64_t, bucket C.size_t, out *C.int) (st C.int) {
+	const fn = "gc_engine_delegable"
+	defer guard(fn, &st)
+	if out == nil {
+		return C.int(failErr(fn, errorf(errInvalid, "delegable is NULL")))
+	}
+	e, err := lookupEngine(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	*out = 0
+	if e.delegable(int(min(uint64(bucket), math.MaxInt32))) {
+		*out = 1
+	}
+	return C.int(statusOK)
+}
+
+//export gc_engine_delegate
+func gc_engine_delegate(h C.uint64_t, bucket C.size_t) (st C.int) {
+	const fn = "gc_engine_delegate"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.delegate(int(min(uint64(bucket), math.MaxInt32)))
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
 //export gc_engine_ready_device
 func gc_engine_ready_device(h C.uint64_t, bucket C.size_t, grad C.uintptr_t, n C.size_t, stream C.uintptr_t) (st C.int) {
 	const fn = "gc_engine_ready_device"

@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 5
+#define GRADCOMP_ABI_MINOR 6
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -247,9 +247,15 @@ gc_status gc_decompress_slots_device(gc_compressor h, gc_devptr slots, size_t sl
  * MPI, NCCL, ...) and completes it. The host takes posts from a thread of
  * its own (gc_hosted_take blocks, with a timeout, holding nothing the
  * caller needs); gc_engine_create and gc_engine_wait block until the posts
- * they depend on are completed. A post nobody takes, a completion with an
- * error, a wrong length or an unknown id ends the step with GC_ERR_COMM
- * on that rank within the engine's timeout; nothing waits forever.
+ * they depend on are completed. Up to 4 posts per group may be outstanding
+ * (posted, not completed) at once: the host may take the next post before
+ * it completes the previous one, as long as it launches them on its
+ * communicator in take order, and may complete them in any order as they
+ * finish (e.g. torch's async_op=True Works); carrying out one post at a
+ * time is correct too, only not concurrent. A post nobody takes, a
+ * completion with an error, a wrong length or an unknown id ends the step
+ * with GC_ERR_COMM on that rank within the engine's timeout (the group's
+ * other outstanding posts fail with it); nothing waits forever.
  */
 typedef uint64_t gc_hosted;
 typedef uint64_t gc_engine;
@@ -290,7 +296,7 @@ typedef enum gc_op_kind {
  * (GC_GROUP_CROSS: the nodes ranks with its local_rank, one per node,
  * ranked by node). N, r and root in gc_op_kind's table are then the
  * group's size, this rank's rank in it and a rank of the group. Each group
- * has its own order and its own collective in flight, and the engine runs
+ * has its own order and its own collectives in flight, and the engine runs
  * the node and cross-node collectives AT ONCE: the host must carry out
  * each group's posts in their order, on a communicator of that group's
  * ranks, independently of the other groups' (a thread per group taking
@@ -445,6 +451,23 @@ gc_status gc_engine_step(gc_engine e);
  * ready bucket, a wrong n, or no step: GC_ERR_STATE or GC_ERR_SIZE,
  * nothing taken. */
 gc_status gc_engine_ready(gc_engine e, size_t bucket, float *grad, size_t n);
+
+/* Since 2.6: *delegable = 1 when the caller may exchange bucket i of the
+ * step in flight itself (gc_engine_delegate), else 0: the bucket goes
+ * dense this step in a way a plain all-reduce of the average reproduces
+ * (not compressed, no momentum, no fail_on_nonfinite, not verifying, not
+ * "hier"); every rank gets the same answer. Host engines; a device engine
+ * answers 0. */
+gc_status gc_engine_delegable(gc_engine e, size_t bucket, int *delegable);
+
+/* Since 2.6: takes bucket i, in place of gc_engine_ready, as exchanged by
+ * the caller: the caller all-reduces the bucket's gradient into the rank
+ * average with its own collective (e.g. a framework's native all-reduce
+ * of its own buffer). The engine makes no collective for it and leaves its
+ * error-feedback memory as a dense step does; gc_engine_stats counts its
+ * ring all-reduce bytes. A bucket that is not delegable: GC_ERR_STATE,
+ * nothing taken. */
+gc_status gc_engine_delegate(gc_engine e, size_t bucket);
 
 /* The same for a device engine (cfg.device ≥ 0): grad is device memory,
  * complete once stream passes this call; never waits for the device. */

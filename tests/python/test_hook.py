@@ -439,13 +439,19 @@ class Ranks(unittest.TestCase):
 
     def test_buckets_in_a_different_order_on_each_rank(self):
         # The engine launches bucket i's exchange once buckets 0..i are
-        # ready, whatever order each rank hands them over in.
+        # ready, whatever order each rank hands them over in; so does DDP's
+        # own all-reduce of the engine's dense buckets.
         for spec in ("none", "int8"):
             with self.subTest(spec=spec):
                 results = ranks.run(workers.bucket_orders, 3, spec, 5, timeout=120)
                 for rank, r in enumerate(results):
                     self.assertEqual(r["averages"], results[0]["averages"], rank)
                     self.assertEqual(r["compressed"], 0 if spec == "none" else 9)
+                    # Every dense bucket-step of the engine (3 steps after the
+                    # 2 plain ones; int8 has no engine warm-up step) went to
+                    # DDP's all-reduce.
+                    self.assertEqual(r["native"], r["dense"] - 3 * r["plain_steps"], r)
+                    self.assertEqual(r["native"], 9 if spec == "none" else 0, r)
                 if spec == "none":  # the engine's steps: multiples of 1/64, summed exactly in any order, then /N
                     self.assertEqual(results[0]["averages"][2:], results[0]["exact"][2:])
 

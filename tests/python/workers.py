@@ -574,7 +574,7 @@ def bucket_orders(rank, world, spec, steps):
         out["averages"].append([futs[b].wait().numpy().tobytes().hex() for b in range(3)])
         exact = [sum(golden_gradient(r, step, b, n) for r in range(world)) / world for b, n in enumerate(sizes)]
         out["exact"].append([e.numpy().tobytes().hex() for e in exact])
-    out["compressed"] = state.stats["compressed"]
+    out.update((k, state.stats[k]) for k in ("compressed", "dense", "native", "plain_steps"))
     state.close()
     return out
 

@@ -574,6 +574,22 @@ class Engine:
             addr, n = grad.data_ptr(), grad.numel()
         _lib.call("gc_engine_ready", self._h(), int(bucket), addr or None, int(n))
 
+    def delegable(self, bucket):
+        """Whether this step's bucket ``bucket`` may be all-reduced by the
+        caller itself (:meth:`delegate`): it goes dense this step in a way a
+        plain all-reduce of the average reproduces (gc_engine_delegable).
+        Every rank gets the same answer."""
+        out = ctypes.c_int()
+        _lib.call("gc_engine_delegable", self._h(), int(bucket), ctypes.byref(out))
+        return bool(out.value)
+
+    def delegate(self, bucket):
+        """Takes bucket ``bucket`` as exchanged by the caller, in place of
+        :meth:`ready`: the caller all-reduces it into the average with its
+        own collective (gc_engine_delegate); StateError when it is not
+        :meth:`delegable`."""
+        _lib.call("gc_engine_delegate", self._h(), int(bucket))
+
     def ready_device(self, bucket, grad, stream):
         """UNTESTED: the device engine's ready (a CUDA float32 tensor, a raw
         CUstream)."""

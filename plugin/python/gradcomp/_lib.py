@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 5
+ABI_MINOR = 6
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -307,6 +307,8 @@ _PROTOTYPES.update({
     "gc_engine_destroy": (ctypes.c_int, [_u64]),
     "gc_engine_step": (ctypes.c_int, [_u64]),
     "gc_engine_ready": (ctypes.c_int, [_u64, ctypes.c_size_t, _float_p, ctypes.c_size_t]),
+    "gc_engine_delegable": (ctypes.c_int, [_u64, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
+    "gc_engine_delegate": (ctypes.c_int, [_u64, ctypes.c_size_t]),
     "gc_engine_ready_device": (ctypes.c_int, [_u64, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream]),
     "gc_engine_done": (ctypes.c_int, [_u64, _stream]),
     "gc_engine_wait": (ctypes.c_int, [_u64, ctypes.c_double]),

@@ -335,11 +335,13 @@ def _shapes(sig, limit=6):
     return "[%s%s]" % (", ".join(shown), ", ..." if len(sig) > limit else "")
 
 
-def _complete(out, f, buf):
-    """Completes the future ``out`` with ``buf`` once the collective of
-    future ``f`` ended, or with its error."""
+def _complete(out, f, buf, divide=1):
+    """Completes the future ``out`` with ``buf`` (divided by ``divide``)
+    once the collective of future ``f`` ended, or with its error."""
     try:
         f.wait()
+        if divide != 1:
+            buf.div_(divide)
     except Exception as e:
         out.set_exception(e)
     else:
@@ -402,6 +404,9 @@ class _Step:
         self.buckets = {}  # staged and plain: bucket index -> (buffer, its parameters, future), until used
         self.launched = 0  # plain: buckets 0..launched-1 are on the wire
         self.unpermute = None  # staged: (DDP's concatenation, gather index, the engine's) to scatter back
+        self.native = {}  # direct: delegated bucket index -> (bucket buffer, its future), until launched
+        self.arrived = set()  # direct: the buckets come so far
+        self.native_next = 0  # direct: buckets below it are come, the delegated ones launched
         self.pending = []  # (future, bucket buffer, staged float32 buffer)
         self.readied = set()
         self.error = None
@@ -577,14 +582,16 @@ class State:
         """Counters: "steps" (hook steps), "plain_steps" (torch's all-reduce),
         "engine_steps", bucket-steps "compressed", "dense", "nonfinite" and
         "guarded" (sent dense with their residual by the accuracy guard),
+        "native" (the engine's dense bucket-steps that DDP's own all-reduce
+        carried out, also counted in "dense"),
         "bytes_sent" (this rank's bytes on the wire in the last step: the
         engine's count, or for a plain step a ring all-reduce's 2(N−1)/N·4S)
         and "bytes_sent_total"."""
         with self._lock:
             out = dict(self._counts)
         out["steps"] = self.iter
-        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "guarded", "bytes_sent",
-                  "bytes_sent_total"):
+        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "guarded", "native",
+                  "bytes_sent", "bytes_sent_total"):
             out.setdefault(k, 0)
         return out
 
@@ -848,7 +855,11 @@ class State:
                     "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
                     "DDP built (each once per step); DDP never changes them after its first step: was the model "
                     "or its DDP wrapper replaced under this State?" % (st.number, index, buf.numel(), eng.sizes))
-            fut = self._ready(st, eng, index, buf, self._stage(buf))
+            if buf.device.type == "cpu" and buf.dtype == torch.float32 and eng.delegable(index):
+                fut = self._native(st, eng, index, buf)
+            else:
+                fut = self._ready(st, eng, index, buf, self._stage(buf))
+            self._launch_native(st, index)
             if last:
                 self._launch_wait(st, eng)
             return fut
@@ -885,15 +896,48 @@ class State:
         st.pending.append((fut, buf, staged))
         return fut
 
+    def _native(self, st, eng, index, buf):
+        """A bucket the engine sends dense this step (warm-up, a dense
+        decision): DDP's own exchange, as torch's default hook makes it (the
+        bucket all-reduced in place on DDP's process group), then divided
+        by the world size as the engine divides a dense sum, which the
+        engine takes as exchanged (delegate):
+        no copy, no hand-off to the engine's host thread, and the error
+        feedback memory untouched as in any dense step. The all-reduces go
+        out in bucket order (once every lower bucket has come), the same
+        on every rank whatever order DDP hands the buckets over in."""
+        eng.delegate(index)
+        st.readied.add(index)
+        with self._lock:
+            self._counts["native"] += 1
+        out = torch.futures.Future()
+        st.native[index] = (buf, out)
+        return out
+
+    def _launch_native(self, st, index):
+        """Marks bucket ``index`` as come, then launches the delegated
+        buckets whose lower buckets have all come, in order."""
+        st.arrived.add(index)
+        world = dist.get_world_size(self.process_group)
+        while st.native_next in st.arrived:
+            item = st.native.pop(st.native_next, None)
+            st.native_next += 1
+            if item is not None:
+                buf, out = item
+                dist.all_reduce(buf, group=self.process_group, async_op=True).get_future().then(
+                    lambda f, buf=buf, out=out: _complete(out, f, buf, world))
+
     def _launch_wait(self, st, eng):
         """After the step's last bucket: checks every bucket came, then
-        waits for the engine on a thread (overlap) or here."""
+        waits for the engine on a thread (overlap, when the engine holds
+        buckets of the step) or here (a step whose buckets DDP all-reduced
+        itself: nothing to wait for but the engine's bookkeeping)."""
         if len(st.readied) != eng.nbuckets:
             missing = sorted(set(range(eng.nbuckets)) - st.readied)
             raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
         if st.stream is not None:
             eng.done(st.stream.cuda_stream)
-        if self.overlap:
+        if self.overlap and st.pending:
             threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True).start()
         else:
             self._finish(st)
@@ -1152,6 +1196,8 @@ class State:
     @staticmethod
     def _resolve(st, err):
         pending, st.pending = st.pending, []
+        pending += [(fut, buf, buf) for buf, fut in st.native.values()]  # delegated, never launched
+        st.native = {}
         for fut, buf, staged in pending:
             if err is not None and not st.in_backward:
                 fut.set_exception(err)
