@@ -164,7 +164,8 @@ func TestUnrepresentableFallsBack(t *testing.T) {
 
 // TestDeadRank: a rank that stops calling makes the others' Wait fail
 // within the timeout; their memory then holds e + g, and the engine is
-// broken.
+// broken. With top-k both buckets' all-gathers are in flight at once when
+// the rank dies (comm/inproc is a comm.Starter).
 func TestDeadRank(t *testing.T) {
 	sizes := []int{300, 200}
 	const ranks, timeout = 3, 200 * time.Millisecond
