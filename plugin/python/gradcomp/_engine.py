@@ -6,10 +6,16 @@ engine POSTS each collective (an all-reduce of float32 in place, an
 all-gather, an all-to-all, a broadcast, a barrier or a reduce-scatter, with
 raw buffer addresses) in the same order on every rank, and the host takes
 the posts and carries them out with its own communicator, then completes
-them. :class:`TorchHost` is such a host: a daemon thread that takes each
-post (gc_hosted_take, blocking with the GIL released) and runs it on a
-torch.distributed process group (async_op=True, then waits for it), then
-completes it; any exception completes the op with an error, so nothing is
+them. Several posts per group (hosted.DefaultInFlight, 4) may be taken and
+not yet complete at once; the host must launch them in Take's order and may
+complete them in any order. :class:`TorchHost` is such a host: a daemon
+thread per group takes each post (gc_hosted_take, blocking with the GIL
+released) and launches it on a torch.distributed process group
+(async_op=True) as it takes it, in Take's order, without waiting for it;
+each collective is completed when its torch Work finishes (a callback on
+the Work's future, on the backend's thread), so several run at once, as
+torch's DDP runs its buckets' all-reduces. Any exception, at launch or
+when the Work finishes, completes that op with an error, so nothing is
 left hanging. :class:`Engine` is gradcomp's engine (overlap.Engine through
 the C ABI 2.0: strategies, handshake, cost model, NaN handling,
 checkpoints) over a Hosted transport served by a TorchHost.
@@ -28,14 +34,17 @@ addresses). All-gather and reduce-scatter use torch's whole-tensor forms
 (``all_gather_into_tensor``, ``reduce_scatter_tensor``) where the group's
 backend takes them for CPU tensors (gloo in torch 2.x), and the list
 all-gather and an all-reduce of a copy where it refuses them (gloo in
-torch 1.13). Device ops (gc_op.device == 1, from libgradcomp_cuda.so's
-device engine) run the same collectives on ``torch.cuda.ExternalStream
-(op.stream)`` over tensors made from the device pointers and are completed
-once enqueued; that path has NOT run on a GPU yet.
+torch 1.13; the copy out of the reduce-scatter's sum is made once its Work
+has finished, before the completion). Device ops (gc_op.device == 1, from
+libgradcomp_cuda.so's device engine) run the same collectives on
+``torch.cuda.ExternalStream(op.stream)`` over tensors made from the device
+pointers and are completed once enqueued, from the taking thread; that
+path has NOT run on a GPU yet.
 """
 
 import collections
 import ctypes
+import functools
 import logging
 import threading
 import time
@@ -225,9 +234,11 @@ def _refused(e):
 
 
 def _whole_or_fallback(group, whole, fallback):
-    """Runs ``whole()`` (a whole-tensor collective, async_op=True; returns
-    its Work) and waits for it where the group's backend takes it, else
-    ``fallback()``; remembers the answer per backend.
+    """Launches ``whole()`` (a whole-tensor collective, async_op=True;
+    returns its Work) where the group's backend takes it, else
+    ``fallback()``; remembers the answer per backend. Returns (work,
+    after): the Work to wait for and what is left to do once it has
+    finished (None: nothing; the fallback returns its own pair).
 
     They cost the same on torch 2.15's gloo, whose whole-tensor forms run the
     fallback's algorithm inside (the all-gather gathers into a flat
@@ -247,58 +258,92 @@ def _whole_or_fallback(group, whole, fallback):
             _TENSOR_FORMS[backend] = False
         else:
             _TENSOR_FORMS[backend] = True
-            work.wait()
-            return
-    fallback()
+            return work, None
+    return fallback()
 
 
-def run_op(op, group, rank, size):
-    """Carries out one posted collective on the torch.distributed ``group``
+def launch_op(op, group, rank, size):
+    """Launches one posted collective on the torch.distributed ``group``
     (None: the default group), in which this process is ``rank`` of
-    ``size``; returns the bytes written to the output (op.recv_bytes).
-    Host ops complete before it returns; device ops are enqueued on
-    op.stream (UNTESTED)."""
+    ``size``, with async_op=True, and returns (work, finish) at once:
+    ``work`` is the torch Work to wait for (None: nothing is left to wait
+    for), ``finish()``, to be called once it has finished without error,
+    does what is left (the reduce-scatter fallback's copy out of its
+    all-reduced copy) and returns the bytes written to the output
+    (op.recv_bytes). The buffers belong to the collective until then.
+    Device ops are enqueued on op.stream before it returns (work None;
+    UNTESTED). ValueError for an op that breaks the header's contract;
+    whatever torch raises at launch."""
     kind = check_op(op, size)
     if op.count == 0 and kind != _lib.OpKind.BARRIER:
-        return 0  # the same empty op on every rank: nothing to carry
+        return None, lambda: 0  # the same empty op on every rank: nothing to carry
     if op.device:
-        return _run_device_op(op, kind, group, rank, size)
+        written = _run_device_op(op, kind, group, rank, size)
+        return None, lambda: written
     import torch
     import torch.distributed as dist
 
     K = _lib.OpKind
     n = op.count
+    written = op.recv_bytes
+    keep = ()  # the tensors the collective uses, alive until finish
+    after = None
     if kind == K.ALLREDUCE:
         buf = _host_tensor(op.recv, op.recv_bytes, torch.float32)
-        dist.all_reduce(buf, group=group, async_op=True).wait()
+        keep = (buf,)
+        work = dist.all_reduce(buf, group=group, async_op=True)
     elif kind == K.ALLGATHER:
         send = _host_tensor(op.send, op.send_bytes, torch.uint8)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
-        _whole_or_fallback(
+        keep = (send, recv)
+        # The list form writes the gathered chunks into views of recv
+        # inside the Work (gloo copies them out before it finishes).
+        work, after = _whole_or_fallback(
             group,
             lambda: dist.all_gather_into_tensor(recv, send, group=group, async_op=True),
-            lambda: dist.all_gather(list(recv.view(size, n).unbind(0)), send, group=group, async_op=True).wait())
+            lambda: (dist.all_gather(list(recv.view(size, n).unbind(0)), send, group=group, async_op=True), None))
     elif kind == K.REDUCESCATTER:
         send = _host_tensor(op.send, op.send_bytes, torch.float32)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.float32)
+        keep = (send, recv)
 
-        def all_reduce_a_copy():  # keeps our chunk of the sum; send stays as it was
+        def all_reduce_a_copy():  # keeps our chunk of the sum, once it is summed; send stays as it was
             total = send.clone()
-            dist.all_reduce(total, group=group, async_op=True).wait()
-            recv.copy_(total[rank * n : (rank + 1) * n])
+            return (dist.all_reduce(total, group=group, async_op=True),
+                    lambda: recv.copy_(total[rank * n : (rank + 1) * n]))
 
-        _whole_or_fallback(
+        work, after = _whole_or_fallback(
             group, lambda: dist.reduce_scatter_tensor(recv, send, group=group, async_op=True), all_reduce_a_copy)
     elif kind == K.ALLTOALL:
         send = _host_tensor(op.send, op.send_bytes, torch.uint8)
         recv = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
-        dist.all_to_all_single(recv, send, group=group, async_op=True).wait()
+        keep = (send, recv)
+        work = dist.all_to_all_single(recv, send, group=group, async_op=True)
     elif kind == K.BROADCAST:
         buf = _host_tensor(op.recv, op.recv_bytes, torch.uint8)
-        dist.broadcast(buf, _global_rank(group, op.root), group=group, async_op=True).wait()
-    elif kind == K.BARRIER:
-        dist.barrier(group=group, async_op=True).wait()
-    return op.recv_bytes
+        keep = (buf,)
+        work = dist.broadcast(buf, _global_rank(group, op.root), group=group, async_op=True)
+    else:  # BARRIER
+        work = dist.barrier(group=group, async_op=True)
+
+    def finish(keep=keep):
+        if after is not None:
+            after()
+        return written
+
+    return work, finish
+
+
+def run_op(op, group, rank, size):
+    """Carries out one posted collective on the torch.distributed ``group``
+    (None: the default group), in which this process is ``rank`` of
+    ``size``, and returns the bytes written to the output (op.recv_bytes):
+    :func:`launch_op`, then waits for it. Host ops complete before it
+    returns; device ops are enqueued on op.stream (UNTESTED)."""
+    work, finish = launch_op(op, group, rank, size)
+    if work is not None:
+        work.wait()
+    return finish()
 
 
 def _run_device_op(op, kind, group, rank, size):
@@ -335,34 +380,95 @@ def _run_device_op(op, kind, group, rank, size):
     return op.recv_bytes
 
 
+def _future(work):
+    """``work``'s torch.futures.Future, or None for a Work without one (a
+    backend that does not implement get_future)."""
+    get = getattr(work, "get_future", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except (RuntimeError, NotImplementedError) as e:
+        _log.debug("gradcomp: %s has no future (%s): waiting for it on the host's thread", type(work).__name__, e)
+        return None
+
+
+class _Flight:
+    """One taken post, from its launch to its completion."""
+
+    __slots__ = ("op", "finish", "done")
+
+    def __init__(self, op):
+        self.op = op
+        self.finish = None  # launch_op's: after the Work, the bytes written
+        self.done = False  # completed (or being completed): exactly once
+
+
 class TorchHost:
     """Carries out a Hosted transport's posts on a torch.distributed process
-    group, on a daemon thread of its own: take, run (:func:`run_op`),
-    complete. An exception completes the op with GC_ERR_COMM and its
-    message (the engine's step then fails with GC_ERR_COMM on this rank);
-    the thread ends when the transport is closed or :meth:`stop` is
-    called. ``ops`` counts the ops carried out, by kind name.
+    group, several at once, as the transport allows (up to
+    hosted.DefaultInFlight per group posted and not yet complete).
+
+    A daemon thread takes the posts (gc_hosted_take, GIL released) and
+    LAUNCHES each on the process group as it takes it (:func:`launch_op`:
+    async_op=True), so they start in Take's order, the same on every rank,
+    and it goes on to take the next one without waiting. Each collective
+    is COMPLETED (gc_hosted_complete) when its torch Work finishes: a
+    callback on the Work's future (``work.get_future().then``), which runs
+    on the backend's own thread (gloo's worker threads) as soon as that
+    collective is done, so several collectives are in flight at once and
+    complete in whatever order the backend finishes them. What the
+    fallbacks leave to do (the reduce-scatter's copy out of its all-reduced
+    copy) runs in that callback, before the completion. A backend whose
+    Work has no future is waited for on the taking thread, one collective
+    at a time. Device ops (op.device) are enqueued on their stream and
+    completed at once, from the taking thread (NCCL: the stream waits for
+    the collective, the host does not).
+
+    An exception launching a collective, or the Work's error when it
+    finishes (a dead peer, a timeout of the group), completes that op with
+    GC_ERR_COMM and a message naming the collective, the op, the rank and
+    the exception (the engine's step then fails with GC_ERR_COMM on this
+    rank); every op taken is completed exactly once, so nothing is left
+    hanging. The thread ends when the transport is closed or :meth:`stop`
+    is called; :meth:`stop` also waits for the collectives in flight.
 
     ``groups`` (strategy "hier"): {_lib.Group.NODE: node_pg,
     _lib.Group.CROSS: cross_pg}, this rank's node group and cross-node
     group. Each group then has a thread of its own taking that group's
-    posts (gc_hosted_take_group) and running them on its process group, so
-    the node and cross-node collectives the engine runs at once run at
-    once here too (one thread carrying out every post in turn would
-    deadlock: ranks of different nodes see them interleaved differently).
-    ``ops_by_group`` counts each group's ops. ``wire_seconds`` is the
-    time spent in the collectives themselves (:func:`run_op`), summed over
-    the ops."""
+    posts (gc_hosted_take_group) and launching them, in that group's
+    order, on its process group, so the node and cross-node collectives
+    the engine runs at once run at once here too (one thread taking every
+    post in turn would deadlock: ranks of different nodes see them
+    interleaved differently).
+
+    Counters (thread-safe; read them as they are): ``ops`` counts the
+    collectives carried out successfully, by kind name, ``ops_by_group``
+    by group name; each is counted just before its completion, so a step's
+    are in once the engine's wait has returned. ``wire_seconds`` is the
+    wall time during which at least one of this host's collectives was in
+    flight (from the launch of one while none was to the end of the last
+    one, its Work finished and any copy out done), over every group: the
+    union of the collectives' intervals, not their sum, so concurrent
+    collectives count once and it never exceeds the elapsed time.
+    ``max_in_flight`` is the most collectives it had in flight at once.
+    ``error`` is the last exception an op raised (for diagnosis)."""
 
     def __init__(self, hosted, group=None, name="gradcomp-host", groups=None):
         self.hosted = hosted
         self.group = group
         self.ops = collections.Counter()
         self.ops_by_group = collections.Counter()
-        self.wire_seconds = 0.0
+        self.max_in_flight = 0
         self.error = None  # the last exception an op raised (for diagnosis)
         self._stop = threading.Event()
-        self._count = threading.Lock()
+        # Guards the counters, the flights and the wire clock; notified
+        # whenever a flight ends (stop waits on it).
+        self._count = threading.Condition(threading.Lock())
+        self._flights = set()  # taken, not yet completed
+        self._busy = 0  # collectives in flight
+        self._busy_since = 0.0  # perf_counter when _busy last left 0
+        self._wire = 0.0  # wire seconds of the intervals that ended
         if groups:
             import torch.distributed as dist
 
@@ -379,6 +485,22 @@ class TorchHost:
         for t in self._threads:
             t.start()
 
+    @property
+    def wire_seconds(self):
+        """Seconds during which at least one of the host's collectives was
+        in flight (see the class docstring), the current stretch included."""
+        with self._count:
+            w = self._wire
+            if self._busy:
+                w += time.perf_counter() - self._busy_since
+            return w
+
+    @property
+    def in_flight(self):
+        """The collectives launched and not yet completed, now."""
+        with self._count:
+            return len(self._flights)
+
     def _loop(self, gid, group, rank, size):
         h = self.hosted
         while not self._stop.is_set():
@@ -391,40 +513,101 @@ class TorchHost:
                 return
             if op is None:
                 continue
-            try:
-                t = time.perf_counter()
-                written = run_op(op, group, rank, size)
-                took = time.perf_counter() - t
-            except BaseException as e:
-                self.error = e
-                name = _kind_name(op.kind)
-                msg = "gradcomp: the host's %s (op %d%s) failed on rank %d: %s: %s" % (
-                    name, op.id, "" if not op.group else ", group %s" % _group_name(op.group), h.rank,
-                    type(e).__name__, e)
+            self._launch(op, group, rank, size)
+
+    def _launch(self, op, group, rank, size):
+        """Launches the taken ``op`` and arranges its completion; never
+        raises (any exception completes the op with GC_ERR_COMM)."""
+        f = _Flight(op)
+        with self._count:
+            self._flights.add(f)
+            if self._busy == 0:
+                self._busy_since = time.perf_counter()
+            self._busy += 1
+            self.max_in_flight = max(self.max_in_flight, self._busy)
+        try:
+            work, f.finish = launch_op(op, group, rank, size)
+            fut = None if work is None else _future(work)
+        except BaseException as e:
+            self._end(f, error=e, when="launching it")
+            return
+        if fut is None:  # nothing left to wait for, or a Work without a future: wait here
+            self._finished(f, work)
+            return
+        try:
+            fut.then(functools.partial(self._finished, f))
+        except BaseException as e:  # no callback: wait for it here instead
+            _log.debug("gradcomp: op %d: Future.then failed (%s): waiting for it on the host's thread", op.id, e)
+            self._finished(f, work)
+
+    def _finished(self, f, waitable):
+        """Ends ``f`` once its collective has finished: ``waitable`` (its
+        Work or the Work's future, whose wait raises the collective's
+        error; None: nothing to wait for), then what launch_op left to do,
+        then the completion. It is the future's callback, on the
+        backend's thread: it never raises."""
+        try:
+            if waitable is not None:
+                waitable.wait()
+            written = f.finish()
+        except BaseException as e:
+            self._end(f, error=e, when="as it ran")
+        else:
+            self._end(f, written=written)
+
+    def _end(self, f, written=0, error=None, when=""):
+        """Completes ``f``'s op, once: GC_OK with ``written``, or
+        GC_ERR_COMM with a message saying what failed."""
+        now = time.perf_counter()
+        op = f.op
+        with self._count:
+            if f.done:
+                return
+            f.done = True
+            self._busy -= 1
+            if self._busy == 0:
+                self._wire += now - self._busy_since
+            if error is None:
+                self.ops[_kind_name(op.kind)] += 1
+                self.ops_by_group[_group_name(op.group)] += 1
+        h = self.hosted
+        try:
+            if error is not None:
+                self.error = error
+                msg = "gradcomp: the host's %s (op %d%s) failed on rank %d %s: %s: %s" % (
+                    _kind_name(op.kind), op.id, "" if not op.group else ", group %s" % _group_name(op.group),
+                    h.rank, when, type(error).__name__, error)
                 try:
                     h.complete(op.id, Status.COMM, msg, 0)
                 except Exception as e2:
                     _log.debug("gradcomp: completing failed op %d: %s", op.id, e2)
-                continue
-            try:
-                h.complete(op.id, Status.OK, None, written)
-                with self._count:
-                    self.ops[_kind_name(op.kind)] += 1
-                    self.ops_by_group[_group_name(op.group)] += 1
-                    self.wire_seconds += took
-            except _lib.ClosedError:
-                return
-            except Exception as e:  # GC_ERR_STATE: the engine already gave up on it
-                self.error = e
-                _log.debug("gradcomp: completing op %d: %s", op.id, e)
+            else:
+                try:
+                    h.complete(op.id, Status.OK, None, written)
+                except _lib.ClosedError:
+                    pass  # the transport went first: its ops were abandoned
+                except Exception as e:  # GC_ERR_STATE: the engine already gave up on it
+                    self.error = e
+                    _log.debug("gradcomp: completing op %d: %s", op.id, e)
+        finally:
+            with self._count:
+                self._flights.discard(f)
+                self._count.notify_all()
 
     def stop(self, timeout=None):
-        """Asks the thread to end after its current op and waits up to
-        ``timeout`` seconds for it; returns whether it ended."""
+        """Asks the threads to stop taking posts and waits up to ``timeout``
+        seconds (None: for as long as it takes) for them to end and for the
+        collectives in flight to finish and be completed; returns whether
+        all of that happened."""
         self._stop.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())
         for t in self._threads:
-            t.join(timeout)
-        return not any(t.is_alive() for t in self._threads)
+            t.join(left())
+        with self._count:
+            self._count.wait_for(lambda: not self._flights, left())
+            idle = not self._flights
+        return idle and not any(t.is_alive() for t in self._threads)
 
 
 def format_schedule(schedule):
@@ -734,15 +917,16 @@ class Engine:
                          world.value, rank.value, nxt.value, [int(sizes[i]) for i in range(nb.value)])
 
     def _close_transport(self):
-        # The host's current op (if any) is finished before the transport
-        # goes: its buffers stay valid until then, and torch cannot cancel it.
+        # The host's collectives in flight (if any) finish and are completed
+        # before the transport goes: their buffers stay valid until then,
+        # and torch cannot cancel them.
         self.host.stop(timeout=self.timeout)
         self.hosted.close()
         self.host.stop(timeout=1.0)
 
     def close(self):
         """Destroys the engine (a step in flight is abandoned, error feedback
-        keeping e + g), then the transport and the host's thread.
+        keeping e + g), then the transport and the host's threads.
         Idempotent."""
         h, self.handle = getattr(self, "handle", 0), 0
         if not h:
