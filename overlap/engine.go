@@ -307,8 +307,8 @@ func (e *Engine) Ready(i int, grad []float32) error {
 // decision, DecideDense, warm-up, a codec that is none) in a way a plain
 // all-reduce of the average reproduces. That excludes buckets compressed
 // or flushed by the accuracy guard, Config.Momentum (the engine adds the
-// velocity), FailOnNonFinite (the engine checks the average),
-// verification's steps (the engine times the paths), and StrategyHier
+// velocity), FailOnNonFinite (the engine checks the average), the steps
+// of a verification window (the engine times the paths), and StrategyHier
 // (its dense path is the hierarchical one). False without a step or for
 // an unknown bucket.
 func (e *Engine) Delegable(i int) bool {
@@ -323,7 +323,7 @@ func (e *Engine) Delegable(i int) bool {
 
 func (e *Engine) delegable(st *step, r *run) bool {
 	return !r.compressed && !r.flush && e.cfg.Momentum == 0 && !e.cfg.FailOnNonFinite &&
-		!e.verifying(st) && e.strategy != StrategyHier
+		!(e.verifying(st) && e.verify.measuring()) && e.strategy != StrategyHier
 }
 
 // Delegate takes bucket i of the step in flight as exchanged by the
