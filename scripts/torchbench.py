@@ -11,6 +11,9 @@ HOOKS is a comma-separated list of:
   default                   torch's all-reduce (no hook)
   fp16, torch:fp16          torch's default_hooks.fp16_compress_hook
   torch:bf16                torch's default_hooks.bf16_compress_hook
+  torch:allreduce           torch's default_hooks.allreduce_hook: the default
+                            exchange as a Python hook (what any Python hook
+                            pays over DDP's built-in C++ one)
   torch:powersgd:R          torch's powerSGD_hook, matrix_approximation_rank R
   torch:batched-powersgd:R  torch's batched_powerSGD_hook, rank R
   local                     no exchange at all: each rank keeps its own
@@ -119,6 +122,10 @@ def split_name(name):
     return base, flags
 
 
+#: default_hooks' functions whose names are not KIND_compress_hook.
+HOOK_FUNCTIONS = {"allreduce": "allreduce_hook"}
+
+
 def torch_hook_kind(base):
     """torch's hook named by base as (kind, rank): ("fp16", None),
     ("bf16", None), ("powersgd", R), ("batched-powersgd", R); None when
@@ -128,11 +135,12 @@ def torch_hook_kind(base):
     if not base.startswith(TORCH):
         return None
     kind, _, rank = base[len(TORCH):].partition(":")
-    if kind in ("fp16", "bf16") and not rank:
+    if kind in ("fp16", "bf16", "allreduce") and not rank:
         return kind, None
     if kind in ("powersgd", "batched-powersgd") and rank.isdigit() and int(rank) >= 1:
         return kind, int(rank)
-    raise ValueError("hook %r: want torch:fp16, torch:bf16, torch:powersgd:R or torch:batched-powersgd:R" % base)
+    raise ValueError("hook %r: want torch:fp16, torch:bf16, torch:allreduce, torch:powersgd:R or "
+                     "torch:batched-powersgd:R" % base)
 
 
 def torch_version():
@@ -145,9 +153,10 @@ def torch_hook_missing(kind):
     """Why this torch cannot run torch's hook kind at all, or None: the
     hook is absent, or (the PowerSGD hooks) this torch is older than
     POWERSGD_TORCH."""
-    if kind in ("fp16", "bf16"):
-        if getattr(default_hooks, kind + "_compress_hook", None) is None:
-            return "torch %s has no default_hooks.%s_compress_hook" % (torch.__version__, kind)
+    if kind in ("fp16", "bf16", "allreduce"):
+        name = HOOK_FUNCTIONS.get(kind, kind + "_compress_hook")
+        if getattr(default_hooks, name, None) is None:
+            return "torch %s has no default_hooks.%s" % (torch.__version__, name)
         return None
     try:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -169,8 +178,8 @@ def torch_hook_missing(kind):
 def register_torch_hook(ddp, kind, rank):
     """Registers torch's hook kind (matrix approximation rank for the
     PowerSGD hooks) on ddp; returns the PowerSGDState, or None."""
-    if kind in ("fp16", "bf16"):
-        ddp.register_comm_hook(None, getattr(default_hooks, kind + "_compress_hook"))
+    if kind in ("fp16", "bf16", "allreduce"):
+        ddp.register_comm_hook(None, getattr(default_hooks, HOOK_FUNCTIONS.get(kind, kind + "_compress_hook")))
         return None
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
