@@ -33,13 +33,19 @@
 // 0..i are ready), so every rank makes the same collectives in the same
 // order whatever order backward readies them in. Bucket i's exchange thus
 // overlaps bucket i+1's compression, bucket i−1's decoding and the
-// caller's compute. All collectives of an engine run on one stream: one
-// collective at a time on the Comm, as comm requires. SRA's exchange has
-// two rounds (all-to-all, all-gather) with this rank's sum and re-encode
-// between them: the host engine runs that work on a fourth stream, and
-// enqueues bucket i's all-gather after bucket i+1's all-to-all (the last
-// bucket's at once), so the link carries the next bucket while this rank
-// reduces; the order depends on the bucket order alone.
+// caller's compute. All collectives of an engine are issued from one
+// stream, in one order on every rank. Over a comm.Starter the host engine
+// leaves each bucket's last collective in flight and goes on to the next
+// bucket's (up to the Starter's InFlight(); no buffers beyond the buckets'
+// own), the decode stream waiting for it; a dense fallback its statuses
+// call for is made at the end of the step, in bucket order (inflight.go).
+// Engine.Delegate lets the caller exchange a dense bucket itself. SRA's
+// exchange has two rounds (all-to-all, all-gather) with this rank's sum
+// and re-encode between them: the host engine runs that work on a fourth
+// stream, and enqueues bucket i's all-gather after bucket i+1's
+// all-to-all (the last bucket's at once), so the link carries the next
+// bucket while this rank reduces; the order depends on the bucket order
+// alone.
 //
 // # Strategies and their results
 //
