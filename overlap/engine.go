@@ -84,6 +84,7 @@ type hostRun struct {
 	momentum     bool   // next holds this step's finite u, for settle to install
 	tail         *tail  // the bucket's last collective, in flight (inflight.go)
 	delegated    bool   // the caller exchanges it (Delegate)
+	handedBack   *event // Delegate: fires at DelegateDone
 }
 
 // New builds an engine over c for buckets of the given element counts
@@ -302,57 +303,6 @@ func (e *Engine) Ready(i int, grad []float32) error {
 	})
 }
 
-// Delegable reports whether the caller may exchange bucket i of the step
-// in flight itself (Delegate): the bucket goes dense this step (the
-// decision, DecideDense, warm-up, a codec that is none) in a way a plain
-// all-reduce of the average reproduces. That excludes buckets compressed
-// or flushed by the accuracy guard, Config.Momentum (the engine adds the
-// velocity), FailOnNonFinite (the engine checks the average), the steps
-// of a verification window (the engine times the paths), and StrategyHier
-// (its dense path is the hierarchical one). False without a step or for
-// an unknown bucket.
-func (e *Engine) Delegable(i int) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.cur
-	if st == nil || i < 0 || i >= len(st.runs) || st.ready[i] {
-		return false
-	}
-	return e.delegable(st, st.runs[i])
-}
-
-func (e *Engine) delegable(st *step, r *run) bool {
-	return !r.compressed && !r.flush && e.cfg.Momentum == 0 && !e.cfg.FailOnNonFinite &&
-		!(e.verifying(st) && e.verify.measuring()) && e.strategy != StrategyHier
-}
-
-// Delegate takes bucket i of the step in flight as exchanged by the
-// caller, in place of Ready: the caller all-reduces the bucket's gradient
-// itself, with its own communicator (a framework's native collective, on
-// its own buffer, without a copy), into the rank average. The engine
-// makes no collective for it, leaves its error-feedback memory as a dense
-// step does (untouched), and reports it in the step's statistics
-// (BucketStats.Delegated). Every rank must delegate the same buckets:
-// Delegable gives every rank the same answer. A bucket that is not
-// Delegable returns a *UsageError (ErrNotDelegable) and takes nothing,
-// as do the cases Ready refuses.
-func (e *Engine) Delegate(i int) error {
-	call := fmt.Sprintf("Delegate(%d)", i)
-	return e.ready(call, i, func(b *bucket) error {
-		if st := e.cur; !e.delegable(st, st.runs[i]) {
-			return &UsageError{Call: call, Err: ErrNotDelegable, Detail: fmt.Sprintf("step %d", st.num)}
-		}
-		return nil
-	}, func(st *step, r *run) error {
-		r.delegated = true
-		r.outcome = pathDense
-		r.stats.Delegated = true
-		r.stats.BytesSent = allReduceVolume(e.size, 4*r.b.n)
-		r.stats.Reason += "; all-reduced by the caller (Delegate)"
-		return nil
-	})
-}
-
 // launch enqueues r's collectives on the wire stream, after its encode,
 // and its decode on the decode stream, after them. A two-round
 // exchanger's bucket goes through its first round, then reduce on the
@@ -393,6 +343,7 @@ func (e *Engine) launched(st *step) error {
 	}
 	e.wire.enqueue(func() { e.settleTails(st) })
 	e.decode.waitEvent(e.wire.record()) // the step ends when the wire's work does too
+	e.decode.enqueue(func() { e.awaitDelegated(st) })
 	st.done = e.decode.record()
 	return nil
 }

@@ -17,6 +17,7 @@ var (
 	ErrEngineClosed  = errors.New("engine closed")
 	ErrLength        = errors.New("gradient length differs from the bucket size")
 	ErrNotDelegable  = errors.New("the bucket's exchange is the engine's this step")
+	ErrNotDelegated  = errors.New("the bucket was not delegated this step")
 )
 
 // UsageError reports a call the engine's state does not allow (Ready of an

@@ -193,6 +193,15 @@ func TestDelegate(t *testing.T) {
 			if err := e.Delegate(b); err != nil {
 				return err
 			}
+			if err := e.DelegateDone(b); err != nil {
+				return err
+			}
+			if err := e.DelegateDone(b); !errors.Is(err, ErrAlreadyReady) {
+				return fmt.Errorf("a second DelegateDone(%d): %v, want ErrAlreadyReady", b, err)
+			}
+		}
+		if err := e.DelegateDone(1); !errors.Is(err, ErrNotDelegated) {
+			return fmt.Errorf("DelegateDone of a bucket readied: %v, want ErrNotDelegated", err)
 		}
 		var err error
 		stats[r], err = e.Wait(context.Background())
@@ -237,4 +246,38 @@ func TestDelegate(t *testing.T) {
 		return err
 	})
 	mustNoErrors(t, "step 1", errs)
+}
+
+// TestDelegateNeverDone: a caller that delegates a bucket and never
+// reports it done gets a *StepError from Wait within Config.Timeout on
+// every rank, instead of a Wait that never returns.
+func TestDelegateNeverDone(t *testing.T) {
+	const n, timeout = 2, 100 * time.Millisecond
+	engines := newEngines(t, n, inFlightSizes, Config{Spec: "none", Timeout: timeout})
+	grads := stepGrads(n, 0, inFlightSizes)
+	errs := onRanks(make([]comm.Comm, n), func(r int, _ comm.Comm) error {
+		e := engines[r]
+		if err := e.Step(); err != nil {
+			return err
+		}
+		for b := range inFlightSizes {
+			var err error
+			if b == 2 {
+				err = e.Delegate(b)
+			} else {
+				err = e.Ready(b, grads[r][b])
+			}
+			if err != nil {
+				return err
+			}
+		}
+		t0 := time.Now()
+		_, err := e.Wait(context.Background())
+		var se *StepError
+		if !errors.As(err, &se) || se.Bucket != 2 || se.Stage != "delegated all-reduce" {
+			return fmt.Errorf("Wait: %v, want a *StepError of bucket 2's delegated all-reduce", err)
+		}
+		return within(time.Since(t0), timeout+time.Second)
+	})
+	mustNoErrors(t, "step", errs)
 }

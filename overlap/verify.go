@@ -85,10 +85,6 @@ func newVerifier(buckets int) *verifier {
 	return &verifier{gap: recheckFirst, best: make([][2]float64, buckets)}
 }
 
-// measuring reports whether the step about to start (or in flight) is in
-// a verification window. e.mu is held.
-func (v *verifier) measuring() bool { return v.pos >= 0 }
-
 // trial reports whether the step about to start is a trial. e.mu is held.
 func (v *verifier) trial() bool { return v.pos >= 0 && v.pos%2 == 1 }
 

@@ -270,6 +270,14 @@ func (e *engine) delegate(i int) error {
 	return e.host.Delegate(i)
 }
 
+// delegateDone is gc_engine_delegate_done's core.
+func (e *engine) delegateDone(i int) error {
+	if e.host == nil {
+		return errorf(errInvalid, "this engine has device buckets (gc_engine_config.device ≥ 0): it delegates none")
+	}
+	return e.host.DelegateDone(i)
+}
+
 // readyDevice is gc_engine_ready_device's core.
 func (e *engine) readyDevice(i int, grad gpu.Ptr, n int, s gpu.Stream) error {
 	if e.device == nil {

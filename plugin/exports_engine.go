@@ -387,6 +387,20 @@ func gc_engine_delegate(h C.uint64_t, bucket C.size_t) (st C.int) {
 	return C.int(statusOK)
 }
 
+//export gc_engine_delegate_done
+func gc_engine_delegate_done(h C.uint64_t, bucket C.size_t) (st C.int) {
+	const fn = "gc_engine_delegate_done"
+	defer guard(fn, &st)
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = e.delegateDone(int(min(uint64(bucket), math.MaxInt32)))
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
 //export gc_engine_ready_device
 func gc_engine_ready_device(h C.uint64_t, bucket C.size_t, grad C.uintptr_t, n C.size_t, stream C.uintptr_t) (st C.int) {
 	const fn = "gc_engine_ready_device"

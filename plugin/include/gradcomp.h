@@ -455,19 +455,24 @@ gc_status gc_engine_ready(gc_engine e, size_t bucket, float *grad, size_t n);
 /* Since 2.6: *delegable = 1 when the caller may exchange bucket i of the
  * step in flight itself (gc_engine_delegate), else 0: the bucket goes
  * dense this step in a way a plain all-reduce of the average reproduces
- * (not compressed, no momentum, no fail_on_nonfinite, not verifying, not
- * "hier"); every rank gets the same answer. Host engines; a device engine
- * answers 0. */
+ * (not compressed, no momentum, no fail_on_nonfinite, not "hier"); every
+ * rank gets the same answer. Host engines; a device engine answers 0. */
 gc_status gc_engine_delegable(gc_engine e, size_t bucket, int *delegable);
 
 /* Since 2.6: takes bucket i, in place of gc_engine_ready, as exchanged by
  * the caller: the caller all-reduces the bucket's gradient into the rank
  * average with its own collective (e.g. a framework's native all-reduce
- * of its own buffer). The engine makes no collective for it and leaves its
- * error-feedback memory as a dense step does; gc_engine_stats counts its
- * ring all-reduce bytes. A bucket that is not delegable: GC_ERR_STATE,
- * nothing taken. */
+ * of its own buffer) and calls gc_engine_delegate_done when it has ended.
+ * The engine makes no collective for it and leaves its error-feedback
+ * memory as a dense step does; gc_engine_stats counts its ring all-reduce
+ * bytes; gc_engine_wait waits for gc_engine_delegate_done (GC_ERR_COMM
+ * when it does not come within the engine's timeout). A bucket that is
+ * not delegable: GC_ERR_STATE, nothing taken. */
 gc_status gc_engine_delegate(gc_engine e, size_t bucket);
+
+/* Since 2.6: the caller's all-reduce of delegated bucket i has ended; any
+ * thread. GC_ERR_STATE for a bucket not delegated this step, or twice. */
+gc_status gc_engine_delegate_done(gc_engine e, size_t bucket);
 
 /* The same for a device engine (cfg.device ≥ 0): grad is device memory,
  * complete once stream passes this call; never waits for the device. */

@@ -21,6 +21,7 @@ import gradcomp
 from gradcomp import _engine, _lib
 
 import ranks
+from workers import _op
 from libpath import require_library
 
 WORLD = 3
@@ -71,14 +72,6 @@ class ScriptedHosted:
                 self.all_done.set()
 
 
-def _op(op_id, kind, count, send, recv, send_bytes, recv_bytes, root=0):
-    op = _lib.Op()
-    op.id, op.kind, op.root, op.count = op_id, int(kind), root, count
-    op.send, op.recv = send, recv
-    op.send_bytes, op.recv_bytes = send_bytes, recv_bytes
-    return op
-
-
 def _every_kind(rank, world):
     """Ops of every kind over tensors, and what each tensor must hold
     after: [(op, tensor or None, expected tensor or None)]."""
@@ -88,8 +81,8 @@ def _every_kind(rank, world):
     def add(kind, count, send, recv, expected=None, root=0, send_bytes=None, recv_bytes=None):
         nb = lambda t: 0 if t is None else t.numel() * t.element_size()
         ptr = lambda t: 0 if t is None or t.numel() == 0 else t.data_ptr()
-        op = _op(len(out) + 1, kind, count, ptr(send), ptr(recv), nb(send) if send_bytes is None else send_bytes,
-                 nb(recv) if recv_bytes is None else recv_bytes, root)
+        op = _op(kind, count, ptr(send), ptr(recv), nb(send) if send_bytes is None else send_bytes,
+                 nb(recv) if recv_bytes is None else recv_bytes, root, op_id=len(out) + 1)
         out.append((op, recv, expected, send))
 
     for n in (1 << 18, 1000, 5, 1 << 16):  # the first ones run while the late rank is not there yet
@@ -188,7 +181,7 @@ def peer_dies(rank, world, timeout):
         os._exit(0)
     bufs = [torch.ones(n) for n in (1 << 16, 1000, 10, 1 << 12, 5)]
     K = _lib.OpKind
-    ops = [_op(i + 1, K.ALLREDUCE, t.numel(), t.data_ptr(), t.data_ptr(), 4 * t.numel(), 4 * t.numel())
+    ops = [_op(K.ALLREDUCE, t.numel(), t.data_ptr(), t.data_ptr(), 4 * t.numel(), 4 * t.numel(), op_id=i + 1)
            for i, t in enumerate(bufs)]
     fake = ScriptedHosted(rank, world, ops)
     t0 = time.monotonic()

@@ -769,9 +769,15 @@ class Engine:
     def delegate(self, bucket):
         """Takes bucket ``bucket`` as exchanged by the caller, in place of
         :meth:`ready`: the caller all-reduces it into the average with its
-        own collective (gc_engine_delegate); StateError when it is not
-        :meth:`delegable`."""
+        own collective (gc_engine_delegate) and then calls
+        :meth:`delegate_done`, which :meth:`wait` waits for; StateError
+        when it is not :meth:`delegable`."""
         _lib.call("gc_engine_delegate", self._h(), int(bucket))
+
+    def delegate_done(self, bucket):
+        """The caller's all-reduce of delegated bucket ``bucket`` has ended
+        (gc_engine_delegate_done); from any thread."""
+        _lib.call("gc_engine_delegate_done", self._h(), int(bucket))
 
     def ready_device(self, bucket, grad, stream):
         """UNTESTED: the device engine's ready (a CUDA float32 tensor, a raw

@@ -309,6 +309,7 @@ _PROTOTYPES.update({
     "gc_engine_ready": (ctypes.c_int, [_u64, ctypes.c_size_t, _float_p, ctypes.c_size_t]),
     "gc_engine_delegable": (ctypes.c_int, [_u64, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
     "gc_engine_delegate": (ctypes.c_int, [_u64, ctypes.c_size_t]),
+    "gc_engine_delegate_done": (ctypes.c_int, [_u64, ctypes.c_size_t]),
     "gc_engine_ready_device": (ctypes.c_int, [_u64, ctypes.c_size_t, _devptr, ctypes.c_size_t, _stream]),
     "gc_engine_done": (ctypes.c_int, [_u64, _stream]),
     "gc_engine_wait": (ctypes.c_int, [_u64, ctypes.c_double]),

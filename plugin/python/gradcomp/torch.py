@@ -115,6 +115,7 @@ NCCL group; that path has NOT run on a GPU yet.
 import collections
 import contextlib
 import datetime
+import functools
 import logging
 import math
 import os
@@ -335,17 +336,32 @@ def _shapes(sig, limit=6):
     return "[%s%s]" % (", ".join(shown), ", ..." if len(sig) > limit else "")
 
 
-def _complete(out, f, buf, divide=1):
+def _complete(out, f, buf, divide=1, then=None):
     """Completes the future ``out`` with ``buf`` (divided by ``divide``)
-    once the collective of future ``f`` ended, or with its error."""
+    once the collective of future ``f`` ended, or with its error; calls
+    ``then()`` before, either way."""
     try:
         f.wait()
         if divide != 1:
             buf.div_(divide)
     except Exception as e:
+        if then is not None:
+            then()
         out.set_exception(e)
     else:
+        if then is not None:
+            then()
         out.set_result(buf)
+
+
+def _delegate_done(eng, index):
+    """Tells ``eng`` that DDP's all-reduce of its delegated bucket ``index``
+    ended (its Wait waits for it). An engine closed or failed meanwhile
+    has no use for it."""
+    try:
+        eng.delegate_done(index)
+    except Exception as e:
+        logger.debug("gradcomp: delegate_done(%d): %s", index, e)
 
 
 def _split(st, stats, wire, done):
@@ -405,6 +421,7 @@ class _Step:
         self.launched = 0  # plain: buckets 0..launched-1 are on the wire
         self.unpermute = None  # staged: (DDP's concatenation, gather index, the engine's) to scatter back
         self.native = {}  # direct: delegated bucket index -> (bucket buffer, its future), until launched
+        self.delegated = 0  # direct: the buckets delegated
         self.arrived = set()  # direct: the buckets come so far
         self.native_next = 0  # direct: buckets below it are come, the delegated ones launched
         self.pending = []  # (future, bucket buffer, staged float32 buffer)
@@ -545,11 +562,30 @@ class State:
         self._cautioned = False
         self._lock = threading.Lock()
         self._counts = collections.Counter()
-        #: The engine's StepStats of the last waited step (None before).
-        self.last_step = None
-        #: Where the last waited step's time went (see :func:`_split`),
-        #: None before.
-        self.last_split = None
+        self._last_step = None
+        self._last_split = None
+        self._finisher = None  # the thread finishing the latest step, while it runs
+
+    def _settled(self):
+        """Waits until the latest step's bookkeeping (its engine Wait, its
+        statistics) is done: DDP's futures of a step whose buckets DDP's own
+        all-reduce carried complete before it."""
+        t = self._finisher
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+    @property
+    def last_step(self):
+        """The engine's StepStats of the last waited step (None before)."""
+        self._settled()
+        return self._last_step
+
+    @property
+    def last_split(self):
+        """Where the last waited step's time went (see :func:`_split`), None
+        before."""
+        self._settled()
+        return self._last_split
 
     def _auto_layout(self, process_group):
         """strategy "auto": learns the nodes (as hier_layout, the same on
@@ -574,7 +610,9 @@ class State:
 
     @property
     def engine(self):
-        """The gradcomp._engine.Engine (None before step 2)."""
+        """The gradcomp._engine.Engine (None before step 2), its latest step
+        finished."""
+        self._settled()
         return self._engine
 
     @property
@@ -587,6 +625,7 @@ class State:
         "bytes_sent" (this rank's bytes on the wire in the last step: the
         engine's count, or for a plain step a ring all-reduce's 2(N−1)/N·4S)
         and "bytes_sent_total"."""
+        self._settled()
         with self._lock:
             out = dict(self._counts)
         out["steps"] = self.iter
@@ -600,6 +639,7 @@ class State:
         strategy, compressed or dense (and the decision for the steps to
         come), bytes this rank sent, compress/exchange/decompress times and
         the engine's reason."""
+        self._settled()
         if self._broken is not None:
             return "gradcomp: %s: the engine failed: %s" % (self.spec, self._broken)
         s = self.last_step
@@ -619,6 +659,7 @@ class State:
 
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""
+        self._settled()
         close_engine(self, "gradcomp.torch")
 
     # ---- checkpoints
@@ -629,6 +670,7 @@ class State:
         before the engine exists), the hook's step count, the bucket layout
         and the parameters of those buckets in order (shapes, and indices
         in ``model``'s parameters where the State has ``model``)."""
+        self._settled()
         if self._engine is not None:
             data, layout, params = self._engine.save_state(), self._sizes, self._params_sig
         elif self._pending_layout is not None:
@@ -708,6 +750,7 @@ class State:
             if mine is not None and list(mine) != layout:
                 raise ValueError("%s: the state is for buckets %s (%d elements); this model's buckets are %s (%d)"
                                  % (where, layout, total, mine, sum(mine)))
+        self._settled()
         if self._engine is not None:
             if data is None:
                 raise ValueError("%s: the state holds no engine state (saved before step %d) but this State's engine "
@@ -848,6 +891,7 @@ class State:
         eng = self._engine
         try:
             if not st.started:
+                self._settled()
                 eng.step()
                 st.started, st.wire0 = True, eng.host.wire_seconds
             if not (0 <= index < eng.nbuckets) or buf.numel() != eng.sizes[index] or index in st.readied:
@@ -898,16 +942,20 @@ class State:
 
     def _native(self, st, eng, index, buf):
         """A bucket the engine sends dense this step (warm-up, a dense
-        decision): DDP's own exchange, as torch's default hook makes it (the
-        bucket all-reduced in place on DDP's process group), then divided
-        by the world size as the engine divides a dense sum, which the
-        engine takes as exchanged (delegate):
-        no copy, no hand-off to the engine's host thread, and the error
-        feedback memory untouched as in any dense step. The all-reduces go
-        out in bucket order (once every lower bucket has come), the same
-        on every rank whatever order DDP hands the buckets over in."""
+        decision, a verification trial's dense step): DDP's own exchange,
+        as torch's default hook makes it (the bucket all-reduced in place
+        on DDP's process group), then divided by the world size as the
+        engine divides a dense sum; the engine takes it as exchanged
+        (delegate) and is told when it ended (delegate_done, which its
+        Wait and verification wait for). No copy, no hand-off to the
+        engine's host thread, the error-feedback memory untouched as in any
+        dense step, and DDP's future completes as soon as the all-reduce
+        ends. The all-reduces go out in bucket order (once every lower
+        bucket has come), the same on every rank whatever order DDP hands
+        the buckets over in."""
         eng.delegate(index)
         st.readied.add(index)
+        st.delegated += 1
         with self._lock:
             self._counts["native"] += 1
         out = torch.futures.Future()
@@ -924,21 +972,21 @@ class State:
             st.native_next += 1
             if item is not None:
                 buf, out = item
+                done = functools.partial(_delegate_done, self._engine, st.native_next - 1)
                 dist.all_reduce(buf, group=self.process_group, async_op=True).get_future().then(
-                    lambda f, buf=buf, out=out: _complete(out, f, buf, world))
+                    lambda f, buf=buf, out=out, done=done: _complete(out, f, buf, world, done))
 
     def _launch_wait(self, st, eng):
         """After the step's last bucket: checks every bucket came, then
-        waits for the engine on a thread (overlap, when the engine holds
-        buckets of the step) or here (a step whose buckets DDP all-reduced
-        itself: nothing to wait for but the engine's bookkeeping)."""
+        waits for the engine on a thread (overlap) or here."""
         if len(st.readied) != eng.nbuckets:
             missing = sorted(set(range(eng.nbuckets)) - st.readied)
             raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
         if st.stream is not None:
             eng.done(st.stream.cuda_stream)
-        if self.overlap and st.pending:
-            threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True).start()
+        if self.overlap and (st.pending or st.delegated):
+            self._finisher = threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True)
+            self._finisher.start()
         else:
             self._finish(st)
 
@@ -977,6 +1025,7 @@ class State:
                 raise
             ddp_flat = torch.cat([b.reshape(-1).to(torch.float32) for b in bufs])
             flat = ddp_flat if perm is None else ddp_flat[perm]
+            self._settled()
             eng.step()
             st.started, st.wire0 = True, eng.host.wire_seconds
             start = 0
@@ -1174,7 +1223,7 @@ class State:
             stats = None
         if stats is not None:
             self._record(stats, st.number)
-            self.last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
+            self._last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
         if isinstance(err, _lib.NonFiniteError):
             err = _lib.NonFiniteError(err.function, err.status, "gradcomp.torch: hook step %d: %s (on_nonfinite="
                                       "'raise'; the State stays usable: skip this optimizer step)"
@@ -1207,7 +1256,7 @@ class State:
     def _record(self, s, hook_step):
         """Counts the step and logs decisions that are new or changed."""
         with self._lock:
-            self.last_step = s
+            self._last_step = s
             c = self._counts
             c["engine_steps"] += 1
             c["bytes_sent"] = s.bytes_sent
