@@ -143,7 +143,8 @@ type Comm interface {
 // caller that has established the agreement another way, as the overlap
 // engine has for its bucket collectives, whose lengths follow from the
 // configuration its handshake compared. The two Comms share everything
-// else: one collective at a time across both, one failure, one Close.
+// else: one order of collectives and one bound on those in flight across
+// both, one failure, one Close.
 type Unchecker interface {
 	Unchecked() Comm
 }

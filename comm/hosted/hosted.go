@@ -155,7 +155,8 @@ func (e *HostError) Unwrap() error { return e.Err }
 
 // ProtocolError is a completion the transport cannot accept: an id that
 // was never taken or is already complete, or a wrong length. Complete
-// returns it, and the collective in flight fails with it.
+// returns it, and that collective (an unknown id: every outstanding one)
+// fails with it.
 type ProtocolError struct {
 	Rank   int
 	ID     uint64
@@ -203,7 +204,7 @@ type hub struct {
 // comm.Topologist and a comm.Splitter (through Host): Split returns two
 // comms, the node group and the cross-node group, whose posts carry
 // Op.Group GroupNode and GroupCross. Each group has its own queue, its own
-// collective in flight and its own failures, so the three can run
+// collectives in flight and its own failures, so the three can run
 // collectives at once; the host must carry out each group's posts in
 // their order on a communicator of that group's ranks, independently of
 // the other groups' (TakeGroup takes one group's; Take takes every

@@ -16,7 +16,7 @@
 // sums in the cross-node comm's order; the result can differ from the
 // group's own all-reduce in the last bits (comm's package doc).
 //
-// A Comm runs one collective at a time, as comm requires; a failure of
+// A Comm runs one collective at a time (it is not a comm.Starter); a failure of
 // the node or cross comm poisons that comm, and the Comm's later calls
 // that use it fail with its error.
 package twolevel
