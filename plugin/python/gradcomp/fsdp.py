@@ -133,7 +133,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from . import _lib
 from ._engine import Engine
-from .torch import _ms, check_options, close_engine, set_options, table
+from .torch import _ms, check_options, close_engine, count_step, set_options, table
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -728,14 +728,7 @@ class FSDPState:
     def _record(self, s, step):
         with self._lock:
             self.last_step = s
-            c = self._counts
-            c["engine_steps"] += 1
-            c["bytes_sent"] = s.bytes_sent
-            c["bytes_sent_total"] += s.bytes_sent
-            for b in s.buckets:
-                c["compressed" if b.compressed else "dense"] += 1
-                c["nonfinite"] += int(b.nonfinite)
-                c["guarded"] += int(b.guarded)
+            count_step(self._counts, s)
         bad = [self._names[b.bucket] for b in s.buckets if b.nonfinite]
         if bad:
             logger.warning("gradcomp.fsdp: step %d (engine step %d): NaN/Inf in module(s) %s (%s)", step, s.step, bad,

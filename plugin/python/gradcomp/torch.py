@@ -387,6 +387,19 @@ def _split(st, stats, wire, done):
     }
 
 
+def count_step(counts, s):
+    """Adds the engine's step ``s`` (StepStats) to a State's counters:
+    the step, its bytes, and its buckets compressed or dense, non-finite
+    and guarded."""
+    counts["engine_steps"] += 1
+    counts["bytes_sent"] = s.bytes_sent
+    counts["bytes_sent_total"] += s.bytes_sent
+    for b in s.buckets:
+        counts["compressed" if b.compressed else "dense"] += 1
+        counts["nonfinite"] += int(b.nonfinite)
+        counts["guarded"] += int(b.guarded)
+
+
 def close_engine(state, who):
     """A State's close: destroys ``state._engine`` and its transport, and
     the State fails from then on (``who`` names it in the error)."""
@@ -1257,14 +1270,7 @@ class State:
         """Counts the step and logs decisions that are new or changed."""
         with self._lock:
             self._last_step = s
-            c = self._counts
-            c["engine_steps"] += 1
-            c["bytes_sent"] = s.bytes_sent
-            c["bytes_sent_total"] += s.bytes_sent
-            for b in s.buckets:
-                c["compressed" if b.compressed else "dense"] += 1
-                c["nonfinite"] += int(b.nonfinite)
-                c["guarded"] += int(b.guarded)
+            count_step(self._counts, s)
         for b in s.buckets:
             if b.guarded:
                 logger.info("hook step %d (engine step %d): bucket %d: %s", hook_step, s.step, b.bucket,
