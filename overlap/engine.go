@@ -46,12 +46,14 @@ type Engine struct {
 	// random-k), which it closes; nil otherwise.
 	twoLevel *twolevel.Comm
 	probe    []float32 // the cost model's link probes
-	// inFlight are the tails the wire started and has not waited for
-	// (inflight.go); the wire's alone.
+	// starter is data as a comm.Starter the wire leaves collectives in
+	// flight on (inflight.go), nil where it makes them one at a time (a
+	// comm that is not one, the engine across nodes of a sharded hier
+	// engine).
+	starter comm.Starter
+	// inFlight are the tails the wire started and has not waited for;
+	// the wire's alone.
 	inFlight []*tail
-	// oneAtATime keeps the wire to one collective at a time even over a
-	// comm.Starter (the engine across nodes of a sharded hier engine).
-	oneAtATime bool
 }
 
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
@@ -150,6 +152,9 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 			return nil, err
 		}
 		e.data, e.twoLevel = tl, tl
+	}
+	if s, ok := e.data.(comm.Starter); ok && s.InFlight() >= 2 {
+		e.starter = s
 	}
 	if err := e.decide(ctx, e.costModel); err != nil {
 		return nil, err
@@ -736,18 +741,31 @@ func (e *core) collective(st *step, r *run, stage string, volume [2]int64, call 
 // wireCall is a blocking collective of the wire: over a comm.Starter it
 // first makes room for it among the tails in flight.
 func (e *Engine) wireCall(st *step, r *run, stage string, volume [2]int64, call func(ctx context.Context) error) error {
-	if s := e.starter(); s != nil {
-		e.makeRoom(s)
+	if e.starter != nil {
+		e.makeRoom()
 	}
 	return e.collective(st, r, stage, volume, call)
 }
 
-func (e *Engine) allReduce(st *step, r *run, stage string, buf []float32) error {
-	v := [2]int64{allReduceVolume(e.size, 4*len(buf)), 0}
+// reduceVolume and gatherVolume are the bytes this rank sends (and keeps
+// in the node) in a bucket all-reduce of n floats and an all-gather of a
+// src of n bytes: a flat ring's, or over two levels each level's.
+func (e *Engine) reduceVolume(n int) [2]int64 {
 	if l := e.layout; e.twoLevel != nil {
-		v = twoLevelReduceVolume(l.Nodes, l.LocalSize, len(buf))
+		return twoLevelReduceVolume(l.Nodes, l.LocalSize, n)
 	}
-	return e.wireCall(st, r, stage, v, func(ctx context.Context) error {
+	return [2]int64{allReduceVolume(e.size, 4*n), 0}
+}
+
+func (e *Engine) gatherVolume(n int) [2]int64 {
+	if l := e.layout; e.twoLevel != nil {
+		return twoLevelGatherVolume(l.Nodes, l.LocalSize, n)
+	}
+	return [2]int64{allGatherVolume(e.size, n), 0}
+}
+
+func (e *Engine) allReduce(st *step, r *run, stage string, buf []float32) error {
+	return e.wireCall(st, r, stage, e.reduceVolume(len(buf)), func(ctx context.Context) error {
 		return e.data.AllReduce(ctx, buf)
 	})
 }
@@ -755,7 +773,7 @@ func (e *Engine) allReduce(st *step, r *run, stage string, buf []float32) error 
 // allReduceLast is allReduce as the bucket's last collective: a tail over
 // a comm.Starter, whose statuses (nil: none) decide the bucket's path.
 func (e *Engine) allReduceLast(st *step, r *run, stage string, buf []float32, statuses func() ([]status, error)) error {
-	started, err := e.startTail(st, r, stage, [2]int64{allReduceVolume(e.size, 4*len(buf)), 0}, statuses,
+	started, err := e.startTail(st, r, stage, e.reduceVolume(len(buf)), statuses,
 		func(ctx context.Context, s comm.Starter) (comm.Request, error) { return s.StartAllReduce(ctx, buf) })
 	if started {
 		return err
@@ -764,11 +782,7 @@ func (e *Engine) allReduceLast(st *step, r *run, stage string, buf []float32, st
 }
 
 func (e *Engine) allGather(st *step, r *run, stage string, dst, src []byte) error {
-	v := [2]int64{allGatherVolume(e.size, len(src)), 0}
-	if l := e.layout; e.twoLevel != nil {
-		v = twoLevelGatherVolume(l.Nodes, l.LocalSize, len(src))
-	}
-	return e.wireCall(st, r, stage, v, func(ctx context.Context) error {
+	return e.wireCall(st, r, stage, e.gatherVolume(len(src)), func(ctx context.Context) error {
 		return e.data.AllGather(ctx, dst, src)
 	})
 }
@@ -776,7 +790,7 @@ func (e *Engine) allGather(st *step, r *run, stage string, dst, src []byte) erro
 // allGatherLast is allGather as the bucket's last collective (see
 // allReduceLast).
 func (e *Engine) allGatherLast(st *step, r *run, stage string, dst, src []byte, statuses func() ([]status, error)) error {
-	started, err := e.startTail(st, r, stage, [2]int64{allGatherVolume(e.size, len(src)), 0}, statuses,
+	started, err := e.startTail(st, r, stage, e.gatherVolume(len(src)), statuses,
 		func(ctx context.Context, s comm.Starter) (comm.Request, error) {
 			return s.StartAllGather(ctx, dst, src)
 		})

@@ -343,7 +343,7 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 		cross.Close()
 		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
 	}
-	h.inner.oneAtATime = true // see inflight.go
+	h.inner.starter = nil // one collective at a time: see inflight.go
 	h.acrossNodes = acrossNodes{inner: h.inner.core}
 	h.inner.next = e.next
 	h.stream = newStream()

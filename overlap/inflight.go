@@ -27,7 +27,7 @@ import (
 // completes.
 //
 // The engine across nodes of a sharded StrategyHier makes its collectives
-// one at a time (Engine.oneAtATime): the node stages wait for each of its
+// one at a time (Engine.starter nil): the node stages wait for each of its
 // buckets before they hand it the next, so a path settled at the end of
 // its step would never come.
 
@@ -44,26 +44,17 @@ type tail struct {
 	settled  *event // fires once the wire has settled a path the statuses left open
 }
 
-// starter returns the comm the wire starts collectives on, nil when it
-// makes them one at a time.
-func (e *Engine) starter() comm.Starter {
-	if s, ok := e.data.(comm.Starter); ok && s.InFlight() >= 2 && !e.oneAtATime {
-		return s
-	}
-	return nil
-}
-
 // startTail starts bucket r's last collective with start, leaving it in
 // flight as r.tail, and returns true; without a comm.Starter it returns
 // false and starts nothing (the caller makes the collective blocking).
 // The volume is added to r's stats at once, the time when it completes.
 func (e *Engine) startTail(st *step, r *run, stage string, volume [2]int64, statuses func() ([]status, error),
 	start func(ctx context.Context, s comm.Starter) (comm.Request, error)) (bool, error) {
-	s := e.starter()
+	s := e.starter
 	if s == nil {
 		return false, nil
 	}
-	e.makeRoom(s)
+	e.makeRoom()
 	ctx, cancel := context.WithTimeout(st.ctx, e.cfg.Timeout)
 	tl := &tail{ctx: ctx, cancel: cancel, stage: stage, start: time.Now(), statuses: statuses, settled: newEvent()}
 	r.stats.BytesSent += volume[0]
@@ -80,11 +71,11 @@ func (e *Engine) startTail(st *step, r *run, stage string, volume [2]int64, stat
 }
 
 // makeRoom waits, on the wire, for the oldest tails until the wire can
-// start one more collective on s (a tail, or a blocking call, which takes
-// a place too). Their results stay with their requests for the decode
-// stream.
-func (e *Engine) makeRoom(s comm.Starter) {
-	for len(e.inFlight) > 0 && len(e.inFlight) >= s.InFlight()-1 {
+// start one more collective on e.starter (a tail, or a blocking call,
+// which takes a place too). Their results stay with their requests for
+// the decode stream.
+func (e *Engine) makeRoom() {
+	for len(e.inFlight) > 0 && len(e.inFlight) >= e.starter.InFlight()-1 {
 		tl := e.inFlight[0]
 		e.inFlight = e.inFlight[1:]
 		tl.req.Wait(tl.ctx)
@@ -131,17 +122,18 @@ func (e *Engine) waitTail(st *step, r *run) bool {
 // that no collective is left in flight.
 func (e *Engine) settleTails(st *step) {
 	e.inFlight = e.inFlight[:0]
-	for _, r := range st.runs {
+	errs := make([]error, len(st.runs))
+	for i, r := range st.runs {
 		if tl := r.tail; tl != nil {
-			tl.req.Wait(tl.ctx)
+			errs[i] = tl.req.Wait(tl.ctx)
 		}
 	}
-	for _, r := range st.runs {
+	for i, r := range st.runs {
 		tl := r.tail
 		if tl == nil {
 			continue
 		}
-		if tl.req.Wait(tl.ctx) == nil && tl.statuses != nil && st.failure() == nil {
+		if errs[i] == nil && tl.statuses != nil && st.failure() == nil {
 			if sts, err := tl.statuses(); err == nil && !allOK(sts) {
 				e.takePath(st, r, sts)
 			}

@@ -90,6 +90,19 @@ func lookupTransport(h C.uint64_t) (*transport, error) {
 	return tr, nil
 }
 
+// withEngine runs call on the engine of handle h and returns fn's status:
+// GC_OK, or the error's (recorded as the thread's last error).
+func withEngine(fn string, h C.uint64_t, call func(e *engine) error) C.int {
+	e, err := lookupEngine(h)
+	if err == nil {
+		err = call(e)
+	}
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
+}
+
 func lookupEngine(h C.uint64_t) (*engine, error) {
 	e, err := lookupAs[*engine](uint64(h), engineKind)
 	if err != nil {
@@ -327,14 +340,7 @@ func gc_engine_destroy(h C.uint64_t) (st C.int) {
 func gc_engine_step(h C.uint64_t) (st C.int) {
 	const fn = "gc_engine_step"
 	defer guard(fn, &st)
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.stepper().Step()
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.stepper().Step() })
 }
 
 //export gc_engine_ready
@@ -345,14 +351,7 @@ func gc_engine_ready(h C.uint64_t, bucket C.size_t, grad *C.float, n C.size_t) (
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.ready(int(min(uint64(bucket), math.MaxInt32)), g)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.ready(int(min(uint64(bucket), math.MaxInt32)), g) })
 }
 
 //export gc_engine_delegable
@@ -377,56 +376,30 @@ func gc_engine_delegable(h C.uint64_t, bucket C.size_t, out *C.int) (st C.int) {
 func gc_engine_delegate(h C.uint64_t, bucket C.size_t) (st C.int) {
 	const fn = "gc_engine_delegate"
 	defer guard(fn, &st)
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.delegate(int(min(uint64(bucket), math.MaxInt32)))
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.delegate(int(min(uint64(bucket), math.MaxInt32))) })
 }
 
 //export gc_engine_delegate_done
 func gc_engine_delegate_done(h C.uint64_t, bucket C.size_t) (st C.int) {
 	const fn = "gc_engine_delegate_done"
 	defer guard(fn, &st)
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.delegateDone(int(min(uint64(bucket), math.MaxInt32)))
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.delegateDone(int(min(uint64(bucket), math.MaxInt32))) })
 }
 
 //export gc_engine_ready_device
 func gc_engine_ready_device(h C.uint64_t, bucket C.size_t, grad C.uintptr_t, n C.size_t, stream C.uintptr_t) (st C.int) {
 	const fn = "gc_engine_ready_device"
 	defer guard(fn, &st)
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.readyDevice(int(min(uint64(bucket), math.MaxInt32)), gpu.Ptr(grad), int(min(uint64(n), math.MaxInt32)), gpu.Stream(stream))
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error {
+		return e.readyDevice(int(min(uint64(bucket), math.MaxInt32)), gpu.Ptr(grad), int(min(uint64(n), math.MaxInt32)), gpu.Stream(stream))
+	})
 }
 
 //export gc_engine_done
 func gc_engine_done(h C.uint64_t, stream C.uintptr_t) (st C.int) {
 	const fn = "gc_engine_done"
 	defer guard(fn, &st)
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.done(gpu.Stream(stream))
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.done(gpu.Stream(stream)) })
 }
 
 //export gc_engine_wait
@@ -437,14 +410,7 @@ func gc_engine_wait(h C.uint64_t, timeout C.double) (st C.int) {
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.wait(d)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.wait(d) })
 }
 
 //export gc_engine_held_back
@@ -583,14 +549,7 @@ func gc_engine_state_load(h C.uint64_t, src unsafe.Pointer, length C.size_t) (st
 	if err != nil {
 		return C.int(failErr(fn, err))
 	}
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.loadState(in)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.loadState(in) })
 }
 
 //export gc_engine_state_load_reshaped
@@ -604,14 +563,7 @@ func gc_engine_state_load_reshaped(h C.uint64_t, src unsafe.Pointer, length C.si
 	if src == nil {
 		in = nil // this rank has no state
 	}
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = e.loadReshaped(in)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return withEngine(fn, h, func(e *engine) error { return e.loadReshaped(in) })
 }
 
 //export gc_engine_state_check

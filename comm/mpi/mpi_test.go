@@ -568,6 +568,19 @@ func TestStartedDeadline(t *testing.T) {
 				asrc[j] = byte(r*n + j)
 			}
 			ebuf := []float32{3}
+			startBCD := func() (qb, qc, qd comm.Request) {
+				var err error
+				if qb, err = c.StartAllGather(ctx, gdst, gsrc); err != nil {
+					t.Fatal(err)
+				}
+				if qc, err = c.StartAllReduce(ctx, cbuf); err != nil {
+					t.Fatal(err)
+				}
+				if qd, err = c.StartAllToAll(ctx, adst, asrc); err != nil {
+					t.Fatal(err)
+				}
+				return qb, qc, qd
+			}
 			if r == 3 {
 				if err := qa.Wait(ctx); err != nil || a[0] != float32(n) {
 					t.Errorf("A: %v, sum %v, want %d", err, a[0], n)
@@ -576,18 +589,7 @@ func TestStartedDeadline(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The late calls matching the others' B, C, D and E.
-				qb, err := c.StartAllGather(ctx, gdst, gsrc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				qc, err := c.StartAllReduce(ctx, cbuf)
-				if err != nil {
-					t.Fatal(err)
-				}
-				qd, err := c.StartAllToAll(ctx, adst, asrc)
-				if err != nil {
-					t.Fatal(err)
-				}
+				qb, qc, qd := startBCD()
 				if err := c.AllReduce(ctx, ebuf); err != nil || ebuf[0] != float32(3*n) {
 					t.Errorf("late E: %v, sum %v, want %d", err, ebuf[0], 3*n)
 				}
@@ -607,18 +609,7 @@ func TestStartedDeadline(t *testing.T) {
 				}
 				return
 			}
-			qb, err := c.StartAllGather(ctx, gdst, gsrc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			qc, err := c.StartAllReduce(ctx, cbuf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			qd, err := c.StartAllToAll(ctx, adst, asrc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			qb, qc, qd := startBCD()
 			eDone := make(chan waited, 1)
 			go func() {
 				err := c.AllReduce(ctx, ebuf)

@@ -340,17 +340,18 @@ def _complete(out, f, buf, divide=1, then=None):
     """Completes the future ``out`` with ``buf`` (divided by ``divide``)
     once the collective of future ``f`` ended, or with its error; calls
     ``then()`` before, either way."""
+    err = None
     try:
         f.wait()
         if divide != 1:
             buf.div_(divide)
     except Exception as e:
-        if then is not None:
-            then()
-        out.set_exception(e)
+        err = e
+    if then is not None:
+        then()
+    if err is not None:
+        out.set_exception(err)
     else:
-        if then is not None:
-            then()
         out.set_result(buf)
 
 
