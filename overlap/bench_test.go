@@ -120,7 +120,7 @@ func BenchmarkOverlap(b *testing.B) {
 // delay), 8 buckets of 256 Ki float32s, no compute. Per codec it builds
 // engines with the cost model on (DecideAuto), with the compressed path
 // pinned, and dense (codec none), runs the first verification window
-// (windowSteps steps, each engine in turn) and then times each iteration's
+// (firstWindowSteps steps, each engine in turn) and then times each iteration's
 // three steps side by side. Reported: auto/dense, the steady-state step
 // time ratio (target ≤ 1.10); pinned/dense; window/dense, the ratio over
 // the verification window's steps (what verifying costs, once per
@@ -172,7 +172,7 @@ func benchAutoVsDense(b *testing.B, link func(b *testing.B) []comm.Comm) {
 				}
 				return
 			}
-			wDense, wAuto, _ := steps(windowSteps)
+			wDense, wAuto, _ := steps(firstWindowSteps)
 			b.ResetTimer()
 			tDense, tAuto, tPinned := steps(b.N)
 			b.ReportMetric(float64(tAuto)/float64(tDense), "auto/dense")

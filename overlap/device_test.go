@@ -693,7 +693,7 @@ func TestDeviceEngineVerifies(t *testing.T) {
 				return
 			}
 			switched := false
-			for s := range windowSteps {
+			for s := range firstWindowSteps {
 				_, stats, errs := g.step(stepGrads(2, s, sizes), inOrder(2))
 				mustNoErrors(t, fmt.Sprintf("step %d", s), errs)
 				switched = switched || stats[0].Buckets[0].Switched

@@ -34,26 +34,34 @@ import (
 // compressed is all dense: it is never kept slower than dense by more than
 // the measurement's noise plus hysteresis.
 //
-// The first window starts with the first step; the next one recheckFirst
-// steps after it, and each window that changes nothing doubles the gap (up
-// to recheckMax), one that switches resets it, so trials cost at most 2
-// steps in recheckFirst and fewer as the decision holds.
+// The first window starts with the first step and lasts firstWindowSteps,
+// four steps per configuration: a path's first steps are slow (a
+// backend's first collectives, buffers touched for the first time; on 4
+// gloo ranks the first two compressed steps of a DDP run took 1.5 to 4
+// times the later ones, enough for a best of two to keep dense where
+// compressed was twice as fast), and the best of four leaves them out.
+// Later windows, once both paths have run, last windowSteps. The next
+// window starts recheckFirst steps after the first, and each window that
+// changes nothing doubles the gap (up to recheckMax), one that switches
+// resets it, so trials cost at most 2 steps in recheckFirst and fewer as
+// the decision holds.
 //
 // A trial step is an ordinary step on the other path: a dense step leaves
 // the bucket's error-feedback memory untouched (its gradient is delivered
 // exactly), a compressed one goes through Begin and Commit as always, so
 // error feedback is exact whichever path a step takes.
-// VerifyWindow is how many steps a verification window lasts with
-// DecideAuto: an engine's first VerifyWindow steps alternate the decided
-// configuration with the alternative, so a benchmark of its steady state
-// starts timing after them.
-const VerifyWindow = windowSteps
+// VerifyWindow is how many steps the first verification window lasts
+// with DecideAuto: an engine's first VerifyWindow steps alternate the
+// decided configuration with the alternative, so a benchmark of its
+// steady state starts timing after them.
+const VerifyWindow = firstWindowSteps
 
 const (
-	windowSteps  = 4    // decided, alternative, decided, alternative
-	recheckFirst = 100  // steps from the end of the first window to the next
-	recheckMax   = 6400 // the longest gap between windows
-	hysteresis   = 0.05 // the alternative must be measured this much faster to switch
+	firstWindowSteps = 8    // decided, alternative, ... : four of each
+	windowSteps      = 4    // later windows: decided, alternative, decided, alternative
+	recheckFirst     = 100  // steps from the end of the first window to the next
+	recheckMax       = 6400 // the longest gap between windows
+	hysteresis       = 0.05 // the alternative must be measured this much faster to switch
 )
 
 // Paths and configurations, as indices of the measurements.
@@ -72,6 +80,7 @@ const (
 // every rank sees alike. Times are seconds, 0 for none.
 type verifier struct {
 	pos   int // position in the current window, or -1 between windows
+	size  int // the current (or next) window's steps
 	wait  int // between windows: steps until the next one
 	gap   int // steps between the end of a window and the next
 	steps int // windows completed
@@ -82,7 +91,7 @@ type verifier struct {
 }
 
 func newVerifier(buckets int) *verifier {
-	return &verifier{gap: recheckFirst, best: make([][2]float64, buckets)}
+	return &verifier{size: firstWindowSteps, gap: recheckFirst, best: make([][2]float64, buckets)}
 }
 
 // trial reports whether the step about to start is a trial. e.mu is held.
@@ -169,7 +178,7 @@ func (v *verifier) advance() bool {
 		return false
 	}
 	v.pos++
-	return v.pos == windowSteps
+	return v.pos == v.size
 }
 
 // verifyStep runs after st's error-feedback memory is settled, when st had
@@ -247,7 +256,7 @@ func (v *verifier) endWindow(switched bool) {
 	} else if v.steps > 1 {
 		v.gap = min(2*v.gap, recheckMax)
 	}
-	v.pos, v.wait = -1, v.gap
+	v.pos, v.wait, v.size = -1, v.gap, windowSteps
 	v.config = [2]float64{}
 	clear(v.best)
 }

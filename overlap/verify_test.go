@@ -31,9 +31,10 @@ func (g *gatherDelay) AllToAll(ctx context.Context, dst, src []byte) error {
 	return err
 }
 
-// TestVerifySchedule: windows of windowSteps steps, the first at step 0,
-// then gaps of recheckFirst, doubling while nothing switches, reset by a
-// switch; trials at the windows' odd positions.
+// TestVerifySchedule: a first window of firstWindowSteps steps at step 0,
+// then windows of windowSteps after gaps of recheckFirst, doubling while
+// nothing switches, reset by a switch; trials at the windows' odd
+// positions.
 func TestVerifySchedule(t *testing.T) {
 	v := newVerifier(1)
 	var starts, trials []int
@@ -51,11 +52,11 @@ func TestVerifySchedule(t *testing.T) {
 			windows++
 		}
 	}
-	// 0; +4+100; +4+200; switched: +4+100; +4+200; +4+400.
-	if want := []int{0, 104, 308, 412, 616, 1020}; !slices.Equal(starts, want) {
+	// 0; +8+100; +4+200; switched: +4+100; +4+200; +4+400.
+	if want := []int{0, 108, 312, 416, 620, 1024}; !slices.Equal(starts, want) {
 		t.Errorf("windows start at %v, want %v", starts, want)
 	}
-	if want := []int{1, 3, 105, 107}; !slices.Equal(trials[:4], want) {
+	if want := []int{1, 3, 5, 7, 109, 111}; !slices.Equal(trials[:6], want) {
 		t.Errorf("trials at %v, want %v first", trials, want)
 	}
 }
@@ -80,20 +81,20 @@ func TestVerifyConverges(t *testing.T) {
 					b.compressed = !tc.want
 				}
 			}
-			for step := range windowSteps + 2 {
+			for step := range firstWindowSteps + 2 {
 				stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
 				mustNoErrors(t, "step", errs)
-				trial := step < windowSteps && step%2 == 1
+				trial := step < firstWindowSteps && step%2 == 1
 				for r, s := range stats {
 					for i, bs := range s.Buckets {
 						decided := tc.want
-						if step < windowSteps {
+						if step < firstWindowSteps {
 							decided = !tc.want
 						}
 						if bs.Trial != trial || bs.Compressed != (decided != trial) {
 							t.Errorf("step %d, rank %d, bucket %d: trial %v compressed %v, want %v %v", step, r, i, bs.Trial, bs.Compressed, trial, decided != trial)
 						}
-						if step == windowSteps-1 {
+						if step == firstWindowSteps-1 {
 							faster := bs.MeasuredCompressed < bs.MeasuredDense
 							if !bs.Switched || faster != tc.want || !strings.HasPrefix(bs.Reason, "measured: switched every bucket to "+pathName(tc.want)) ||
 								!strings.Contains(bs.Reason, "predicted: cost model: ") || bs.MeasuredDense != stats[0].Buckets[i].MeasuredDense {
@@ -123,10 +124,10 @@ func TestVerifyMixed(t *testing.T) {
 	for _, e := range engines {
 		e.buckets[0].compressed, e.buckets[1].compressed = true, false
 	}
-	for step := range windowSteps + 1 {
+	for step := range firstWindowSteps + 1 {
 		stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
 		mustNoErrors(t, "step", errs)
-		trial := step < windowSteps && step%2 == 1
+		trial := step < firstWindowSteps && step%2 == 1
 		for i, bs := range stats[0].Buckets {
 			if want := i == 0 && !trial; bs.Trial != trial || bs.Compressed != want || bs.Switched {
 				t.Errorf("step %d, bucket %d: trial %v compressed %v switched %v, want %v %v false", step, i, bs.Trial, bs.Compressed, bs.Switched, trial, want)
@@ -148,7 +149,7 @@ func TestVerifyPinned(t *testing.T) {
 		comms[r] = &gatherDelay{Comm: c, d: time.Millisecond}
 	}
 	engines := newEnginesOn(t, comms, sizes, Config{Spec: "topk:0.01", ErrorFeedback: true, Decision: DecideCompressed})
-	for step := range windowSteps + 1 {
+	for step := range firstWindowSteps + 1 {
 		stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(1))
 		mustNoErrors(t, "step", errs)
 		if bs := stats[0].Buckets[0]; !bs.Compressed || bs.Trial || bs.Switched || bs.Reason != "pinned: compressed" {
@@ -173,7 +174,7 @@ func TestVerifyErrorFeedbackExact(t *testing.T) {
 	dense := newEngines(t, ranks, sizes, cfg)
 	var prev []*Engine
 	paths := ""
-	for step := range windowSteps + 2 {
+	for step := range firstWindowSteps + 2 {
 		grads := stepGrads(ranks, step, sizes)
 		stats, errs := runStep(auto, grads, inOrder(1))
 		mustNoErrors(t, "auto step", errs)

@@ -59,6 +59,12 @@ func (tr *transport) take(group int, timeout time.Duration) (hosted.Op, error) {
 	case err != nil:
 		return op, err
 	}
+	tr.pin(op)
+	return op, nil
+}
+
+// pin keeps op's Go buffers in place until its completion or close.
+func (tr *transport) pin(op hosted.Op) {
 	p := new(runtime.Pinner)
 	for _, b := range [][]byte{op.Send, op.Recv} {
 		if len(b) > 0 {
@@ -68,7 +74,23 @@ func (tr *transport) take(group int, timeout time.Duration) (hosted.Op, error) {
 	tr.mu.Lock()
 	tr.pins[op.ID] = p
 	tr.mu.Unlock()
-	return op, nil
+}
+
+// setLauncher is gc_hosted_set_launcher's core: launch (nil: none, back
+// to take) gets each later post of group as it is made, its Go buffers
+// pinned as take pins them.
+func (tr *transport) setLauncher(group int, launch func(hosted.Op)) error {
+	var fn func(hosted.Op)
+	if launch != nil {
+		fn = func(op hosted.Op) {
+			tr.pin(op)
+			launch(op)
+		}
+	}
+	if err := tr.t.SetLauncher(group, fn); err != nil {
+		return errorf(errInvalid, "%v", err)
+	}
+	return nil
 }
 
 // complete is gc_hosted_complete's core.

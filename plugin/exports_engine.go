@@ -3,6 +3,11 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+
+// gc_call_launcher calls a gc_launch_fn (gc_hosted_set_launcher).
+static inline void gc_call_launcher(uintptr_t fn, uintptr_t ctx, void *op) {
+	((void (*)(void *, const void *))fn)((void *)ctx, op);
+}
 */
 import "C"
 
@@ -212,6 +217,27 @@ func toCOp(op hosted.Op) cOp {
 		c.Recv = uintptr(unsafe.Pointer(&op.Recv[0]))
 	}
 	return c
+}
+
+//export gc_hosted_set_launcher
+func gc_hosted_set_launcher(h C.uint64_t, group C.int, launcher, ctx C.uintptr_t) (st C.int) {
+	const fn = "gc_hosted_set_launcher"
+	defer guard(fn, &st)
+	tr, err := lookupTransport(h)
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	var launch func(hosted.Op)
+	if launcher != 0 {
+		launch = func(op hosted.Op) {
+			c := toCOp(op)
+			C.gc_call_launcher(launcher, ctx, unsafe.Pointer(&c))
+		}
+	}
+	if err := tr.setLauncher(int(group), launch); err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(statusOK)
 }
 
 //export gc_hosted_complete

@@ -66,7 +66,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradcomp.torch as gct
 
 GRADCOMP_WARMUP = 10  # gradcomp's dense warm-up steps
-VERIFY = 4  # steps of the engine's first online verification (alternating the decided configuration and the other)
+VERIFY = 8  # steps of the engine's first online verification (overlap.VerifyWindow) (alternating the decided configuration and the other)
 WARMUP = GRADCOMP_WARMUP + VERIFY + 2  # untimed steps: gradcomp's warm-up and first verification, and 2 more
 SYNC = "sync"
 ONE_BUCKET = "1bucket"
@@ -294,6 +294,7 @@ class Run:
             self.ddp.register_comm_hook(self.state, gct.hook)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
         self.times = []
+        self.untimed = []  # the untimed steps' times (ms): warm-up and the first verification window
         self.across = []  # per timed step, what the node's interfaces sent per rank (the largest over ranks)
         self.splits = []  # gradcomp: per timed engine step, State.last_split (this rank's)
 
@@ -308,6 +309,8 @@ class Run:
         sent = node_sent() - sent
         t = torch.tensor([took, sent / LOCAL_SIZE], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        if not timed:
+            self.untimed.append(1e3 * float(t[0]))
         if timed:
             self.times.append(float(t[0]))
             self.across.append(float(t[1]))
@@ -328,6 +331,7 @@ class Run:
             "torch": torch.__version__,
             "ddp_buckets": ddp_buckets(self.ddp),
             "across_bytes": statistics.median(self.across),
+            "untimed_ms": [round(t, 1) for t in self.untimed],
         }
         if self.powersgd is not None:
             rate, before, after = self.powersgd.compression_stats()

@@ -35,6 +35,15 @@
 // host that carries out one post at a time is correct too, just not
 // concurrent.
 //
+// # Launching without a thread
+//
+// Instead of a thread waiting in Take, a host may set a launcher per group
+// (SetLauncher; Launch for a Go host): the goroutine that posts hands the
+// launcher each post as it makes it, in post order, and the launcher
+// starts the collective and returns. The post is taken from then on and
+// completed with Complete as any taken post. It spares the host a thread
+// and the wake-up of that thread at every post.
+//
 // # Buffers
 //
 // An Op carries the caller's buffers: Go slices for host collectives,
@@ -193,6 +202,11 @@ type hub struct {
 	changed chan struct{}    // closed and replaced on every post and on every Close
 	groups  [3]*Transport    // GroupWorld, then the current Split's (nil before one)
 	topo    comm.Topology    // zero: unknown
+	launch  [3]func(Op)      // per group id: SetLauncher's fn, nil for Take
+
+	// posting[g] orders group g's posts: held from a post's id to its
+	// launch, so a launcher gets them in id order (taken before mu).
+	posting [3]sync.Mutex
 }
 
 // Transport is one rank's end of a hosted group. Host returns its
@@ -443,6 +457,31 @@ func (t *Transport) take(ctx context.Context, group int) (Op, error) {
 	}
 }
 
+// SetLauncher has every later post of group (GroupWorld, GroupNode,
+// GroupCross) handed to launch as it is made, instead of queued for Take:
+// on the posting goroutine, one at a time, in the group's post order (the
+// order Take would give). The op is taken when launch gets it, and is
+// completed with Complete as a taken op is, from any goroutine, launch
+// itself included (a collective that failed to start). launch must start
+// the collective on the host's communicator and return without waiting
+// for it (torch's async_op=True, an NCCL call on a stream): the engine's
+// next post waits for it to return. It spares a host the thread that
+// waits in Take and the wake-up of that thread at every post. nil goes
+// back to Take for later posts. It may be set before the group exists
+// (a Split's groups); posts already queued stay for Take.
+func (t *Transport) SetLauncher(group int, launch func(Op)) error {
+	if group < GroupWorld || group > GroupCross {
+		return fmt.Errorf("hosted: SetLauncher on rank %d: group %d: want %d, %d or %d", t.rank, group, GroupWorld, GroupNode, GroupCross)
+	}
+	h := t.h
+	h.posting[group].Lock()
+	defer h.posting[group].Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.launch[group] = launch
+	return nil
+}
+
 // Complete ends the taken op id, of any group: hostErr nil with recvBytes
 // the bytes the host wrote to the op's output (Op.RecvBytes; 0 for a
 // barrier), or the host's error, which the caller's collective returns as
@@ -587,14 +626,18 @@ func (t *Transport) start(ctx context.Context, op Op, blocking bool) (*post, err
 		return nil, &comm.IncompleteError{Op: op.Kind, Rank: t.rank, Err: err}
 	}
 	h := t.h
+	h.posting[t.group].Lock()
+	defer h.posting[t.group].Unlock()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	switch {
 	case t.poison != nil:
+		h.mu.Unlock()
 		return nil, &comm.PoisonedError{Op: op.Kind, Rank: t.rank, Cause: t.poison}
 	case t.calling != 0:
+		h.mu.Unlock()
 		return nil, &comm.BusyError{Op: op.Kind, Rank: t.rank, Pending: t.calling}
 	case len(t.started) >= t.inFlight:
+		h.mu.Unlock()
 		return nil, &comm.BusyError{Op: op.Kind, Rank: t.rank, Started: t.inFlight}
 	}
 	if blocking {
@@ -604,9 +647,17 @@ func (t *Transport) start(ctx context.Context, op Op, blocking bool) (*post, err
 	op.ID = h.nextID
 	op.Group = t.group
 	p := &post{op: op, g: t, done: make(chan error, 1)}
-	t.queue = append(t.queue, p)
 	t.started = append(t.started, p)
-	h.notify()
+	launch := h.launch[t.group]
+	if launch == nil {
+		t.queue = append(t.queue, p)
+		h.notify()
+		h.mu.Unlock()
+		return p, nil
+	}
+	h.taken[op.ID] = p
+	h.mu.Unlock()
+	launch(op) // outside mu: it may Complete at once
 	return p, nil
 }
 
@@ -950,56 +1001,99 @@ func Serve(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) e
 // completed as they finish, up to c.InFlight() at once (several in flight);
 // the others run one at a time, in that order.
 func ServeGroup(ctx context.Context, t *Transport, group int, c comm.Comm, dc comm.DeviceComm) error {
-	starter, _ := c.(comm.Starter)
-	var slots chan struct{}
-	if starter != nil {
-		slots = make(chan struct{}, starter.InFlight())
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	refused := make(chan error, 1) // the first completion Complete refused
-	complete := func(op Op, n int, runErr error) {
-		if err := t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
-			select {
-			case refused <- err:
-			default:
-			}
-		}
-	}
+	s := newServer(ctx, t, c, dc)
+	defer s.wg.Wait()
 	for {
 		op, err := t.TakeGroup(ctx, group)
 		if err != nil {
-			return firstOf(refused)
+			return firstOf(s.refused)
 		}
 		select {
-		case err := <-refused:
+		case err := <-s.refused:
 			return err
 		default:
 		}
-		if q, ok, err := startHostOp(ctx, op, starter, slots); ok {
-			if err != nil {
-				<-slots
-				complete(op, 0, err)
-				continue
-			}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				err := q.Wait(ctx)
-				complete(op, op.RecvBytes, err)
-			})
-			continue
+		s.carry(op)
+	}
+}
+
+// Launch is ServeGroup without a goroutine taking the posts: it sets
+// group's launcher (SetLauncher) to carry out each post as ServeGroup
+// would, on the posting goroutine: an op c can start is started there and
+// completed when it finishes; any other (c not a comm.Starter, a device
+// op on dc) runs to completion before the post returns. stop clears the
+// launcher, waits for the ops launched to complete, and returns the first
+// completion Complete refused (nil when none; closing t is not one).
+func Launch(ctx context.Context, t *Transport, group int, c comm.Comm, dc comm.DeviceComm) (stop func() error, err error) {
+	s := newServer(ctx, t, c, dc)
+	if err := t.SetLauncher(group, s.carry); err != nil {
+		return nil, err
+	}
+	return func() error {
+		t.SetLauncher(group, nil) // group was valid above
+		s.wg.Wait()
+		return firstOf(s.refused)
+	}, nil
+}
+
+// server carries out a group's posts for ServeGroup and Launch.
+type server struct {
+	ctx     context.Context
+	t       *Transport
+	c       comm.Comm
+	dc      comm.DeviceComm
+	starter comm.Starter  // c as a Starter, or nil
+	slots   chan struct{} // one per op started on starter and not yet complete
+	wg      sync.WaitGroup
+	refused chan error // the first completion Complete refused
+}
+
+func newServer(ctx context.Context, t *Transport, c comm.Comm, dc comm.DeviceComm) *server {
+	s := &server{ctx: ctx, t: t, c: c, dc: dc, refused: make(chan error, 1)}
+	s.starter, _ = c.(comm.Starter)
+	if s.starter != nil {
+		s.slots = make(chan struct{}, s.starter.InFlight())
+	}
+	return s
+}
+
+// carry starts op and completes it when it finishes, or runs it and
+// completes it.
+func (s *server) carry(op Op) {
+	if q, ok, err := startHostOp(s.ctx, op, s.starter, s.slots); ok {
+		if err != nil {
+			<-s.slots
+			s.complete(op, 0, err)
+			return
 		}
-		var n int
-		var runErr error
-		switch {
-		case !op.Device:
-			n, runErr = Run(ctx, op, c)
-		case dc == nil:
-			runErr = errors.New("hosted: Serve: this host has no device communicator")
+		s.wg.Go(func() {
+			defer func() { <-s.slots }()
+			err := q.Wait(s.ctx)
+			s.complete(op, op.RecvBytes, err)
+		})
+		return
+	}
+	var n int
+	var runErr error
+	switch {
+	case !op.Device:
+		n, runErr = Run(s.ctx, op, s.c)
+	case s.dc == nil:
+		runErr = errors.New("hosted: Serve: this host has no device communicator")
+	default:
+		n, runErr = RunDevice(s.ctx, op, s.dc)
+	}
+	s.complete(op, n, runErr)
+}
+
+// complete completes op, keeping the first error Complete returns other
+// than ErrClosed.
+func (s *server) complete(op Op, n int, runErr error) {
+	if err := s.t.Complete(op.ID, n, runErr); err != nil && !errors.Is(err, ErrClosed) {
+		select {
+		case s.refused <- err:
 		default:
-			n, runErr = RunDevice(ctx, op, dc)
 		}
-		complete(op, n, runErr)
 	}
 }
 

@@ -16,8 +16,9 @@ import (
 )
 
 // servedGroup returns n hosted transports whose posts Go hosts carry out
-// on an in-process group, until the test ends.
-func servedGroup(t *testing.T, n int) []*hosted.Transport {
+// on an in-process group, until the test ends: each rank's ServeGroup
+// takes them, or, with launched, Launch carries each out as it is posted.
+func servedGroup(t *testing.T, n int, launched bool) []*hosted.Transport {
 	t.Helper()
 	inner, err := inproc.NewGroup(n)
 	if err != nil {
@@ -26,9 +27,18 @@ func servedGroup(t *testing.T, n int) []*hosted.Transport {
 	ts := make([]*hosted.Transport, n)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	var stops []func() error
 	for r := range n {
 		if ts[r], err = hosted.New(r, n); err != nil {
 			t.Fatal(err)
+		}
+		if launched {
+			stop, err := hosted.Launch(ctx, ts[r], hosted.GroupWorld, inner[r], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stops = append(stops, stop)
+			continue
 		}
 		wg.Go(func() {
 			if err := hosted.Serve(ctx, ts[r], inner[r], nil); err != nil {
@@ -37,6 +47,11 @@ func servedGroup(t *testing.T, n int) []*hosted.Transport {
 		})
 	}
 	t.Cleanup(func() {
+		for r, stop := range stops {
+			if err := stop(); err != nil {
+				t.Errorf("rank %d: Launch's stop: %v", r, err)
+			}
+		}
 		cancel()
 		for _, tr := range ts {
 			tr.Close()
@@ -53,7 +68,7 @@ func servedGroup(t *testing.T, n int) []*hosted.Transport {
 // passes comm's conformance suite, rank-order sums included.
 func TestConformance(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 4} {
-		ts := servedGroup(t, n)
+		ts := servedGroup(t, n, false)
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for r, tr := range ts {
@@ -551,24 +566,108 @@ func TestTopologyRefused(t *testing.T) {
 
 // TestStartedConformance: the hosted transport as a comm.Starter, served
 // by Go hosts that start each post on comm/inproc and complete it when it
-// finishes (out of Take's order where it finishes first), passes the
-// several-in-flight conformance suite.
+// finishes (out of post order where it finishes first), passes the
+// several-in-flight conformance suite, the posts taken (ServeGroup) or
+// launched as they are made (Launch).
 func TestStartedConformance(t *testing.T) {
-	for _, n := range []int{1, 2, 3} {
-		ts := servedGroup(t, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for r, tr := range ts {
-			wg.Go(func() {
-				errs[r] = commtest.RunStarted(context.Background(), tr.Host().(comm.Starter), commtest.Options{RankOrder: true})
-			})
-		}
-		wg.Wait()
-		for r, err := range errs {
-			if err != nil {
-				t.Errorf("%d ranks, rank %d: %v", n, r, err)
+	for _, launched := range []bool{false, true} {
+		for _, n := range []int{1, 2, 3} {
+			ts := servedGroup(t, n, launched)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for r, tr := range ts {
+				wg.Go(func() {
+					errs[r] = commtest.RunStarted(context.Background(), tr.Host().(comm.Starter), commtest.Options{RankOrder: true})
+				})
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("launched %v, %d ranks, rank %d: %v", launched, n, r, err)
+				}
 			}
 		}
+	}
+}
+
+// TestLauncher: SetLauncher hands posts over in post order as they are
+// made, lets the launcher complete an op from within (a failed launch),
+// refuses a group that does not exist, and nil goes back to Take.
+func TestLauncher(t *testing.T) {
+	tr, _ := hosted.New(0, 2, hosted.WithInFlight(8))
+	if err := tr.SetLauncher(3, func(hosted.Op) {}); err == nil {
+		t.Fatal("SetLauncher of group 3 succeeded")
+	}
+	var mu sync.Mutex
+	var ids []uint64
+	var ops []hosted.Op
+	if err := tr.SetLauncher(hosted.GroupWorld, func(op hosted.Op) {
+		mu.Lock()
+		defer mu.Unlock()
+		ids = append(ids, op.ID)
+		ops = append(ops, op)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]comm.Request, 4)
+	var wg sync.WaitGroup
+	for i := range reqs { // concurrent posters: the launcher still gets them in id order
+		wg.Go(func() {
+			q, err := tr.Host().(comm.Starter).StartAllReduce(context.Background(), []float32{1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			reqs[i] = q
+		})
+	}
+	wg.Wait()
+	for i, id := range ids {
+		if id != uint64(i+1) {
+			t.Fatalf("launched ids %v, want 1 to 4 in order", ids)
+		}
+	}
+	if len(ids) != 4 {
+		t.Fatalf("launched %v, want 4 ops", ids)
+	}
+	for i := len(ops) - 1; i >= 0; i-- {
+		hosted.Float32s(ops[i].Recv)[0] = 2
+		if err := tr.Complete(ops[i].ID, 4, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, q := range reqs {
+		if err := q.Wait(context.Background()); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+
+	// A launch that fails completes its op from within the launcher.
+	if err := tr.SetLauncher(hosted.GroupWorld, func(op hosted.Op) {
+		if err := tr.Complete(op.ID, 0, errors.New("gloo: no such device")); err != nil {
+			t.Error(err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var he *hosted.HostError
+	if err := tr.Host().AllReduce(context.Background(), []float32{1}); !errors.As(err, &he) {
+		t.Fatalf("an all-reduce whose launch failed: %v, want a *HostError", err)
+	}
+
+	// nil: later posts queue for Take again.
+	tr2, _ := hosted.New(0, 2)
+	tr2.SetLauncher(hosted.GroupWorld, func(hosted.Op) { t.Error("the cleared launcher was called") })
+	if err := tr2.SetLauncher(hosted.GroupWorld, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := post(context.Background(), tr2.Host(), []float32{1})
+	op := take(t, tr2)
+	if err := tr2.Complete(op.ID, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

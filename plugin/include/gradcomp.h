@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 6
+#define GRADCOMP_ABI_MINOR 7
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -350,6 +350,27 @@ gc_status gc_hosted_take(gc_hosted h, double timeout_seconds, gc_op *op);
  * yet (no "hier" engine, or between two) has no posts: GC_ERR_TIMEOUT.
  * Another group is GC_ERR_INVALID; GC_ERR_CLOSED once h is destroyed. */
 gc_status gc_hosted_take_group(gc_hosted h, int group, double timeout_seconds, gc_op *op);
+
+/* Since 2.7: the host's alternative to a thread in gc_hosted_take.
+ * gc_hosted_set_launcher(h, group, fn, ctx) has every later post of group
+ * (GC_GROUP_WORLD, GC_GROUP_NODE, GC_GROUP_CROSS) handed to fn(ctx, op)
+ * as the engine makes it, instead of queued for gc_hosted_take: on the
+ * engine's thread that posts it (not one of the host's), one post at a
+ * time, in the group's post order (the order gc_hosted_take would give).
+ * The op is taken when fn gets it; *op is valid during the call only (its
+ * buffers until the op's completion). fn must start the collective on
+ * the host's communicator and return without waiting for it to finish
+ * (torch's async_op=True, an NCCL call on a stream): the engine's next
+ * post waits for fn to return. Complete the op with gc_hosted_complete as
+ * usual, from any thread, fn itself included (a launch that failed). fn
+ * must call no other gradcomp function. It spares the host a thread
+ * waiting in gc_hosted_take and the wake-up of that thread at every post.
+ * fn NULL goes back to gc_hosted_take for later posts; posts already
+ * queued stay for it. A group that does not exist yet may be given one
+ * (a "hier" engine's node and cross groups). Another group is
+ * GC_ERR_INVALID. */
+typedef void (*gc_launch_fn)(void *ctx, const gc_op *op);
+gc_status gc_hosted_set_launcher(gc_hosted h, int group, gc_launch_fn fn, void *ctx);
 
 /* Completes the taken op id: status GC_OK with recv_bytes the bytes the
  * host wrote to its output (op.recv_bytes; 0 for a barrier), or any other

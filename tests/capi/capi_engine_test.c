@@ -137,6 +137,7 @@ struct host {
 	int faulted_at;    /* ops when the fault was applied */
 	int split;         /* 1: take gid's posts alone (gc_hosted_take_group) */
 	int gid;           /* with split: the GC_GROUP_* this host serves */
+	int launched;      /* 1: a launcher (gc_hosted_set_launcher), no thread */
 	pthread_t thread;
 };
 
@@ -179,6 +180,54 @@ static const char *carry_out(struct host *h, const gc_op *op, uint8_t *tmp) {
 	return "unknown op kind";
 }
 
+/* carry carries out op, taken by host h, and completes it, applying h's
+ * armed fault. */
+static void carry(struct host *h, gc_op op) {
+	CHECK(op.device == 0 && op.group == (h->split ? h->gid : GC_GROUP_WORLD), "rank %d op %llu: device %d, group %d",
+	      h->rank, (unsigned long long)op.id, op.device, op.group);
+	if (__atomic_exchange_n(&h->armed, 0, __ATOMIC_ACQ_REL)) {
+		h->faulted_at = h->ops;
+		switch (h->fault) {
+		case FAULT_ERROR:
+			h->fault_status = gc_hosted_complete(h->t, op.id, GC_ERR_COMM, "injected host failure", 0);
+			return;
+		case FAULT_WRONG_LENGTH:
+			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes + 4);
+			return;
+		case FAULT_HUGE_LENGTH: /* no plausible length: refused, and the op fails at once */
+			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, 1ull << 63);
+			return;
+		case FAULT_UNKNOWN_ID:
+			h->fault_status = gc_hosted_complete(h->t, op.id + 1000, GC_OK, NULL, op.recv_bytes);
+			return;
+		case FAULT_TWICE: /* carried out below, then completed again */
+		case FAULT_NONE:
+			break;
+		}
+	}
+	uint8_t *tmp = malloc(op.recv_bytes + 1);
+	const char *err = NULL;
+	h->g->ops[h->rank] = op;
+	if (arrive(h->g) != 0) {
+		err = "a peer did not post the collective in time";
+	} else {
+		err = carry_out(h, &op, tmp);
+		if (arrive(h->g) != 0 && err == NULL) err = "a peer did not finish the collective in time";
+	}
+	if (err == NULL) {
+		if (op.kind != GC_OP_BARRIER) memcpy((void *)op.recv, tmp, op.recv_bytes);
+		OK(gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.kind == GC_OP_BARRIER ? 0 : op.recv_bytes));
+		if (h->fault == FAULT_TWICE && h->ops == h->faulted_at)
+			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes);
+	} else {
+		/* Unchecked: the engine may have given up on the op
+		 * (GC_ERR_STATE), or the transport be destroyed. */
+		gc_hosted_complete(h->t, op.id, GC_ERR_COMM, err, 0);
+	}
+	free(tmp);
+	h->ops++;
+}
+
 /* host_main takes and carries out h->t's posts until the transport is
  * destroyed. */
 static void *host_main(void *arg) {
@@ -193,60 +242,29 @@ static void *host_main(void *arg) {
 		gc_status st = h->split ? gc_hosted_take_group(h->t, h->gid, 0.05, &op) : gc_hosted_take(h->t, 0.05, &op);
 		if (st == GC_ERR_TIMEOUT) continue;
 		if (st != GC_OK) break; /* GC_ERR_CLOSED: destroyed */
-		CHECK(op.device == 0 && op.group == (h->split ? h->gid : GC_GROUP_WORLD), "rank %d op %llu: device %d, group %d",
-		      h->rank, (unsigned long long)op.id, op.device, op.group);
-		if (__atomic_exchange_n(&h->armed, 0, __ATOMIC_ACQ_REL)) {
-			h->faulted_at = h->ops;
-			switch (h->fault) {
-			case FAULT_ERROR:
-				h->fault_status = gc_hosted_complete(h->t, op.id, GC_ERR_COMM, "injected host failure", 0);
-				continue;
-			case FAULT_WRONG_LENGTH:
-				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes + 4);
-				continue;
-			case FAULT_HUGE_LENGTH: /* no plausible length: refused, and the op fails at once */
-				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, 1ull << 63);
-				continue;
-			case FAULT_UNKNOWN_ID:
-				h->fault_status = gc_hosted_complete(h->t, op.id + 1000, GC_OK, NULL, op.recv_bytes);
-				continue;
-			case FAULT_TWICE: /* carried out below, then completed again */
-			case FAULT_NONE:
-				break;
-			}
-		}
-		uint8_t *tmp = malloc(op.recv_bytes + 1);
-		const char *err = NULL;
-		h->g->ops[h->rank] = op;
-		if (arrive(h->g) != 0) {
-			err = "a peer did not post the collective in time";
-		} else {
-			err = carry_out(h, &op, tmp);
-			if (arrive(h->g) != 0 && err == NULL) err = "a peer did not finish the collective in time";
-		}
-		if (err == NULL) {
-			if (op.kind != GC_OP_BARRIER) memcpy((void *)op.recv, tmp, op.recv_bytes);
-			OK(gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.kind == GC_OP_BARRIER ? 0 : op.recv_bytes));
-			if (h->fault == FAULT_TWICE && h->ops == h->faulted_at)
-				h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes);
-		} else {
-			/* Unchecked: the engine may have given up on the op
-			 * (GC_ERR_STATE), or the transport be destroyed. */
-			gc_hosted_complete(h->t, op.id, GC_ERR_COMM, err, 0);
-		}
-		free(tmp);
-		h->ops++;
+		carry(h, op);
 	}
 	return NULL;
 }
 
-static void hosts_start(struct host *hs, struct group *g, int n) {
+/* launch is a gc_launch_fn: it carries out op on the engine's thread that
+ * posts it, before returning (a host of this test's kind, whose
+ * collectives are synchronous; a real one starts it and returns). */
+static void launch(void *ctx, const gc_op *op) { carry(ctx, *op); }
+
+/* hosts_start starts n hosts of group g: threads taking the posts, or,
+ * with launched, launchers (gc_hosted_set_launcher) carrying them out. */
+static void hosts_start(struct host *hs, struct group *g, int n, int launched) {
 	for (int r = 0; r < n; r++) {
 		memset(&hs[r], 0, sizeof hs[r]);
 		hs[r].g = g;
 		hs[r].rank = r;
+		hs[r].launched = launched;
 		OK(gc_hosted_create(r, n, &hs[r].t));
-		pthread_create(&hs[r].thread, NULL, host_main, &hs[r]);
+		if (launched)
+			OK(gc_hosted_set_launcher(hs[r].t, GC_GROUP_WORLD, launch, &hs[r]));
+		else
+			pthread_create(&hs[r].thread, NULL, host_main, &hs[r]);
 	}
 }
 
@@ -255,7 +273,8 @@ static void hosts_stop(struct host *hs, int n) {
 		OK(gc_hosted_destroy(hs[r].t));
 		__atomic_store_n(&hs[r].paused, 0, __ATOMIC_RELEASE); /* a paused host takes, and sees the end */
 	}
-	for (int r = 0; r < n; r++) pthread_join(hs[r].thread, NULL);
+	for (int r = 0; r < n; r++)
+		if (!hs[r].launched) pthread_join(hs[r].thread, NULL);
 }
 
 static gc_engine_config config(const char *spec, const char *strategy) {
@@ -333,53 +352,56 @@ static void test_golden(void) {
 		char name[64], spec[64], strategy[32];
 		if (sscanf(line, "%63s %63s %31s", name, spec, strategy) != 3) continue;
 		cases++;
-		struct group g;
-		group_init(&g, RANKS, 10);
-		struct host hs[RANKS];
-		hosts_start(hs, &g, RANKS);
-		static struct rank ks[RANKS];
-		pthread_t th[RANKS];
-		for (int r = 0; r < RANKS; r++) {
-			memset(&ks[r], 0, sizeof ks[r]);
-			ks[r] = (struct rank){.host = &hs[r], .spec = spec, .strategy = strategy, .r = r};
-			pthread_create(&th[r], NULL, rank_main, &ks[r]);
-		}
-		for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
-		hosts_stop(hs, RANKS);
-		group_free(&g);
+		/* The hosts take the posts, then launchers carry them out. */
+		for (int launched = 0; launched < 2; launched++) {
+			struct group g;
+			group_init(&g, RANKS, 10);
+			struct host hs[RANKS];
+			hosts_start(hs, &g, RANKS, launched);
+			static struct rank ks[RANKS];
+			pthread_t th[RANKS];
+			for (int r = 0; r < RANKS; r++) {
+				memset(&ks[r], 0, sizeof ks[r]);
+				ks[r] = (struct rank){.host = &hs[r], .spec = spec, .strategy = strategy, .r = r};
+				pthread_create(&th[r], NULL, rank_main, &ks[r]);
+			}
+			for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+			hosts_stop(hs, RANKS);
+			group_free(&g);
 
-		char path[256];
-		snprintf(path, sizeof path, GOLDEN "/%s.avg", name);
-		size_t alen = 0;
-		float *want = (float *)read_file(path, &alen);
-		size_t per = (size_t)(sizes[0] + sizes[1]);
-		CHECK(want != NULL && alen == sizeof(float) * per * RANKS * STEPS, "%s: %zu bytes, want %zu", path, alen,
-		      sizeof(float) * per * RANKS * STEPS);
-		int differ = 0;
-		for (int s = 0; want && alen == sizeof(float) * per * RANKS * STEPS && s < STEPS; s++)
-			for (int r = 0; r < RANKS; r++)
-				if (memcmp(ks[r].avg[s], want + ((size_t)s * RANKS + (size_t)r) * per, sizeof(float) * per) != 0) {
-					CHECK(0, "%s: step %d rank %d: averages differ from the Go engine's", name, s, r);
-					differ++;
-				}
-		free(want);
-		for (int r = 0; r < RANKS; r++) {
-			snprintf(path, sizeof path, GOLDEN "/%s.state%d", name, r);
-			size_t slen = 0;
-			uint8_t *ws = read_file(path, &slen);
-			CHECK(ws != NULL && ks[r].state != NULL && slen == ks[r].state_len &&
-			          memcmp(ws, ks[r].state, slen) == 0,
-			      "%s: rank %d: engine state (%zu bytes) differs from %s (%zu bytes)", name, r, ks[r].state_len,
-			      path, slen);
-			if (strcmp(strategy, "auto") != 0)
-				CHECK(strcmp(ks[r].used, strategy) == 0, "%s: rank %d ran strategy %s, want %s", name, r,
-				      ks[r].used, strategy);
-			free(ws);
-			free(ks[r].state);
+			char path[256];
+			snprintf(path, sizeof path, GOLDEN "/%s.avg", name);
+			size_t alen = 0;
+			float *want = (float *)read_file(path, &alen);
+			size_t per = (size_t)(sizes[0] + sizes[1]);
+			CHECK(want != NULL && alen == sizeof(float) * per * RANKS * STEPS, "%s: %zu bytes, want %zu", path, alen,
+			      sizeof(float) * per * RANKS * STEPS);
+			int differ = 0;
+			for (int s = 0; want && alen == sizeof(float) * per * RANKS * STEPS && s < STEPS; s++)
+				for (int r = 0; r < RANKS; r++)
+					if (memcmp(ks[r].avg[s], want + ((size_t)s * RANKS + (size_t)r) * per, sizeof(float) * per) != 0) {
+						CHECK(0, "%s: step %d rank %d: averages differ from the Go engine's", name, s, r);
+						differ++;
+					}
+			free(want);
+			for (int r = 0; r < RANKS; r++) {
+				snprintf(path, sizeof path, GOLDEN "/%s.state%d", name, r);
+				size_t slen = 0;
+				uint8_t *ws = read_file(path, &slen);
+				CHECK(ws != NULL && ks[r].state != NULL && slen == ks[r].state_len &&
+				          memcmp(ws, ks[r].state, slen) == 0,
+				      "%s: rank %d: engine state (%zu bytes) differs from %s (%zu bytes)", name, r, ks[r].state_len,
+				      path, slen);
+				if (strcmp(strategy, "auto") != 0)
+					CHECK(strcmp(ks[r].used, strategy) == 0, "%s: rank %d ran strategy %s, want %s", name, r,
+					      ks[r].used, strategy);
+				free(ws);
+				free(ks[r].state);
+			}
+			printf("golden %-22s %-12s %-14s 4 ranks x %d steps, %s: %s; %llu bytes sent by rank 0 in the last step\n",
+			       name, spec, ks[0].used, STEPS, launched ? "launched" : "taken", differ ? "DIFFER" : "bit-identical to the Go engine",
+			       (unsigned long long)ks[0].bytes_sent);
 		}
-		printf("golden %-22s %-12s %-14s 4 ranks x %d steps: %s; %llu bytes sent by rank 0 in the last step\n",
-		       name, spec, ks[0].used, STEPS, differ ? "DIFFER" : "bit-identical to the Go engine",
-		       (unsigned long long)ks[0].bytes_sent);
 	}
 	CHECK(cases >= 7, "%d golden cases, want at least 7", cases);
 	free(list);
@@ -429,11 +451,12 @@ static void on(struct member *ms, int n, unsigned mask, void *(*fn)(void *)) {
 }
 
 /* pair makes a 2-rank engine of spec (group timeout group_s) with the
- * accuracy guard's threshold guard (0: none). */
+ * accuracy guard's threshold guard (0: none), its hosts launchers when
+ * launched. */
 static int pair(struct member ms[2], struct host hs[2], struct group *g, const char *spec, double timeout,
-                double group_s, double guard) {
+                double group_s, double guard, int launched) {
 	group_init(g, 2, group_s);
-	hosts_start(hs, g, 2);
+	hosts_start(hs, g, 2, launched);
 	for (int r = 0; r < 2; r++) {
 		memset(&ms[r], 0, sizeof ms[r]);
 		ms[r].h = &hs[r];
@@ -555,7 +578,7 @@ static void test_invalid_config(void) {
 		good.timeout_seconds = 30;
 		cases[i].cfg.timeout_seconds = isnan(cases[i].cfg.timeout_seconds) ? NAN : 30;
 		group_init(&g, RANKS, 30);
-		hosts_start(hs, &g, RANKS);
+		hosts_start(hs, &g, RANKS, 0);
 		for (int r = 0; r < RANKS; r++) {
 			cs[r] = (struct creator){.t = hs[r].t, .cfg = &good, .sizes = sizes, .nbuckets = NBUCKETS};
 			if (r == BAD) {
@@ -595,7 +618,7 @@ static void test_nomem(void) {
 		gc_engine_config cfg = config("int8", "auto");
 		cfg.timeout_seconds = 30;
 		group_init(&g, 2, 30);
-		hosts_start(hs, &g, 2);
+		hosts_start(hs, &g, 2, 0);
 		for (int r = 0; r < 2; r++) {
 			cs[r] = (struct creator){.t = hs[r].t, .cfg = &cfg, .sizes = sizes, .nbuckets = NBUCKETS};
 			if (r == 1 || both) cs[r].sizes = huge, cs[r].nbuckets = HUGE_BUCKETS;
@@ -629,7 +652,7 @@ static void test_guard(void) {
 	struct group g;
 	int tripped = -1, guarded = -1;
 	double rho[2] = {0, 0};
-	if (pair(ms, hs, &g, "topk:0.05", 10, 10, 1.2)) {
+	if (pair(ms, hs, &g, "topk:0.05", 10, 10, 1.2, 0)) {
 		FAILS(gc_engine_held_back(ms[0].e, 0, &rho[0]), GC_ERR_STATE, "");
 		for (int s = 0; s < 16 && guarded < 0 && failures == 0; s++) {
 			for (int r = 0; r < 2; r++)
@@ -662,12 +685,13 @@ static void test_guard(void) {
 
 /* A fault of rank 0's host in the step's first collective: rank 0's step
  * fails with GC_ERR_COMM saying want0; rank 1's, whose host then waits in
- * vain for rank 0's, fails too; both engines are broken. */
-static void test_fault(enum fault f, const char *name, gc_status want_complete, const char *want0) {
+ * vain for rank 0's, fails too; both engines are broken. With launched,
+ * the hosts are launchers, which complete the faulty op from within. */
+static void test_fault(enum fault f, const char *name, gc_status want_complete, const char *want0, int launched) {
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "int8", 10, 3, 0)) {
+	if (pair(ms, hs, &g, "int8", 10, 3, 0, launched)) {
 		hs[0].fault = f;
 		__atomic_store_n(&hs[0].armed, 1, __ATOMIC_RELEASE);
 		double t0 = now();
@@ -681,7 +705,8 @@ static void test_fault(enum fault f, const char *name, gc_status want_complete, 
 		CHECK(hs[0].fault_status == want_complete, "%s: gc_hosted_complete = %d, want %d", name,
 		      hs[0].fault_status, want_complete);
 		FAILS(gc_engine_step(ms[0].e), GC_ERR_BROKEN, "");
-		printf("%-24s both ranks GC_ERR_COMM after %.2f s; rank 0: %s\n", name, took, ms[0].msg);
+		printf("%-24s %s both ranks GC_ERR_COMM after %.2f s; rank 0: %s\n", name, launched ? "(launched)" : "", took,
+		       ms[0].msg);
 	}
 	unpair(ms, hs, &g);
 }
@@ -693,7 +718,7 @@ static void test_dead_peer(void) {
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "topk:0.05", 2, 4, 0)) {
+	if (pair(ms, hs, &g, "topk:0.05", 2, 4, 0, 0)) {
 		__atomic_store_n(&hs[0].paused, 1, __ATOMIC_RELEASE); /* rank 0's host stops taking */
 		double t0 = now();
 		on(ms, 2, 3, step_main);
@@ -798,7 +823,7 @@ static void test_misuse_and_states(void) {
 	struct group g;
 	struct host hs[2];
 	struct member ms[2];
-	if (pair(ms, hs, &g, "int8", 5, 5, 0)) {
+	if (pair(ms, hs, &g, "int8", 5, 5, 0, 0)) {
 		gc_engine e = ms[0].e;
 		float *g0 = ms[0].g[0];
 		FAILS(gc_engine_ready(e, 0, g0, sizes[0]), GC_ERR_STATE, "");
@@ -1068,11 +1093,14 @@ int main(void) {
 	test_invalid_config();
 	test_nomem();
 	test_guard();
-	test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure");
-	test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "");
-	test_fault(FAULT_HUGE_LENGTH, "implausible length", GC_ERR_INVALID, "recv_bytes 9223372036854775808 is not a plausible length");
-	test_fault(FAULT_UNKNOWN_ID, "unknown id", GC_ERR_STATE, "");
-	test_fault(FAULT_TWICE, "completed twice", GC_ERR_STATE, "");
+	for (int launched = 0; launched < 2; launched++) {
+		test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure", launched);
+		test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "", launched);
+		test_fault(FAULT_HUGE_LENGTH, "implausible length", GC_ERR_INVALID,
+		           "recv_bytes 9223372036854775808 is not a plausible length", launched);
+		test_fault(FAULT_UNKNOWN_ID, "unknown id", GC_ERR_STATE, "", launched);
+		test_fault(FAULT_TWICE, "completed twice", GC_ERR_STATE, "", launched);
+	}
 	test_dead_peer();
 	test_take_after_destroy();
 	test_misuse_and_states();

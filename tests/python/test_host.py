@@ -154,6 +154,7 @@ def several_in_flight(rank, world):
         out["engine_ops"] = sum(eng.host.ops.values())
         out["engine_wire"] = eng.host.wire_seconds
         out["engine_max_in_flight"] = eng.host.max_in_flight
+        out["engine_launched"] = eng.host.launched
         out["engine_in_flight_after"] = eng.host.in_flight
     out["engine_error"] = max(errs)
     return out
@@ -246,6 +247,8 @@ class SeveralInFlight(unittest.TestCase):
                 self.assertGreater(r["engine_ops"], 0)
                 self.assertGreater(r["engine_wire"], 0)
                 self.assertEqual(r["engine_in_flight_after"], 0)
+                # The engine's threads launched its posts (no taking thread).
+                self.assertTrue(r["engine_launched"])
                 # The engine leaves each bucket's last collective in flight
                 # and goes on to the next bucket's (overlap over a
                 # comm.Starter): the host carried several at once.

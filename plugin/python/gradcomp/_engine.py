@@ -84,8 +84,8 @@ _DECISIONS = ("auto", "compressed", "dense")
 
 class Hosted:
     """Rank ``rank``'s end of a hosted transport of ``size`` ranks
-    (gc_hosted_create). :meth:`take` and :meth:`complete` are what a host
-    calls; :meth:`close` destroys it (takes then raise ClosedError)."""
+    (gc_hosted_create). :meth:`take` (or :meth:`set_launcher`) and
+    :meth:`complete` are what a host calls; :meth:`close` destroys it (takes then raise ClosedError)."""
 
     def __init__(self, rank, size):
         h = ctypes.c_uint64()
@@ -93,6 +93,7 @@ class Hosted:
         self.handle = h.value
         self.rank, self.size = int(rank), int(size)
         self._lock = threading.Lock()
+        self._launchers = {}  # group -> the LAUNCH_FN the library holds
 
     def take(self, timeout, group=None):
         """The next post as an :class:`_lib.Op`, or None when nothing was
@@ -111,6 +112,38 @@ class Hosted:
         if status == Status.TIMEOUT:
             return None
         raise _lib.error(name, status, _lib.last_error())
+
+    def can_launch(self):
+        """Whether the library has gc_hosted_set_launcher (ABI 2.7)."""
+        return _lib.has("gc_hosted_set_launcher")
+
+    def set_launcher(self, group, launch):
+        """Has every later post of ``group`` (a :class:`_lib.Group`) handed
+        to ``launch(op)`` as the engine makes it, instead of queued for
+        :meth:`take` (gc_hosted_set_launcher, ABI 2.7): on the engine's
+        thread that posts it, one at a time, in the group's post order.
+        ``launch`` must start the collective and return without waiting
+        for it, then complete it with :meth:`complete`; an exception it
+        raises completes the op with GC_ERR_COMM. None goes back to
+        :meth:`take`; once that returns, ``launch`` is not called again."""
+        cb = None
+        if launch is not None:
+            def trampoline(_ctx, p):
+                op = _lib.Op.from_buffer_copy(p.contents)
+                try:
+                    launch(op)
+                except BaseException as e:
+                    try:
+                        self.complete(op.id, Status.COMM, "gradcomp: launching op %d on rank %d raised %s: %s"
+                                      % (op.id, self.rank, type(e).__name__, e))
+                    except Exception:
+                        pass  # the transport is gone: the op was abandoned
+
+            cb = _lib.LAUNCH_FN(trampoline)
+        _lib.call("gc_hosted_set_launcher", self.handle, int(group), cb, None)
+        # The library calls cb until the next set_launcher of the group
+        # returns: keep it alive until then.
+        self._launchers[int(group)] = cb
 
     def complete(self, op_id, status=Status.OK, message=None, recv_bytes=0):
         """Completes the taken op ``op_id``: GC_OK with the bytes written to
@@ -412,7 +445,12 @@ class TorchHost:
     A daemon thread takes the posts (gc_hosted_take, GIL released) and
     LAUNCHES each on the process group as it takes it (:func:`launch_op`:
     async_op=True), so they start in Take's order, the same on every rank,
-    and it goes on to take the next one without waiting. Each collective
+    and it goes on to take the next one without waiting. With ``launch``
+    (and a library of ABI 2.7) there is no such thread: the hosted
+    transport hands each post to :meth:`_launch` on the engine's thread
+    that makes it (gc_hosted_set_launcher), in the same order, which spares
+    every collective the wake-up of a taking thread (``launched`` says
+    which way it runs). Each collective
     is COMPLETED (gc_hosted_complete) when its torch Work finishes: a
     callback on the Work's future (``work.get_future().then``), which runs
     on the backend's own thread (gloo's worker threads) as soon as that
@@ -454,7 +492,7 @@ class TorchHost:
     ``max_in_flight`` is the most collectives it had in flight at once.
     ``error`` is the last exception an op raised (for diagnosis)."""
 
-    def __init__(self, hosted, group=None, name="gradcomp-host", groups=None):
+    def __init__(self, hosted, group=None, name="gradcomp-host", groups=None, launch=False):
         self.hosted = hosted
         self.group = group
         self.ops = collections.Counter()
@@ -478,10 +516,20 @@ class TorchHost:
                 lanes.append((gid, pg, dist.get_rank(pg), dist.get_world_size(pg)))
         else:
             lanes = [(None, group, hosted.rank, hosted.size)]
+        #: Whether the engine's threads launch the posts (set_launcher)
+        #: rather than threads of this host taking them.
+        self.launched = bool(launch) and getattr(hosted, "can_launch", lambda: False)()
+        self._threads = []
+        self._lanes = []  # the groups given a launcher
+        if self.launched:
+            for gid, pg, rank, size in lanes:
+                gid = _lib.Group.WORLD if gid is None else gid
+                hosted.set_launcher(gid, functools.partial(self._launch, group=pg, rank=rank, size=size))
+                self._lanes.append(gid)
+            return
         self._threads = [threading.Thread(target=self._loop, args=lane, daemon=True,
                                           name=name if lane[0] is None else "%s-%s" % (name, lane[0].name.lower()))
                          for lane in lanes]
-        self._thread = self._threads[0]
         for t in self._threads:
             t.start()
 
@@ -595,11 +643,18 @@ class TorchHost:
                 self._count.notify_all()
 
     def stop(self, timeout=None):
-        """Asks the threads to stop taking posts and waits up to ``timeout``
+        """Asks the threads to stop taking posts (or clears the launchers:
+        later posts wait for a take) and waits up to ``timeout``
         seconds (None: for as long as it takes) for them to end and for the
         collectives in flight to finish and be completed; returns whether
         all of that happened."""
         self._stop.set()
+        lanes, self._lanes = self._lanes, []
+        for gid in lanes:
+            try:
+                self.hosted.set_launcher(gid, None)
+            except Exception as e:  # the transport is gone: nothing is posted any more
+                _log.debug("gradcomp: clearing the launcher of group %s: %s", _group_name(gid), e)
         deadline = None if timeout is None else time.monotonic() + timeout
         left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())
         for t in self._threads:
@@ -720,7 +775,9 @@ class Engine:
         self.group = process_group
         rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
         self.hosted = Hosted(rank, size)
-        self.host = TorchHost(self.hosted, process_group, groups=groups)
+        # Host buckets: the engine's threads launch each post on the process
+        # group as they make it. Device engines keep a taking thread.
+        self.host = TorchHost(self.hosted, process_group, groups=groups, launch=device < 0)
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 6
+ABI_MINOR = 7
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -228,6 +228,10 @@ class Op(ctypes.Structure):
     ]
 
 
+#: gc_launch_fn (ABI 2.7): void (*)(void *ctx, const gc_op *op).
+LAUNCH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Op))
+
+
 class EngineConfig(ctypes.Structure):
     """gc_engine_config (size must be sizeof(gc_engine_config))."""
 
@@ -336,6 +340,7 @@ _OPTIONAL = {
     ),
     "gc_engine_state_load_reshaped": (5, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
     "gc_engine_state_layout": (5, ctypes.c_int, [_byte_p, ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_int)] * 4),
+    "gc_hosted_set_launcher": (7, ctypes.c_int, [_u64, ctypes.c_int, LAUNCH_FN, ctypes.c_void_p]),
 }
 
 _lock = threading.Lock()
