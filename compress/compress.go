@@ -10,6 +10,8 @@
 //	randomk:RATIO              k indices drawn from (seed, step, bucket)
 //	int8 | int4 | int2         per-bucket min-max quantization
 //	sign                       1 bit per element, per-bucket scale mean|x|
+//	powersgd:R                 rank-R factors of each matrix (PowerSGD): a
+//	                           spec only; the engine exchanges it
 //
 // followed by options NAME=VALUE separated by ':' (see Parse). Every payload
 // is self-describing (see the wire format in wire.go) and carries a CRC32C.
@@ -35,12 +37,16 @@ const (
 	CodecInt4    Codec = 7 // per-bucket (min, scale), then 4-bit codes
 	CodecInt2    Codec = 8 // per-bucket (min, scale), then 2-bit codes
 	CodecSign    Codec = 9 // per-bucket scale, then 1 sign bit per element
+	// CodecPowerSGD is PowerSGD's low-rank exchange (powersgd.go): a spec,
+	// never a payload.
+	CodecPowerSGD Codec = 10
 )
 
 var codecNames = map[Codec]string{
 	CodecNone: "none", CodecFP16: "fp16", CodecBF16: "bf16",
 	CodecTopK: "topk", CodecRandomK: "randomk",
 	CodecInt8: "int8", CodecInt4: "int4", CodecInt2: "int2", CodecSign: "sign",
+	CodecPowerSGD: "powersgd",
 }
 
 // String returns the codec's spec name, or "codec(N)" for an unknown value.

@@ -125,6 +125,28 @@ func (f *ErrorFeedback) Begin(dst []byte, grad []float32, key Key) ([]byte, *Pen
 	return out, &Pending{r: r, sparse: sparse}, nil
 }
 
+// BeginResidual is Begin for an exchange that computes the residual
+// itself, knowing it only after a collective (PowerSGD's: the residual
+// depends on the averaged factor P). It sets s = e + g (rounded once, as
+// Begin's sum) and returns s and res, a scratch of the bucket's length that
+// the caller must fill with the residual before settling: Commit installs
+// it (e ← res), Retain installs s, Discard keeps e. Until settled the
+// bucket is held, as after Begin. s may hold NaN or ±Inf: the caller
+// checks (and then must not Commit). The memory's compressor is not used.
+func (f *ErrorFeedback) BeginResidual(grad []float32, key Key) (s, res []float32, p *Pending, err error) {
+	r, err := f.bucket(key.Bucket, len(grad))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r.mu.Lock()
+	if len(r.sum) != len(grad) {
+		r.sum = make([]float32, len(grad))
+	}
+	addKernel(r.sum, r.e, grad)
+	r.sizeDec()
+	return r.sum, r.dec, &Pending{r: r}, nil
+}
+
 // sizeDec gives the scratch r.dec the bucket's length.
 func (r *residual) sizeDec() {
 	if len(r.dec) != r.n {

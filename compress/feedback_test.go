@@ -658,3 +658,48 @@ func TestCompressFeedbackSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackBeginResidual: the caller's residual is what Commit
+// installs; Retain keeps e + g, Discard e; a wrong length is a
+// *SizeError, and the bucket is held until settled.
+func TestFeedbackBeginResidual(t *testing.T) {
+	none, err := compress.Parse("none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := compress.NewErrorFeedback(none)
+	key := compress.Key{Bucket: 3}
+	if err := f.SetResidual(3, []float32{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	s, res, p, err := f.BeginResidual([]float32{10, 20, 30}, key)
+	if err != nil || !slices.Equal(s, []float32{11, 22, 33}) || len(res) != 3 {
+		t.Fatalf("BeginResidual = %v, %v, %v", s, res, err)
+	}
+	held := make(chan []float32)
+	go func() { held <- f.Residual(3) }() // waits for the settle
+	copy(res, []float32{-1, 0, 5})
+	select {
+	case r := <-held:
+		t.Fatalf("Residual returned %v before the Pending was settled", r)
+	case <-time.After(20 * time.Millisecond):
+	}
+	p.Commit()
+	if r := <-held; !slices.Equal(r, []float32{-1, 0, 5}) {
+		t.Fatalf("after Commit: %v, want the caller's residual", r)
+	}
+	_, _, p, _ = f.BeginResidual([]float32{1, 1, 1}, key)
+	p.Retain()
+	if r := f.Residual(3); !slices.Equal(r, []float32{0, 1, 6}) {
+		t.Fatalf("after Retain: %v, want e + g", r)
+	}
+	_, _, p, _ = f.BeginResidual([]float32{100, 100, 100}, key)
+	p.Discard()
+	if r := f.Residual(3); !slices.Equal(r, []float32{0, 1, 6}) {
+		t.Fatalf("after Discard: %v, want e unchanged", r)
+	}
+	var se *compress.SizeError
+	if _, _, _, err := f.BeginResidual(make([]float32, 4), key); !errors.As(err, &se) {
+		t.Fatalf("BeginResidual of another length: %v, want a *SizeError", err)
+	}
+}

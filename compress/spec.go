@@ -27,8 +27,19 @@ type Spec struct {
 	// Nearest makes int8, int4 and int2 round to nearest instead of
 	// stochastically.
 	Nearest bool
-	// Seed seeds random-k's indices and the quantizers' stochastic rounding.
+	// Seed seeds random-k's indices, the quantizers' stochastic rounding
+	// and PowerSGD's initial Q.
 	Seed uint64
+	// Rank is PowerSGD's R, the rank of each matrix's approximation (≥ 1;
+	// clamped per matrix to its smaller side).
+	Rank int
+	// Cold turns PowerSGD's warm start off: Q is drawn anew every step
+	// instead of starting from the previous step's averaged Q.
+	Cold bool
+	// MinCompression is the factor PowerSGD must save on a tensor for it
+	// to be compressed (rows·cols ≥ MinCompression·(rows+cols)·R); the
+	// others are exchanged uncompressed. 0 is the default, 2.
+	MinCompression float64
 	// Lossless is the entropy stage applied to the payload body.
 	Lossless Lossless
 }
@@ -42,6 +53,9 @@ const (
 	fieldBucket
 	fieldNearest
 	fieldSeed
+	fieldRank
+	fieldCold
+	fieldMinCompression
 )
 
 // codecDef is how one codec reads its arguments and is built.
@@ -49,8 +63,12 @@ type codecDef struct {
 	uses specFields
 	// parse reads the codec's arguments from a into s; nil for none.
 	parse func(a *specArgs, s *Spec) error
-	// build makes the codec of a valid s.
+	// build makes the codec of a valid s; nil for a codec that is only
+	// an exchange of the engine (engineOnly says why).
 	build func(s Spec) codec
+	// engineOnly is why New refuses the codec: it has no payload of its
+	// own, only an exchange (overlap's), e.g. PowerSGD's two all-reduces.
+	engineOnly string
 }
 
 // codecDefs holds every codec's definition, registered from init.
@@ -95,6 +113,8 @@ func CodecNames() []string {
 //	randomk:RATIO[:seed=S]       same k; indices from (S, Key)
 //	int8 | int4 | int2           [:bucket=N (512)][:round=stochastic|nearest][:seed=S]
 //	sign                         [:bucket=N (512)]
+//	powersgd:R                   [:warm=on|off][:min_compression=F (2)][:seed=S]
+//	                             R an integer in [1, 1024]; F a plain decimal ≥ 1
 //
 // Every codec also takes lossless=none|zstd|huff0 (default none), the
 // optional entropy stage applied to the payload body (see Lossless).
@@ -133,11 +153,20 @@ func (s Spec) String() string {
 	if s.Sampled {
 		parts = append(parts, "sampled")
 	}
+	if s.Rank != 0 {
+		parts = append(parts, strconv.Itoa(s.Rank))
+	}
 	if s.Bucket != 0 {
 		parts = append(parts, "bucket="+strconv.Itoa(s.Bucket))
 	}
 	if s.Nearest {
 		parts = append(parts, "round=nearest")
+	}
+	if s.Cold {
+		parts = append(parts, "warm=off")
+	}
+	if s.MinCompression != 0 {
+		parts = append(parts, "min_compression="+strconv.FormatFloat(s.MinCompression, 'f', -1, 64))
 	}
 	if s.Seed != 0 {
 		parts = append(parts, "seed="+strconv.FormatUint(s.Seed, 10))
@@ -176,6 +205,7 @@ func (s Spec) Validate() error {
 	}{
 		{fieldRatio, "Ratio", s.Ratio != 0}, {fieldSampled, "Sampled", s.Sampled}, {fieldBucket, "Bucket", s.Bucket != 0},
 		{fieldNearest, "Nearest", s.Nearest}, {fieldSeed, "Seed", s.Seed != 0},
+		{fieldRank, "Rank", s.Rank != 0}, {fieldCold, "Cold", s.Cold}, {fieldMinCompression, "MinCompression", s.MinCompression != 0},
 	} {
 		if f.set && d.uses&f.field == 0 {
 			return bad("%s does not apply to %v", f.name, s.Codec)
@@ -184,6 +214,10 @@ func (s Spec) Validate() error {
 	switch {
 	case d.uses&fieldRatio != 0 && !(s.Ratio >= smallestNormal && s.Ratio <= 1):
 		return bad("ratio %v is not a normal number in (0,1]", s.Ratio)
+	case d.uses&fieldRank != 0 && (s.Rank < 1 || s.Rank > MaxLowRank):
+		return bad("rank %d is not in [1, %d]", s.Rank, MaxLowRank)
+	case s.MinCompression != 0 && !(s.MinCompression >= 1 && s.MinCompression <= maxMinCompression):
+		return bad("min_compression %v is not in [1, %v] (or 0, the default 2)", s.MinCompression, float64(maxMinCompression))
 	case s.Bucket < 0 || s.Bucket > maxQuantBucket:
 		return bad("bucket %d is not in [1, %d] (or 0, the default)", s.Bucket, maxQuantBucket)
 	case s.Lossless > LosslessHuff0:
@@ -214,6 +248,9 @@ func New(s Spec, opts ...Option) (Compressor, error) {
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
+	}
+	if why := codecDefs[s.Codec].engineOnly; why != "" {
+		return nil, &SpecError{Spec: s.String(), Reason: why}
 	}
 	if s.Bucket == defaultQuantBucket {
 		s.Bucket = 0 // one value per configuration
@@ -285,6 +322,35 @@ func (a *specArgs) ratio() (float64, error) {
 	}
 	a.usedPos++
 	return r, nil
+}
+
+// count consumes the next positional argument as an integer in [lo, hi]
+// (what says what it is).
+func (a *specArgs) count(what string, lo, hi int) (int, error) {
+	if a.usedPos >= len(a.positional) {
+		return 0, fmt.Errorf("%s needs %s in [%d, %d], as in %s:%d", a.name, what, lo, hi, a.name, lo+1)
+	}
+	s := a.positional[a.usedPos]
+	v, err := strconv.Atoi(s)
+	if !isInteger(s) || err != nil || v < lo || v > hi {
+		return 0, fmt.Errorf("%s %q is not an integer in [%d, %d]", what, s, lo, hi)
+	}
+	a.usedPos++
+	return v, nil
+}
+
+// decimalOption consumes option name as a plain decimal in [lo, hi],
+// default 0 (absent).
+func (a *specArgs) decimalOption(name string, lo, hi float64) (float64, error) {
+	s, ok := a.take(name)
+	if !ok {
+		return 0, nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if !isDecimal(s) || err != nil || v < lo || v > hi {
+		return 0, fmt.Errorf("option %s=%q is not a plain decimal in [%v, %v]", name, s, lo, hi)
+	}
+	return v, nil
 }
 
 // smallestNormal is the least normal float64, 2⁻¹⁰²²: a ratio below it

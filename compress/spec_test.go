@@ -124,6 +124,16 @@ func TestParseErrors(t *testing.T) {
 		{"int4:seed=x", `seed="x"`},
 		{"sign:round=nearest", `unknown option "round"`},
 		{"sign:bucket=0", `bucket="0"`},
+		{"powersgd", "needs a rank in [1, 1024]"},
+		{"powersgd:0", `a rank "0" is not an integer in [1, 1024]`},
+		{"powersgd:1025", `a rank "1025"`},
+		{"powersgd:02", `a rank "02"`},
+		{"powersgd:2.5", `a rank "2.5"`},
+		{"powersgd:2:warm=maybe", `warm="maybe"`},
+		{"powersgd:2:min_compression=0.5", `min_compression="0.5"`},
+		{"powersgd:2:min_compression=1e3", `min_compression="1e3"`},
+		{"powersgd:2:bucket=64", `unknown option "bucket"`},
+		{"powersgd:2:3", `unexpected argument "3"`},
 		// The lexical rules: printable ASCII, no spaces, plain numbers.
 		{"  ", "byte 0"},
 		{" fp16", "byte 0"},
@@ -207,7 +217,7 @@ func TestCodecNames(t *testing.T) {
 	}
 	for _, name := range names {
 		c, err := compress.Parse(name)
-		if err != nil && !strings.Contains(err.Error(), "ratio") {
+		if err != nil && !strings.Contains(err.Error(), "ratio") && !strings.Contains(err.Error(), "a rank") {
 			t.Errorf("Parse(%q): %v", name, err)
 			continue
 		}
@@ -236,6 +246,10 @@ func TestSpecFields(t *testing.T) {
 		{"int4:bucket=64:round=nearest:seed=3:lossless=huff0",
 			compress.Spec{Codec: compress.CodecInt4, Bucket: 64, Nearest: true, Seed: 3, Lossless: compress.LosslessHuff0}},
 		{"sign:bucket=100", compress.Spec{Codec: compress.CodecSign, Bucket: 100}},
+		{"powersgd:2", compress.Spec{Codec: compress.CodecPowerSGD, Rank: 2}},
+		{"powersgd:4:warm=off:min_compression=1.5:seed=7",
+			compress.Spec{Codec: compress.CodecPowerSGD, Rank: 4, Cold: true, MinCompression: 1.5, Seed: 7}},
+		{"powersgd:1:warm=on:min_compression=2", compress.Spec{Codec: compress.CodecPowerSGD, Rank: 1}},
 	}
 	for _, c := range cases {
 		t.Run(c.spec, func(t *testing.T) {
@@ -248,7 +262,14 @@ func TestSpecFields(t *testing.T) {
 				t.Errorf("ParseSpec(%q) = %+v, %v: the canonical form does not round-trip", got.String(), again, err)
 			}
 			comp, err := compress.New(got)
-			if err != nil || comp.Spec() != got {
+			var se *compress.SpecError
+			switch {
+			case got.Codec == compress.CodecPowerSGD:
+				// An exchange of the engine, not a payload codec.
+				if !errors.As(err, &se) || !strings.Contains(err.Error(), "strategy low-rank") {
+					t.Errorf("New(%+v) = %v, %v; want a *SpecError pointing to the engine", got, comp, err)
+				}
+			case err != nil || comp.Spec() != got:
 				t.Errorf("New(%+v) = %v, %v", got, comp, err)
 			}
 		})
@@ -282,6 +303,12 @@ func TestSpecValidate(t *testing.T) {
 		{compress.Spec{Codec: compress.CodecInt4, Bucket: -1}, "bucket -1"},
 		{compress.Spec{Codec: compress.CodecInt4, Bucket: 1<<24 + 1}, "bucket 16777217"},
 		{compress.Spec{Codec: compress.CodecFP16, Lossless: 7}, "unknown lossless stage lossless(7)"},
+		{compress.Spec{Codec: compress.CodecPowerSGD}, "rank 0 is not in [1, 1024]"},
+		{compress.Spec{Codec: compress.CodecPowerSGD, Rank: 1025}, "rank 1025"},
+		{compress.Spec{Codec: compress.CodecPowerSGD, Rank: 2, MinCompression: 0.5}, "min_compression 0.5"},
+		{compress.Spec{Codec: compress.CodecPowerSGD, Rank: 2, MinCompression: math.NaN()}, "min_compression NaN"},
+		{compress.Spec{Codec: compress.CodecInt8, Rank: 2}, "Rank does not apply to int8"},
+		{compress.Spec{Codec: compress.CodecTopK, Ratio: 0.1, Cold: true}, "Cold does not apply to topk"},
 	}
 	for _, c := range cases {
 		_, err := compress.New(c.spec)
