@@ -81,7 +81,22 @@ type Config struct {
 	// only with StrategyHier or StrategyAuto (whose trial's hierarchical
 	// engine then uses it).
 	NodeSpec string
+	// Shapes gives, per bucket, its tensors as matrices in the order they
+	// lie in it: tensor j starts where tensor j−1 ends, and their
+	// elements add up to the bucket's. A 1-D tensor is 1×n; a convolution
+	// weight out×(in·kh·kw), as torch's PowerSGD views it. StrategyLowRank
+	// (spec powersgd) needs it; the other strategies ignore it, but it is
+	// checked when given. Every rank must give the same (the handshake
+	// compares it).
+	Shapes [][]Shape
 }
+
+// Shape is one tensor of a bucket viewed as a Rows×Cols row-major matrix
+// (Config.Shapes).
+type Shape struct{ Rows, Cols int }
+
+// maxTensors bounds the tensors Config.Shapes may give, over every bucket.
+const maxTensors = 1 << 24
 
 // Phase is one stage of a Config.Schedule: Steps steps compressed with
 // Spec.
@@ -144,7 +159,8 @@ type core struct {
 	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
 	note       string              // how the buckets are exchanged, where Reason would not say (a two-level StrategyHier, chooseShape's choice), or ""
 	trials     bool                // StrategyAuto over a comm that knows its nodes: New chooses flat or hierarchical by trial (shape.go)
-	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none
+	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none; fp32 for powersgd
+	lowRank    *compress.Spec      // spec powersgd's (StrategyLowRank), else nil
 	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
 	sched      string              // StrategyHier: the Schedule with canonical specs (its engine across nodes runs it)
 	layout     comm.Topology       // StrategyHier: this rank's place; zero otherwise
@@ -348,7 +364,7 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	if err := checkConfig(cfg, sizes, c.size); err != nil {
 		return err
 	}
-	comp, err := compress.Parse(cfg.Spec, compress.WithWorkers(cfg.Workers))
+	comp, err := c.parseSpec(cfg.Spec)
 	if err != nil {
 		return err
 	}
@@ -356,7 +372,14 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 		return fmt.Errorf("spec %s: a lossless stage makes payload lengths vary, and every strategy exchanges fixed-size slots", comp.Spec())
 	}
 	c.spec = comp.Spec().String()
-	if c.strategy, err = strategyFor(cfg.Strategy, comp.Codec(), c.size); err != nil {
+	codec := comp.Codec()
+	if c.lowRank != nil {
+		c.spec, codec = c.lowRank.String(), compress.CodecPowerSGD
+		if err := c.checkLowRank(); err != nil {
+			return err
+		}
+	}
+	if c.strategy, err = strategyFor(cfg.Strategy, codec, c.size); err != nil {
 		return err
 	}
 	if err := fits(fmt.Sprintf("the bookkeeping of %d buckets on %d ranks", len(sizes), c.size), bookkeeping(len(sizes), c.size)); err != nil {
@@ -366,12 +389,12 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	for i, n := range sizes {
 		c.buckets[i] = &bucket{idx: i, n: n}
 	}
-	if c.mech = mechanism(c.strategy, comp.Codec(), c.size); c.mech == StrategyHier {
+	if c.mech = mechanism(c.strategy, codec, c.size); c.mech == StrategyHier {
 		// The engine across nodes compresses (hier.go): this core keeps
 		// no compressor, memory or decision of its own.
 		return c.configureHier()
 	}
-	if comp.Codec() == compress.CodecNone {
+	if comp.Codec() == compress.CodecNone && c.lowRank == nil {
 		if len(cfg.Schedule) > 0 {
 			return fmt.Errorf("a Schedule leads to a compressing Spec, not %s", comp.Spec())
 		}
@@ -395,6 +418,35 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	return nil
 }
 
+// parseSpec is the compressor of spec: compress.Parse's, or for powersgd
+// (which has no payload of its own) the fp32 compressor that stands in
+// for its memories, with c.lowRank set to the spec.
+func (c *core) parseSpec(spec string) (compress.Compressor, error) {
+	s, err := compress.ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	if s.Codec == compress.CodecPowerSGD {
+		lr := s
+		c.lowRank = &lr
+		s = compress.Spec{Codec: compress.CodecNone}
+	}
+	return compress.New(s, compress.WithWorkers(c.cfg.Workers))
+}
+
+// checkLowRank refuses what StrategyLowRank does not do (yet).
+func (c *core) checkLowRank() error {
+	switch cfg := c.cfg; {
+	case cfg.Shapes == nil:
+		return fmt.Errorf("spec %s needs Config.Shapes: the shapes of each bucket's tensors", c.spec)
+	case len(cfg.Schedule) > 0:
+		return fmt.Errorf("spec %s takes no Schedule", c.spec)
+	case cfg.Guard > 0:
+		return fmt.Errorf("spec %s has no accuracy guard (Guard) yet", c.spec)
+	}
+	return nil
+}
+
 // memories returns the compressors of comp's error-feedback memories
 // (nil without error feedback). SRA's second stage has one, but for sign:
 // feeding back the error of the sign of the averaged signs cost the
@@ -402,6 +454,17 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 // 1–3: 0.862 mean with it, 0.965 without, dense 0.982), for half a point
 // on the digits MLP (0.970 with it, 0.966 without, dense 0.971).
 func (c *core) memories(comp compress.Compressor) (mem1, mem2 compress.Compressor) {
+	if c.lowRank != nil {
+		// Low-rank's residual (with error feedback) and its warm start's
+		// Q (lowrank.go), vectors it computes itself.
+		if c.cfg.ErrorFeedback {
+			mem1 = comp
+		}
+		if !c.lowRank.Cold {
+			mem2 = comp
+		}
+		return mem1, mem2
+	}
 	if !c.cfg.ErrorFeedback {
 		return nil, nil
 	}
@@ -527,6 +590,13 @@ func (c *core) decide(ctx context.Context, auto func(context.Context) (*costMode
 		m, err := auto(ctx)
 		if err != nil {
 			return err
+		}
+		if m == nil { // no model of this strategy: verification alone decides
+			for _, b := range c.buckets {
+				b.compressed = true
+				b.predicted = "no cost model of strategy " + c.strategy.String() + " yet: compressed until verification measures"
+				b.reason = b.predicted
+			}
 		}
 		c.model = m
 		c.verify = newVerifier(len(c.buckets))
@@ -888,6 +958,9 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 			return fmt.Errorf("bucket %d has %d elements, want 1 to %d", i, n, uint64(compress.MaxElements))
 		}
 	}
+	if err := checkShapes(cfg.Shapes, sizes); err != nil {
+		return err
+	}
 	for i, p := range cfg.Schedule {
 		if p.Steps < 1 {
 			return fmt.Errorf("schedule phase %d (%s) has %d steps, want at least 1", i, p.Spec, p.Steps)
@@ -897,6 +970,48 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return err
 	}
 	return nil
+}
+
+// checkShapes checks Config.Shapes against the bucket sizes: one list per
+// bucket, positive sides, and tensors that add up to the bucket.
+func checkShapes(shapes [][]Shape, sizes []int) error {
+	if shapes == nil {
+		return nil
+	}
+	if len(shapes) != len(sizes) {
+		return fmt.Errorf("Shapes has %d buckets, the engine %d", len(shapes), len(sizes))
+	}
+	tensors := 0
+	for i, ts := range shapes {
+		if tensors += len(ts); tensors > maxTensors {
+			return fmt.Errorf("Shapes gives more than %d tensors", maxTensors)
+		}
+		total := int64(0)
+		for j, s := range ts {
+			if s.Rows < 1 || s.Cols < 1 || int64(s.Rows) > compress.MaxElements || int64(s.Cols) > compress.MaxElements {
+				return fmt.Errorf("bucket %d, tensor %d: shape %d×%d, want positive sides", i, j, s.Rows, s.Cols)
+			}
+			if total += int64(s.Rows) * int64(s.Cols); total > int64(sizes[i]) {
+				return fmt.Errorf("bucket %d: its tensors 0 to %d already hold %d elements, the bucket %d", i, j, total, sizes[i])
+			}
+		}
+		if total != int64(sizes[i]) {
+			return fmt.Errorf("bucket %d: its %d tensors hold %d elements, the bucket %d", i, len(ts), total, sizes[i])
+		}
+	}
+	return nil
+}
+
+// shapesName is bucket i's shapes as the handshake compares them.
+func shapesName(shapes [][]Shape, i int) string {
+	if shapes == nil {
+		return "none"
+	}
+	parts := make([]string, len(shapes[i]))
+	for j, s := range shapes[i] {
+		parts[j] = strconv.Itoa(s.Rows) + "x" + strconv.Itoa(s.Cols)
+	}
+	return strings.Join(parts, ",")
 }
 
 // nodeCodec is the compressor of the node stages NodeSpec names (nil for

@@ -356,6 +356,8 @@ func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 		return 0, err
 	case r == StrategyHier && (c == compress.CodecTopK || c == compress.CodecRandomK):
 		return 0, fmt.Errorf("strategy hier with %s is not available on the device: it exchanges over two-level collectives, which the device does not have (use sparse-gather or shared-index)", c)
+	case r == StrategyLowRank:
+		return 0, fmt.Errorf("strategy low-rank (powersgd) is not available on the device yet: use an Engine (host buckets)")
 	case r == StrategyQuantSRA && c == compress.CodecRandomK:
 		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use shared-index)")
 	}

@@ -59,6 +59,7 @@ type Engine struct {
 // hostBuffers are a bucket's buffers on the host backend, allocated by the
 // exchanger's setup the first time the bucket takes the compressed path.
 type hostBuffers struct {
+	prepared   bool   // the exchanger's setup made them
 	slot       int    // slot length of the strategy's exchanges
 	send, recv []byte // stage-1 slots
 	send2      []byte // SRA stage-2 slot
@@ -67,6 +68,7 @@ type hostBuffers struct {
 	vals       []float32 // shared-index: statuses then values
 	picks      []uint32  // shared-index: the indices
 	mom, next  []float32 // momentum correction: u, and the step's m·u + g until settle installs it
+	lowRank    *lowRankBuffers
 }
 
 // hostRun is the host backend's part of a run.
@@ -87,6 +89,7 @@ type hostRun struct {
 	tail         *tail  // the bucket's last collective, in flight (inflight.go)
 	delegated    bool   // the caller exchanges it (Delegate)
 	handedBack   *event // Delegate: fires at DelegateDone
+	lowRank      lowRankRun
 }
 
 // New builds an engine over c for buckets of the given element counts
@@ -122,7 +125,7 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if hier {
 		core.layout, local = hierLayout(c)
 	}
-	core.trials = shapeTrials(c, cfg)
+	core.trials = shapeTrials(c, cfg) && core.lowRank == nil
 	if local == nil {
 		need, what := e.memoryNeed(), "host"
 		if e.sharded() {
@@ -242,6 +245,13 @@ func (e *Engine) newExchanger() exchanger {
 			c2.ef = e.partEF
 		}
 		return &sraExchanger{e: e, c1: c1, c2: c2}
+	case StrategyLowRank:
+		if e.mem2 != nil {
+			e.partEF = compress.NewErrorFeedback(e.mem2)
+		}
+		x := &lowRankExchanger{e: e, spec: *e.lowRank, c: c1}
+		x.useMemory(e.gradEF, e.partEF)
+		return x
 	}
 	return &gatherExchanger{e: e, c: c1}
 }
@@ -249,6 +259,11 @@ func (e *Engine) newExchanger() exchanger {
 // costModel is DecideAuto's decision: the cost model measures, decides
 // every bucket and returns itself.
 func (e *Engine) costModel(ctx context.Context) (*costModel, error) {
+	if e.lowRank != nil {
+		// Its cost depends on the tensors' shapes, which the model's
+		// timings by bucket size do not see: verification decides.
+		return nil, nil
+	}
 	m, err := measure(ctx, e.core, e)
 	if err != nil {
 		return nil, err
@@ -277,8 +292,9 @@ func (e *Engine) linkCost(m *costModel, n int) float64 { return e.exchanger.link
 // prepare allocates b's buffers the first time it takes the compressed
 // path.
 func (e *Engine) prepare(b *bucket) error {
-	if b.send == nil {
+	if !b.prepared {
 		e.exchanger.setup(b)
+		b.prepared = true
 	}
 	return nil
 }
@@ -524,7 +540,7 @@ func (e *Engine) usePhase() {
 	carry(gradEF, e.gradEF)
 	carry(partEF, e.partEF)
 	for _, b := range e.buckets {
-		if b.send != nil {
+		if b.prepared {
 			e.exchanger.setup(b)
 		}
 	}

@@ -165,13 +165,15 @@ func TestUnrepresentableFallsBack(t *testing.T) {
 // TestDeadRank: a rank that stops calling makes the others' Wait fail
 // within the timeout; their memory then holds e + g, and the engine is
 // broken. With top-k both buckets' all-gathers are in flight at once when
-// the rank dies (comm/inproc is a comm.Starter).
+// the rank dies (comm/inproc is a comm.Starter); with PowerSGD the
+// survivors wait in its first all-reduce.
 func TestDeadRank(t *testing.T) {
 	sizes := []int{300, 200}
+	shapes := [][]Shape{{{20, 15}}, {{10, 20}}} // low-rank's: both compressed at rank 2
 	const ranks, timeout = 3, 200 * time.Millisecond
-	for _, spec := range []string{"topk:0.05", "int8"} {
+	for _, spec := range []string{"topk:0.05", "int8", "powersgd:2"} {
 		t.Run(spec, func(t *testing.T) {
-			engines := newEngines(t, ranks, sizes, Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: timeout})
+			engines := newEngines(t, ranks, sizes, Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: timeout, Shapes: shapes})
 			_, errs := runStep(engines, stepGrads(ranks, 0, sizes), inOrder(2))
 			mustNoErrors(t, "step 0", errs)
 			before := make([][][]float32, ranks)

@@ -46,6 +46,7 @@ func handshakeRecord(e *core, sizes []int) []field {
 	}
 	for i, n := range sizes {
 		f = append(f, field{fmt.Sprintf("bucket %d elements", i), strconv.Itoa(n)})
+		f = append(f, field{fmt.Sprintf("bucket %d shapes", i), shapesName(e.cfg.Shapes, i)})
 	}
 	return f
 }

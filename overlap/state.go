@@ -333,14 +333,23 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 	if err := e.checkMemory(st.mem[0], 1, func(bk *bucket) int { return bk.n }); err != nil {
 		return nil, err
 	}
-	if st.mem[1] != nil && e.mem2 != nil && info.WorldSize == e.size && info.Rank == e.rank && info.Strategy == e.strategy {
+	switch {
+	case st.mem[1] == nil || e.mem2 == nil:
+		st.mem[1] = nil
+	case e.lowRank != nil:
+		// The warm start's Q's, the same on every rank: they resume on
+		// any world size.
+		if err := e.checkMemory(st.mem[1], 2, func(bk *bucket) int { return planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank).qLen }); err != nil {
+			return nil, err
+		}
+	case info.WorldSize == e.size && info.Rank == e.rank && info.Strategy == e.strategy:
 		// This rank's part of each bucket (the bucket's buffers exist only
 		// once it has taken the compressed path).
 		part := &parts{count: e.size}
 		if err := e.checkMemory(st.mem[1], 2, func(bk *bucket) int { lo, hi := part.bounds(bk.n, e.rank); return hi - lo }); err != nil {
 			return nil, err
 		}
-	} else {
+	default:
 		st.mem[1] = nil
 	}
 	if st.mem[0] == nil && e.mem1 != nil {
@@ -416,7 +425,7 @@ func (e *core) checkLayoutOf(info StateInfo) error {
 // configured, and one in use that differs from e's loads when e's is auto.
 // A strategy byte this build does not know is refused in any version.
 func (e *core) checkStrategy(info StateInfo) error {
-	known := func(s Strategy) bool { return s > StrategyAuto && s <= StrategyHier }
+	known := func(s Strategy) bool { return s > StrategyAuto && s <= StrategyLowRank }
 	switch {
 	case !known(info.Strategy):
 		return &StateError{Reason: fmt.Sprintf("strategy byte %d names no strategy this build knows", int(info.Strategy))}
@@ -440,7 +449,11 @@ func (e *core) checkStrategy(info StateInfo) error {
 	if e.comp == nil {
 		return nil // codec none: the dense all-reduce, whatever the strategy
 	}
-	if _, err := resolve(info.Strategy, e.comp.Codec(), info.WorldSize); err != nil {
+	codec := e.comp.Codec()
+	if e.lowRank != nil {
+		codec = compress.CodecPowerSGD
+	}
+	if _, err := resolve(info.Strategy, codec, info.WorldSize); err != nil {
 		return &StateError{Reason: fmt.Sprintf("strategy %v cannot carry spec %s", info.Strategy, info.Spec), Err: err}
 	}
 	return nil

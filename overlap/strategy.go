@@ -14,9 +14,9 @@ type Strategy int
 // The strategies.
 const (
 	// StrategyAuto picks from the codec: none, fp16, bf16 → StrategyDense;
-	// randomk → StrategySharedIndex; topk → StrategySparseGather; int8,
-	// int4, int2, sign → StrategyQuantSRA, or StrategyQuantAllGather with
-	// two ranks or fewer (the same volume in one collective, without the
+	// randomk → StrategySharedIndex; topk → StrategySparseGather;
+	// powersgd → StrategyLowRank; int8, int4, int2, sign →
+	// StrategyQuantSRA, or StrategyQuantAllGather with two ranks or fewer (the same volume in one collective, without the
 	// second quantization). On a comm that places the ranks on two nodes
 	// or more of two ranks or more (comm.Topologist, comm.Splitter), New
 	// then times a few steps of that flat strategy and of StrategyHier and
@@ -55,12 +55,19 @@ const (
 	// ranks of each node; compression, error feedback and momentum apply
 	// to the shards. See hier.go.
 	StrategyHier
+	// StrategyLowRank is PowerSGD (spec powersgd:R): each tensor of a
+	// bucket (Config.Shapes) that is worth it is approximated by P·Qᵀ of
+	// rank R; one all-reduce sums every P of the bucket together with
+	// the bucket's other tensors, uncompressed; P is orthogonalized; a
+	// second all-reduce sums every Q = Mᵀ·P. Codec powersgd only; host
+	// engines only. See lowrank.go.
+	StrategyLowRank
 )
 
 var strategyNames = [...]string{
 	StrategyAuto: "auto", StrategyDense: "dense", StrategySharedIndex: "shared-index",
 	StrategySparseGather: "sparse-gather", StrategyQuantSRA: "sra", StrategyQuantAllGather: "allgather",
-	StrategyHier: "hier",
+	StrategyHier: "hier", StrategyLowRank: "low-rank",
 }
 
 // String returns the name ParseStrategy accepts, or "Strategy(N)".
@@ -72,7 +79,7 @@ func (s Strategy) String() string {
 }
 
 // ParseStrategy returns the strategy named s: auto, dense, shared-index,
-// sparse-gather, sra, allgather or hier.
+// sparse-gather, sra, allgather, hier or low-rank.
 func ParseStrategy(s string) (Strategy, error) {
 	for i, name := range strategyNames {
 		if s == name {
@@ -93,6 +100,8 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 			return StrategyDense, nil
 		case c == compress.CodecRandomK:
 			return StrategySharedIndex, nil
+		case c == compress.CodecPowerSGD:
+			return StrategyLowRank, nil
 		case c == compress.CodecTopK:
 			return StrategySparseGather, nil
 		case size <= 2:
@@ -108,10 +117,21 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 			return 0, fmt.Errorf("overlap: strategy shared-index needs indices shared by every rank: codec randomk, not %s", c)
 		}
 	case StrategyHier:
-		// Every codec: the engine across nodes resolves its own strategy.
+		// Every codec but powersgd: the engine across nodes resolves its
+		// own strategy.
+		if c == compress.CodecPowerSGD {
+			return 0, fmt.Errorf("overlap: strategy hier does not carry powersgd yet (use low-rank)")
+		}
+	case StrategyLowRank:
+		if c != compress.CodecPowerSGD {
+			return 0, fmt.Errorf("overlap: strategy low-rank carries codec powersgd, not %s", c)
+		}
 	case StrategySparseGather, StrategyQuantSRA, StrategyQuantAllGather:
-		if c == compress.CodecNone {
+		switch c {
+		case compress.CodecNone:
 			return 0, fmt.Errorf("overlap: codec none is exchanged by the dense all-reduce, not strategy %v", s)
+		case compress.CodecPowerSGD:
+			return 0, fmt.Errorf("overlap: codec powersgd is exchanged by strategy low-rank, not %v", s)
 		}
 	default:
 		return 0, fmt.Errorf("overlap: unknown strategy %v", s)

@@ -59,6 +59,7 @@ type cEngineConfig struct {
 	LocalRank, LocalSize     int32   // since ABI 2.4
 	_                        int32
 	NodeSpec                 *C.char // since ABI 2.5
+	TensorCounts, Shapes     *uint64 // since ABI 2.7
 }
 
 // engineConfigSize20 and engineConfigSize21 are sizeof(gc_engine_config)
@@ -68,6 +69,7 @@ const (
 	engineConfigSize21 = 72
 	engineConfigSize22 = 88 // and 2.3
 	engineConfigSize24 = 104
+	engineConfigSize25 = 112 // and 2.6
 )
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
@@ -328,10 +330,17 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 	if c.Size >= engineConfigSize24 {
 		raw.topo = comm.Topology{Node: int(c.Node), Nodes: int(c.Nodes), LocalRank: int(c.LocalRank), LocalSize: int(c.LocalSize)}
 	}
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+	if c.Size >= engineConfigSize25 {
 		raw.nodeSpec = str(c.NodeSpec)
 	}
+	var shapesErr error
+	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
+		raw.shapes, shapesErr = readShapes(c.TensorCounts, c.Shapes, int(nbuckets))
+	}
 	conf, err := parseEngineConfig(raw)
+	if err == nil {
+		err = shapesErr
+	}
 	if err == nil && c.Spec == nil { // after parsing, so that conf holds the timeout
 		err = errorf(errInvalid, "null cfg->spec")
 	}
@@ -347,6 +356,41 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 	}
 	return conf, sz, nil
 }
+
+// readShapes reads gc_engine_config's tensor_counts and shapes for
+// nbuckets buckets (nil, nil: none).
+func readShapes(counts, shapes *uint64, nbuckets int) ([][]overlap.Shape, error) {
+	switch {
+	case counts == nil && shapes == nil:
+		return nil, nil
+	case counts == nil || shapes == nil:
+		return nil, errorf(errConfig, "cfg->tensor_counts and cfg->shapes: give both or neither")
+	}
+	total := uint64(0)
+	cs := unsafe.Slice(counts, nbuckets)
+	for i, n := range cs {
+		if total += n; n > maxTensors || total > maxTensors {
+			return nil, errorf(errConfig, "cfg->tensor_counts[%d] = %d: more than %d tensors in all", i, n, maxTensors)
+		}
+	}
+	pairs := unsafe.Slice(shapes, 2*total)
+	out := make([][]overlap.Shape, nbuckets)
+	for i, n := range cs {
+		out[i] = make([]overlap.Shape, n)
+		for j := range out[i] {
+			rows, cols := pairs[0], pairs[1]
+			pairs = pairs[2:]
+			if rows > math.MaxInt32 || cols > math.MaxInt32 {
+				return nil, errorf(errConfig, "bucket %d, tensor %d: shape %d×%d is not plausible", i, j, rows, cols)
+			}
+			out[i][j] = overlap.Shape{Rows: int(rows), Cols: int(cols)}
+		}
+	}
+	return out, nil
+}
+
+// maxTensors bounds gc_engine_config's tensors, over every bucket.
+const maxTensors = 1 << 24
 
 //export gc_engine_destroy
 func gc_engine_destroy(h C.uint64_t) (st C.int) {

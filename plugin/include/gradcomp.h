@@ -391,7 +391,8 @@ typedef struct gc_engine_config {
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
 	const char *spec;          /* compressor spec, e.g. "topk:0.01"; no lossless stage */
 	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather",
-	                            * "hier" (since 2.4 through the C ABI: needs the topology, below) */
+	                            * "hier" (since 2.4 through the C ABI: needs the topology, below), "low-rank"
+	                            * (since 2.7: spec "powersgd:R", host buckets; needs the shapes, below) */
 	const char *decision;      /* "auto" (or NULL): the cost model, verified online; "compressed", "dense": pinned */
 	int32_t fail_on_nonfinite; /* 0: a bucket with NaN/Inf on any rank goes dense that step; 1: the step fails (GC_ERR_NONFINITE) */
 	int32_t warmup;            /* steps numbered below it exchange every bucket dense */
@@ -436,6 +437,15 @@ typedef struct gc_engine_config {
 	                            * float32, "bf16", "fp16" or "int8" (SDP4Bit's 8-bit inside a node): each stage's
 	                            * parts quantized once, without error feedback. Needs strategy "hier" or "auto";
 	                            * compared by the handshake. A 2.4 or older caller's size (104 or less) means float32. */
+	/* Since 2.7: the shapes of each bucket's tensors, as matrices in the order they lie in the bucket
+	 * (tensor j starts where tensor j−1 ends, and their elements add up to the bucket's): bucket i has
+	 * tensor_counts[i] tensors, and shapes holds their (rows, cols) pairs, bucket 0's first. A 1-D tensor is
+	 * 1×n, a convolution weight out×(in·kh·kw), as torch's PowerSGD views them. Spec "powersgd:R" (strategy
+	 * "low-rank") needs them; the other strategies ignore them, but they are checked (GC_ERR_CONFIG) and
+	 * the handshake compares them. Both NULL: none; one NULL is GC_ERR_CONFIG. A 2.6 or older caller's size
+	 * (112) means none. */
+	const uint64_t *tensor_counts;
+	const uint64_t *shapes;
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

@@ -34,7 +34,7 @@
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
 _Static_assert(offsetof(gc_engine_config, node) == 84, "node at 84 (ABI 2.4)");
 _Static_assert(offsetof(gc_engine_config, node_spec) == 104, "node_spec at 104, the ABI 2.4 size (ABI 2.5)");
-_Static_assert(sizeof(gc_engine_config) == 112, "gc_engine_config is 112 bytes (ABI 2.5)");
+_Static_assert(sizeof(gc_engine_config) == 128, "gc_engine_config is 128 bytes (ABI 2.7)");
 _Static_assert(offsetof(gc_engine_config, local_size) == 96, "local_size at 96");
 _Static_assert(offsetof(gc_op, group) == 20 && offsetof(gc_op, reserved) == 20, "group is 2.3's reserved");
 _Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
@@ -683,6 +683,77 @@ static void test_guard(void) {
 	printf("accuracy guard: held back past 1.2 at step %d, step %d guarded\n", tripped, guarded);
 }
 
+/* PowerSGD through the C ABI (spec "powersgd:2", strategy "low-rank"): the
+ * shapes come with the config (bucket 0 a 40×25 matrix, bucket 1 a 1×37
+ * bias); gradients whose matrices share a 2-dimensional column space are
+ * averaged exactly, the same on both ranks. Without shapes, or with one of
+ * the two arrays, every rank gets GC_ERR_CONFIG. */
+static void test_lowrank(void) {
+	static const uint64_t counts[NBUCKETS] = {1, 1};
+	static const uint64_t shapes[4] = {40, 25, 1, 37};
+	struct {
+		const uint64_t *counts, *shapes;
+		gc_status want;
+		const char *say;
+	} cases[] = {
+		{counts, shapes, GC_OK, ""},
+		{NULL, NULL, GC_ERR_CONFIG, "needs Config.Shapes"},
+		{counts, NULL, GC_ERR_CONFIG, "give both or neither"},
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		struct group g;
+		struct host hs[2];
+		struct member ms[2];
+		group_init(&g, 2, 10);
+		hosts_start(hs, &g, 2, 0);
+		float a[40][2], want[1000] = {0};
+		for (int i = 0; i < 40; i++) a[i][0] = (float)(i % 7) - 3, a[i][1] = (float)(i % 5) * 0.5f - 1;
+		for (int r = 0; r < 2; r++) {
+			memset(&ms[r], 0, sizeof ms[r]);
+			ms[r].h = &hs[r];
+			ms[r].cfg = config("powersgd:2", "low-rank");
+			ms[r].cfg.tensor_counts = cases[c].counts;
+			ms[r].cfg.shapes = cases[c].shapes;
+			for (int i = 0; i < 40; i++)
+				for (int j = 0; j < 25; j++) {
+					float b0 = (float)((j + r) % 4) - 1.5f, b1 = (float)((3 * j + r) % 6) * 0.25f;
+					ms[r].g[0][i * 25 + j] = a[i][0] * b0 + a[i][1] * b1;
+					want[i * 25 + j] += ms[r].g[0][i * 25 + j] / 2;
+				}
+			for (int i = 0; i < 37; i++) ms[r].g[1][i] = (float)(r * 37 + i);
+		}
+		on(ms, 2, 3, create_main);
+		for (int r = 0; r < 2; r++)
+			CHECK(ms[r].st == cases[c].want && strstr(ms[r].msg, cases[c].say) != NULL,
+			      "low-rank case %zu: rank %d: gc_engine_create = %d (%s), want %d saying %s", c, r, ms[r].st, ms[r].msg,
+			      cases[c].want, cases[c].say);
+		if (cases[c].want == GC_OK && ms[0].st == GC_OK && ms[1].st == GC_OK) {
+			on(ms, 2, 3, step_main);
+			double err = 0, scale = 0;
+			for (int i = 0; i < 1000; i++) {
+				err = fmax(err, fabs((double)ms[0].g[0][i] - want[i]));
+				scale = fmax(scale, fabs((double)want[i]));
+			}
+			CHECK(ms[0].st == GC_OK && ms[1].st == GC_OK, "low-rank step: %d (%s), %d (%s)", ms[0].st, ms[0].msg, ms[1].st,
+			      ms[1].msg);
+			CHECK(memcmp(ms[0].g, ms[1].g, sizeof ms[0].g) == 0, "low-rank: the ranks' averages differ");
+			CHECK(err <= 1e-5 * scale, "low-rank: largest difference from the mean %g (scale %g)", err, scale);
+			CHECK(ms[0].g[1][5] == (5.0f + 42.0f) / 2, "low-rank: the bias averaged to %g, want %g", ms[0].g[1][5],
+			      (5.0 + 42.0) / 2);
+			gc_bucket_stats bs;
+			uint64_t step = 0, sent = 0;
+			double total = 0, exposed = 0;
+			OK(gc_engine_stats(ms[0].e, 0, &bs, &step, &sent, &total, &exposed));
+			CHECK(bs.compressed == 1 && strcmp(bs.strategy, "low-rank") == 0, "low-rank: bucket 0 compressed %d by %s",
+			      bs.compressed, bs.strategy);
+			printf("low-rank (powersgd:2) 2 ranks: a rank-2 gradient averaged within %.2g of the mean; "
+			       "bucket 0 sent %llu bytes for 1000 elements\n",
+			       err / scale, (unsigned long long)bs.bytes_sent);
+		}
+		unpair(ms, hs, &g);
+	}
+}
+
 /* A fault of rank 0's host in the step's first collective: rank 0's step
  * fails with GC_ERR_COMM saying want0; rank 1's, whose host then waits in
  * vain for rank 0's, fails too; both engines are broken. With launched,
@@ -1089,6 +1160,7 @@ int main(void) {
 	CHECK(live == 0, "%zu live handles at start", live);
 	test_golden();
 	test_hier();
+	test_lowrank();
 	test_untaken();
 	test_invalid_config();
 	test_nomem();

@@ -685,10 +685,12 @@ def format_schedule(schedule):
 
 def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True, fail_on_nonfinite=False, warmup=0,
                   timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False,
-                  topology=None, node_spec=""):
+                  topology=None, node_spec="", shapes=None):
     """A gc_engine_config of :class:`Engine`'s settings (its docstring
     says what each means); ValueError for a decision the library does not
     know, or settings this library's ABI lacks."""
+    if shapes is not None and _lib.lib().gc_abi_version() & 0xFFFF < 7:
+        raise ValueError("gradcomp: shapes (spec powersgd) need libgradcomp ABI 2.7; %s is older" % _lib.path())
     if (topology is not None or strategy == "hier") and _lib.lib().gc_abi_version() & 0xFFFF < 4:
         raise ValueError("gradcomp: strategy hier and topology need libgradcomp ABI 2.4; %s is older" % _lib.path())
     if node_spec and _lib.lib().gc_abi_version() & 0xFFFF < 5:
@@ -715,7 +717,31 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
     if topology is not None:
         cfg.node, cfg.nodes, cfg.local_rank, cfg.local_size = (int(v) for v in topology)
     cfg.node_spec = _lib.cstring("node_spec", node_spec) if node_spec else None
+    if shapes is not None:
+        counts = [len(b) for b in shapes]
+        pairs = [int(v) for b in shapes for shape in b for v in shape]
+        if any(len(shape) != 2 for b in shapes for shape in b):
+            raise ValueError("gradcomp: shapes=%r: want, per bucket, (rows, cols) pairs" % (shapes,))
+        # Kept on cfg: the library reads them while the engine is made.
+        cfg._counts = (ctypes.c_uint64 * max(len(counts), 1))(*counts)
+        cfg._pairs = (ctypes.c_uint64 * max(len(pairs), 1))(*pairs)
+        cfg.tensor_counts = ctypes.cast(cfg._counts, ctypes.POINTER(ctypes.c_uint64))
+        cfg.shapes = ctypes.cast(cfg._pairs, ctypes.POINTER(ctypes.c_uint64))
     return cfg
+
+
+def matrix_shape(shape):
+    """A tensor shape as PowerSGD views it, (rows, cols): a scalar or 1-D
+    tensor is one row, a tensor of more dimensions its first against the
+    product of the rest (a convolution weight out × in·kh·kw), as torch's
+    PowerSGD hook does."""
+    dims = [int(d) for d in shape]
+    if len(dims) <= 1:
+        return (1, dims[0] if dims else 1)
+    cols = 1
+    for d in dims[1:]:
+        cols *= d
+    return (dims[0], cols)
 
 
 class Engine:
@@ -724,7 +750,11 @@ class Engine:
     default group) through a Hosted transport and a TorchHost.
 
     ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
-    "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``).
+    "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``),
+    "low-rank" (ABI 2.7: spec "powersgd:R", host buckets).
+    ``shapes`` (ABI 2.7): per bucket, its tensors as (rows, cols) in the
+    order they lie in it (:func:`matrix_shape` of each tensor's shape);
+    spec powersgd needs them, other specs ignore them.
     ``topology``: this rank's place among the nodes, (node, nodes,
     local_rank, local_size) (None: unknown). ``node_spec`` (ABI 2.5):
     "bf16", "fp16" or "int8" codes the node stages of "hier" (host
@@ -759,13 +789,14 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec=""):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
                             fail_on_nonfinite=fail_on_nonfinite, warmup=warmup, timeout=timeout, workers=workers,
                             device=device, momentum=momentum, schedule=schedule, guard=guard,
-                            momentum_masking=momentum_masking, topology=topology, node_spec=node_spec)
+                            momentum_masking=momentum_masking, topology=topology, node_spec=node_spec,
+                            shapes=shapes)
         if groups is not None and not all(g in groups for g in (_lib.Group.NODE, _lib.Group.CROSS)):
             raise ValueError("gradcomp: groups=%r: want {Group.NODE: process group, Group.CROSS: process group}"
                              % (groups,))

@@ -255,6 +255,8 @@ class EngineConfig(ctypes.Structure):
         ("local_rank", ctypes.c_int32),
         ("local_size", ctypes.c_int32),
         ("node_spec", ctypes.c_char_p),  # since ABI 2.5: the codec of "hier"'s node stages (None: float32)
+        ("tensor_counts", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: tensors per bucket (NULL: none)
+        ("shapes", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: their (rows, cols) pairs
     ]
 
 

@@ -128,7 +128,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._compressor import Compressor, has_cuda
-from ._engine import Engine, format_schedule
+from ._engine import Engine, format_schedule, matrix_shape
 
 __all__ = ["State", "hier_layout", "hook"]
 
@@ -286,8 +286,13 @@ def set_options(state, spec, strategy, decision, warmup_steps, error_feedback, o
     ``on_nonfinite``, ``timeout``, ``workers``, ``momentum`` (momentum
     correction's, 0: off), ``momentum_masking``, ``schedule`` (as
     gc_engine_config takes it, "" for none) and ``guard`` (0: off)."""
-    with Compressor(spec, 1) as c:
-        state.spec = c.spec
+    if isinstance(spec, str) and spec.split(":")[0] == "powersgd":
+        # An exchange of the engine, not a compressor: the engine checks
+        # the spec (ConfigError) when it is made.
+        state.spec = spec
+    else:
+        with Compressor(spec, 1) as c:
+            state.spec = c.spec
     state.strategy, state.decision, state.warmup_steps = strategy, decision, warmup_steps
     state.error_feedback, state.on_nonfinite, state.timeout = bool(error_feedback), on_nonfinite, float(timeout)
     state.workers, state.momentum, state.momentum_masking = int(workers), float(momentum), bool(momentum_masking)
@@ -808,6 +813,19 @@ class State:
             return None
         return [self._layout[i][0] for i in range(len(self._layout))]
 
+    def _shapes(self, sizes):
+        """PowerSGD's bucket shapes (spec powersgd): each DDP bucket's
+        parameters as matrices (matrix_shape), when the engine's buckets
+        are DDP's and DDP says which parameters each holds; else None
+        (the engine then refuses powersgd, saying it needs them). Other
+        specs: None."""
+        if self.spec.split(":")[0] != "powersgd" or not self._layout:
+            return None
+        layout = [self._layout.get(i) for i in range(len(sizes))]
+        if any(b is None or b[1] is None for b in layout) or [b[0] for b in layout] != list(sizes):
+            return None
+        return [[matrix_shape(p.shape) for p in b[1]] for b in layout]
+
     def _seen_params(self):
         """The parameters of the buckets of _seen_layout, in bucket order,
         as _signature pairs (None when unknown)."""
@@ -1173,6 +1191,7 @@ class State:
             device = -1 if buf.device.type == "cpu" else buf.device.index
             group = self._engine_group()
             eng = Engine(self.spec, sizes, process_group=group, device=device, groups=self._groups,
+                         shapes=self._shapes(sizes),
                          **self._settings(None if self._pending_reshape else self._pending))
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "

@@ -1,0 +1,304 @@
+package overlap
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/lowrank"
+)
+
+// StrategyLowRank: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019,
+// Algorithm 2 with error feedback) over the bucket's tensors
+// (Config.Shapes). Per tensor M of rows×cols (error feedback added: M =
+// e + g), with r = min(R, rows, cols):
+//
+//	P = M·Q                   encode (compute stream)
+//	P ← Σ_ranks P             first all-reduce, with the bucket's other tensors
+//	P̂ = orthogonalize(P)      between the rounds (lowrank.Orthogonalize:
+//	Q = Mᵀ·P̂                  float64 Gram-Schmidt, the same bits on every rank)
+//	Q̄ ← Σ_ranks Q / N         second all-reduce
+//	average = P̂·Q̄ᵀ            decode, in one pass with the residual
+//	e ← M − P̂·Qᵀ              (this rank's Q: what its own M lost)
+//
+// A tensor is compressed when it saves at least MinCompression:
+// rows·cols ≥ MinCompression·(rows+cols)·r; the others (biases, small
+// layers) go uncompressed in the first all-reduce, averaged exactly,
+// their residual zero. Q starts from the counter RNG, uniform in [−1, 1)
+// from (seed, bucket, tensor, step), the same on every rank; with warm
+// start (the default) each step starts from the previous step's Q̄, kept
+// as the bucket's second memory (state: stage 2), and a tensor whose kept
+// Q is all zero (the first step, or a zero gradient) draws it again.
+//
+// The first all-reduce begins with one float per rank, rank q's at q: 1
+// when its M holds NaN or ±Inf, so every rank sees the same statuses and
+// such a step goes dense (nothing non-finite reaches P, Q or the memory).
+// An orthogonalization that meets a rank-deficient P zeroes those columns
+// (lowrank.Orthogonalize): the approximation loses them, the residual
+// keeps them.
+type lowRankExchanger struct {
+	e    *Engine
+	spec compress.Spec
+	c    coder // the fp32 stand-in: settle's fold of a gradient never compressed
+	// ef is the residual memory (nil without error feedback), warm the
+	// warm start's Q (nil with warm=off).
+	ef, warm *compress.ErrorFeedback
+}
+
+// lowRankMatrix is one compressed tensor of a bucket's plan.
+type lowRankMatrix struct {
+	off        int // its first element in the bucket
+	rows, cols int
+	r          int // its rank, min(R, rows, cols)
+	p, q       int // where its P starts among the P's, its Q among the Q's
+	tensor     int // its index in the bucket's Shapes (the RNG's domain)
+}
+
+// lowRankPlan is how a bucket's tensors travel: the compressed ones, and
+// the element ranges [lo, hi) that go uncompressed.
+type lowRankPlan struct {
+	mats []lowRankMatrix
+	flat [][2]int
+	// pLen and qLen are the P's and Q's elements, flatLen the
+	// uncompressed ones'.
+	pLen, qLen, flatLen int
+}
+
+// planLowRank lays out a bucket of shapes for spec.
+func planLowRank(shapes []Shape, spec compress.Spec) *lowRankPlan {
+	pl := &lowRankPlan{}
+	off := 0
+	for j, s := range shapes {
+		n := s.Rows * s.Cols
+		r := min(spec.Rank, s.Rows, s.Cols)
+		if float64(n) >= spec.MinCompressionFactor()*float64(s.Rows+s.Cols)*float64(r) {
+			pl.mats = append(pl.mats, lowRankMatrix{off: off, rows: s.Rows, cols: s.Cols, r: r, p: pl.pLen, q: pl.qLen, tensor: j})
+			pl.pLen += s.Rows * r
+			pl.qLen += s.Cols * r
+		} else {
+			if k := len(pl.flat) - 1; k >= 0 && pl.flat[k][1] == off {
+				pl.flat[k][1] += n // adjacent: one range
+			} else {
+				pl.flat = append(pl.flat, [2]int{off, off + n})
+			}
+			pl.flatLen += n
+		}
+		off += n
+	}
+	return pl
+}
+
+// lowRankBuffers are a bucket's buffers for StrategyLowRank.
+type lowRankBuffers struct {
+	plan  *lowRankPlan
+	vals1 []float32 // the first all-reduce: N statuses, the P's, the uncompressed elements
+	vals2 []float32 // the second: the Q's
+	qOwn  []float32 // this rank's Q's (vals2 is summed in place)
+	m     []float32 // without error feedback: the step's M, a copy of the gradient
+	zero  []float32 // with warm start: the zero "gradient" of the Q memory (qLen)
+	cold  []float32 // with warm=off: this step's Q's
+}
+
+// lowRankRun is a run's views for StrategyLowRank, from encode to decode.
+type lowRankRun struct {
+	m, res []float32 // M, and the residual to fill (M itself without error feedback)
+	q      []float32 // the Q's P was computed with
+	qNext  []float32 // with warm start: where decode writes Q̄ for the next step
+}
+
+func (x *lowRankExchanger) first() coder { return x.c }
+
+func (x *lowRankExchanger) useMemory(gradEF, partEF *compress.ErrorFeedback) {
+	x.c.ef, x.ef, x.warm = gradEF, gradEF, partEF
+}
+
+func (x *lowRankExchanger) setup(b *bucket) {
+	pl := planLowRank(x.e.cfg.Shapes[b.idx], x.spec)
+	lb := &lowRankBuffers{plan: pl, vals1: make([]float32, x.e.size+pl.pLen+pl.flatLen),
+		vals2: make([]float32, pl.qLen), qOwn: make([]float32, pl.qLen)}
+	if x.e.cfg.ErrorFeedback {
+		lb.m = nil
+	} else {
+		lb.m = make([]float32, b.n)
+	}
+	if x.spec.Cold {
+		lb.cold = make([]float32, pl.qLen)
+	} else {
+		lb.zero = make([]float32, pl.qLen)
+	}
+	b.lowRank = lb
+}
+
+// bufferBytes bounds what setup allocates for a bucket of n elements,
+// with the warm start's memory: the P's, Q's and uncompressed elements
+// hold at most n each (a tensor is compressed only when its factors are
+// smaller than it), M's copy n.
+func (x *lowRankExchanger) bufferBytes(n int) uint64 {
+	return 4*uint64(x.e.size) + 4*6*uint64(n) + efBytesPerElement*uint64(n)
+}
+
+// linkCost is the time of the first all-reduce with the bucket
+// uncompressed, a bound: the cost model does not decide low-rank buckets
+// (Engine.costModel), verification does.
+func (x *lowRankExchanger) linkCost(m *costModel, n int) float64 {
+	return m.link(allReduceVolume(x.e.size, 4*n))
+}
+
+func (x *lowRankExchanger) encode(r *run) error {
+	e, lb := x.e, r.b.lowRank
+	pl := lb.plan
+	lr := lowRankRun{m: lb.m}
+	if x.ef != nil {
+		s, res, p, err := x.ef.BeginResidual(r.grad, r.key)
+		if err != nil {
+			return err
+		}
+		r.pend1, lr.m, lr.res = p, s, res
+	} else {
+		copy(lb.m, r.grad)
+		lr.res = lb.m
+	}
+	if x.warm != nil {
+		q, next, p, err := x.warm.BeginResidual(lb.zero, r.key)
+		if err != nil {
+			return err
+		}
+		r.pend2, lr.q, lr.qNext = p, q, next
+	} else {
+		lr.q = lb.cold
+	}
+	r.lowRank = lr
+	status := lb.vals1[:e.size]
+	clear(status)
+	if !finite(lr.m) {
+		status[e.rank] = statusNonFinite
+		clear(lb.vals1[e.size:])
+		return nil
+	}
+	ps := lb.vals1[e.size : e.size+pl.pLen]
+	for _, mt := range pl.mats {
+		q := lr.q[mt.q : mt.q+mt.cols*mt.r]
+		if x.warm == nil || allZero(q) {
+			drawQ(q, x.spec.Seed, compress.Key{Bucket: r.key.Bucket, Step: r.key.Step}, mt.tensor)
+		}
+		lowrank.MulQ(ps[mt.p:mt.p+mt.rows*mt.r], lr.m[mt.off:mt.off+mt.rows*mt.cols], mt.rows, mt.cols, q, mt.r)
+	}
+	flat := lb.vals1[e.size+pl.pLen:]
+	for _, f := range pl.flat {
+		flat = flat[copy(flat, lr.m[f[0]:f[1]]):]
+	}
+	return nil
+}
+
+func (x *lowRankExchanger) exchange(st *step, r *run) ([]status, error) {
+	e, lb := x.e, r.b.lowRank
+	if err := e.allReduce(st, r, "low-rank AllReduce (P)", lb.vals1); err != nil {
+		return nil, err
+	}
+	sts := make([]status, e.size)
+	for q, v := range lb.vals1[:e.size] {
+		switch v {
+		case statusOK:
+		case statusNonFinite:
+			sts[q] = status{code: statusNonFinite, index: noIndex, value: float32(math.NaN())}
+		default:
+			return nil, &StepError{Step: st.num, Bucket: r.b.idx, Stage: "low-rank AllReduce (P)", Err: fmt.Errorf("rank %d's status is %v", q, v)}
+		}
+	}
+	return sts, nil
+}
+
+// reduce orthogonalizes the summed P's and computes this rank's Q's.
+func (x *lowRankExchanger) reduce(st *step, r *run) error {
+	lb, lr := r.b.lowRank, r.lowRank
+	t := time.Now()
+	ps := lb.vals1[x.e.size:]
+	for _, mt := range lb.plan.mats {
+		p := ps[mt.p : mt.p+mt.rows*mt.r]
+		lowrank.Orthogonalize(p, mt.rows, mt.r)
+		lowrank.MulTP(lb.qOwn[mt.q:mt.q+mt.cols*mt.r], lr.m[mt.off:mt.off+mt.rows*mt.cols], mt.rows, mt.cols, p, mt.r)
+	}
+	copy(lb.vals2, lb.qOwn)
+	r.stats.Compress += time.Since(t)
+	return nil
+}
+
+func (x *lowRankExchanger) exchange2(st *step, r *run) ([]status, error) {
+	// No statuses: every rank's M was finite (or the first round's would
+	// have sent the bucket dense) and P̂ is orthonormal, so the Q's are
+	// finite; a sum that overflows shows in decode.
+	none := func() ([]status, error) { return nil, nil }
+	if err := x.e.allReduceLast(st, r, "low-rank AllReduce (Q)", r.b.lowRank.vals2, none); err != nil || r.tail != nil {
+		return nil, err
+	}
+	return none()
+}
+
+// decode writes the average and the residual, and Q̄ for the next step.
+func (x *lowRankExchanger) decode(r *run) (int, error) {
+	e, lb, lr := x.e, r.b.lowRank, r.lowRank
+	pl := lb.plan
+	inv := 1 / float32(e.size)
+	ps := lb.vals1[e.size:]
+	bad := -1
+	for _, mt := range pl.mats {
+		n := mt.rows * mt.cols
+		qAvg := lb.vals2[mt.q : mt.q+mt.cols*mt.r]
+		if bad < 0 && !finite(qAvg) {
+			bad = mt.off // the sum of the ranks' Q's overflowed
+		}
+		lowrank.Decompose(r.grad[mt.off:mt.off+n], lr.res[mt.off:mt.off+n], lr.m[mt.off:mt.off+n], mt.rows, mt.cols,
+			ps[mt.p:mt.p+mt.rows*mt.r], qAvg, lb.qOwn[mt.q:mt.q+mt.cols*mt.r], mt.r, inv)
+	}
+	flat := ps[pl.pLen:]
+	for _, f := range pl.flat {
+		k := f[1] - f[0]
+		if i := compress.Average(flat[:k], e.size); i >= 0 && bad < 0 {
+			bad = f[0] + i
+		}
+		copy(r.grad[f[0]:f[1]], flat[:k])
+		if x.ef != nil {
+			clear(lr.res[f[0]:f[1]]) // delivered exactly
+		}
+		flat = flat[k:]
+	}
+	if x.warm != nil {
+		for i, v := range lb.vals2 {
+			lr.qNext[i] = v * inv
+		}
+	}
+	return bad, nil
+}
+
+// drawQ fills q (cols×r) with the counter RNG's uniform draws in [−1, 1)
+// for (seed, key, tensor): the same on every rank.
+func drawQ(q []float32, seed uint64, key compress.Key, tensor int) {
+	s := compress.NewRandomStream(seed, key, lowRankDomain+uint64(tensor))
+	for i := range q {
+		q[i] = 2*s.Uniform(uint32(i)) - 1
+	}
+}
+
+// lowRankDomain is the counter RNG's domain of PowerSGD's Q draws (plus
+// the tensor's index), apart from the quantizers' and random-k's.
+const lowRankDomain = 0x504f5745 << 32 // "POWE"
+
+// finite reports whether every element of v is finite.
+func finite(v []float32) bool {
+	for _, x := range v {
+		if x-x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
