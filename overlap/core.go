@@ -161,6 +161,7 @@ type core struct {
 	trials     bool                // StrategyAuto over a comm that knows its nodes: New chooses flat or hierarchical by trial (shape.go)
 	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none; fp32 for powersgd
 	lowRank    *compress.Spec      // spec powersgd's (StrategyLowRank), else nil
+	checking   bool                // a core of CheckState's: no engine, only a state to check
 	phases     []phase             // Schedule's phases then Spec's; nil without a Schedule
 	sched      string              // StrategyHier: the Schedule with canonical specs (its engine across nodes runs it)
 	layout     comm.Topology       // StrategyHier: this rank's place; zero otherwise
@@ -437,7 +438,7 @@ func (c *core) parseSpec(spec string) (compress.Compressor, error) {
 // checkLowRank refuses what StrategyLowRank does not do (yet).
 func (c *core) checkLowRank() error {
 	switch cfg := c.cfg; {
-	case cfg.Shapes == nil:
+	case cfg.Shapes == nil && !c.checking:
 		return fmt.Errorf("spec %s needs Config.Shapes: the shapes of each bucket's tensors", c.spec)
 	case len(cfg.Schedule) > 0:
 		return fmt.Errorf("spec %s takes no Schedule", c.spec)

@@ -241,7 +241,9 @@ func (e *core) apply(st *savedState) error {
 // worldSize that New would refuse is a *ConfigError with Rank -1 (wrapping
 // a *MemoryError where the buckets' bookkeeping would not fit). The
 // strategy auto resolves as on the host Engine; Load accepts a state of
-// auto whatever it resolved to, so a DeviceEngine's Load agrees.
+// auto whatever it resolved to, so a DeviceEngine's Load agrees. Spec
+// powersgd may come without Config.Shapes here: then everything but the
+// lengths of the warm start's Q's is checked (Load checks them).
 func CheckState(b []byte, cfg Config, sizes []int, worldSize int, layout comm.Topology) error {
 	info, err := InspectState(b)
 	if err != nil {
@@ -250,7 +252,7 @@ func CheckState(b []byte, cfg Config, sizes []int, worldSize int, layout comm.To
 	if worldSize < 1 || worldSize > math.MaxUint16 {
 		return &ConfigError{Rank: -1, Reason: fmt.Sprintf("world size %d: want 1 to %d", worldSize, math.MaxUint16)}
 	}
-	c := &core{cfg: withDefaults(cfg), size: worldSize}
+	c := &core{cfg: withDefaults(cfg), size: worldSize, checking: true}
 	if info.Rank < worldSize {
 		c.rank = info.Rank
 	}
@@ -336,6 +338,9 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 	switch {
 	case st.mem[1] == nil || e.mem2 == nil:
 		st.mem[1] = nil
+	case e.lowRank != nil && e.cfg.Shapes == nil:
+		// CheckState without the shapes: the Q's lengths are checked
+		// when the state is loaded into an engine.
 	case e.lowRank != nil:
 		// The warm start's Q's, the same on every rank: they resume on
 		// any world size.

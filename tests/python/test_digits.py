@@ -1,8 +1,8 @@
 """Accuracy: DDP on 4 gloo ranks trains an MLP on sklearn's digits for 10
 epochs with torch's default all-reduce and with gradcomp's hook, one
 configuration per strategy (sparse-gather topk:0.01, SRA int8 and sign,
-shared-index randomk:0.25, dense fp16; error feedback on, decision pinned
-to compressed so the run is reproducible): each hook's test accuracy must
+shared-index randomk:0.25, dense fp16, low-rank powersgd:2; error feedback
+on, decision pinned to compressed so the run is reproducible): each hook's test accuracy must
 be within 1 point of the default's."""
 
 import sys
@@ -14,9 +14,10 @@ from libpath import require_library
 
 WORLD = 4
 EPOCHS = 10
-CONFIGS = [("topk:0.01", "auto"), ("int8", "auto"), ("sign", "sra"), ("randomk:0.25", "auto"), ("fp16", "dense")]
+CONFIGS = [("topk:0.01", "auto"), ("int8", "auto"), ("sign", "sra"), ("randomk:0.25", "auto"), ("fp16", "dense"),
+           ("powersgd:2", "auto")]
 STRATEGIES = {"topk:0.01": "sparse-gather", "int8": "sra", "sign": "sra", "randomk:0.25": "shared-index",
-              "fp16": "dense"}
+              "fp16": "dense", "powersgd:2": "low-rank"}
 TOLERANCE = 0.01  # one point of accuracy
 
 

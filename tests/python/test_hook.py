@@ -470,6 +470,8 @@ class Ranks(unittest.TestCase):
         # Saved after compression began, and inside the warm-up.
         self._resume(2, "int8", cut=7, warmup=4)
         self._resume(2, "topk:0.01", cut=3, warmup=5)
+        # PowerSGD: its residuals and warm-start Q's travel in state_dict.
+        self._resume(2, "powersgd:2", cut=7, warmup=4)
 
     def test_resume_is_bit_exact_at_4_ranks(self):
         self._resume(4, "int8", cut=7, warmup=4)

@@ -318,6 +318,26 @@ def _signature(params, positions):
     return [[positions.get(id(p), -1), list(p.shape)] for p in params]
 
 
+def _signature_shapes(sig, sizes):
+    """The engine buckets' shapes (matrix_shape) from a signature of the
+    parameters in the engine's bucket order, cut at ``sizes``; None when
+    there is none or a parameter straddles two buckets."""
+    if not sig:
+        return None
+    out, left, i = [[] for _ in sizes], list(sizes), 0
+    for _, shape in sig:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        while i < len(sizes) and left[i] == 0 and n > 0:
+            i += 1
+        if i == len(sizes) or n > left[i]:
+            return None
+        out[i].append(matrix_shape(shape))
+        left[i] -= n
+    return out if not any(left) else None
+
+
 def _valid_signature(sig, layout):
     """Whether sig is a list of [index, shape] pairs (ints) whose shapes
     hold sum(layout) elements."""
@@ -813,18 +833,29 @@ class State:
             return None
         return [self._layout[i][0] for i in range(len(self._layout))]
 
-    def _shapes(self, sizes):
+    def _shapes(self, sizes, buckets=None):
         """PowerSGD's bucket shapes (spec powersgd): each DDP bucket's
         parameters as matrices (matrix_shape), when the engine's buckets
         are DDP's and DDP says which parameters each holds; else None
         (the engine then refuses powersgd, saying it needs them). Other
-        specs: None."""
-        if self.spec.split(":")[0] != "powersgd" or not self._layout:
+        specs: None. ``buckets``: DDP's buckets as {index: (elements,
+        parameters)} (default: those of plain step 1)."""
+        buckets = self._layout if buckets is None else buckets
+        if self.spec.split(":")[0] != "powersgd" or not buckets:
             return None
-        layout = [self._layout.get(i) for i in range(len(sizes))]
-        if any(b is None or b[1] is None for b in layout) or [b[0] for b in layout] != list(sizes):
+        layout = [buckets.get(i) for i in range(len(sizes))]
+        if len(buckets) != len(sizes) or any(b is None or b[1] is None for b in layout) or \
+                [b[0] for b in layout] != list(sizes):
             return None
         return [[matrix_shape(p.shape) for p in b[1]] for b in layout]
+
+    def _shapes_of(self, sizes, sig):
+        """PowerSGD's bucket shapes from the parameters' signature in the
+        engine's bucket order (a resumed State's checkpoint records it);
+        None for other specs or without one."""
+        if self.spec.split(":")[0] != "powersgd":
+            return None
+        return _signature_shapes(sig, sizes)
 
     def _seen_params(self):
         """The parameters of the buckets of _seen_layout, in bucket order,
@@ -1044,10 +1075,11 @@ class State:
         params = [st.buckets[i][1] for i in range(n)]
         sig = None if None in params else _signature([p for ps in params for p in ps], self._positions())
         if self._engine is None:
+            seen = {i: (b.numel(), ps) for i, (b, ps) in enumerate(zip(bufs, params))}
             if self._pending_layout is not None:
-                self._create(self._pending_layout, buf, self._pending_params)
+                self._create(self._pending_layout, buf, self._pending_params, seen)
             else:
-                self._create(sizes, buf, sig)
+                self._create(sizes, buf, sig, seen)
         eng = self._engine
         try:
             try:
@@ -1182,16 +1214,17 @@ class State:
                              "collectives" % (dist.get_world_size(group), world))
         return dist.new_group(timeout=datetime.timedelta(seconds=self.timeout), backend=dist.get_backend(group))
 
-    def _create(self, sizes, buf, params=None):
+    def _create(self, sizes, buf, params=None, buckets=None):
         """Creates the engine for the bucket ``sizes`` (on ``buf``'s device)
         and applies a loaded state: the handshake runs here, through the
         host thread. ``params``: the parameters in bucket order, where known
-        (checked against DDP's in staged steps)."""
+        (checked against DDP's in staged steps); ``buckets``: DDP's buckets
+        of this step, for their shapes (see _shapes)."""
         try:
             device = -1 if buf.device.type == "cpu" else buf.device.index
             group = self._engine_group()
             eng = Engine(self.spec, sizes, process_group=group, device=device, groups=self._groups,
-                         shapes=self._shapes(sizes),
+                         shapes=self._shapes(sizes, buckets) or self._shapes_of(sizes, params),
                          **self._settings(None if self._pending_reshape else self._pending))
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d) has State(%r, strategy=%r, decision=%r, "
