@@ -99,13 +99,16 @@ def train_step(ddp, opt, xb, yb):
 
 
 def train_digits(rank, world, configs, epochs, seed, warmup_steps):
-    """Trains the digits MLP once per (spec, strategy) (spec None: the
-    default hook) with the same data and initialization, decision pinned
-    to compressed; returns {"spec strategy": {accuracy, stats}}."""
+    """Trains the digits MLP once per (spec, strategy[, error_feedback])
+    (spec None: the default hook; error feedback on unless given) with the
+    same data and initialization, decision pinned to compressed; returns
+    {"spec strategy": {accuracy, stats}} (" no-ef" appended without error
+    feedback)."""
     x, y, xt, yt = digits()
     out = {}
-    for spec, strategy in configs:
-        kw = dict(warmup_steps=warmup_steps, decision="compressed", strategy=strategy) if spec else {}
+    for config in configs:
+        spec, strategy, ef = (tuple(config) + (True,))[:3]
+        kw = dict(warmup_steps=warmup_steps, decision="compressed", strategy=strategy, error_feedback=ef) if spec else {}
         ddp, state = make_ddp(mlp(seed), spec, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         for epoch in range(epochs):
@@ -113,7 +116,7 @@ def train_digits(rank, world, configs, epochs, seed, warmup_steps):
                 train_step(ddp, opt, xb, yb)
         with torch.no_grad():
             accuracy = (ddp.module(xt).argmax(1) == yt).float().mean().item()
-        out["%s %s" % (spec, strategy)] = {
+        out["%s %s%s" % (spec, strategy, "" if ef else " no-ef")] = {
             "accuracy": accuracy, "stats": state.stats if state else {},
             "strategy": state.last_step.buckets[0].strategy if state else None,
         }
