@@ -592,13 +592,6 @@ func (c *core) decide(ctx context.Context, auto func(context.Context) (*costMode
 		if err != nil {
 			return err
 		}
-		if m == nil { // no model of this strategy: verification alone decides
-			for _, b := range c.buckets {
-				b.compressed = true
-				b.predicted = "no cost model of strategy " + c.strategy.String() + " yet: compressed until verification measures"
-				b.reason = b.predicted
-			}
-		}
 		c.model = m
 		c.verify = newVerifier(len(c.buckets))
 	}

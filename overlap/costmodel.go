@@ -50,9 +50,9 @@ func (c stageCosts) total() float64 {
 
 func (m *costModel) link(bytes int64) float64 { return m.alpha + float64(bytes)*m.perByte }
 
-// costs predicts bucket n's stages on the compressed path of x.
-func (m *costModel) costs(x linker, n int) stageCosts {
-	return stageCosts{encode: m.enc.at(n), exchange: x.linkCost(m, n) + m.mid.at(n), decode: m.dec.at(n)}
+// costs predicts bucket b's stages on the compressed path of x.
+func (m *costModel) costs(x linker, b *bucket) stageCosts {
+	return stageCosts{encode: m.enc.at(b.n), exchange: x.linkCost(m, b) + m.mid.at(b.n), decode: m.dec.at(b.n)}
 }
 
 // The measurement's size.
@@ -82,9 +82,10 @@ type prober interface {
 
 // linker predicts the time of a compressed bucket's collectives.
 type linker interface {
-	// linkCost is the time of the collectives of a compressed bucket of n
-	// elements on the link m models.
-	linkCost(m *costModel, n int) float64
+	// linkCost is the time of the collectives of compressed bucket b
+	// (b.n elements; low-rank: the shapes of bucket b.idx) on the link m
+	// models.
+	linkCost(m *costModel, b *bucket) float64
 }
 
 // measure probes the link with all-reduces of a few sizes and times the
@@ -107,7 +108,10 @@ func measure(ctx context.Context, e *core, p prober) (*costModel, error) {
 	}
 	var ns []int
 	for _, n := range []int{sizes[0], sizes[len(sizes)/2], sizes[len(sizes)-1]} {
-		ns = append(ns, max(n-n%e.size, e.size))
+		if e.lowRank == nil { // low-rank times real buckets (timePath)
+			n = max(n-n%e.size, e.size)
+		}
+		ns = append(ns, n)
 	}
 	ns = slices.Compact(ns)
 
@@ -196,7 +200,7 @@ func (m *costModel) fitCompute(ns []int, v []float64) {
 // scheduling quantum from moving the model.
 func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	var times [4][]float64
-	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, strategy: e.strategy, mech: e.mech},
+	s := &Engine{core: &core{cfg: e.cfg, rank: e.rank, size: e.size, spec: e.spec, comp: e.comp, lowRank: e.lowRank, strategy: e.strategy, mech: e.mech},
 		c: &loopback{rank: e.rank, size: e.size}}
 	s.data = s.c
 	if s.comp != nil {
@@ -210,6 +214,12 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	st := &step{ctx: context.Background()}
 	for i, n := range ns {
 		b := &bucket{idx: i, n: n, compressed: true}
+		if e.lowRank != nil {
+			// Low-rank's path depends on the tensors' shapes: time the
+			// first bucket of n elements (its compute, fitted against n,
+			// stands for the others').
+			b.idx = slices.IndexFunc(e.buckets, func(r *bucket) bool { return r.n == n })
+		}
 		if s.exchanger != nil {
 			s.exchanger.setup(b)
 		}
@@ -316,7 +326,7 @@ func (m *costModel) decide(ctx context.Context, e *core, x linker) error {
 		bw = fmt.Sprintf("%.3g GB/s", 1e-9/m.perByte)
 	}
 	for i, b := range e.buckets {
-		p := m.predict(x, e.size, b.n)
+		p := m.predict(x, e.size, b)
 		b.predDense, b.predComp = p.Dense, p.Compressed
 		if p.Compress {
 			choice[i] = 1
@@ -345,17 +355,18 @@ func seconds(s float64) time.Duration {
 	return time.Duration(s * 1e9).Round(time.Microsecond / 10)
 }
 
-// predict predicts a bucket of n elements on size ranks: the dense path,
-// and the compressed path whose collectives x gives (nil: codec none, no
+// predict predicts bucket b on size ranks: the dense path, and the
+// compressed path whose collectives x gives (nil: codec none, no
 // compressed path).
-func (m *costModel) predict(x linker, size, n int) Prediction {
+func (m *costModel) predict(x linker, size int, b *bucket) Prediction {
+	n := b.n
 	dense := stageCosts{exchange: m.link(allReduceVolume(size, 4*n)), decode: m.avg.at(n)}
 	p := Prediction{Dense: seconds(dense.total()), AllReduce: seconds(dense.exchange), Average: seconds(dense.decode)}
 	if x == nil {
 		p.Compressed = p.Dense
 		return p
 	}
-	c := m.costs(x, n)
+	c := m.costs(x, b)
 	p.Compressed, p.Encode, p.Exchange, p.Decode = seconds(c.total()), seconds(c.encode), seconds(c.exchange), seconds(c.decode)
 	p.Compress = c.total() < dense.total()/(1+margin)
 	return p
@@ -432,7 +443,7 @@ func predictWith(c compress.Compressor, s Strategy, n, world int, link Link, cal
 	if calib.exchanger != nil {
 		x = calib.exchanger
 	}
-	p := m.predict(x, world, n)
+	p := m.predict(x, world, &bucket{n: n})
 	p.Strategy = strategy
 	return p, nil
 }
@@ -519,15 +530,15 @@ func calibrate(c compress.Compressor, strategy Strategy, world int, t timing) (c
 }
 
 // linkCost is the time of the bucket's collectives on the link.
-func (g *gatherExchanger) linkCost(m *costModel, n int) float64 {
-	return m.link(allGatherVolume(g.e.size, g.c.p.slotLen(n)))
+func (g *gatherExchanger) linkCost(m *costModel, b *bucket) float64 {
+	return m.link(allGatherVolume(g.e.size, g.c.p.slotLen(b.n)))
 }
 
-func (s *sraExchanger) linkCost(m *costModel, n int) float64 {
-	N, slot := s.e.size, s.c1.p.slotLen(n)
+func (s *sraExchanger) linkCost(m *costModel, b *bucket) float64 {
+	N, slot := s.e.size, s.c1.p.slotLen(b.n)
 	return m.link(allToAllVolume(N, N*slot)) + m.link(allGatherVolume(N, slot))
 }
 
-func (s *sharedExchanger) linkCost(m *costModel, n int) float64 {
-	return m.link(allReduceVolume(s.e.size, 4*(s.e.size+s.k(n))))
+func (s *sharedExchanger) linkCost(m *costModel, b *bucket) float64 {
+	return m.link(allReduceVolume(s.e.size, 4*(s.e.size+s.k(b.n))))
 }

@@ -95,9 +95,9 @@ func (e *DeviceEngine) volumes(n int) []int64 {
 }
 
 // linkCost is the time of a compressed bucket's collectives on m's link.
-func (e *DeviceEngine) linkCost(m *costModel, n int) float64 {
+func (e *DeviceEngine) linkCost(m *costModel, b *bucket) float64 {
 	var t float64
-	for _, v := range e.volumes(n) {
+	for _, v := range e.volumes(b.n) {
 		t += m.link(v)
 	}
 	return t

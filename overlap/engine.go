@@ -259,11 +259,6 @@ func (e *Engine) newExchanger() exchanger {
 // costModel is DecideAuto's decision: the cost model measures, decides
 // every bucket and returns itself.
 func (e *Engine) costModel(ctx context.Context) (*costModel, error) {
-	if e.lowRank != nil {
-		// Its cost depends on the tensors' shapes, which the model's
-		// timings by bucket size do not see: verification decides.
-		return nil, nil
-	}
 	m, err := measure(ctx, e.core, e)
 	if err != nil {
 		return nil, err
@@ -287,7 +282,7 @@ func (e *Engine) probeAllReduce(ctx context.Context, floats int) error {
 func (e *Engine) timePaths(ns []int) ([4][]float64, error) { return timePath(e, ns) }
 
 // linkCost is the compressed path's (exchanger.linkCost).
-func (e *Engine) linkCost(m *costModel, n int) float64 { return e.exchanger.linkCost(m, n) }
+func (e *Engine) linkCost(m *costModel, b *bucket) float64 { return e.exchanger.linkCost(m, b) }
 
 // prepare allocates b's buffers the first time it takes the compressed
 // path.

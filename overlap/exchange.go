@@ -34,7 +34,7 @@ type exchanger interface {
 	// non-finite element in it, or -1.
 	decode(r *run) (int, error)
 	// linkCost predicts the time of a bucket's collectives on the link.
-	linkCost(m *costModel, n int) float64
+	linkCost(m *costModel, b *bucket) float64
 }
 
 // twoRounds is an exchanger whose collectives come in two rounds with

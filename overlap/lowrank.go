@@ -31,6 +31,9 @@ import (
 // as the bucket's second memory (state: stage 2), and a tensor whose kept
 // Q is all zero (the first step, or a zero gradient) draws it again.
 //
+// The cost model predicts each bucket from its own plan's volumes
+// (linkCost) and compute lines timed on real buckets (timePath).
+//
 // The first all-reduce begins with one float per rank, rank q's at q: 1
 // when its M holds NaN or ±Inf, so every rank sees the same statuses and
 // such a step goes dense (nothing non-finite reaches P, Q or the memory).
@@ -96,8 +99,8 @@ type lowRankBuffers struct {
 	vals2 []float32 // the second: the Q's
 	qOwn  []float32 // this rank's Q's (vals2 is summed in place)
 	m     []float32 // without error feedback: the step's M, a copy of the gradient
-	zero  []float32 // with warm start: the zero "gradient" of the Q memory (qLen)
-	cold  []float32 // with warm=off: this step's Q's
+	zero  []float32 // the zero "gradient" of the warm start's Q memory (qLen)
+	cold  []float32 // without that memory: this step's Q's
 }
 
 // lowRankRun is a run's views for StrategyLowRank, from encode to decode.
@@ -122,11 +125,9 @@ func (x *lowRankExchanger) setup(b *bucket) {
 	} else {
 		lb.m = make([]float32, b.n)
 	}
-	if x.spec.Cold {
-		lb.cold = make([]float32, pl.qLen)
-	} else {
-		lb.zero = make([]float32, pl.qLen)
-	}
+	// Both, small: an engine without the warm start's memory (warm=off,
+	// or the cost model's scratch engine) draws Q into cold.
+	lb.cold, lb.zero = make([]float32, pl.qLen), make([]float32, pl.qLen)
 	b.lowRank = lb
 }
 
@@ -138,11 +139,11 @@ func (x *lowRankExchanger) bufferBytes(n int) uint64 {
 	return 4*uint64(x.e.size) + 4*6*uint64(n) + efBytesPerElement*uint64(n)
 }
 
-// linkCost is the time of the first all-reduce with the bucket
-// uncompressed, a bound: the cost model does not decide low-rank buckets
-// (Engine.costModel), verification does.
-func (x *lowRankExchanger) linkCost(m *costModel, n int) float64 {
-	return m.link(allReduceVolume(x.e.size, 4*n))
+// linkCost is the time of bucket b's two all-reduces: the statuses, P's
+// and uncompressed tensors, then the Q's.
+func (x *lowRankExchanger) linkCost(m *costModel, b *bucket) float64 {
+	pl, N := planLowRank(x.e.cfg.Shapes[b.idx], x.spec), x.e.size
+	return m.link(allReduceVolume(N, 4*(N+pl.pLen+pl.flatLen))) + m.link(allReduceVolume(N, 4*pl.qLen))
 }
 
 func (x *lowRankExchanger) encode(r *run) error {

@@ -370,18 +370,16 @@ func TestLowRankConfig(t *testing.T) {
 	}
 }
 
-// TestLowRankAuto: with DecideAuto there is no cost model of low-rank:
-// every bucket starts compressed, and verification's first window
-// measures both paths and keeps whichever was faster, on every rank alike.
+// TestLowRankAuto: with DecideAuto the cost model predicts each bucket
+// from its own shapes (the volumes of its two all-reduces), every rank
+// alike, and verification's first window then measures both paths.
 func TestLowRankAuto(t *testing.T) {
 	const ranks = 2
 	cfg := lowRankConfig("powersgd:2")
 	cfg.Decision = DecideAuto
 	engines := newEngines(t, ranks, lowRankSizes, cfg)
-	for r, e := range engines {
-		if got := e.Compressed(); !slices.Equal(got, []bool{true, true}) {
-			t.Errorf("rank %d: decisions %v at New, want compressed", r, got)
-		}
+	if a, b := engines[0].Compressed(), engines[1].Compressed(); !slices.Equal(a, b) {
+		t.Errorf("ranks decided %v and %v at New", a, b)
 	}
 	var last []StepStats
 	for step := range firstWindowSteps {
@@ -391,11 +389,19 @@ func TestLowRankAuto(t *testing.T) {
 	}
 	for b := range lowRankSizes {
 		reason := last[0].Buckets[b].Reason
-		if !strings.HasPrefix(reason, "measured: ") || !strings.Contains(reason, "no cost model of strategy low-rank") {
-			t.Errorf("bucket %d: reason %q, want verification's, after the missing model's", b, reason)
+		if !strings.HasPrefix(reason, "measured: ") || !strings.Contains(reason, "predicted: cost model: compressed") {
+			t.Errorf("bucket %d: reason %q, want verification's, after the model's", b, reason)
 		}
 	}
 	if a, b := engines[0].Compressed(), engines[1].Compressed(); !slices.Equal(a, b) {
 		t.Errorf("ranks decided %v and %v", a, b)
+	}
+	// The model's volumes are the bucket's own: bucket 0's two all-reduces
+	// carry N + 64·2 + 32·2 + 48 and 48·2 + 16·2 floats.
+	m := &costModel{perByte: 1}
+	x := engines[0].exchanger
+	want := float64(allReduceVolume(ranks, 4*(ranks+128+64+48)) + allReduceVolume(ranks, 4*(96+32)))
+	if got := x.linkCost(m, engines[0].buckets[0]); got != want {
+		t.Errorf("bucket 0's predicted link time %v, want %v (its volumes)", got, want)
 	}
 }
