@@ -11,46 +11,61 @@ import (
 var sink float32
 
 // BenchmarkRound times one PowerSGD round on one worker (MulQ,
-// Orthogonalize, MulTP, Decompose with qAvg = qOwn, out and res apart from
-// m) and reports it as a multiple of the yardstick, the time to read the
-// matrix twice (sumKernel over m, twice) measured in the same
+// Orthogonalize, MulTP, Decompose) and reports it as a multiple of the
+// yardstick, the time to read the matrix twice (sumKernel over m, twice,
+// an AVX-512 sum where the kernels are assembly) measured in the same
 // sub-benchmark just before: round/read2. ns/op and MB/s are the round's,
-// the bytes being m's. The round's Q is the previous round's (a warm
-// start), as in training.
+// the bytes being m's. The round's Q is the previous round's MulTP result
+// (a warm start), qAvg; qOwn is another matrix, as on one of several
+// workers. res=m writes the residual over m, as the engine's error
+// feedback does (m then drifts by a small qOwn each round); res=apart
+// writes it to a matrix of its own.
 func BenchmarkRound(b *testing.B) {
 	for _, s := range []shape{{1024, 1024, 1}, {1024, 1024, 2}, {1024, 1024, 4}, {1024, 1024, 8}, {4096, 1024, 4}} {
-		b.Run(fmt.Sprintf("%dx%d/r=%d", s.rows, s.cols, s.r), func(b *testing.B) {
-			rows, cols, r := s.rows, s.cols, s.r
-			rng := rand.New(rand.NewPCG(1, 2))
-			m, q := normal(rng, rows*cols), normal(rng, cols*r)
-			p := make([]float32, rows*r)
-			out, res := make([]float32, rows*cols), make([]float32, rows*cols)
-			round := func() {
-				MulQ(p, m, rows, cols, q, r)
-				Orthogonalize(p, rows, r)
-				MulTP(q, m, rows, cols, p, r)
-				Decompose(out, res, m, rows, cols, p, q, q, r, 1)
+		for _, inPlace := range []bool{true, false} {
+			name := fmt.Sprintf("%dx%d/r=%d/res=apart", s.rows, s.cols, s.r)
+			if inPlace {
+				name = fmt.Sprintf("%dx%d/r=%d/res=m", s.rows, s.cols, s.r)
 			}
-			read2 := func() {
-				sink += sumKernel(m)
-				sink += sumKernel(m)
-			}
-			round()
-			read2()
-			start := time.Now()
-			for range b.N {
-				read2()
-			}
-			read := time.Since(start)
-			b.SetBytes(int64(4 * rows * cols))
-			b.ResetTimer()
-			for range b.N {
+			b.Run(name, func(b *testing.B) {
+				rows, cols, r := s.rows, s.cols, s.r
+				rng := rand.New(rand.NewPCG(1, 2))
+				m, q, qOwn := normal(rng, rows*cols), normal(rng, cols*r), normal(rng, cols*r)
+				for i := range qOwn {
+					qOwn[i] *= 1e-3
+				}
+				p := make([]float32, rows*r)
+				out, res := make([]float32, rows*cols), m
+				if !inPlace {
+					res = make([]float32, rows*cols)
+				}
+				round := func() {
+					MulQ(p, m, rows, cols, q, r)
+					Orthogonalize(p, rows, r)
+					MulTP(q, m, rows, cols, p, r)
+					Decompose(out, res, m, rows, cols, p, q, qOwn, r, 1)
+				}
+				read2 := func() {
+					sink += sumKernel(m)
+					sink += sumKernel(m)
+				}
 				round()
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.Elapsed())/float64(read), "round/read2")
-			b.ReportMetric(float64(read.Microseconds())/float64(b.N), "read2-µs")
-		})
+				read2()
+				start := time.Now()
+				for range b.N {
+					read2()
+				}
+				read := time.Since(start)
+				b.SetBytes(int64(4 * rows * cols))
+				b.ResetTimer()
+				for range b.N {
+					round()
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed())/float64(read), "round/read2")
+				b.ReportMetric(float64(read.Nanoseconds())/1e3/float64(b.N), "read2-µs")
+			})
+		}
 	}
 }
 

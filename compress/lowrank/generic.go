@@ -61,8 +61,17 @@ func mulTPGeneric(q, m []float32, rows, cols int, p []float32, r int) {
 	}
 }
 
-// decomposeGeneric is Decompose's reference loop.
+// decomposeGeneric is Decompose's reference loop, with scale·qAvg
+// computed once.
 func decomposeGeneric(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32) {
+	if scale != 1 {
+		qs, h := scratch32(len(qAvg))
+		defer pool32.Put(h)
+		for x, v := range qAvg {
+			qs[x] = scale * v
+		}
+		qAvg = qs
+	}
 	for i := range rows {
 		pi := p[i*r : (i+1)*r]
 		o, e, mi := out[i*cols:(i+1)*cols], res[i*cols:(i+1)*cols], m[i*cols:(i+1)*cols]
@@ -74,7 +83,7 @@ func decomposeGeneric(out, res, m []float32, rows, cols int, p, qAvg, qOwn []flo
 				a += float32(pi[k] * qa[k])
 				w += float32(pi[k] * qo[k])
 			}
-			o[j] = scale * a
+			o[j] = a
 			e[j] = mi[j] - w
 		}
 	}

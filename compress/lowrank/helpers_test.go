@@ -79,15 +79,13 @@ func refDecompose(m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, s
 			x := i*cols + j
 			res[x] = float64(m[x])
 			for k := range r {
-				a := float64(p[i*r+k]) * float64(qAvg[j*r+k])
+				a := float64(p[i*r+k]) * float64(scale*qAvg[j*r+k])
 				o := float64(p[i*r+k]) * float64(qOwn[j*r+k])
 				out[x] += a
 				outMag[x] += math.Abs(a)
 				res[x] -= o
 				resMag[x] += math.Abs(o)
 			}
-			out[x] *= float64(scale)
-			outMag[x] *= math.Abs(float64(scale))
 		}
 	}
 	return out, outMag, res, resMag

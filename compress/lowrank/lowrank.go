@@ -91,26 +91,33 @@ func MulTP(q, m []float32, rows, cols int, p []float32, r int) {
 	mulTPKernel(q, m, rows, cols, p, r)
 }
 
-// Decompose writes, in one pass over m, out = scale·(p·qAvgᵀ), the
+// Decompose writes, in one pass over m, out = p·(scale·qAvg)ᵀ, the
 // averaged low-rank approximation, and res = m − p·qOwnᵀ, the
 // error-feedback residual (out, res, m: rows×cols; p: rows×r; qAvg,
-// qOwn: cols×r; all row-major): the last step of a PowerSGD round. Each
-// element is the reference loop
+// qOwn: cols×r; all row-major): the last step of a PowerSGD round. scale
+// multiplies qAvg first, as PyTorch's PowerSGD hook divides the summed Q
+// by the number of workers before it multiplies: 1 if qAvg is already
+// the mean, 1/n if it is the sum over n workers. Each element is the
+// reference loop
 //
-//	a := float32(p[i*r] * qAvg[j*r])
+//	a := float32(p[i*r] * float32(scale*qAvg[j*r]))
 //	o := float32(p[i*r] * qOwn[j*r])
 //	for k := 1; k < r; k++ {
-//		a += float32(p[i*r+k] * qAvg[j*r+k])
+//		a += float32(p[i*r+k] * float32(scale*qAvg[j*r+k]))
 //		o += float32(p[i*r+k] * qOwn[j*r+k])
 //	}
-//	out[i*cols+j] = scale * a
+//	out[i*cols+j] = a
 //	res[i*cols+j] = m[i*cols+j] - o
 //
-// bit for bit. res may be m itself (the residual replaces m in place);
-// otherwise no output may overlap another output or an input, and qAvg may
-// be qOwn. Rows are independent, so Decompose on a range of rows gives the
-// same bits as on all of them. It panics if rows, cols < 0, r < 1, a
-// length is not the one the sizes give, or the slices overlap otherwise.
+// bit for bit. res may be m itself (the residual replaces m in place, the
+// usual error feedback); otherwise no output may overlap another output
+// or an input, and qAvg may be qOwn. Rows are independent, so Decompose on
+// a range of rows gives the same bits as on all of them. On amd64 an out
+// of at least 1 MiB whose rows are 64-byte aligned (out is, and cols is a
+// multiple of 16) is written with non-temporal stores, which bypass the
+// caches: it is then in memory, not in cache, when Decompose returns. It
+// panics if rows, cols < 0, r < 1, a length is not the one the sizes
+// give, or the slices overlap otherwise.
 func Decompose(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32) {
 	const fn = "Decompose"
 	checkSizes(fn, rows, cols, r)

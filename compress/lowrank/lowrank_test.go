@@ -15,7 +15,8 @@ import (
 // 1.01·d·u. d is, for MulQ, 1 (the product) + ⌈cols/32⌉ (a lane's running
 // sum) + 5 (the fold of 32 lanes); for MulTP, 1 + min(rows, 32) (a block's
 // running sum) + ⌈rows/32⌉ (the blocks' total); for Decompose, r (the
-// product and r−1 sums) + 1 (the scale, or the subtraction from m).
+// product and r−1 sums) + 1 (the subtraction from m; the scaling of qAvg
+// is in the reference).
 func tolMulQ(cols int) float64   { return 1.01 * float64(1+(cols+31)/32+5) * u }
 func tolMulTP(rows int) float64  { return 1.01 * float64(1+min(rows, 32)+(rows+31)/32) * u }
 func tolDecompose(r int) float64 { return 1.01 * float64(r+1) * u }
@@ -93,6 +94,31 @@ func TestDecompose(t *testing.T) {
 		Decompose(out2, inPlace, inPlace, s.rows, s.cols, p, qa, qo, s.r, scale)
 		sameBits(t, name+": out, res = m", out2, out)
 		sameBits(t, name+": res = m", inPlace, res)
+	}
+}
+
+// TestDecomposeLarge runs Decompose where out is large enough for the
+// non-temporal stores of the assembly kernel (ntMin), with out aligned and
+// not, an odd number of rows and columns a multiple of 16 but not of 32,
+// against the generic kernel, res apart and in place.
+func TestDecomposeLarge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	const rows, cols, r = 523, 528, 3
+	m, p := normal(rng, rows*cols), normal(rng, rows*r)
+	qa, qo := normal(rng, cols*r), normal(rng, cols*r)
+	want, wantRes := make([]float32, rows*cols), make([]float32, rows*cols)
+	decomposeGeneric(want, wantRes, m, rows, cols, p, qa, qo, r, 0.5)
+	for _, shift := range []int{0, 1, 16} {
+		buf := make([]float32, rows*cols+16)
+		out := buf[shift : shift+rows*cols]
+		res := make([]float32, rows*cols)
+		Decompose(out, res, m, rows, cols, p, qa, qo, r, 0.5)
+		sameBits(t, fmt.Sprintf("out shifted by %d", shift), out, want)
+		sameBits(t, fmt.Sprintf("res, out shifted by %d", shift), res, wantRes)
+		inPlace := slices.Clone(m)
+		Decompose(out, inPlace, inPlace, rows, cols, p, qa, qo, r, 0.5)
+		sameBits(t, fmt.Sprintf("out shifted by %d, res = m", shift), out, want)
+		sameBits(t, fmt.Sprintf("res = m, out shifted by %d", shift), inPlace, wantRes)
 	}
 }
 
@@ -231,4 +257,57 @@ func TestPanics(t *testing.T) {
 			c.f()
 		})
 	}
+}
+
+// sameOrBothNaN fails t unless a and b are equal bit for bit or both NaN
+// (a NaN's payload is unspecified).
+func sameOrBothNaN(t *testing.T, what string, a, b []float32) {
+	t.Helper()
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) && !(a[i] != a[i] && b[i] != b[i]) {
+			t.Fatalf("%s: element %d: %v (%#08x) and %v (%#08x)", what, i, a[i], math.Float32bits(a[i]), b[i], math.Float32bits(b[i]))
+		}
+	}
+}
+
+// FuzzKernels compares MulQ, MulTP and Decompose (the kernels in use) with
+// the generic kernels on fuzzed sizes and values, any float32 bits.
+func FuzzKernels(f *testing.F) {
+	f.Add(uint8(3), uint8(5), uint8(2), []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	f.Add(uint8(33), uint8(40), uint8(5), []byte{0x80, 0, 0, 0x7f, 0xff, 0xff, 0x7f, 0x7f})
+	f.Fuzz(func(t *testing.T, rb, cb, kb uint8, data []byte) {
+		rows, cols, r := int(rb%70), int(cb%70), int(kb%9)+1
+		if len(data) < 4 {
+			return
+		}
+		// The values cycle through data, 4 bytes each, any bits.
+		next := 0
+		vals := func(n int) []float32 {
+			x := make([]float32, n)
+			for i := range x {
+				b := data[next%(len(data)-3):]
+				x[i] = math.Float32frombits(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+				next += 4
+			}
+			return x
+		}
+		m, q, p, q2 := vals(rows*cols), vals(cols*r), vals(rows*r), vals(cols*r)
+		a, b := make([]float32, rows*r), make([]float32, rows*r)
+		MulQ(a, m, rows, cols, q, r)
+		mulQGeneric(b, m, rows, cols, q, r)
+		sameOrBothNaN(t, "MulQ", a, b)
+		a, b = make([]float32, cols*r), make([]float32, cols*r)
+		MulTP(a, m, rows, cols, p, r)
+		if rows > 0 {
+			mulTPGeneric(b, m, rows, cols, p, r)
+		}
+		sameOrBothNaN(t, "MulTP", a, b)
+		o1, r1, o2, r2 := make([]float32, rows*cols), make([]float32, rows*cols), make([]float32, rows*cols), make([]float32, rows*cols)
+		Decompose(o1, r1, m, rows, cols, p, q, q2, r, 0.5)
+		if rows > 0 && cols > 0 {
+			decomposeGeneric(o2, r2, m, rows, cols, p, q, q2, r, 0.5)
+		}
+		sameOrBothNaN(t, "Decompose out", o1, o2)
+		sameOrBothNaN(t, "Decompose res", r1, r2)
+	})
 }
