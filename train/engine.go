@@ -9,14 +9,14 @@ import (
 
 // EngineExchanger is the NewExchanger of the overlap engine: overlap.New
 // over c with the scheme's spec, error feedback and strategy (StrategyAuto:
-// top-k → sparse-gather, int8/4/2 and sign → quantized SRA, none →
-// dense), momentum correction with momentum (0: none), the scheme's ramp
+// top-k → sparse-gather, int8/4/2 and sign → quantized SRA, powersgd →
+// low-rank over the parameters' shapes, none → dense), momentum correction with momentum (0: none), the scheme's ramp
 // (overlap.Ramp) and accuracy guard, compression pinned on every bucket
 // (DecideCompressed) so that the run shows each scheme's effect on training
 // whatever the cost model would choose on this link (unless the scheme
 // says +auto: DecideAuto), and one compressor
 // goroutine per call (the ranks already share the cores).
-func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Scheme, momentum float64) (Exchanger, error) {
+func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, shapes [][]overlap.Shape, s Scheme, momentum float64) (Exchanger, error) {
 	var schedule []overlap.Phase
 	if s.Ramp > 0 {
 		var err error
@@ -38,6 +38,7 @@ func EngineExchanger(ctx context.Context, c comm.Comm, bucketSizes []int, s Sche
 		Schedule:      schedule,
 		Guard:         s.Guard,
 		NodeSpec:      s.NodeSpec,
+		Shapes:        shapes,
 	})
 	if err != nil {
 		return nil, err

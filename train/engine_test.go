@@ -14,7 +14,7 @@ import (
 func TestEngineSchemes(t *testing.T) {
 	c := smallConfig()
 	c.Epochs = 2
-	schemes, err := ParseSchemes(DefaultSchemes + ",sign+ef@allgather,topk:0.01+ef+mc+ramp=5+guard=30,int4+ef+auto")
+	schemes, err := ParseSchemes(DefaultSchemes + ",sign+ef@allgather,topk:0.01+ef+mc+ramp=5+guard=30,int4+ef+auto,powersgd:2+ef")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,8 @@ func TestEngineSchemes(t *testing.T) {
 		t.Fatalf("%d results for %d schemes", len(results), len(schemes))
 	}
 	wantStrategy := map[string]string{"none": "dense", "topk:0.01+ef": "sparse-gather", "topk:0.01": "sparse-gather",
-		"int4+ef": "sra", "sign+ef": "sra", "sign+ef@allgather": "allgather", "topk:0.01+ef+mc+ramp=5+guard=30": "sparse-gather", "int4+ef+auto": "sra"}
+		"int4+ef": "sra", "sign+ef": "sra", "sign+ef@allgather": "allgather", "topk:0.01+ef+mc+ramp=5+guard=30": "sparse-gather", "int4+ef+auto": "sra",
+		"powersgd:2+ef": "low-rank"}
 	none := results[0]
 	for _, r := range results {
 		t.Logf("%-18s %-13s accuracy %.3f, %6.0f bytes/step", r.Scheme, r.Strategy, r.FinalAccuracy, r.BytesPerStep)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // averager is the Exchanger of the tests: at Wait it all-reduces every
@@ -18,7 +19,7 @@ type averager struct {
 	stepped bool
 }
 
-func newAverager(_ context.Context, c comm.Comm, sizes []int, s Scheme, momentum float64) (Exchanger, error) {
+func newAverager(_ context.Context, c comm.Comm, sizes []int, _ [][]overlap.Shape, s Scheme, momentum float64) (Exchanger, error) {
 	if s.Spec != "none" || momentum != 0 {
 		return nil, fmt.Errorf("averager: scheme %s, momentum %v: only none without momentum correction", s, momentum)
 	}

@@ -3,6 +3,8 @@ package train
 import (
 	"fmt"
 	"math"
+
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // MLP is a fully connected network: layers of z = W·a + b, ReLU between
@@ -70,6 +72,17 @@ func (m *MLP) ParamSizes() []int {
 		sizes[i] = len(p)
 	}
 	return sizes
+}
+
+// ParamShapes returns each parameter as a matrix, in registration order:
+// W_l is Widths[l+1] × Widths[l], b_l one row of Widths[l+1].
+func (m *MLP) ParamShapes() []overlap.Shape {
+	shapes := make([]overlap.Shape, 0, len(m.params))
+	for l := range m.Layers() {
+		in, out := m.widths[l], m.widths[l+1]
+		shapes = append(shapes, overlap.Shape{Rows: out, Cols: in}, overlap.Shape{Rows: 1, Cols: out})
+	}
+	return shapes
 }
 
 // Params returns the parameters in registration order: the MLP's own

@@ -41,13 +41,14 @@ type StepStats struct {
 }
 
 // NewExchanger builds a rank's Exchanger over c for buckets of the given
-// element counts, compressing as scheme says, with momentum correction's
-// momentum (overlap.Config.Momentum; 0 for none). Every rank of c calls it
-// with the same arguments.
-type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, scheme Scheme, momentum float64) (Exchanger, error)
+// element counts, whose parameters are shapes (overlap.Config.Shapes),
+// compressing as scheme says, with momentum correction's momentum
+// (overlap.Config.Momentum; 0 for none). Every rank of c calls it with the
+// same arguments.
+type NewExchanger func(ctx context.Context, c comm.Comm, bucketSizes []int, shapes [][]overlap.Shape, scheme Scheme, momentum float64) (Exchanger, error)
 
 // Scheme is one compression setting the demo compares: a compressor spec
-// (compress.Parse), whether error feedback is on, the exchange strategy
+// (compress.Parse, or powersgd:R), whether error feedback is on, the exchange strategy
 // (overlap.StrategyAuto: the codec's own), and the engine's accuracy
 // options.
 type Scheme struct {
@@ -121,7 +122,8 @@ func (s Scheme) String() string {
 // decisions, "+node=SPEC" for strategy hier's node stages' codec (bf16,
 // fp16 or int8); then optionally "@" and a strategy
 // name (overlap.ParseStrategy): "topk:0.01+ef", "topk:0.01+ef+mc+ramp=20",
-// "int4+ef@allgather". The spec must parse (compress.Parse) and the
+// "int4+ef@allgather", "powersgd:2+ef". The spec must parse (compress.Parse;
+// powersgd through compress.ParseSpec) and the
 // strategy must be known; their errors are returned otherwise. Error
 // feedback on the codec none is an error (there is nothing to feed back),
 // and so is a guard without error feedback or a ramp of a codec that has
@@ -175,13 +177,16 @@ func ParseScheme(name string) (Scheme, error) {
 			return fail("unknown option %q (ef, mc, ramp=N, guard=G, auto, node=SPEC)", opt)
 		}
 	}
-	c, err := compress.Parse(parts[0])
+	c, err := compress.ParseSpec(parts[0])
+	if err == nil && c.Codec != compress.CodecPowerSGD {
+		_, err = compress.New(c) // powersgd has no compressor: the engine runs it
+	}
 	if err != nil {
 		return fail("%w", err)
 	}
-	s.Spec = c.Spec().String()
+	s.Spec = c.String()
 	switch {
-	case s.ErrorFeedback && c.Codec() == compress.CodecNone:
+	case s.ErrorFeedback && c.Codec == compress.CodecNone:
 		return fail("error feedback on an uncompressed codec")
 	case s.Guard > 0 && !s.ErrorFeedback:
 		return fail("an accuracy guard needs error feedback (+ef)")
@@ -372,7 +377,7 @@ func RunRank(ctx context.Context, c comm.Comm, job Job) (*Result, error) {
 		return nil, err
 	}
 	_, mc := job.momenta()
-	ex, err := job.NewExchanger(ctx, c, bucketElems, job.Scheme, mc)
+	ex, err := job.NewExchanger(ctx, c, bucketElems, bucketShapes(model.ParamShapes(), buckets), job.Scheme, mc)
 	if err != nil {
 		return nil, err
 	}
@@ -404,6 +409,18 @@ func (j Job) momenta() (sgd float32, mc float64) {
 // layoutBuckets lays the gradients out in one buffer, bucket after bucket,
 // each bucket's parameters contiguous in the bucket's order; it returns each
 // bucket's slice and each parameter's view.
+// bucketShapes is each bucket's parameters' shapes, in the order
+// layoutBuckets lays them out.
+func bucketShapes(paramShapes []overlap.Shape, buckets [][]int) [][]overlap.Shape {
+	out := make([][]overlap.Shape, len(buckets))
+	for b, params := range buckets {
+		for _, p := range params {
+			out[b] = append(out[b], paramShapes[p])
+		}
+	}
+	return out
+}
+
 func layoutBuckets(paramSizes []int, buckets [][]int) (grads, views [][]float32) {
 	total := 0
 	for _, n := range paramSizes {

@@ -128,11 +128,11 @@ func TestBucketsReadyInBackwardOrder(t *testing.T) {
 	var mu sync.Mutex
 	var orders [][]int
 	var sizes []int
-	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme, momentum float64) (Exchanger, error) {
+	newEx := func(ctx context.Context, cm comm.Comm, s []int, shapes [][]overlap.Shape, sc Scheme, momentum float64) (Exchanger, error) {
 		mu.Lock()
 		sizes = s
 		mu.Unlock()
-		ex, err := newAverager(ctx, cm, s, sc, momentum)
+		ex, err := newAverager(ctx, cm, s, shapes, sc, momentum)
 		return &recorder{averager: ex.(*averager), mu: &mu, orders: &orders}, err
 	}
 	// A cap of 300 floats: {b2, W2, b1} (10+160+16, as W1 would overflow
@@ -173,8 +173,8 @@ func (f *failing) Ready(i int, g []float32) error {
 
 func TestFailingRankEndsRun(t *testing.T) {
 	c := smallConfig()
-	newEx := func(ctx context.Context, cm comm.Comm, s []int, sc Scheme, momentum float64) (Exchanger, error) {
-		ex, err := newAverager(ctx, cm, s, sc, momentum)
+	newEx := func(ctx context.Context, cm comm.Comm, s []int, shapes [][]overlap.Shape, sc Scheme, momentum float64) (Exchanger, error) {
+		ex, err := newAverager(ctx, cm, s, shapes, sc, momentum)
 		step := -1
 		if cm.Rank() == 1 {
 			step = 3
@@ -249,6 +249,12 @@ func TestParseSchemes(t *testing.T) {
 	}
 	if s[0].String() != "sign+ef@allgather" || s[2].String() != "topk:0.01" {
 		t.Errorf("names %s, %s", s[0], s[2])
+	}
+	if p, err := ParseScheme("powersgd:2:warm=on+ef"); err != nil || p.Spec != "powersgd:2" || !p.ErrorFeedback {
+		t.Errorf("ParseScheme(powersgd:2:warm=on+ef) = %+v, %v; want the canonical powersgd:2 with error feedback", p, err)
+	}
+	if _, err := ParseScheme("powersgd:0+ef"); err == nil {
+		t.Errorf("ParseScheme(powersgd:0+ef) succeeded")
 	}
 	mc, err := ParseScheme("topk:0.01+ef+mc@sparse-gather")
 	if err != nil || !mc.ErrorFeedback || !mc.MomentumCorrection || mc.String() != "topk:0.01+ef+mc@sparse-gather" {
