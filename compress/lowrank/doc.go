@@ -15,11 +15,13 @@
 //	MulTP(qOwn, m, rows, cols, p, r)      // Q = Mᵀ·P̂                 (one pass over M)
 //	  all-reduce Q into qAvg
 //	Decompose(out, res, m, rows, cols, p, qAvg, qOwn, r, scale)
-//	                                      // out = scale·P̂·qAvgᵀ, the averaged gradient;
+//	                                      // out = P̂·(scale·qAvg)ᵀ, the averaged gradient;
 //	                                      // res = M − P̂·qOwnᵀ, the new residual (one pass over M)
 //
-// and qOwn (or qAvg) is the next round's warm start Q. scale is 1 when the
-// all-reduce of Q averages, 1/n when it sums over n workers. Each worker
+// and scale·qAvg (or qOwn) is the next round's warm start Q. scale is 1
+// when the all-reduce of Q averages, 1/n when it sums over n workers. A
+// column that Orthogonalize zeroed (rank-deficient P) stays zero in the
+// next round unless the caller refills that column of Q. Each worker
 // computes the same P̂ from the same all-reduced P, bit for bit: the
 // kernels sum in fixed orders that do not depend on the CPU's vector width,
 // on the assembly or Go version in use, or on how a caller splits rows
@@ -35,7 +37,8 @@
 // reference loop its function's doc states. The assembly kernels are
 // bound by the multiplies (r per element of m for MulQ and MulTP, 2r for
 // Decompose) or by memory; on a 1024×1024 matrix at r = 4 one round takes
-// about 3× the time of reading m twice (BenchmarkRound, README.md).
+// about 3 to 3.4 times the time of reading m twice (BenchmarkRound,
+// README.md).
 //
 // Concurrency and aliasing. The functions keep no state between calls
 // (scratch buffers come from a sync.Pool) and may run concurrently on

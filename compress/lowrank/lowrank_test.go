@@ -100,25 +100,29 @@ func TestDecompose(t *testing.T) {
 // TestDecomposeLarge runs Decompose where out is large enough for the
 // non-temporal stores of the assembly kernel (ntMin), with out aligned and
 // not, an odd number of rows and columns a multiple of 16 but not of 32,
-// against the generic kernel, res apart and in place.
+// against the generic kernel, res apart and in place; at r = 9 the
+// assembly kernel goes through strips of columns (decomposeWhole).
 func TestDecomposeLarge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(19, 20))
-	const rows, cols, r = 523, 528, 3
-	m, p := normal(rng, rows*cols), normal(rng, rows*r)
-	qa, qo := normal(rng, cols*r), normal(rng, cols*r)
-	want, wantRes := make([]float32, rows*cols), make([]float32, rows*cols)
-	decomposeGeneric(want, wantRes, m, rows, cols, p, qa, qo, r, 0.5)
-	for _, shift := range []int{0, 1, 16} {
-		buf := make([]float32, rows*cols+16)
-		out := buf[shift : shift+rows*cols]
-		res := make([]float32, rows*cols)
-		Decompose(out, res, m, rows, cols, p, qa, qo, r, 0.5)
-		sameBits(t, fmt.Sprintf("out shifted by %d", shift), out, want)
-		sameBits(t, fmt.Sprintf("res, out shifted by %d", shift), res, wantRes)
-		inPlace := slices.Clone(m)
-		Decompose(out, inPlace, inPlace, rows, cols, p, qa, qo, r, 0.5)
-		sameBits(t, fmt.Sprintf("out shifted by %d, res = m", shift), out, want)
-		sameBits(t, fmt.Sprintf("res = m, out shifted by %d", shift), inPlace, wantRes)
+	for _, s := range []shape{{523, 528, 3}, {365, 720, 9}} {
+		rows, cols, r := s.rows, s.cols, s.r
+		m, p := normal(rng, rows*cols), normal(rng, rows*r)
+		qa, qo := normal(rng, cols*r), normal(rng, cols*r)
+		want, wantRes := make([]float32, rows*cols), make([]float32, rows*cols)
+		decomposeGeneric(want, wantRes, m, rows, cols, p, qa, qo, r, 0.5)
+		for _, shift := range []int{0, 1, 16} {
+			name := fmt.Sprintf("%dx%d r=%d, out shifted by %d", rows, cols, r, shift)
+			buf := make([]float32, rows*cols+16)
+			out := buf[shift : shift+rows*cols]
+			res := make([]float32, rows*cols)
+			Decompose(out, res, m, rows, cols, p, qa, qo, r, 0.5)
+			sameBits(t, name+": out", out, want)
+			sameBits(t, name+": res", res, wantRes)
+			inPlace := slices.Clone(m)
+			Decompose(out, inPlace, inPlace, rows, cols, p, qa, qo, r, 0.5)
+			sameBits(t, name+": out, res = m", out, want)
+			sameBits(t, name+": res = m", inPlace, wantRes)
+		}
 	}
 }
 
