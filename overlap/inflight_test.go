@@ -19,14 +19,18 @@ type oneAtATimeComm struct{ comm.Comm }
 // inFlightSizes are buckets of lengths no handshake collective has.
 var inFlightSizes = []int{1001, 2003, 3005, 517}
 
+// inFlightShapes are inFlightSizes' tensors, for low-rank (every matrix
+// compressed at rank 2; bucket 1 begins with a bias of 3).
+var inFlightShapes = [][]Shape{{{7, 143}}, {{1, 3}, {40, 50}}, {{5, 601}}, {{11, 47}}}
+
 // TestWireInFlight: with its last collectives in flight (comm/inproc and
 // the hosted transport with different InFlight on different ranks), every
 // strategy gives bit for bit what the wire gives one collective at a
 // time, a non-finite gradient's dense fallback included, over three steps.
 func TestWireInFlight(t *testing.T) {
-	for _, spec := range []string{"none", "int8", "int4", "topk:0.05", "randomk:0.25", "fp16", "sign"} {
+	for _, spec := range []string{"none", "int8", "int4", "topk:0.05", "randomk:0.25", "fp16", "sign", "powersgd:2"} {
 		t.Run(spec, func(t *testing.T) {
-			cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: 20 * time.Second}
+			cfg := Config{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed, Timeout: 20 * time.Second, Shapes: inFlightShapes}
 			const n = 3
 			serial := group(t, n)
 			for r := range serial {
