@@ -37,8 +37,8 @@
 // reference loop its function's doc states. The assembly kernels are
 // bound by the multiplies (r per element of m for MulQ and MulTP, 2r for
 // Decompose) or by memory; on a 1024×1024 matrix at r = 4 one round takes
-// about 3 to 3.4 times the time of reading m twice (BenchmarkRound,
-// README.md).
+// 3.0 to 3.3 times as long as reading m twice on the AVX-512 EPYC the
+// README's table names (BenchmarkRound).
 //
 // Concurrency and aliasing. The functions keep no state between calls
 // (scratch buffers come from a sync.Pool) and may run concurrently on

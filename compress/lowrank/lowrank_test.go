@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -126,8 +127,9 @@ func TestDecomposeLarge(t *testing.T) {
 	}
 }
 
-// TestRowRanges checks that MulQ and Decompose on row ranges, as
-// goroutines of a caller would run them, give the bits of one call.
+// TestRowRanges checks that MulQ and Decompose on row ranges, run by
+// goroutines at once as a caller would run them, give the bits of one
+// call.
 func TestRowRanges(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, s := range []shape{{70, 33, 3}, {100, 64, 4}, {37, 257, 9}, {64, 1000, 1}} {
@@ -147,12 +149,16 @@ func TestRowRanges(t *testing.T) {
 			slices.Sort(cuts)
 			parts := make([]float32, rows*r)
 			pOut, pRes := make([]float32, rows*cols), make([]float32, rows*cols)
+			var wg sync.WaitGroup
 			for c := range len(cuts) - 1 {
 				i0, i1 := cuts[c], cuts[c+1]
-				MulQ(parts[i0*r:i1*r], m[i0*cols:i1*cols], i1-i0, cols, q, r)
-				Decompose(pOut[i0*cols:i1*cols], pRes[i0*cols:i1*cols], m[i0*cols:i1*cols], i1-i0, cols,
-					whole[i0*r:i1*r], q, qo, r, 0.5)
+				wg.Go(func() {
+					MulQ(parts[i0*r:i1*r], m[i0*cols:i1*cols], i1-i0, cols, q, r)
+					Decompose(pOut[i0*cols:i1*cols], pRes[i0*cols:i1*cols], m[i0*cols:i1*cols], i1-i0, cols,
+						whole[i0*r:i1*r], q, qo, r, 0.5)
+				})
 			}
+			wg.Wait()
 			sameBits(t, fmt.Sprintf("%s: MulQ cut at %v", name, cuts), parts, whole)
 			sameBits(t, fmt.Sprintf("%s: Decompose out cut at %v", name, cuts), pOut, out)
 			sameBits(t, fmt.Sprintf("%s: Decompose res cut at %v", name, cuts), pRes, res)
