@@ -6,8 +6,8 @@ import (
 	"unsafe"
 )
 
-// kernelSet names the kernels MulQ, MulTP and Decompose run: "avx512" or
-// "generic" (the Go loops). The tests log it.
+// kernelSet names the kernels MulQ, MulTP, Decompose and Orthogonalize
+// run: "avx512" or "generic" (the Go loops). The tests log it.
 var kernelSet = "generic"
 
 // The kernels in use; init on amd64 installs the assembly ones over the
