@@ -405,3 +405,26 @@ func TestLowRankAuto(t *testing.T) {
 		t.Errorf("bucket 0's predicted link time %v, want %v (its volumes)", got, want)
 	}
 }
+
+// TestLowRankShapesMismatch: ranks that give different shapes for a
+// bucket get a *ConfigMismatchError naming it, on every rank.
+func TestLowRankShapesMismatch(t *testing.T) {
+	other := [][]Shape{{{48, 64}, {1, 48}, {32, 16}}, {{10, 10}, {1, 7}}}
+	errs := onRanks(group(t, 2), func(r int, c comm.Comm) error {
+		cfg := lowRankConfig("powersgd:2")
+		if r == 1 {
+			cfg.Shapes = other
+		}
+		e, err := New(context.Background(), c, lowRankSizes, cfg)
+		if err == nil {
+			e.Close()
+		}
+		return err
+	})
+	for r, err := range errs {
+		var me *ConfigMismatchError
+		if !errors.As(err, &me) || me.Field != "bucket 0 shapes" || !strings.Contains(err.Error(), "48x64,1x48,32x16") {
+			t.Errorf("rank %d: %v, want a *ConfigMismatchError of bucket 0's shapes", r, err)
+		}
+	}
+}
