@@ -449,6 +449,8 @@ class Arguments(unittest.TestCase):
                 gf.FSDPState("int8", object(), **kw)
         with self.assertRaises(ValueError):
             gf.FSDPState("topk:7", object())
+        with self.assertRaisesRegex(ValueError, "PowerSGD is not available for FSDP2"):
+            gf.FSDPState("powersgd:2", object())
 
 
 if __name__ == "__main__":

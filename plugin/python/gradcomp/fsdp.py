@@ -295,6 +295,9 @@ class FSDPState:
         if strategy not in _STRATEGIES:
             raise ValueError("%s: strategy=%r: want one of %s (the shard groups are FSDP's: no 'hier')"
                              % (where, strategy, _STRATEGIES))
+        if isinstance(spec, str) and spec.split(":")[0] == "powersgd":
+            raise ValueError("%s: spec %r: PowerSGD is not available for FSDP2 yet (its reduced shards are "
+                             "flattened pieces of parameters, not whole matrices); use it with DDP's hook" % (where, spec))
         self.replicate_group = self._group(replicate_group, "replicate_group")
         self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
                                                                                           "engine_group")
