@@ -78,6 +78,25 @@ func scale(x []float32, n int) {
 	}
 }
 
+// weightCols is the width of weightShapes' matrices.
+const weightCols = 1024
+
+// weightShapes views each bucket as the weights of layers with 1024
+// inputs: a (n/1024)×1024 matrix, then the rest as one row (a bias). Only
+// low-rank (powersgd) uses them.
+func weightShapes(sizes []int) [][]overlap.Shape {
+	out := make([][]overlap.Shape, len(sizes))
+	for i, n := range sizes {
+		if q := n / weightCols; q > 0 {
+			out[i] = append(out[i], overlap.Shape{Rows: q, Cols: weightCols})
+		}
+		if r := n % weightCols; r > 0 {
+			out[i] = append(out[i], overlap.Shape{Rows: 1, Cols: r})
+		}
+	}
+	return out
+}
+
 // engineExchange runs the gradient through the overlap engine, cut into
 // buckets of at most Config.BucketElems elements, all made ready at once in
 // bucket order (as if backward had finished): the engine overlaps bucket
@@ -108,6 +127,7 @@ func newEngineExchange(ctx context.Context, c comm.Comm, cs Case, cfg Config) (*
 	e, err := overlap.New(ctx, c, sizes, overlap.Config{
 		Spec: cs.Codec, Strategy: strategy, ErrorFeedback: cfg.ErrorFeedback, Decision: decision,
 		Timeout: cfg.Timeout, Workers: cfg.Workers, NodeSpec: nodeSpecFor(strategy, cfg.NodeSpec),
+		Shapes: weightShapes(sizes),
 	})
 	if err != nil {
 		return nil, err

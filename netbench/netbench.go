@@ -52,7 +52,9 @@ const (
 
 // Case is one exchange to time.
 type Case struct {
-	// Codec is the compressor spec (compress.Parse), e.g. "topk:0.01".
+	// Codec is the compressor spec (compress.Parse), e.g. "topk:0.01", or
+	// "powersgd:R", each bucket viewed as the weights of layers of 1024
+	// inputs (weightShapes).
 	// The baseline's is "none".
 	Codec string
 	// Decision is Baseline, Pinned or CostModel.

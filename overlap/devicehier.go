@@ -104,6 +104,7 @@ func newDevHier(ctx context.Context, e *DeviceEngine, sizes []int, t timing) (h 
 	}
 	icfg := e.cfg
 	icfg.Strategy = StrategyAuto
+	icfg.Shapes = nil // its buckets are shards, not the tensors
 	if h.inner, err = newDevice(ctx, e.dev, h.crossDC, h.cross, shards, icfg, t); err != nil {
 		return nil, fmt.Errorf("overlap: the engine across nodes on rank %d (node %d, local rank %d): %w", e.rank, topo.Node, topo.LocalRank, err)
 	}

@@ -338,6 +338,7 @@ func newHier(ctx context.Context, e *Engine, sizes []int, t timing) (*hierBacken
 	}
 	icfg := e.cfg
 	icfg.Strategy = StrategyAuto
+	icfg.Shapes = nil // its buckets are shards, not the tensors
 	if h.inner, err = newEngine(ctx, cross, shards, icfg, t); err != nil {
 		node.Close()
 		cross.Close()
