@@ -81,31 +81,35 @@ func BenchmarkRound(b *testing.B) {
 	}
 }
 
-// kernelCases are the versions BenchmarkMulQ, BenchmarkMulTP and
-// BenchmarkDecompose time: the one in use ("asm" where it is assembly) and
-// the generic Go loops.
-func kernelCases[F any](inUse, generic F) []struct {
-	name string
-	f    F
-} {
-	cs := []struct {
-		name string
-		f    F
-	}{{"generic", generic}}
-	if kernelSet != "generic" {
-		cs = append([]struct {
-			name string
-			f    F
-		}{{"asm", inUse}}, cs...)
-	}
-	return cs
+// benchKernels is one version of the matrix kernels that BenchmarkMulQ,
+// BenchmarkMulTP and BenchmarkDecompose time.
+type benchKernels struct {
+	name      string
+	mulQ      func(p, m []float32, rows, cols int, q []float32, r int)
+	mulTP     func(q, m []float32, rows, cols int, p []float32, r int)
+	decompose func(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32)
 }
+
+// benchVersions returns the kernels in use ("avx512", "avx2": assembly),
+// the generic Go loops, and moreBenchVersions (on amd64 with AVX-512, the
+// AVX2 kernels: kernels_amd64_test.go).
+func benchVersions() []benchKernels {
+	v := []benchKernels{{"generic", mulQGeneric, mulTPGeneric, decomposeGeneric}}
+	if kernelSet != "generic" {
+		v = append([]benchKernels{{kernelSet, mulQKernel, mulTPKernel, decomposeKernel}}, v...)
+	}
+	return append(v, moreBenchVersions()...)
+}
+
+// moreBenchVersions returns the kernel versions besides the one in use
+// and the generic one that the benchmarks time.
+var moreBenchVersions = func() []benchKernels { return nil }
 
 var benchShapes = []shape{{1024, 1024, 1}, {1024, 1024, 4}, {1024, 1024, 8}}
 
 // BenchmarkMulQ: MB/s of m.
 func BenchmarkMulQ(b *testing.B) {
-	for _, k := range kernelCases(mulQKernel, mulQGeneric) {
+	for _, k := range benchVersions() {
 		for _, s := range benchShapes {
 			b.Run(fmt.Sprintf("%s/%dx%d/r=%d", k.name, s.rows, s.cols, s.r), func(b *testing.B) {
 				rng := rand.New(rand.NewPCG(1, 2))
@@ -113,7 +117,7 @@ func BenchmarkMulQ(b *testing.B) {
 				p := make([]float32, s.rows*s.r)
 				b.SetBytes(int64(4 * s.rows * s.cols))
 				for b.Loop() {
-					k.f(p, m, s.rows, s.cols, q, s.r)
+					k.mulQ(p, m, s.rows, s.cols, q, s.r)
 				}
 			})
 		}
@@ -122,7 +126,7 @@ func BenchmarkMulQ(b *testing.B) {
 
 // BenchmarkMulTP: MB/s of m.
 func BenchmarkMulTP(b *testing.B) {
-	for _, k := range kernelCases(mulTPKernel, mulTPGeneric) {
+	for _, k := range benchVersions() {
 		for _, s := range benchShapes {
 			b.Run(fmt.Sprintf("%s/%dx%d/r=%d", k.name, s.rows, s.cols, s.r), func(b *testing.B) {
 				rng := rand.New(rand.NewPCG(1, 2))
@@ -130,7 +134,7 @@ func BenchmarkMulTP(b *testing.B) {
 				q := make([]float32, s.cols*s.r)
 				b.SetBytes(int64(4 * s.rows * s.cols))
 				for b.Loop() {
-					k.f(q, m, s.rows, s.cols, p, s.r)
+					k.mulTP(q, m, s.rows, s.cols, p, s.r)
 				}
 			})
 		}
@@ -140,7 +144,7 @@ func BenchmarkMulTP(b *testing.B) {
 // BenchmarkDecompose: MB/s of m (out and res, as many bytes each, are
 // written besides).
 func BenchmarkDecompose(b *testing.B) {
-	for _, k := range kernelCases(decomposeKernel, decomposeGeneric) {
+	for _, k := range benchVersions() {
 		for _, s := range benchShapes {
 			b.Run(fmt.Sprintf("%s/%dx%d/r=%d", k.name, s.rows, s.cols, s.r), func(b *testing.B) {
 				rng := rand.New(rand.NewPCG(1, 2))
@@ -149,7 +153,7 @@ func BenchmarkDecompose(b *testing.B) {
 				out, res := make([]float32, s.rows*s.cols), make([]float32, s.rows*s.cols)
 				b.SetBytes(int64(4 * s.rows * s.cols))
 				for b.Loop() {
-					k.f(out, res, m, s.rows, s.cols, p, qa, qo, s.r, 1)
+					k.decompose(out, res, m, s.rows, s.cols, p, qa, qo, s.r, 1)
 				}
 			})
 		}

@@ -28,17 +28,19 @@
 // among goroutines (see each function's doc for its reference loop).
 //
 // Kernels. On amd64 with AVX-512F (and the OS saving the ZMM state) the
-// four functions run assembly loops; elsewhere, with -tags purego, or on
-// a CPU without AVX-512F, they run Go loops that compute the same bits:
-// every float32 product is rounded before it is added, as the assembly's
-// separate multiply and add do (no fused multiply-add on either side; on
-// the FPUs that matter here a multiply and an add issue as fast as a
-// fused multiply-add, to different pipes), and every sum follows the
-// reference loop its function's doc states. The assembly kernels are
-// bound by the multiplies (r per element of m for MulQ and MulTP, 2r for
-// Decompose) or by memory; on a 1024×1024 matrix at r = 4 one round takes
-// 3.0 to 3.3 times as long as reading m twice on the AVX-512 EPYC the
-// README's table names (BenchmarkRound).
+// four functions run assembly loops; with AVX2 and FMA but no AVX-512F,
+// MulQ, MulTP and Decompose run AVX2 assembly (half as fast) and
+// Orthogonalize its Go loops; elsewhere, or with -tags purego, all run Go
+// loops. All compute the same bits: every float32 product is rounded
+// before it is added, as the assembly's separate multiply and add do (no
+// fused multiply-add on either side; on the FPUs that matter here a
+// multiply and an add issue as fast as a fused multiply-add, to different
+// pipes), and every sum follows the reference loop its function's doc
+// states. The assembly kernels are bound by the multiplies (r per element
+// of m for MulQ and MulTP, 2r for Decompose) or by memory; on a
+// 1024×1024 matrix at r = 4 one round takes 3.0 to 3.3 times as long as
+// reading m twice on the AVX-512 EPYC the README's table names
+// (BenchmarkRound).
 //
 // Concurrency and aliasing. The functions keep no state between calls
 // (scratch buffers come from a sync.Pool) and may run concurrently on

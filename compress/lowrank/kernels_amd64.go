@@ -6,13 +6,15 @@ import "unsafe"
 
 // AVX-512 versions of MulQ, MulTP, Decompose and Orthogonalize's loops,
 // used when the CPU has AVX-512F and the OS saves the opmask and ZMM state
-// (build with -tags purego to keep the Go loops). Each computes exactly
+// (else the AVX2 ones of avx2_amd64.go where the CPU has AVX2 and FMA;
+// build with -tags purego to keep the Go loops). Each computes exactly
 // what its generic twin computes, bit for bit: the same products and sums
 // in the same order (VMULPS then VADDPS, never a fused multiply-add), lane
 // l of a ZMM accumulator holding the reference loop's partial sum l (MulQ:
 // the columns j with j%32 = l, or l+16 for the second register of a
-// pair). TestMulQ, TestMulTP, TestDecompose, TestOrthogonalizeKernels,
-// TestF64Kernels and FuzzKernels compare them with the generic loops.
+// pair). TestKernelVersions (every version the CPU runs), TestMulQ,
+// TestMulTP, TestDecompose, TestOrthogonalizeKernels, TestF64Kernels and
+// FuzzKernels (the versions in use) compare them with the generic loops.
 //
 // The matrix kernels read Q transposed, r rows of ld = padCols(cols)
 // floats, zero-padded, 64-byte aligned, in a pooled buffer
@@ -24,7 +26,11 @@ import "unsafe"
 // m. MulQ and Decompose take two rows at a time (sharing Q's loads), an
 // odd last row as a pair of itself.
 func init() {
-	if !cpuFeatures() || !avx512Features() {
+	if !cpuFeatures() {
+		return
+	}
+	if !avx512Features() {
+		avx2Kernels()
 		return
 	}
 	kernelSet = "avx512"
@@ -114,12 +120,7 @@ func untransposeAsm(q, t *float32, idx *[16]int32, chunks, step, k1 int)
 // element by element.
 func untransposeQ(q, t []float32, ld, cols, r int) {
 	if 16%r != 0 || (r-1)*ld >= 1<<31-16 {
-		for j := range cols {
-			qj := q[j*r : (j+1)*r]
-			for k := range qj {
-				qj[k] = t[k*ld+j]
-			}
-		}
+		untransposeGo(q, t, ld, cols, r)
 		return
 	}
 	var idx [16]int32

@@ -5,20 +5,9 @@ package lowrank
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
-
-// transposeQ is transposeAVX512's reference: qt (r×ld) = scale·qᵀ (q:
-// cols×r), each row zero-padded from cols to ld.
-func transposeQ(qt []float32, ld int, q []float32, cols, r int, scale float32) {
-	for k := range r {
-		row, col := qt[k*ld:(k+1)*ld], q[k:]
-		for j := range cols {
-			row[j] = scale * col[j*r]
-		}
-		clear(row[cols:])
-	}
-}
 
 // TestTranspose compares the gathers that transpose Q for the assembly
 // kernels (transposeAVX512, and untransposeQ's for r dividing 16) with
@@ -36,12 +25,12 @@ func TestTranspose(t *testing.T) {
 			ld := padCols(cols)
 			for _, scale := range []float32{1, 0.3} {
 				want, got := make([]float32, r*ld), normal(rng, r*ld) // garbage to overwrite
-				transposeQ(want, ld, q, cols, r, scale)
+				transposeGo(want, ld, q, cols, r, scale)
 				transposeAVX512(got, ld, q, cols, r, scale)
 				sameBits(t, fmt.Sprintf("%s scale=%v: transpose", name, scale), got, want)
 			}
 			back, intact := guarded(cols * r)
-			untransposeQ(back, transposed(q, ld, cols, r), ld, cols, r)
+			untransposeGo(back, transposed(q, ld, cols, r), ld, cols, r)
 			if !intact() {
 				t.Fatalf("%s: untransposeQ wrote outside q", name)
 			}
@@ -53,7 +42,7 @@ func TestTranspose(t *testing.T) {
 // transposed returns q transposed into r rows of ld floats.
 func transposed(q []float32, ld, cols, r int) []float32 {
 	qt := make([]float32, r*ld)
-	transposeQ(qt, ld, q, cols, r, 1)
+	transposeGo(qt, ld, q, cols, r, 1)
 	return qt
 }
 
@@ -127,5 +116,90 @@ func TestF64Kernels(t *testing.T) {
 			sameBits(t, fmt.Sprintf("rows=%d r=%d: storeP", rows, r), p1, p2)
 			sameBits(t, fmt.Sprintf("rows=%d r=%d: storeP of loadP", rows, r), p1, p)
 		}
+	}
+}
+
+// kernelVersion is one amd64 version of the matrix kernels, which the CPU
+// runs if has() is true.
+type kernelVersion struct {
+	name, lacks string
+	has         func() bool
+	mulQ        func(p, m []float32, rows, cols int, q []float32, r int)
+	mulTP       func(q, m []float32, rows, cols int, p []float32, r int)
+	decompose   func(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32)
+}
+
+var kernelVersions = []kernelVersion{
+	{"avx2", "the CPU or the OS lacks AVX2 or FMA", cpuFeatures, mulQAVX2, mulTPAVX2, decomposeAVX2},
+	{"avx512", "the CPU or the OS lacks AVX-512F", func() bool { return cpuFeatures() && avx512Features() },
+		mulQAVX512, mulTPAVX512, decomposeAVX512},
+}
+
+func init() {
+	moreBenchVersions = func() []benchKernels {
+		if kernelSet != "avx512" {
+			return nil
+		}
+		return []benchKernels{{"avx2", mulQAVX2, mulTPAVX2, decomposeAVX2}}
+	}
+}
+
+// TestKernelVersions compares each amd64 version of MulQ, MulTP and
+// Decompose the CPU can run (AVX2 and AVX-512, whichever is in use; the
+// other tests check the one in use) with the generic loops, bit for bit,
+// on every shape of the other tests, with guards around the outputs, res
+// apart and in place, out aligned (non-temporal stores, strips of
+// columns) and not.
+func TestKernelVersions(t *testing.T) {
+	t.Logf("kernels in use: %s", kernelSet)
+	for _, k := range kernelVersions {
+		t.Run(k.name, func(t *testing.T) {
+			if !k.has() {
+				t.Skip(k.lacks)
+			}
+			rng := rand.New(rand.NewPCG(29, 30))
+			all := append(shapes(), shape{200, 33, 5}, shape{523, 528, 3}, shape{365, 720, 9})
+			for _, s := range all {
+				rows, cols, r := s.rows, s.cols, s.r
+				name := fmt.Sprintf("%dx%d r=%d", rows, cols, r)
+				m, q, p, q2 := normal(rng, rows*cols), normal(rng, cols*r), normal(rng, rows*r), normal(rng, cols*r)
+
+				got, intact := guarded(rows * r)
+				k.mulQ(got, m, rows, cols, q, r)
+				want := make([]float32, rows*r)
+				mulQGeneric(want, m, rows, cols, q, r)
+				if !intact() {
+					t.Fatalf("%s: MulQ wrote outside p", name)
+				}
+				sameBits(t, name+": MulQ", got, want)
+
+				got, intact = guarded(cols * r)
+				k.mulTP(got, m, rows, cols, p, r)
+				want = make([]float32, cols*r)
+				mulTPGeneric(want, m, rows, cols, p, r)
+				if !intact() {
+					t.Fatalf("%s: MulTP wrote outside q", name)
+				}
+				sameBits(t, name+": MulTP", got, want)
+
+				wantOut, wantRes := make([]float32, rows*cols), make([]float32, rows*cols)
+				decomposeGeneric(wantOut, wantRes, m, rows, cols, p, q, q2, r, 0.75)
+				for _, shift := range []int{0, 1} {
+					buf := make([]float32, rows*cols+16)
+					out := buf[shift : shift+rows*cols]
+					res, resOK := guarded(rows * cols)
+					k.decompose(out, res, m, rows, cols, p, q, q2, r, 0.75)
+					if !resOK() {
+						t.Fatalf("%s: Decompose wrote outside res", name)
+					}
+					sameBits(t, fmt.Sprintf("%s shift %d: Decompose out", name, shift), out, wantOut)
+					sameBits(t, fmt.Sprintf("%s shift %d: Decompose res", name, shift), res, wantRes)
+					inPlace := slices.Clone(m)
+					k.decompose(out, inPlace, inPlace, rows, cols, p, q, q2, r, 0.75)
+					sameBits(t, fmt.Sprintf("%s shift %d: Decompose out, res = m", name, shift), out, wantOut)
+					sameBits(t, fmt.Sprintf("%s shift %d: Decompose res = m", name, shift), inPlace, wantRes)
+				}
+			}
+		})
 	}
 }

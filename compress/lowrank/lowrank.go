@@ -7,7 +7,8 @@ import (
 )
 
 // kernelSet names the kernels MulQ, MulTP, Decompose and Orthogonalize
-// run: "avx512" or "generic" (the Go loops). The tests log it.
+// run: "avx512", "avx2" (Orthogonalize's loops then generic) or "generic"
+// (the Go loops). The tests log it.
 var kernelSet = "generic"
 
 // The kernels in use; init on amd64 installs the assembly ones over the
@@ -114,10 +115,11 @@ func MulTP(q, m []float32, rows, cols int, p []float32, r int) {
 // bit for bit. res may be m itself (the residual replaces m in place, the
 // usual error feedback); otherwise no output may overlap another output
 // or an input, and qAvg may be qOwn. Rows are independent, so Decompose on
-// a range of rows gives the same bits as on all of them. On amd64 an out
-// of at least 1 MiB whose rows are 64-byte aligned (out is, and cols is a
-// multiple of 16) is written with non-temporal stores, which bypass the
-// caches: it is then in memory, not in cache, when Decompose returns. It
+// a range of rows gives the same bits as on all of them. On amd64 (AVX2
+// or AVX-512) an out of at least 1 MiB whose rows are 64-byte aligned
+// (out is, and cols is a multiple of 16) is written with non-temporal
+// stores, which bypass the caches: it is then in memory, not in cache,
+// when Decompose returns. It
 // panics if rows, cols < 0, r < 1, a length is not the one the sizes
 // give, or the slices overlap otherwise.
 func Decompose(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32) {
