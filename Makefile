@@ -140,8 +140,9 @@ FUZZTIME_ARM64 ?= 2000x
 PROBE_ARM64 ?= ./scripts/canrun arm64
 arm64:
 	@mkdir -p build/arm64
-	GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./compress
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./compress ./compress/lowrank
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o build/arm64/compress.test ./compress
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o build/arm64/lowrank.test ./compress/lowrank
 	@direct=yes; why=$$($(PROBE_ARM64)) || direct=""; \
 	  runner=""; how="directly (natively or through binfmt_misc)"; \
 	  if [ -n "$(QEMU_ARM64)" ]; then \
@@ -153,6 +154,8 @@ arm64:
 	  fi; \
 	  echo "cd compress && $$runner ../build/arm64/compress.test -test.short -test.count=1 -test.timeout=20m"; \
 	  (cd compress && $$runner ../build/arm64/compress.test -test.short -test.count=1 -test.timeout=20m) || exit 1; \
+	  echo "cd compress/lowrank && $$runner ../../build/arm64/lowrank.test -test.short -test.count=1 -test.timeout=20m"; \
+	  (cd compress/lowrank && $$runner ../../build/arm64/lowrank.test -test.short -test.count=1 -test.timeout=20m) || exit 1; \
 	  if [ -z "$$direct" ]; then \
 	    echo "make arm64: compress tests passed $$how; fuzzing NOT RUN ($$why: go test -fuzz execs the test binary itself), seed corpora only" | tee -a $(SUMMARY); exit 0; \
 	  fi; \
@@ -173,11 +176,13 @@ arm64:
 PROBE_386 ?= ./scripts/canrun 386
 x86-32:
 	@mkdir -p build/386
-	GOARCH=386 CGO_ENABLED=0 $(GO) vet ./compress
+	GOARCH=386 CGO_ENABLED=0 $(GO) vet ./compress ./compress/lowrank
 	GOARCH=386 CGO_ENABLED=0 $(GO) test -c -o build/386/compress.test ./compress
+	GOARCH=386 CGO_ENABLED=0 $(GO) test -c -o build/386/lowrank.test ./compress/lowrank
 	@if why=$$($(PROBE_386)); then \
 	  echo "cd compress && ../build/386/compress.test -test.short -test.count=1 -test.timeout=10m"; \
 	  (cd compress && ../build/386/compress.test -test.short -test.count=1 -test.timeout=10m) || exit 1; \
+	  (cd compress/lowrank && ../../build/386/lowrank.test -test.short -test.count=1 -test.timeout=10m) || exit 1; \
 	  echo "make x86-32: compress tests passed as a 32-bit x86 program" | tee -a $(SUMMARY); \
 	else \
 	  echo "make x86-32: NOT RUN: $${why:-the probe failed}. build/386/compress.test was built and vetted; its tests did not run" | tee -a $(SUMMARY); \

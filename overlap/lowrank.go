@@ -28,8 +28,9 @@ import (
 // their residual zero. Q starts from the counter RNG, uniform in [−1, 1)
 // from (seed, bucket, tensor, step), the same on every rank; with warm
 // start (the default) each step starts from the previous step's Q̄, kept
-// as the bucket's second memory (state: stage 2), and a tensor whose kept
-// Q is all zero (the first step, or a zero gradient) draws it again.
+// as the bucket's second memory (state: stage 2), and a column of a kept
+// Q that is all zero (the first step; a zero gradient; a column the
+// orthogonalization zeroed) is drawn again.
 //
 // The cost model predicts each bucket from its own plan's volumes
 // (linkCost) and compute lines timed on real buckets (timePath).
@@ -180,9 +181,7 @@ func (x *lowRankExchanger) encode(r *run) error {
 	ps := lb.vals1[e.size : e.size+pl.pLen]
 	for _, mt := range pl.mats {
 		q := lr.q[mt.q : mt.q+mt.cols*mt.r]
-		if x.warm == nil || allZero(q) {
-			drawQ(q, x.spec.Seed, compress.Key{Bucket: r.key.Bucket, Step: r.key.Step}, mt.tensor)
-		}
+		drawQ(q, mt.cols, mt.r, x.warm == nil, x.spec.Seed, r.key, mt.tensor)
 		lowrank.MulQ(ps[mt.p:mt.p+mt.rows*mt.r], lr.m[mt.off:mt.off+mt.rows*mt.cols], mt.rows, mt.cols, q, mt.r)
 	}
 	flat := lb.vals1[e.size+pl.pLen:]
@@ -272,12 +271,34 @@ func (x *lowRankExchanger) decode(r *run) (int, error) {
 	return bad, nil
 }
 
-// drawQ fills q (cols×r) with the counter RNG's uniform draws in [−1, 1)
-// for (seed, key, tensor): the same on every rank.
-func drawQ(q []float32, seed uint64, key compress.Key, tensor int) {
-	s := compress.NewRandomStream(seed, key, lowRankDomain+uint64(tensor))
-	for i := range q {
-		q[i] = 2*s.Uniform(uint32(i)) - 1
+// drawQ fills the columns of q (cols×r, row-major) that are all zero, or
+// every column with all, with the counter RNG's uniform draws in [−1, 1)
+// for (seed, key, tensor), element i of q drawing i: the same on every
+// rank. A warm Q's column is zero where the orthogonalization zeroed P's
+// (a rank-deficient P): left so, it would stay zero, every step after.
+func drawQ(q []float32, cols, r int, all bool, seed uint64, key compress.Key, tensor int) {
+	var s compress.RandomStream
+	drawn := false
+	for k := range r {
+		if !all {
+			zero := true
+			for j := range cols {
+				if q[j*r+k] != 0 {
+					zero = false
+					break
+				}
+			}
+			if !zero {
+				continue
+			}
+		}
+		if !drawn {
+			s, drawn = compress.NewRandomStream(seed, key, lowRankDomain+uint64(tensor)), true
+		}
+		for j := range cols {
+			i := j*r + k
+			q[i] = 2*s.Uniform(uint32(i)) - 1
+		}
 	}
 }
 
@@ -289,15 +310,6 @@ const lowRankDomain = 0x504f5745 << 32 // "POWE"
 func finite(v []float32) bool {
 	for _, x := range v {
 		if x-x != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func allZero(v []float32) bool {
-	for _, x := range v {
-		if x != 0 {
 			return false
 		}
 	}

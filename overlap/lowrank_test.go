@@ -428,3 +428,43 @@ func TestLowRankShapesMismatch(t *testing.T) {
 		}
 	}
 }
+
+// TestLowRankDeadColumn: a column of the warm Q that the
+// orthogonalization zeroed (here: a gradient of rank 1 at R = 2) is drawn
+// again the next step, so a later gradient of rank 2 is exchanged exactly
+// rather than through one column forever.
+func TestLowRankDeadColumn(t *testing.T) {
+	const ranks = 2
+	shapes := [][]Shape{{{32, 24}}}
+	sizes := []int{32 * 24}
+	cfg := Config{Spec: "powersgd:2", ErrorFeedback: false, Decision: DecideCompressed, Shapes: shapes}
+	engines := newEngines(t, ranks, sizes, cfg)
+	grads := func(rank2 bool) [][][]float32 {
+		out := make([][][]float32, ranks)
+		for r := range out {
+			g := make([]float32, 32*24)
+			for i := range 32 {
+				for j := range 24 {
+					v := float32(i%5-2) * float32(j%3+r)
+					if rank2 {
+						v += float32(i%3-1) * float32(j%4-1+r)
+					}
+					g[i*24+j] = v
+				}
+			}
+			out[r] = [][]float32{g}
+		}
+		return out
+	}
+	_, errs := runStep(engines, grads(false), inOrder(1))
+	mustNoErrors(t, "rank-1 step", errs)
+	for step := range 2 {
+		g := grads(true)
+		want := mean(g, 0)
+		_, errs := runStep(engines, g, inOrder(1))
+		mustNoErrors(t, "rank-2 step", errs)
+		if e := relErr(g[0][0], want); step == 1 && e > 1e-4 {
+			t.Errorf("rank-2 step %d after a rank-1 one: relative error %g, want the mean (a dead Q column?)", step, e)
+		}
+	}
+}
