@@ -39,8 +39,8 @@
 // states. The assembly kernels are bound by the multiplies (r per element
 // of m for MulQ and MulTP, 2r for Decompose) or by memory; on a
 // 1024×1024 matrix at r = 4 one round takes 3.0 to 3.3 times as long as
-// reading m twice on the AVX-512 EPYC the README's table names
-// (BenchmarkRound).
+// reading m twice on an AVX-512 EPYC (BenchmarkRound; docs/PERFORMANCE.md,
+// "PowerSGD's kernels").
 //
 // Concurrency and aliasing. The functions keep no state between calls
 // (scratch buffers come from a sync.Pool) and may run concurrently on
