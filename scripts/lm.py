@@ -12,9 +12,9 @@ PYTHON is the interpreter, and so the torch, of the parent and of its ranks
 script puts ../plugin/python (relative to itself) on sys.path; the library
 must be built (``make plugin``).
 
-The check the issue asks for: "a small transformer language model trained
-with AdamW (your own, on text that ships with the machine): validation
-loss within 1 % of uncompressed at the same steps".
+What it checks: whether a compressed exchange keeps a small transformer
+language model trained with AdamW on text that ships with the machine
+within 1 % of the uncompressed validation loss at the same steps.
 
 Data: the regular files of /usr/share/common-licenses (symlinks skipped,
 sorted by name) concatenated, as bytes (vocabulary 256). The text is cut
