@@ -2,7 +2,11 @@
 
 package lowrank
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 // AVX-512 versions of MulQ, MulTP, Decompose and Orthogonalize's loops,
 // used when the CPU has AVX-512F and the OS saves the opmask and ZMM state
@@ -26,10 +30,12 @@ import "unsafe"
 // m. MulQ and Decompose take two rows at a time (sharing Q's loads), an
 // odd last row as a pair of itself.
 func init() {
-	if !cpuFeatures() {
+	// golang.org/x/sys/cpu reports AVX2 and AVX-512F only where the OS
+	// saves the YMM (and opmask and ZMM) state.
+	if !cpu.X86.HasAVX2 || !cpu.X86.HasFMA {
 		return
 	}
-	if !avx512Features() {
+	if !cpu.X86.HasAVX512F {
 		avx2Kernels()
 		return
 	}
@@ -44,37 +50,6 @@ func init() {
 	loadPKernel = loadPAVX512
 	storePKernel = storePAVX512
 }
-
-// cpuFeatures reports whether the CPU has AVX2 and FMA, with the OS saving
-// the YMM state (as compress's cpuFeatures).
-func cpuFeatures() bool {
-	if maxID, _, _, _ := cpuid(0, 0); maxID < 7 {
-		return false
-	}
-	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
-	if _, _, ecx, _ := cpuid(1, 0); ecx&fma == 0 || ecx&osxsave == 0 || ecx&avx == 0 {
-		return false
-	}
-	xcr0, _ := xgetbv()
-	_, ebx, _, _ := cpuid(7, 0)
-	const avx2Bit = 1 << 5
-	return xcr0&0x06 == 0x06 && ebx&avx2Bit != 0 // XMM and YMM state
-}
-
-// avx512Features reports whether the CPU has AVX-512F, with the OS saving
-// the opmask and ZMM state besides the XMM and YMM state. It assumes
-// cpuFeatures holds (CPUID leaf 7 and XGETBV are there).
-func avx512Features() bool {
-	const avx512f = 1 << 16
-	const zmmState = 1<<1 | 1<<2 | 1<<5 | 1<<6 | 1<<7 // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
-	_, ebx, _, _ := cpuid(7, 0)
-	xcr0, _ := xgetbv()
-	return ebx&avx512f != 0 && xcr0&zmmState == zmmState
-}
-
-func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
-
-func xgetbv() (eax, edx uint32)
 
 // padCols returns the row length of the kernels' transposed Q: cols
 // rounded up to a multiple of 32 (a whole last pair of vectors), plus 16

@@ -16,25 +16,6 @@
 	VPERMILPS     $0xb1, xa, tx; \
 	VADDPS        tx, xa, xa
 
-// func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
-TEXT ·cpuid(SB), NOSPLIT, $0-24
-	MOVL eaxArg+0(FP), AX
-	MOVL ecxArg+4(FP), CX
-	CPUID
-	MOVL AX, eax+8(FP)
-	MOVL BX, ebx+12(FP)
-	MOVL CX, ecx+16(FP)
-	MOVL DX, edx+20(FP)
-	RET
-
-// func xgetbv() (eax, edx uint32)
-TEXT ·xgetbv(SB), NOSPLIT, $0-8
-	MOVL $0, CX
-	XGETBV
-	MOVL AX, eax+0(FP)
-	MOVL DX, edx+4(FP)
-	RET
-
 // The kernels' loops over the columns of a row, pair of vectors (32
 // columns) by pair, share one shape: DX is the pair's offset in bytes,
 // and K1, K2 the opmasks of the pair's two vectors, all ones (K3) for the

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"golang.org/x/sys/cpu"
 )
 
 // TestTranspose compares the gathers that transpose Q for the assembly
@@ -130,8 +132,9 @@ type kernelVersion struct {
 }
 
 var kernelVersions = []kernelVersion{
-	{"avx2", "the CPU or the OS lacks AVX2 or FMA", cpuFeatures, mulQAVX2, mulTPAVX2, decomposeAVX2},
-	{"avx512", "the CPU or the OS lacks AVX-512F", func() bool { return cpuFeatures() && avx512Features() },
+	{"avx2", "the CPU or the OS lacks AVX2 or FMA", func() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA },
+		mulQAVX2, mulTPAVX2, decomposeAVX2},
+	{"avx512", "the CPU or the OS lacks AVX-512F", func() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasAVX512F },
 		mulQAVX512, mulTPAVX512, decomposeAVX512},
 }
 
