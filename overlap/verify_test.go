@@ -113,31 +113,49 @@ func TestVerifyConverges(t *testing.T) {
 	}
 }
 
-// TestVerifyMixed: the alternative to a mix is all dense; a mix not
-// measured hysteresis slower is kept.
+// TestVerifyMixed: a mix meets both alternatives in turn (all dense at
+// trial positions 1 and 5, all compressed at 3 and 7); a mix neither
+// alternative beats by hysteresis is kept, and one that all compressed
+// beats switches to it.
 func TestVerifyMixed(t *testing.T) {
 	sizes := []int{1 << 14, 1 << 13}
-	// Compressed buckets add 1 ms, dense 1.02 ms: all dense is measured
-	// slower than the mix.
-	tm := &fixedTiming{dense: 1.02e-3, compressed: 1e-3}
-	engines := newTimedEngines(t, group(t, 2), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true}, tm)
-	for _, e := range engines {
-		e.buckets[0].compressed, e.buckets[1].compressed = true, false
-	}
-	for step := range firstWindowSteps + 1 {
-		stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
-		mustNoErrors(t, "step", errs)
-		trial := step < firstWindowSteps && step%2 == 1
-		for i, bs := range stats[0].Buckets {
-			if want := i == 0 && !trial; bs.Trial != trial || bs.Compressed != want || bs.Switched {
-				t.Errorf("step %d, bucket %d: trial %v compressed %v switched %v, want %v %v false", step, i, bs.Trial, bs.Compressed, bs.Switched, trial, want)
+	for _, tc := range []struct {
+		name string
+		tm   *fixedTiming
+		want []bool
+	}{
+		// Compressed buckets add 1 ms, dense 1.02: all dense is slower
+		// than the mix, all compressed 1 % faster: the mix is kept.
+		{"kept", &fixedTiming{dense: 1.02e-3, compressed: 1e-3}, []bool{true, false}},
+		// Dense 2 ms, compressed 1: all compressed takes 2 ms against the
+		// mix's 3.
+		{"to all compressed", &fixedTiming{dense: 2e-3, compressed: 1e-3}, []bool{true, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engines := newTimedEngines(t, group(t, 2), sizes, Config{Spec: "topk:0.01", ErrorFeedback: true}, tc.tm)
+			for _, e := range engines {
+				e.buckets[0].compressed, e.buckets[1].compressed = true, false
 			}
-		}
-	}
-	for r, e := range engines {
-		if got := e.Compressed(); !slices.Equal(got, []bool{true, false}) {
-			t.Errorf("rank %d: decisions %v, want the mix kept", r, got)
-		}
+			for step := range firstWindowSteps {
+				stats, errs := runStep(engines, stepGrads(2, step, sizes), inOrder(len(sizes)))
+				mustNoErrors(t, "step", errs)
+				trial := step%2 == 1
+				for i, bs := range stats[0].Buckets {
+					want := i == 0 && !trial || trial && step%4 == 3
+					if bs.Trial != trial || bs.Compressed != want {
+						t.Errorf("step %d, bucket %d: trial %v compressed %v, want %v %v", step, i, bs.Trial, bs.Compressed, trial, want)
+					}
+					if step == firstWindowSteps-1 && (!strings.Contains(bs.Reason, "all dense, ") || !strings.Contains(bs.Reason, "all compressed;")) {
+						t.Errorf("window's end, bucket %d: reason %q, want both alternatives' times", i, bs.Reason)
+					}
+				}
+			}
+			for r, e := range engines {
+				if got := e.Compressed(); !slices.Equal(got, tc.want) {
+					t.Errorf("rank %d: decisions %v, want %v", r, got, tc.want)
+				}
+			}
+		})
 	}
 }
 
