@@ -125,17 +125,8 @@ func mulTPAVX2(q, m []float32, rows, cols int, p []float32, r int) {
 }
 
 func decomposeAVX2(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32) {
-	ld := padCols(cols)
-	qt, h := scratch32(2 * r * ld)
-	defer pool32.Put(h)
-	qa, qo := qt[:r*ld], qt[r*ld:]
-	transposeGo(qa, ld, qAvg, cols, r, scale)
-	transposeGo(qo, ld, qOwn, cols, r, 1)
-	nt := len(out) >= ntMin && cols%16 == 0 && uintptr(unsafe.Pointer(&out[0]))%64 == 0
-	width := cols
-	if 8*r*ld > decomposeWhole {
-		width = max(64, decomposeStrip/(8*r)&^31)
-	}
+	qa, qo, ld, width, nt, put := decomposePlan(out, cols, qAvg, qOwn, r, scale, transposeGo)
+	defer put()
 	for c := 0; c < cols; c += width {
 		w := min(width, cols-c)
 		qb, ntqb := w/32*128, 0

@@ -245,21 +245,31 @@ const (
 	decomposeStrip = 16 << 10
 )
 
+// decomposePlan is what the assembly Decomposes share: Q's transposes qa
+// (scaled) and qo, whether out takes non-temporal stores (nt), and the
+// width of the strips of columns they go through; put returns the
+// transposes' buffer to the pool.
+func decomposePlan(out []float32, cols int, qAvg, qOwn []float32, r int, scale float32,
+	transpose func(qt []float32, ld int, q []float32, cols, r int, scale float32)) (qa, qo []float32, ld, width int, nt bool, put func()) {
+	ld = padCols(cols)
+	qt, h := scratch32(2 * r * ld)
+	qa, qo = qt[:r*ld], qt[r*ld:]
+	transpose(qa, ld, qAvg, cols, r, scale)
+	transpose(qo, ld, qOwn, cols, r, 1)
+	nt = len(out) >= ntMin && cols%16 == 0 && uintptr(unsafe.Pointer(&out[0]))%64 == 0
+	width = cols
+	if 8*r*ld > decomposeWhole {
+		width = max(64, decomposeStrip/(8*r)&^31)
+	}
+	return qa, qo, ld, width, nt, func() { pool32.Put(h) }
+}
+
 // decomposeAVX512 is decomposeGeneric: strip by strip of columns, pairs
 // of rows by decomposeAsm, then an odd last row by decomposeAsm with
 // strides 0.
 func decomposeAVX512(out, res, m []float32, rows, cols int, p, qAvg, qOwn []float32, r int, scale float32) {
-	ld := padCols(cols)
-	qt, h := scratch32(2 * r * ld)
-	defer pool32.Put(h)
-	qa, qo := qt[:r*ld], qt[r*ld:]
-	transposeAVX512(qa, ld, qAvg, cols, r, scale)
-	transposeAVX512(qo, ld, qOwn, cols, r, 1)
-	nt := len(out) >= ntMin && cols%16 == 0 && uintptr(unsafe.Pointer(&out[0]))%64 == 0
-	width := cols
-	if 8*r*ld > decomposeWhole {
-		width = max(64, decomposeStrip/(8*r)&^31)
-	}
+	qa, qo, ld, width, nt, put := decomposePlan(out, cols, qAvg, qOwn, r, scale, transposeAVX512)
+	defer put()
 	for c := 0; c < cols; c += width {
 		w := min(width, cols-c)
 		k1, k2 := tailMasks(w)
