@@ -42,6 +42,10 @@ package compress
 const (
 	DomainRound   uint64 = 0x726f756e64000001 // stochastic rounding
 	DomainRandomK uint64 = 0x72616e646b000002 // random-k index choice
+	// DomainLowRank plus a tensor's index in its bucket is the domain of
+	// PowerSGD's Q draws: uniform(i) of that stream, scaled to [−1, 1),
+	// is element i of the tensor's Q (cols×R, row-major).
+	DomainLowRank uint64 = 0x504f574500000000
 )
 
 // RandomStreamVersion names the definition above. Ranks that exchange

@@ -50,52 +50,18 @@ type lowRankExchanger struct {
 	ef, warm *compress.ErrorFeedback
 }
 
-// lowRankMatrix is one compressed tensor of a bucket's plan.
-type lowRankMatrix struct {
-	off        int // its first element in the bucket
-	rows, cols int
-	r          int // its rank, min(R, rows, cols)
-	p, q       int // where its P starts among the P's, its Q among the Q's
-	tensor     int // its index in the bucket's Shapes (the RNG's domain)
-}
-
-// lowRankPlan is how a bucket's tensors travel: the compressed ones, and
-// the element ranges [lo, hi) that go uncompressed.
-type lowRankPlan struct {
-	mats []lowRankMatrix
-	flat [][2]int
-	// pLen and qLen are the P's and Q's elements, flatLen the
-	// uncompressed ones'.
-	pLen, qLen, flatLen int
-}
-
 // planLowRank lays out a bucket of shapes for spec.
-func planLowRank(shapes []Shape, spec compress.Spec) *lowRankPlan {
-	pl := &lowRankPlan{}
-	off := 0
-	for j, s := range shapes {
-		n := s.Rows * s.Cols
-		r := min(spec.Rank, s.Rows, s.Cols)
-		if float64(n) >= spec.MinCompressionFactor()*float64(s.Rows+s.Cols)*float64(r) {
-			pl.mats = append(pl.mats, lowRankMatrix{off: off, rows: s.Rows, cols: s.Cols, r: r, p: pl.pLen, q: pl.qLen, tensor: j})
-			pl.pLen += s.Rows * r
-			pl.qLen += s.Cols * r
-		} else {
-			if k := len(pl.flat) - 1; k >= 0 && pl.flat[k][1] == off {
-				pl.flat[k][1] += n // adjacent: one range
-			} else {
-				pl.flat = append(pl.flat, [2]int{off, off + n})
-			}
-			pl.flatLen += n
-		}
-		off += n
+func planLowRank(shapes []Shape, spec compress.Spec) *lowrank.Layout {
+	dims := make([][2]int, len(shapes))
+	for j, sh := range shapes {
+		dims[j] = [2]int{sh.Rows, sh.Cols}
 	}
-	return pl
+	return lowrank.NewLayout(dims, spec.Rank, spec.MinCompressionFactor())
 }
 
 // lowRankBuffers are a bucket's buffers for StrategyLowRank.
 type lowRankBuffers struct {
-	plan  *lowRankPlan
+	plan  *lowrank.Layout
 	vals1 []float32 // the first all-reduce: N statuses, the P's, the uncompressed elements
 	vals2 []float32 // the second: the Q's
 	qOwn  []float32 // this rank's Q's (vals2 is summed in place)
@@ -119,8 +85,8 @@ func (x *lowRankExchanger) useMemory(gradEF, partEF *compress.ErrorFeedback) {
 
 func (x *lowRankExchanger) setup(b *bucket) {
 	pl := planLowRank(x.e.cfg.Shapes[b.idx], x.spec)
-	lb := &lowRankBuffers{plan: pl, vals1: make([]float32, x.e.size+pl.pLen+pl.flatLen),
-		vals2: make([]float32, pl.qLen), qOwn: make([]float32, pl.qLen)}
+	lb := &lowRankBuffers{plan: pl, vals1: make([]float32, x.e.size+pl.PLen+pl.FlatLen),
+		vals2: make([]float32, pl.QLen), qOwn: make([]float32, pl.QLen)}
 	if x.e.cfg.ErrorFeedback {
 		lb.m = nil
 	} else {
@@ -128,7 +94,7 @@ func (x *lowRankExchanger) setup(b *bucket) {
 	}
 	// Both, small: an engine without the warm start's memory (warm=off,
 	// or the cost model's scratch engine) draws Q into cold.
-	lb.cold, lb.zero = make([]float32, pl.qLen), make([]float32, pl.qLen)
+	lb.cold, lb.zero = make([]float32, pl.QLen), make([]float32, pl.QLen)
 	b.lowRank = lb
 }
 
@@ -144,12 +110,11 @@ func (x *lowRankExchanger) bufferBytes(n int) uint64 {
 // and uncompressed tensors, then the Q's.
 func (x *lowRankExchanger) linkCost(m *costModel, b *bucket) float64 {
 	pl, N := planLowRank(x.e.cfg.Shapes[b.idx], x.spec), x.e.size
-	return m.link(allReduceVolume(N, 4*(N+pl.pLen+pl.flatLen))) + m.link(allReduceVolume(N, 4*pl.qLen))
+	return m.link(allReduceVolume(N, 4*(N+pl.PLen+pl.FlatLen))) + m.link(allReduceVolume(N, 4*pl.QLen))
 }
 
 func (x *lowRankExchanger) encode(r *run) error {
 	e, lb := x.e, r.b.lowRank
-	pl := lb.plan
 	lr := lowRankRun{m: lb.m}
 	if x.ef != nil {
 		s, res, p, err := x.ef.BeginResidual(r.grad, r.key)
@@ -171,23 +136,7 @@ func (x *lowRankExchanger) encode(r *run) error {
 		lr.q = lb.cold
 	}
 	r.lowRank = lr
-	status := lb.vals1[:e.size]
-	clear(status)
-	if !finite(lr.m) {
-		status[e.rank] = statusNonFinite
-		clear(lb.vals1[e.size:])
-		return nil
-	}
-	ps := lb.vals1[e.size : e.size+pl.pLen]
-	for _, mt := range pl.mats {
-		q := lr.q[mt.q : mt.q+mt.cols*mt.r]
-		drawQ(q, mt.cols, mt.r, x.warm == nil, x.spec.Seed, r.key, mt.tensor)
-		lowrank.MulQ(ps[mt.p:mt.p+mt.rows*mt.r], lr.m[mt.off:mt.off+mt.rows*mt.cols], mt.rows, mt.cols, q, mt.r)
-	}
-	flat := lb.vals1[e.size+pl.pLen:]
-	for _, f := range pl.flat {
-		flat = flat[copy(flat, lr.m[f[0]:f[1]]):]
-	}
+	lb.plan.Encode(lb.vals1, lr.m, lr.q, x.warm == nil, e.size, e.rank, x.spec.Seed, r.key)
 	return nil
 }
 
@@ -199,8 +148,8 @@ func (x *lowRankExchanger) exchange(st *step, r *run) ([]status, error) {
 	sts := make([]status, e.size)
 	for q, v := range lb.vals1[:e.size] {
 		switch v {
-		case statusOK:
-		case statusNonFinite:
+		case 0:
+		case 1:
 			sts[q] = status{code: statusNonFinite, index: noIndex, value: float32(math.NaN())}
 		default:
 			return nil, &StepError{Step: st.num, Bucket: r.b.idx, Stage: "low-rank AllReduce (P)", Err: fmt.Errorf("rank %d's status is %v", q, v)}
@@ -213,13 +162,7 @@ func (x *lowRankExchanger) exchange(st *step, r *run) ([]status, error) {
 func (x *lowRankExchanger) reduce(st *step, r *run) error {
 	lb, lr := r.b.lowRank, r.lowRank
 	t := time.Now()
-	ps := lb.vals1[x.e.size:]
-	for _, mt := range lb.plan.mats {
-		p := ps[mt.p : mt.p+mt.rows*mt.r]
-		lowrank.Orthogonalize(p, mt.rows, mt.r)
-		lowrank.MulTP(lb.qOwn[mt.q:mt.q+mt.cols*mt.r], lr.m[mt.off:mt.off+mt.rows*mt.cols], mt.rows, mt.cols, p, mt.r)
-	}
-	copy(lb.vals2, lb.qOwn)
+	lb.plan.Reduce(lb.vals1, lr.m, lb.qOwn, lb.vals2, x.e.size)
 	r.stats.Compress += time.Since(t)
 	return nil
 }
@@ -237,81 +180,10 @@ func (x *lowRankExchanger) exchange2(st *step, r *run) ([]status, error) {
 
 // decode writes the average and the residual, and Q̄ for the next step.
 func (x *lowRankExchanger) decode(r *run) (int, error) {
-	e, lb, lr := x.e, r.b.lowRank, r.lowRank
-	pl := lb.plan
-	inv := 1 / float32(e.size)
-	ps := lb.vals1[e.size:]
-	bad := -1
-	for _, mt := range pl.mats {
-		n := mt.rows * mt.cols
-		qAvg := lb.vals2[mt.q : mt.q+mt.cols*mt.r]
-		if bad < 0 && !finite(qAvg) {
-			bad = mt.off // the sum of the ranks' Q's overflowed
-		}
-		lowrank.Decompose(r.grad[mt.off:mt.off+n], lr.res[mt.off:mt.off+n], lr.m[mt.off:mt.off+n], mt.rows, mt.cols,
-			ps[mt.p:mt.p+mt.rows*mt.r], qAvg, lb.qOwn[mt.q:mt.q+mt.cols*mt.r], mt.r, inv)
-	}
-	flat := ps[pl.pLen:]
-	for _, f := range pl.flat {
-		k := f[1] - f[0]
-		if i := compress.Average(flat[:k], e.size); i >= 0 && bad < 0 {
-			bad = f[0] + i
-		}
-		copy(r.grad[f[0]:f[1]], flat[:k])
-		if x.ef != nil {
-			clear(lr.res[f[0]:f[1]]) // delivered exactly
-		}
-		flat = flat[k:]
-	}
+	lb, lr := r.b.lowRank, r.lowRank
+	var qNext []float32
 	if x.warm != nil {
-		for i, v := range lb.vals2 {
-			lr.qNext[i] = v * inv
-		}
+		qNext = lr.qNext
 	}
-	return bad, nil
-}
-
-// drawQ fills the columns of q (cols×r, row-major) that are all zero, or
-// every column with all, with the counter RNG's uniform draws in [−1, 1)
-// for (seed, key, tensor), element i of q drawing i: the same on every
-// rank. A warm Q's column is zero where the orthogonalization zeroed P's
-// (a rank-deficient P): left so, it would stay zero, every step after.
-func drawQ(q []float32, cols, r int, all bool, seed uint64, key compress.Key, tensor int) {
-	var s compress.RandomStream
-	drawn := false
-	for k := range r {
-		if !all {
-			zero := true
-			for j := range cols {
-				if q[j*r+k] != 0 {
-					zero = false
-					break
-				}
-			}
-			if !zero {
-				continue
-			}
-		}
-		if !drawn {
-			s, drawn = compress.NewRandomStream(seed, key, lowRankDomain+uint64(tensor)), true
-		}
-		for j := range cols {
-			i := j*r + k
-			q[i] = 2*s.Uniform(uint32(i)) - 1
-		}
-	}
-}
-
-// lowRankDomain is the counter RNG's domain of PowerSGD's Q draws (plus
-// the tensor's index), apart from the quantizers' and random-k's.
-const lowRankDomain = 0x504f5745 << 32 // "POWE"
-
-// finite reports whether every element of v is finite.
-func finite(v []float32) bool {
-	for _, x := range v {
-		if x-x != 0 {
-			return false
-		}
-	}
-	return true
+	return lb.plan.Decode(r.grad, lr.res, lr.m, lb.vals1, lb.vals2, lb.qOwn, qNext, x.e.size), nil
 }

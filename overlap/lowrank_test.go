@@ -12,6 +12,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/lowrank"
 )
 
 // The low-rank tests' buckets: bucket 0 holds two matrices PowerSGD
@@ -33,26 +34,26 @@ func TestLowRankPlan(t *testing.T) {
 	pl := planLowRank([]Shape{{1, 5}, {1, 3}, {100, 20}, {3, 3}, {8, 200}, {2, 2}}, spec)
 	// 8×200 at rank 4 saves 1600/(208·4) ≈ 1.92×, under the default 2:
 	// it goes uncompressed, with its uncompressed neighbours.
-	want := []lowRankMatrix{{off: 8, rows: 100, cols: 20, r: 4, p: 0, q: 0, tensor: 2}}
-	if !slices.Equal(pl.mats, want) {
-		t.Errorf("matrices %+v, want %+v", pl.mats, want)
+	want := []lowrank.Matrix{{Off: 8, Rows: 100, Cols: 20, R: 4, P: 0, Q: 0, Tensor: 2}}
+	if !slices.Equal(pl.Mats, want) {
+		t.Errorf("matrices %+v, want %+v", pl.Mats, want)
 	}
-	if flat := [][2]int{{0, 8}, {2008, 3621}}; !slices.Equal(pl.flat, flat) {
-		t.Errorf("uncompressed ranges %v, want %v", pl.flat, flat)
+	if flat := [][2]int{{0, 8}, {2008, 3621}}; !slices.Equal(pl.Flat, flat) {
+		t.Errorf("uncompressed ranges %v, want %v", pl.Flat, flat)
 	}
-	if pl.pLen != 400 || pl.qLen != 80 || pl.flatLen != 8+9+1600+4 {
-		t.Errorf("lengths P %d, Q %d, uncompressed %d", pl.pLen, pl.qLen, pl.flatLen)
+	if pl.PLen != 400 || pl.QLen != 80 || pl.FlatLen != 8+9+1600+4 {
+		t.Errorf("lengths P %d, Q %d, uncompressed %d", pl.PLen, pl.QLen, pl.FlatLen)
 	}
 	spec.MinCompression = 1.9
-	if pl := planLowRank([]Shape{{8, 200}}, spec); len(pl.mats) != 1 || pl.pLen != 32 || pl.qLen != 800 {
+	if pl := planLowRank([]Shape{{8, 200}}, spec); len(pl.Mats) != 1 || pl.PLen != 32 || pl.QLen != 800 {
 		t.Errorf("min_compression 1.9: %+v, want the matrix compressed", pl)
 	}
 	spec.MinCompression = 5
-	if pl := planLowRank([]Shape{{100, 20}}, spec); len(pl.mats) != 0 || pl.flatLen != 2000 {
+	if pl := planLowRank([]Shape{{100, 20}}, spec); len(pl.Mats) != 0 || pl.FlatLen != 2000 {
 		t.Errorf("min_compression 5: %+v, want 100×20 at rank 4 (4.2×) uncompressed", pl)
 	}
 	spec.Rank, spec.MinCompression = 1000, 0
-	if pl := planLowRank([]Shape{{3000, 5}}, spec); len(pl.mats) != 0 {
+	if pl := planLowRank([]Shape{{3000, 5}}, spec); len(pl.Mats) != 0 {
 		t.Errorf("rank clamped to 5 on 3000×5: %+v, want uncompressed (15000 < 2·3005·5)", pl)
 	}
 }
@@ -233,7 +234,7 @@ func TestLowRankVolume(t *testing.T) {
 		}
 		pl := planLowRank(shapes, spec)
 		got := stats[0].Buckets[b].BytesSent
-		exact := allReduceVolume(ranks, 4*(ranks+pl.pLen+pl.flatLen)) + allReduceVolume(ranks, 4*pl.qLen)
+		exact := allReduceVolume(ranks, 4*(ranks+pl.PLen+pl.FlatLen)) + allReduceVolume(ranks, 4*pl.QLen)
 		paper := 2 * float64(ranks-1) / ranks * float64(factors+flat) * 4
 		// The N statuses weigh 8 % of the small bucket 1's bytes.
 		if got != exact || b == 0 && math.Abs(float64(got)-paper) > 0.02*paper {
@@ -244,7 +245,7 @@ func TestLowRankVolume(t *testing.T) {
 	mlp := []Shape{{1024, 64}, {1, 1024}, {1024, 1024}, {1, 1024}, {10, 1024}, {1, 10}}
 	pl := planLowRank(mlp, spec)
 	dense := 64*1024 + 1024 + 1024*1024 + 1024 + 10*1024 + 10
-	if ratio := float64(dense) / float64(pl.pLen+pl.qLen+pl.flatLen); ratio < 80 {
+	if ratio := float64(dense) / float64(pl.PLen+pl.QLen+pl.FlatLen); ratio < 80 {
 		t.Errorf("MLP 64-1024-1024-10 at rank 2: %.1f× less than dense, want about 100×", ratio)
 	}
 }

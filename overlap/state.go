@@ -344,7 +344,7 @@ func (e *core) readState(r io.Reader) (*savedState, error) {
 	case e.lowRank != nil:
 		// The warm start's Q's, the same on every rank: they resume on
 		// any world size.
-		if err := e.checkMemory(st.mem[1], 2, func(bk *bucket) int { return planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank).qLen }); err != nil {
+		if err := e.checkMemory(st.mem[1], 2, func(bk *bucket) int { return planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank).QLen }); err != nil {
 			return nil, err
 		}
 	case info.WorldSize == e.size && info.Rank == e.rank && info.Strategy == e.strategy:
