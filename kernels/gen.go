@@ -10,3 +10,4 @@ package kernels
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/topk.ptx cuda/topk.cu
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/engine.ptx cuda/engine.cu
 //go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/gemm.ptx cuda/gemm.cu
+//go:generate nvcc -ptx -arch=compute_80 --fmad=false -o ptx/lowrank.ptx cuda/lowrank.cu

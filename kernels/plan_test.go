@@ -21,8 +21,8 @@ func ptxEntries(t *testing.T) map[string][]int {
 	param := regexp.MustCompile(`\.param \.(u64|u32|f32|s32|b64|b32)`)
 	out := map[string][]int{}
 	names, texts := ptxModules()
-	if len(texts) != 5 {
-		t.Fatalf("embedded PTX modules %v, want dense, engine, gemm, quant and topk", names)
+	if len(texts) != 6 {
+		t.Fatalf("embedded PTX modules %v, want dense, engine, gemm, lowrank, quant and topk", names)
 	}
 	for _, text := range texts {
 		for _, m := range entry.FindAllStringSubmatch(string(text), -1) {
@@ -161,6 +161,9 @@ func TestPlansMatchPTX(t *testing.T) {
 			t.Fatalf("sgemm %v: %v", d, err)
 		}
 		checkPlan("sgemm", plan)
+	}
+	for what, plan := range lowRankPlans(t) {
+		checkPlan(what, plan)
 	}
 	for name := range entries {
 		if !used[name] && !strings.Contains(name, "from") { // the plain conversions have no plan yet
