@@ -11,6 +11,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/compress/lowrank"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/internal/f32"
 	"github.com/gradcomp/gradcomp/kernels"
@@ -24,7 +25,8 @@ import (
 // kernels.Context's of the same names, and Encode, Decode, Average,
 // Momentum, Mask, Guard, GuardMax and Flush are kernels.Codec.Encode,
 // kernels.Codec.Decode, kernels.Average, kernels.Momentum,
-// kernels.Codec.Mask, kernels.Guard, kernels.GuardMax and kernels.Flush.
+// kernels.Codec.Mask, kernels.Guard, kernels.GuardMax and kernels.Flush;
+// LowRankEncode, LowRankReduce and LowRankDecode are kernels'.
 type Device interface {
 	Alloc(bytes int) (gpu.Ptr, error)
 	Free(p gpu.Ptr) error
@@ -47,6 +49,9 @@ type Device interface {
 	Guard(s gpu.Stream, a kernels.GuardArgs) error
 	GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error
 	Flush(s gpu.Stream, a kernels.FlushArgs) error
+	LowRankEncode(s gpu.Stream, a kernels.LowRankArgs) error
+	LowRankReduce(s gpu.Stream, a kernels.LowRankArgs) error
+	LowRankDecode(s gpu.Stream, a kernels.LowRankArgs) error
 }
 
 // CUDA returns the Device of a kernels.Context (its primary context, so
@@ -86,6 +91,18 @@ func (d cudaDevice) GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error {
 
 func (d cudaDevice) Flush(s gpu.Stream, a kernels.FlushArgs) error {
 	return kernels.Flush(d.Context, s, a)
+}
+
+func (d cudaDevice) LowRankEncode(s gpu.Stream, a kernels.LowRankArgs) error {
+	return kernels.LowRankEncode(d.Context, s, a)
+}
+
+func (d cudaDevice) LowRankReduce(s gpu.Stream, a kernels.LowRankArgs) error {
+	return kernels.LowRankReduce(d.Context, s, a)
+}
+
+func (d cudaDevice) LowRankDecode(s gpu.Stream, a kernels.LowRankArgs) error {
+	return kernels.LowRankDecode(d.Context, s, a)
 }
 
 // ErrBadPointer is a *UsageError's Err for a null or misaligned device
@@ -142,6 +159,15 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 //	                the division and the stage-2 encode (its own memory),
 //	                an all-gather of the stage-2 slots, their decode
 //
+//	low-rank        PowerSGD (powersgd): kernels.LowRankEncode on the
+//	                encode stream (M = e + g, P = M·Q, the ranks'
+//	                statuses), an all-reduce of the statuses, P's and
+//	                uncompressed tensors, kernels.LowRankReduce on the
+//	                decode stream (orthogonalization, this rank's Q's),
+//	                an all-reduce of the Q's, kernels.LowRankDecode (the
+//	                average, the residual, the next warm start Q̄, the
+//	                status): compress/lowrank's round (lowrank.Layout)
+//
 // Each gives bit for bit the result and error-feedback memory of Engine
 // with the same strategy (the package doc's definitions), with the same
 // payload keys; shared-index sends its statuses in a collective of their
@@ -149,7 +175,7 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // sharded shape runs on the device too (devicehier.go: node stages on a
 // stream of their own, a DeviceEngine across nodes, over a DeviceComm
 // that splits, comm.DeviceSplitter); the device refuses its two-level
-// shape (top-k, random-k) and SRA for random-k by name.
+// shape (top-k, random-k, powersgd) and SRA for random-k by name.
 //
 // # Accuracy guard
 //
@@ -185,7 +211,8 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // # Failures
 //
 // A NaN or ±Inf (or a value the codec cannot represent) on any rank is
-// seen on the device by kernels.Average through the gathered statuses: the
+// seen on the device by kernels.Average through the gathered statuses
+// (low-rank: by kernels.LowRankDecode through the summed ones): the
 // bucket's gradient becomes NaN on every rank (Engine instead re-exchanges
 // it dense; the device engine does not keep g), so a NaN-checking
 // optimizer (AMP) skips the step; its error-feedback memory keeps e. Wait
@@ -247,6 +274,13 @@ type devBuffers struct {
 	mid          gpu.Ptr // SRA: this rank's part, summed and averaged
 	work, work2  gpu.Ptr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
 	phase        int     // the schedule phase the slots and workspaces are sized for
+	// StrategyLowRank: the bucket's layout; send and recv are the two
+	// all-reduces' buffers (kernels.LowRankArgs' Vals1 and Vals2), work
+	// the round's workspace, resid and out the residual memory and M (m
+	// without error feedback), resid2 and out2 the warm start's Q̄ and
+	// the next one.
+	layout     *lowrank.Layout
+	qOwn, q, m gpu.Ptr
 	// Momentum correction (every bucket): u, and the step's m·u + g
 	// until settle installs it; velocity: u was written (by a step or
 	// Load), so the state holds it.
@@ -354,10 +388,8 @@ func deviceStrategy(s Strategy, c compress.Codec, size int) (Strategy, error) {
 	switch {
 	case err != nil:
 		return 0, err
-	case r == StrategyHier && (c == compress.CodecTopK || c == compress.CodecRandomK):
-		return 0, fmt.Errorf("strategy hier with %s is not available on the device: it exchanges over two-level collectives, which the device does not have (use sparse-gather or shared-index)", c)
-	case r == StrategyLowRank:
-		return 0, fmt.Errorf("strategy low-rank (powersgd) is not available on the device yet: use an Engine (host buckets)")
+	case r == StrategyHier && mechanism(r, c, size) != StrategyHier:
+		return 0, fmt.Errorf("strategy hier with %s is not available on the device: it exchanges over two-level collectives, which the device does not have (use the flat strategy)", c)
 	case r == StrategyQuantSRA && c == compress.CodecRandomK:
 		return 0, fmt.Errorf("strategy sra with random-k is not available on the device (its parts' indices differ by rank; use shared-index)")
 	}
@@ -449,6 +481,9 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	if b.send != 0 && b.phase == e.active {
 		return nil
 	}
+	if e.lowRank != nil {
+		return e.prepareLowRank(bk)
+	}
 	unit, sends := e.unit(bk.n)
 	lo, hi := e.part.bounds(bk.n, e.rank)
 	mine := hi - lo
@@ -504,6 +539,59 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	}
 	*b = nb
 	return nil
+}
+
+// prepareLowRank allocates bucket bk's buffers for StrategyLowRank (see
+// devBuffers), its memories zeroed.
+func (e *DeviceEngine) prepareLowRank(bk *bucket) error {
+	b := e.bufs[bk.idx]
+	l := planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank)
+	ef, warm := e.cfg.ErrorFeedback, e.mem2 != nil
+	for _, x := range []struct {
+		p     *gpu.Ptr
+		bytes int
+		need  bool
+		zero  bool // a memory: zeroed when allocated
+	}{
+		{&b.send, 4 * (e.size + l.PLen + l.FlatLen), true, false},
+		{&b.recv, 4 * l.QLen, true, false},
+		{&b.qOwn, 4 * l.QLen, true, false},
+		{&b.q, 4 * l.QLen, true, false},
+		{&b.work, kernels.LowRankWorkspaceLen(l), true, false},
+		{&b.resid, 4 * bk.n, ef, true},
+		{&b.out, 4 * bk.n, ef, false},
+		{&b.m, 4 * bk.n, !ef, false},
+		{&b.resid2, 4 * l.QLen, warm, true},
+		{&b.out2, 4 * l.QLen, warm, false},
+	} {
+		if !x.need {
+			continue
+		}
+		var err error
+		if *x.p, err = e.alloc(max(x.bytes, 16)); err != nil {
+			return err
+		}
+		if x.zero {
+			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, max(x.bytes, 16))); err != nil {
+				return err
+			}
+		}
+	}
+	b.layout = l
+	return nil
+}
+
+// lowRankArgs returns run r's kernels.LowRankArgs: bucket buffers as
+// settle last swapped them.
+func (e *DeviceEngine) lowRankArgs(r *run) kernels.LowRankArgs {
+	b := e.bufs[r.b.idx]
+	a := kernels.LowRankArgs{Layout: b.layout, Ranks: e.size, Rank: e.rank, Grad: r.dgrad, M: b.m,
+		Vals1: b.send, Vals2: b.recv, QOwn: b.qOwn, Q: b.q, Warm: b.resid2, QNext: b.out2, Work: b.work,
+		Seed: e.lowRank.Seed, Key: r.key, Out: e.statuses + gpu.Ptr(kernels.StatusLen*r.b.idx)}
+	if e.cfg.ErrorFeedback {
+		a.Resid, a.M = b.resid, b.out
+	}
+	return a
 }
 
 // free releases p, an allocation of alloc (0: nothing).
@@ -614,7 +702,11 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	if err := e.dev.Record(b.encBeg, e.enc); err != nil {
 		return err
 	}
-	if r.compressed {
+	if r.compressed && e.lowRank != nil {
+		if err := e.dev.LowRankEncode(e.enc, e.lowRankArgs(r)); err != nil {
+			return err
+		}
+	} else if r.compressed {
 		count := 1
 		if e.mech == StrategyQuantSRA {
 			count = e.size
@@ -660,6 +752,7 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 	defer cancel()
 	avg := kernels.AverageArgs{Dst: grad, N: n, Ranks: e.size, Out: e.statuses + gpu.Ptr(kernels.StatusLen*i)}
 	var ops []func() error
+	averaged := false // the last kernel averaged and wrote the status
 	switch {
 	case !r.compressed:
 		ops = []func() error{
@@ -668,6 +761,26 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
+	case e.lowRank != nil:
+		// The statuses, P's and uncompressed elements; between the
+		// all-reduces, on the decode stream, the orthogonalization and
+		// this rank's Q's; the Q's; the average and residual (the
+		// decode writes the average's status itself).
+		a, l := e.lowRankArgs(r), b.layout
+		ops = []func() error{
+			func() error { return e.dc.AllReduce(ctx, a.Vals1, e.size+l.PLen+l.FlatLen, e.wire) },
+			func() error { return e.dev.Record(b.xMid, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xMid) },
+			func() error { return e.dev.LowRankReduce(e.dec, a) },
+			func() error { return e.dev.Record(b.midEnd, e.dec) },
+			func() error { return e.dev.WaitEvent(e.wire, b.midEnd) },
+			func() error { return e.dc.AllReduce(ctx, a.Vals2, l.QLen, e.wire) },
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+			func() error { return e.dev.LowRankDecode(e.dec, a) },
+		}
+		averaged = true
 	case e.mech == StrategyQuantSRA:
 		lo, hi := e.part.bounds(n, e.rank)
 		bodies := func(base gpu.Ptr, slot int) []gpu.Ptr {
@@ -769,9 +882,10 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
 		func() error { return e.dev.Record(b.xBeg, e.wire) },
 	}, ops...)
-	ops = append(ops,
-		func() error { return e.dev.Average(e.dec, avg) },
-		func() error { return e.dev.Record(b.decEnd, e.dec) })
+	if !averaged {
+		ops = append(ops, func() error { return e.dev.Average(e.dec, avg) })
+	}
+	ops = append(ops, func() error { return e.dev.Record(b.decEnd, e.dec) })
 	if r.compressed && e.cfg.MomentumMasking && e.cfg.ErrorFeedback && e.sparse() {
 		// Momentum factor masking, on the velocity settle installs, where
 		// the error-feedback memory's Commit applies (Average's status
@@ -930,7 +1044,7 @@ func (e *DeviceEngine) conclude(st *step) error {
 		s.BytesSent = allReduceVolume(e.size, 4*r.b.n)
 		if r.compressed {
 			s.BytesSent = 0
-			for _, v := range e.volumes(r.b.n) {
+			for _, v := range e.volumes(r.b) {
 				s.BytesSent += v
 			}
 		}
@@ -939,7 +1053,8 @@ func (e *DeviceEngine) conclude(st *step) error {
 }
 
 // settle installs, after a step delivered, the residuals Encode
-// wrote for its compressed, finite buckets, the zeroed stage-1 residuals
+// wrote for its compressed, finite buckets (and low-rank's next warm
+// start Q̄), the zeroed stage-1 residuals
 // of its finite flushes (the accuracy guard's, written by kernels.Flush)
 // and the momentum velocities m·u + g that are finite (swaps); a step
 // that failed or was skipped leaves every memory and velocity as it was.
@@ -953,7 +1068,8 @@ func (e *DeviceEngine) settle(st *step, how stepEnd) {
 			b.mom, b.next = b.next, b.mom
 		}
 		switch {
-		case e.cfg.ErrorFeedback && r.outcome == pathCompressed && !r.nonFinite:
+		case (e.cfg.ErrorFeedback || e.lowRank != nil) && r.outcome == pathCompressed && !r.nonFinite:
+			// Low-rank's warm start Q̄ moves on without error feedback too.
 			b.resid, b.out = b.out, b.resid
 			b.resid2, b.out2 = b.out2, b.resid2
 		case r.flush && r.outcome == pathDense && !r.nonFinite:
@@ -1005,8 +1121,12 @@ type devMemory struct {
 func (e *DeviceEngine) memories(bk *bucket, gradEF, partEF *compress.ErrorFeedback) []devMemory {
 	b := e.bufs[bk.idx]
 	lo, hi := e.part.bounds(bk.n, e.rank)
+	n2, tag2 := hi-lo, "stage-2"
+	if b.layout != nil {
+		n2, tag2 = b.layout.QLen, "warm start's"
+	}
 	var out []devMemory
-	for _, m := range []devMemory{{gradEF, b.resid, bk.n, "stage-1"}, {partEF, b.resid2, hi - lo, "stage-2"}} {
+	for _, m := range []devMemory{{gradEF, b.resid, bk.n, "stage-1"}, {partEF, b.resid2, n2, tag2}} {
 		if m.f != nil && m.p != 0 && m.n > 0 {
 			out = append(out, m)
 		}
@@ -1060,7 +1180,22 @@ func (e *DeviceEngine) teardown() error {
 // returns what went wrong this step, or "".
 func (e *DeviceEngine) nonFinite(r *run, status []byte) (string, error) {
 	b := e.bufs[r.b.idx]
-	if r := binary.LittleEndian.Uint64(status[8:]); r != math.MaxUint64 {
+	failed := binary.LittleEndian.Uint64(status[8:]) != math.MaxUint64
+	if failed && e.lowRank != nil && r.compressed {
+		// The ranks' statuses lead the first all-reduce's buffer.
+		st := make([]float32, e.size)
+		if err := e.dev.CopyOut(e.dec, f32.Bytes(st), b.send); err != nil {
+			return "", err
+		}
+		var bad []string
+		for q, v := range st {
+			if v != 0 {
+				bad = append(bad, fmt.Sprintf("rank %d", q))
+			}
+		}
+		return "gradient set to NaN on every rank: a gradient (with its error feedback) holds NaN or Inf on " + strings.Join(bad, ", "), nil
+	}
+	if failed {
 		var bad []string
 		base, stride, what := b.recv, b.slot, "rank %d has %v"
 		switch e.mech {

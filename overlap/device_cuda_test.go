@@ -79,10 +79,11 @@ func gpuBuffers(tb testing.TB, ctx *kernels.Context, sizes []int) []gpu.Ptr {
 // kernels are bit-identical to package compress); step 2 puts an Inf in
 // bucket 1, which must come back NaN (dense: Inf) and flagged. The last
 // cases add momentum correction (with masking) and a compression
-// warm-up, pinned compressed, and the accuracy guard (thresholds below
+// warm-up, pinned compressed, the accuracy guard (thresholds below
 // the CPU engine's ρ of about 0.61 for top-k and 2.5 for int2 here, so
 // step 0 trips it and step 1 flushes), whose flushes and ρ must match the
-// CPU engine's (ρ within 1e-6 relative).
+// CPU engine's (ρ within 1e-6 relative), and PowerSGD (its kernels' sums
+// in the CPU kernels' orders: the same bits).
 func TestDeviceEngineCUDA(t *testing.T) {
 	ctx, dc, host := testDevice(t)
 	sizes := []int{1 << 20, 300_001, 4097}
@@ -99,6 +100,7 @@ func TestDeviceEngineCUDA(t *testing.T) {
 		{"none", StrategyAuto, 0.9, "", 0}, {"topk:0.01", StrategyAuto, 0.9, "1@topk:0.1", 0},
 		{"randomk:0.01", StrategyAuto, 0.9, "", 0}, {"int4", StrategyQuantSRA, 0.9, "1@int8", 0},
 		{"topk:0.01", StrategyAuto, 0, "", 0.5}, {"int2", StrategyQuantSRA, 0, "", 1.5},
+		{"powersgd:4", StrategyAuto, 0, "", 0}, {"powersgd:2:warm=off", StrategyAuto, 0.9, "", 0},
 	} {
 		name := tc.spec + "/" + tc.strategy.String()
 		if tc.momentum != 0 {
@@ -114,6 +116,10 @@ func TestDeviceEngineCUDA(t *testing.T) {
 			}
 			cfg := Config{Spec: tc.spec, Strategy: tc.strategy, ErrorFeedback: true, Momentum: tc.momentum,
 				MomentumMasking: tc.momentum != 0, Schedule: schedule, Guard: tc.guard}
+			if strings.HasPrefix(tc.spec, "powersgd") {
+				// A square matrix, a wide one with a bias, an odd one.
+				cfg.Shapes = [][]Shape{{{1024, 1024}}, {{300, 1000}, {1, 1}}, {{17, 241}}}
+			}
 			cfg.Decision = DecideCompressed // the CPU twins' paths
 			e, err := NewDevice(context.Background(), CUDA(ctx), dc, host, sizes, cfg)
 			if err != nil {

@@ -135,6 +135,28 @@ func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float
 	return out, stats, errs
 }
 
+// stepBoth runs one step of grads on the device engines and on the CPU
+// engines cpu, and fails the test (naming what) on an error or where a
+// rank's result is not the CPU engine's, bit for bit. It returns the
+// device engines' statistics.
+func (g *devRig) stepBoth(t *testing.T, cpu []*Engine, grads [][][]float32, order func(r int) []int, what string) []StepStats {
+	t.Helper()
+	out, stats, errs := g.step(grads, order)
+	want := cloneGrads(grads)
+	_, cpuErrs := runStep(cpu, want, order)
+	for r := range g.engines {
+		if errs[r] != nil || cpuErrs[r] != nil {
+			t.Fatalf("%s rank %d: device %v, CPU %v", what, r, errs[r], cpuErrs[r])
+		}
+		for i := range g.sizes {
+			if j := sameBits(out[r][i], want[r][i]); j >= 0 {
+				t.Fatalf("%s rank %d bucket %d element %d: %v, the CPU engine has %v", what, r, i, j, out[r][i][j], want[r][i][j])
+			}
+		}
+	}
+	return stats
+}
+
 func sameBits(a, b []float32) int {
 	for i := range a {
 		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
@@ -211,18 +233,9 @@ func TestDeviceEngineResults(t *testing.T) {
 			cpu := cpuTwins(t, g.engines[0], tc.ranks, sizes)
 			order := func(r int) []int { return [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 2, 0}}[r] }
 			for num := range 3 {
-				grads := stepGrads(tc.ranks, num, sizes)
-				out, stats, errs := g.step(grads, order)
-				want := cloneGrads(grads)
-				_, cpuErrs := runStep(cpu, want, order)
+				stats := g.stepBoth(t, cpu, stepGrads(tc.ranks, num, sizes), order, fmt.Sprintf("step %d", num))
 				for r := range tc.ranks {
-					if errs[r] != nil || cpuErrs[r] != nil {
-						t.Fatalf("step %d rank %d: device %v, CPU %v", num, r, errs[r], cpuErrs[r])
-					}
 					for i := range sizes {
-						if j := sameBits(out[r][i], want[r][i]); j >= 0 {
-							t.Fatalf("step %d rank %d bucket %d element %d: %v, the CPU engine has %v", num, r, i, j, out[r][i][j], want[r][i][j])
-						}
 						bs := stats[r].Buckets[i]
 						if bs.Compressed != (tc.spec != "none") || bs.NonFinite || bs.Strategy != tc.strategy {
 							t.Errorf("step %d rank %d bucket %d stats %+v", num, r, i, bs)

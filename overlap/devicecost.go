@@ -79,10 +79,15 @@ func (e *DeviceEngine) unit(n int) (elems, slots int) {
 	return n, 1
 }
 
-// volumes returns the bytes this rank sends in each collective of a
-// compressed bucket of n elements (the package doc's formulas with the
-// device's slots).
-func (e *DeviceEngine) volumes(n int) []int64 {
+// volumes returns the bytes this rank sends in each collective of
+// compressed bucket b (the package doc's formulas with the device's
+// slots; low-rank's two all-reduces).
+func (e *DeviceEngine) volumes(b *bucket) []int64 {
+	n := b.n
+	if e.lowRank != nil {
+		l := planLowRank(e.cfg.Shapes[b.idx], *e.lowRank)
+		return []int64{allReduceVolume(e.size, 4*(e.size+l.PLen+l.FlatLen)), allReduceVolume(e.size, 4*l.QLen)}
+	}
 	unit, _ := e.unit(n)
 	slot := e.slotLen(unit)
 	switch e.mech {
@@ -97,7 +102,7 @@ func (e *DeviceEngine) volumes(n int) []int64 {
 // linkCost is the time of a compressed bucket's collectives on m's link.
 func (e *DeviceEngine) linkCost(m *costModel, b *bucket) float64 {
 	var t float64
-	for _, v := range e.volumes(b.n) {
+	for _, v := range e.volumes(b) {
 		t += m.link(v)
 	}
 	return t
@@ -157,46 +162,132 @@ func (b *deviceBuffers) free() error {
 	return errors.Join(errs...)
 }
 
-// timeBucket is timePaths for one size n (a multiple of the world size).
+// timeBucket is timePaths for one size n (a multiple of the world size;
+// low-rank: a bucket's size, whose layout it times).
 func (e *DeviceEngine) timeBucket(n int) (t [4]float64, err error) {
 	sc := &deviceBuffers{dev: e.dev, s: e.enc}
 	defer sc.free()
-	unit, sends := e.unit(n)
-	slot, head, part := e.slotLen(unit), e.slotHead(), n/e.size
-	ws := e.codec.WorkspaceLen(unit)
-	sra, ef := e.mech == StrategyQuantSRA, e.cfg.ErrorFeedback
-	var grad, resid, out, dst, send, work, mid, send2, work2, resid2, out2, status gpu.Ptr
-	for _, x := range []struct {
-		p     *gpu.Ptr
-		bytes int
-		need  bool
-		zero  bool
-	}{
-		{&grad, 4 * n, true, false}, {&resid, 4 * n, ef, true}, {&out, 4 * n, ef, false}, {&dst, 4 * n, true, false},
-		{&send, sends * slot, true, false}, {&work, ws, ws > 0, false}, {&status, kernels.StatusLen, true, false},
-		{&mid, 4 * part, sra, false}, {&send2, slot, sra, false}, {&work2, ws, sra && ws > 0, false},
-		{&resid2, 4 * part, sra && e.mem2 != nil, true}, {&out2, 4 * part, sra && e.mem2 != nil, false},
-	} {
-		if x.need {
-			if *x.p, err = sc.alloc(x.bytes, x.zero); err != nil {
-				return t, err
+	var stages [4]func() error
+	if e.lowRank != nil {
+		stages, err = e.lowRankStages(sc, n)
+	} else {
+		stages, err = e.codecStages(sc, n)
+	}
+	if err != nil {
+		return t, err
+	}
+	var runs [4][]float64
+	for reps, start := 0, time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
+		if reps == 1 {
+			start = time.Now()
+		}
+		for k, stage := range stages {
+			var d float64
+			if stage != nil {
+				if d, err = e.timeStage(stage); err != nil {
+					return t, err
+				}
+			}
+			if reps > 0 {
+				runs[k] = append(runs[k], d)
 			}
 		}
+	}
+	for k := range runs {
+		slices.Sort(runs[k])
+		t[k] = runs[k][len(runs[k])/2]
+	}
+	return t, nil
+}
+
+// gradient copies a synthetic gradient of n elements (standard normal,
+// the same on every run) to a new buffer of sc.
+func (e *DeviceEngine) gradient(sc *deviceBuffers, n int) (gpu.Ptr, error) {
+	p, err := sc.alloc(4*n, false)
+	if err != nil {
+		return 0, err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	g := make([]float32, n)
 	for i := range g {
 		g[i] = float32(rng.NormFloat64())
 	}
-	if err := e.dev.CopyIn(e.enc, grad, f32.Bytes(g)); err != nil {
-		return t, err
+	return p, e.dev.CopyIn(e.enc, p, f32.Bytes(g))
+}
+
+// lowRankStages returns timeBucket's stages for low-rank on the layout of
+// the first bucket of n elements (its compute, fitted against n, stands
+// for the others', as on Engine): the encode, the work between the
+// all-reduces, the decode (which averages), the dense path's average.
+func (e *DeviceEngine) lowRankStages(sc *deviceBuffers, n int) (stages [4]func() error, err error) {
+	idx := slices.IndexFunc(e.buckets, func(b *bucket) bool { return b.n == n })
+	l := planLowRank(e.cfg.Shapes[idx], *e.lowRank)
+	a := kernels.LowRankArgs{Layout: l, Ranks: e.size, Rank: e.rank, Seed: e.lowRank.Seed, Key: compress.Key{Step: 1}}
+	if a.Grad, err = e.gradient(sc, n); err != nil {
+		return stages, err
+	}
+	for _, x := range []struct {
+		p     *gpu.Ptr
+		bytes int
+		need  bool
+	}{
+		{&a.M, 4 * n, true}, {&a.Resid, 4 * n, e.cfg.ErrorFeedback}, {&a.Vals1, 4 * (e.size + l.PLen + l.FlatLen), true},
+		{&a.Vals2, 4 * l.QLen, true}, {&a.QOwn, 4 * l.QLen, true}, {&a.Q, 4 * l.QLen, true},
+		{&a.Warm, 4 * l.QLen, e.mem2 != nil}, {&a.QNext, 4 * l.QLen, e.mem2 != nil},
+		{&a.Work, kernels.LowRankWorkspaceLen(l), true}, {&a.Out, kernels.StatusLen, true},
+	} {
+		if x.need {
+			if *x.p, err = sc.alloc(x.bytes, true); err != nil {
+				return stages, err
+			}
+		}
+	}
+	dst := a.Grad
+	return [4]func() error{
+		func() error { return e.dev.LowRankEncode(e.enc, a) },
+		func() error { return e.dev.LowRankReduce(e.enc, a) },
+		func() error { return e.dev.LowRankDecode(e.enc, a) },
+		func() error {
+			return e.dev.Average(e.enc, kernels.AverageArgs{Dst: dst, N: n, Ranks: e.size, Out: a.Out})
+		},
+	}, nil
+}
+
+// codecStages returns timeBucket's stages for the active codec's
+// strategy on a bucket of n elements.
+func (e *DeviceEngine) codecStages(sc *deviceBuffers, n int) (stages [4]func() error, err error) {
+	unit, sends := e.unit(n)
+	slot, head, part := e.slotLen(unit), e.slotHead(), n/e.size
+	ws := e.codec.WorkspaceLen(unit)
+	sra, ef := e.mech == StrategyQuantSRA, e.cfg.ErrorFeedback
+	grad, err := e.gradient(sc, n)
+	if err != nil {
+		return stages, err
+	}
+	var resid, out, dst, send, work, mid, send2, work2, resid2, out2, status gpu.Ptr
+	for _, x := range []struct {
+		p     *gpu.Ptr
+		bytes int
+		need  bool
+		zero  bool
+	}{
+		{&resid, 4 * n, ef, true}, {&out, 4 * n, ef, false}, {&dst, 4 * n, true, false},
+		{&send, sends * slot, true, false}, {&work, ws, ws > 0, false}, {&status, kernels.StatusLen, true, false},
+		{&mid, 4 * part, sra, false}, {&send2, slot, sra, false}, {&work2, ws, sra && ws > 0, false},
+		{&resid2, 4 * part, sra && e.mem2 != nil, true}, {&out2, 4 * part, sra && e.mem2 != nil, false},
+	} {
+		if x.need {
+			if *x.p, err = sc.alloc(x.bytes, x.zero); err != nil {
+				return stages, err
+			}
+		}
 	}
 	bodies := func(body gpu.Ptr) []gpu.Ptr { return slices.Repeat([]gpu.Ptr{body}, e.size) }
 	key := compress.Key{Step: 1}
 	avg := func(dst gpu.Ptr, elems int) error {
 		return e.dev.Average(e.enc, kernels.AverageArgs{Dst: dst, N: elems, Ranks: e.size, Out: status})
 	}
-	stages := [4]func() error{
+	stages = [4]func() error{
 		func() error { // encode, as encode enqueues it
 			for j := range sends {
 				a := kernels.EncodeArgs{Body: send + gpu.Ptr(j*slot+head), Grad: grad + gpu.Ptr(4*j*part), Work: work,
@@ -261,28 +352,7 @@ func (e *DeviceEngine) timeBucket(n int) (t [4]float64, err error) {
 	if !sra {
 		stages[1] = nil // no work between collectives: it takes no time
 	}
-	var runs [4][]float64
-	for reps, start := 0, time.Now(); reps <= measureReps || time.Since(start) < measureWindow; reps++ {
-		if reps == 1 {
-			start = time.Now()
-		}
-		for k, stage := range stages {
-			var d float64
-			if stage != nil {
-				if d, err = e.timeStage(stage); err != nil {
-					return t, err
-				}
-			}
-			if reps > 0 {
-				runs[k] = append(runs[k], d)
-			}
-		}
-	}
-	for k := range runs {
-		slices.Sort(runs[k])
-		t[k] = runs[k][len(runs[k])/2]
-	}
-	return t, nil
+	return stages, nil
 }
 
 // timeStage enqueues stage on the encode stream between the timing events

@@ -125,7 +125,7 @@ func newEngine(ctx context.Context, c comm.Comm, sizes []int, cfg Config, t timi
 	if hier {
 		core.layout, local = hierLayout(c)
 	}
-	core.trials = shapeTrials(c, cfg) && core.lowRank == nil
+	core.trials = shapeTrials(c, cfg)
 	if local == nil {
 		need, what := e.memoryNeed(), "host"
 		if e.sharded() {

@@ -16,11 +16,14 @@ import (
 )
 
 // The hierarchical exchange (StrategyHier) over K nodes of L ranks each
-// takes one of two shapes. Top-k and random-k, whose payloads are already
-// small, keep their flat strategy (sparse-gather, shared-index) and
-// exchange over the two-level comm (comm/twolevel): each payload crosses
-// between nodes once per node, not once per rank, and nothing is
-// re-encoded, so the result is the flat strategy's. Every other codec is
+// takes one of two shapes. Top-k, random-k and powersgd, whose payloads
+// are already small (powersgd's are factors of whole matrices, which
+// shards would cut), keep their flat strategy (sparse-gather,
+// shared-index, low-rank) and exchange over the two-level comm
+// (comm/twolevel): each payload crosses between nodes once per node, not
+// once per rank, and nothing is re-encoded, so the result is the flat
+// strategy's (powersgd's sums in the two-level order: every rank gets
+// the same bits, not the flat ring's). Every other codec is
 // sharded:
 //
 //  1. node stage: a float32 reduce-scatter of the bucket among the L ranks
@@ -78,11 +81,11 @@ type hierBackend struct {
 }
 
 // twoLevelMech returns the mechanism of StrategyHier for codec c on size
-// ranks: the flat strategy over the two-level comm for top-k and
-// random-k, else StrategyHier (sharded).
+// ranks: the flat strategy over the two-level comm for top-k, random-k
+// and powersgd, else StrategyHier (sharded).
 func twoLevelMech(c compress.Codec, size int) Strategy {
-	if c == compress.CodecTopK || c == compress.CodecRandomK {
-		s, _ := resolve(StrategyAuto, c, size) // sparse-gather, shared-index
+	if c == compress.CodecTopK || c == compress.CodecRandomK || c == compress.CodecPowerSGD {
+		s, _ := resolve(StrategyAuto, c, size) // sparse-gather, shared-index, low-rank
 		return s
 	}
 	return StrategyHier

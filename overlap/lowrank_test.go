@@ -345,7 +345,6 @@ func TestLowRankConfig(t *testing.T) {
 		{"shapes over", Config{Spec: "powersgd:2", Shapes: [][]Shape{{{64, 60}}, {{10, 10}, {1, 7}}}}, "tensors 0 to 0 already hold 3840 elements, the bucket 3632"},
 		{"zero side", Config{Spec: "powersgd:2", Shapes: [][]Shape{{{0, 48}}, {{10, 10}, {1, 7}}}}, "shape 0×48"},
 		{"bucket count", Config{Spec: "powersgd:2", Shapes: [][]Shape{{{10, 10}, {1, 7}}}}, "Shapes has 1 buckets, the engine 2"},
-		{"hier", Config{Spec: "powersgd:2", Strategy: StrategyHier, Shapes: lowRankShapes}, "hier does not carry powersgd"},
 		{"sra", Config{Spec: "powersgd:2", Strategy: StrategyQuantSRA, Shapes: lowRankShapes}, "exchanged by strategy low-rank"},
 		{"low-rank of int8", Config{Spec: "int8", Strategy: StrategyLowRank}, "low-rank carries codec powersgd, not int8"},
 		{"guard", Config{Spec: "powersgd:2", ErrorFeedback: true, Guard: 2, Shapes: lowRankShapes}, "no accuracy guard"},
@@ -467,5 +466,59 @@ func TestLowRankDeadColumn(t *testing.T) {
 		if e := relErr(g[0][0], want); step == 1 && e > 1e-4 {
 			t.Errorf("rank-2 step %d after a rank-1 one: relative error %g, want the mean (a dead Q column?)", step, e)
 		}
+	}
+}
+
+// TestLowRankHier: StrategyHier carries powersgd in the two-level shape:
+// low-rank's all-reduces over two-level collectives, on 2 nodes of 2
+// ranks. Every rank gets the same bits; the result is the flat
+// exchange's up to the order of the sums (the P's sums differ in their
+// last bits, so the orthogonalized P̂ does); the state saved resumes;
+// StrategyAuto times both shapes and takes one on every rank.
+func TestLowRankHier(t *testing.T) {
+	cfg := lowRankConfig("powersgd:2")
+	cfg.Strategy = StrategyLowRank
+	flat := newEnginesOn(t, nodeGroup(t, 2, 2), lowRankSizes, cfg)
+	cfg.Strategy = StrategyHier
+	hier := newEnginesOn(t, nodeGroup(t, 2, 2), lowRankSizes, cfg)
+	for step := range 3 {
+		gf, gh := stepGrads(4, step, lowRankSizes), stepGrads(4, step, lowRankSizes)
+		_, errs := runStep(flat, gf, inOrder(2))
+		mustNoErrors(t, "flat", errs)
+		stats, errs := runStep(hier, gh, reversedOnOdd(2))
+		mustNoErrors(t, "hier", errs)
+		for r := range gh {
+			for b := range lowRankSizes {
+				if i := sameBits(gh[r][b], gh[0][b]); i >= 0 {
+					t.Fatalf("step %d bucket %d: rank %d differs from rank 0 at %d", step, b, r, i)
+				}
+				want := make([]float64, len(gf[r][b]))
+				for i, v := range gf[r][b] {
+					want[i] = float64(v)
+				}
+				if e := relErr(gh[r][b], want); e > 1e-4 {
+					t.Errorf("step %d rank %d bucket %d: relative difference %g from the flat exchange", step, r, b, e)
+				}
+				if s := stats[r].Buckets[b]; s.Strategy != StrategyHier || !s.Compressed || !strings.Contains(s.Reason, "two-level") {
+					t.Fatalf("step %d rank %d bucket %d: %+v", step, r, b, s)
+				}
+			}
+		}
+	}
+	auto := newEnginesOn(t, nodeGroup(t, 2, 2), lowRankSizes, lowRankConfig("powersgd:2"))
+	for r, e := range auto {
+		if s := e.Strategy(); s != auto[0].Strategy() || (s != StrategyLowRank && s != StrategyHier) {
+			t.Errorf("auto: rank %d took %v, rank 0 %v", r, s, auto[0].Strategy())
+		}
+	}
+	states := saveAll(t, hier)
+	again := newEnginesOn(t, nodeGroup(t, 2, 2), lowRankSizes, cfg)
+	for r, e := range again {
+		if err := e.Load(bytes.NewReader(states[r])); err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if reloaded := saveAll(t, again); !bytes.Equal(reloaded[1], states[1]) {
+		t.Error("the restored engine saves another state")
 	}
 }

@@ -43,9 +43,11 @@ const (
 	// mechanism of StrategySparseGather; cheaper than SRA for small N).
 	StrategyQuantAllGather
 	// StrategyHier is the hierarchical exchange over a comm that knows its
-	// nodes (comm.Topologist, comm.Splitter). Top-k and random-k keep
-	// their flat strategy over two-level collectives (each payload
-	// crosses between nodes once per node). Every other codec is
+	// nodes (comm.Topologist, comm.Splitter). Top-k, random-k and
+	// powersgd keep their flat strategy over two-level collectives (each
+	// payload crosses between nodes once per node; powersgd's
+	// all-reduces are a reduce-scatter in the node, an all-reduce
+	// across nodes, an all-gather in the node). Every other codec is
 	// sharded: a float32 reduce-scatter of the bucket among the ranks of
 	// each node, then each rank's shard (a node's average over 1/L of
 	// the bucket, L ranks per node) exchanged across nodes, with the
@@ -59,8 +61,8 @@ const (
 	// bucket (Config.Shapes) that is worth it is approximated by P·Qᵀ of
 	// rank R; one all-reduce sums every P of the bucket together with
 	// the bucket's other tensors, uncompressed; P is orthogonalized; a
-	// second all-reduce sums every Q = Mᵀ·P. Codec powersgd only; host
-	// engines only. See lowrank.go.
+	// second all-reduce sums every Q = Mᵀ·P. Codec powersgd only. See
+	// lowrank.go.
 	StrategyLowRank
 )
 
@@ -117,11 +119,8 @@ func resolve(s Strategy, c compress.Codec, size int) (Strategy, error) {
 			return 0, fmt.Errorf("overlap: strategy shared-index needs indices shared by every rank: codec randomk, not %s", c)
 		}
 	case StrategyHier:
-		// Every codec but powersgd: the engine across nodes resolves its
-		// own strategy.
-		if c == compress.CodecPowerSGD {
-			return 0, fmt.Errorf("overlap: strategy hier does not carry powersgd yet (use low-rank)")
-		}
+		// Every codec: the engine across nodes resolves its own
+		// strategy, or the flat one runs over two-level collectives.
 	case StrategyLowRank:
 		if c != compress.CodecPowerSGD {
 			return 0, fmt.Errorf("overlap: strategy low-rank carries codec powersgd, not %s", c)
