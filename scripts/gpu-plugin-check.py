@@ -275,10 +275,15 @@ def main():
 
 
 def hook_checks(checks):
-    """One-rank NCCL DDP on the GPU: the int8 hook's averaged gradients
+    """One-rank NCCL DDP on the GPU: each hook's averaged gradients
     (compressed after 2 warm-up steps, cost model off) against the default
-    hook's on the same model, inputs and steps; int8's error bound makes
-    them agree within 2 % of the gradient's norm."""
+    hook's on the same model, inputs and steps. int8's error bound makes
+    them agree within 2 % of the gradient's norm. PowerSGD at rank 2 on a
+    batch of 2 samples is exact but for rounding (every Linear weight's
+    gradient has rank ≤ 2; the biases go uncompressed): within 1e-3 with a
+    fresh Q each step, 1e-2 with the warm start, whose Q from another
+    step's space can leave P ill-conditioned (the same run on the CPU,
+    gloo and the host engine: 8.2e-5 and 1.3e-3)."""
     import socket
 
     import torch
@@ -291,35 +296,47 @@ def hook_checks(checks):
         port = sock.getsockname()[1]
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
     try:
-        torch.manual_seed(1)
-        base = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
-        models = []
-        for use_hook in (False, True):
-            m = torch.nn.parallel.DistributedDataParallel(
-                torch.nn.Sequential(*[torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]).cuda()
-            )
-            m.module.load_state_dict(base.state_dict())
-            if use_hook:
-                state = gct.State("int8", warmup_steps=2, decision="compressed")
-                m.register_comm_hook(state, gct.hook)
-            models.append(m)
-        worst = 0.0
-        for step in range(5):
-            x = torch.randn(64, 512, device="cuda")
-            grads = []
-            for m in models:
-                m.zero_grad()
-                m(x).square().mean().backward()
-                grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
-            torch.cuda.synchronize()
-            if step >= 2:
-                worst = max(worst, float((grads[1] - grads[0]).norm() / grads[0].norm()))
-        checks.check("hook on CUDA buckets: %d compressed exchanges" % state.stats["compressed"],
-                     state.stats["compressed"] > 0, str(dict(state.stats)))
-        checks.check("hook on CUDA buckets: int8 gradients within 2%% of the default hook's (worst %.4f)" % worst,
-                     worst < 0.02, "%.4f" % worst)
+        for spec, batch, bound in (("int8", 64, 0.02), ("powersgd:2", 2, 1e-2), ("powersgd:2:warm=off", 2, 1e-3)):
+            worst, stats = _hook_run(torch, gct, spec, batch)
+            checks.check("hook %s on CUDA buckets: %d compressed exchanges" % (spec, stats["compressed"]),
+                         stats["compressed"] > 0, str(stats))
+            checks.check("hook %s on CUDA buckets: gradients within %g of the default hook's (worst %.2e)"
+                         % (spec, bound, worst), worst < bound, "%.2e" % worst)
     finally:
         dist.destroy_process_group()
+
+
+def _hook_run(torch, gct, spec, batch):
+    """Five steps of an MLP under the default hook and gradcomp's hook with
+    spec, on the same inputs (batch samples); returns the worst relative
+    difference of their gradients after the warm-up, and the State's
+    statistics."""
+    torch.manual_seed(1)
+    base = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    models = []
+    for use_hook in (False, True):
+        m = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(*[torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]).cuda()
+        )
+        m.module.load_state_dict(base.state_dict())
+        if use_hook:
+            state = gct.State(spec, warmup_steps=2, decision="compressed")
+            m.register_comm_hook(state, gct.hook)
+        models.append(m)
+    worst = 0.0
+    for step in range(5):
+        x = torch.randn(batch, 512, device="cuda")
+        grads = []
+        for m in models:
+            m.zero_grad()
+            m(x).square().mean().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        torch.cuda.synchronize()
+        if step >= 2:
+            worst = max(worst, float((grads[1] - grads[0]).norm() / grads[0].norm()))
+    stats = dict(state.stats)
+    state.close()
+    return worst, stats
 
 
 def _lib_path():

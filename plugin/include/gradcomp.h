@@ -392,7 +392,7 @@ typedef struct gc_engine_config {
 	const char *spec;          /* compressor spec, e.g. "topk:0.01"; no lossless stage */
 	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather",
 	                            * "hier" (since 2.4 through the C ABI: needs the topology, below), "low-rank"
-	                            * (since 2.7: spec "powersgd:R", host buckets; needs the shapes, below) */
+	                            * (since 2.7: spec "powersgd:R"; needs the shapes, below) */
 	const char *decision;      /* "auto" (or NULL): the cost model, verified online; "compressed", "dense": pinned */
 	int32_t fail_on_nonfinite; /* 0: a bucket with NaN/Inf on any rank goes dense that step; 1: the step fails (GC_ERR_NONFINITE) */
 	int32_t warmup;            /* steps numbered below it exchange every bucket dense */

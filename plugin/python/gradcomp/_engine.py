@@ -751,7 +751,7 @@ class Engine:
 
     ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
     "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``),
-    "low-rank" (ABI 2.7: spec "powersgd:R", host buckets).
+    "low-rank" (ABI 2.7: spec "powersgd:R").
     ``shapes`` (ABI 2.7): per bucket, its tensors as (rows, cols) in the
     order they lie in it (:func:`matrix_shape` of each tensor's shape);
     spec powersgd needs them, other specs ignore them.
