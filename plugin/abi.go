@@ -20,7 +20,7 @@ import (
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 7
+	abiMinor   = 8
 	abiVersion = abiMajor<<16 | abiMinor
 )
 

@@ -71,13 +71,36 @@ func gc_compressor_spec(h C.uint64_t, buf *C.char, capacity C.size_t, length *C.
 	if err != nil {
 		return C.int(fail(errHandle, fn, "%v", err))
 	}
-	spec := c.c.Spec().String()
+	return C.int(putSpec(fn, c.c.Spec().String(), dst, length))
+}
+
+//export gc_spec_canonical
+func gc_spec_canonical(spec *C.char, buf *C.char, capacity C.size_t, length *C.size_t) (st C.int) {
+	const fn = "gc_spec_canonical"
+	defer guard(fn, &st)
+	if spec == nil || length == nil {
+		return C.int(fail(errInvalid, fn, "null %s", nullName(spec == nil, "spec", "len")))
+	}
+	dst, err := cBytes(unsafe.Pointer(buf), capacity, "buf")
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	s, err := compress.ParseSpec(C.GoString(spec))
+	if err != nil {
+		return C.int(failErr(fn, err))
+	}
+	return C.int(putSpec(fn, s.String(), dst, length))
+}
+
+// putSpec copies spec and a NUL into dst and its length to *length (also
+// when dst is too small: GC_ERR_SIZE), for fn.
+func putSpec(fn, spec string, dst []byte, length *C.size_t) status {
 	*length = C.size_t(len(spec))
 	if len(dst) < len(spec)+1 {
-		return C.int(fail(errSize, fn, "buf holds %d bytes; the spec %q needs %d with its NUL", len(dst), spec, len(spec)+1))
+		return fail(errSize, fn, "buf holds %d bytes; the spec %q needs %d with its NUL", len(dst), spec, len(spec)+1)
 	}
 	dst[copy(dst, spec)] = 0
-	return C.int(statusOK)
+	return statusOK
 }
 
 //export gc_max_encoded_len

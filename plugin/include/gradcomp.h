@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 7
+#define GRADCOMP_ABI_MINOR 8
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -91,6 +91,12 @@ gc_status gc_live_handles(size_t *out);
 /* Copies h's canonical spec, NUL-terminated, into buf; *len gets its length
  * without the NUL (also when cap is too small, which is GC_ERR_SIZE). */
 gc_status gc_compressor_spec(gc_compressor h, char *buf, size_t cap, size_t *len);
+
+/* Since 2.8: copies the canonical form of spec (any spec the engine takes,
+ * "powersgd:R" included, which no compressor takes), NUL-terminated, into
+ * buf, as gc_compressor_spec does; a spec that does not parse is
+ * GC_ERR_SPEC. Equivalent specs have the same canonical form. */
+gc_status gc_spec_canonical(const char *spec, char *buf, size_t cap, size_t *len);
 
 /* The largest payload, in bytes, that compressing n elements can produce. */
 gc_status gc_max_encoded_len(gc_compressor h, size_t n, size_t *out);

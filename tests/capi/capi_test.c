@@ -329,6 +329,21 @@ static void test_bad_inputs(void) {
 	FAILS(gc_compressor_spec(h, NULL, 0, &len), GC_ERR_SIZE, "needs");
 	FAILS(gc_compressor_spec(h, NULL, 10, &len), GC_ERR_INVALID, "null buf");
 	FAILS(gc_compressor_spec(h, small, sizeof small, NULL), GC_ERR_INVALID, "null len");
+	{ /* gc_spec_canonical: any spec the engine takes, powersgd (no compressor's) included */
+		char buf[64];
+		OK(gc_spec_canonical("powersgd:2:warm=on:min_compression=2", buf, sizeof buf, &len));
+		CHECK(strcmp(buf, "powersgd:2") == 0 && len == 10, "canonical powersgd:2:warm=on:min_compression=2 = %s (%zu)", buf, len);
+		OK(gc_spec_canonical("int4:round=stochastic", buf, sizeof buf, &len));
+		char want[64];
+		gc_compressor c4 = create("int4:round=stochastic");
+		OK(gc_compressor_spec(c4, want, sizeof want, &len));
+		CHECK(strcmp(buf, want) == 0, "canonical int4:round=stochastic = %s, its compressor's %s", buf, want);
+		OK(gc_compressor_destroy(c4));
+		FAILS(gc_spec_canonical("powersgd:0", buf, sizeof buf, &len), GC_ERR_SPEC, "rank");
+		FAILS(gc_spec_canonical("int8", small, sizeof small, &len), GC_ERR_SIZE, "needs 5");
+		FAILS(gc_spec_canonical(NULL, buf, sizeof buf, &len), GC_ERR_INVALID, "null spec");
+		FAILS(gc_spec_canonical("int8", buf, sizeof buf, NULL), GC_ERR_INVALID, "null len");
+	}
 	size_t cap = 0;
 	FAILS(gc_max_encoded_len(h, n, NULL), GC_ERR_INVALID, "null out");
 	FAILS(gc_max_encoded_len(h, SIZE_MAX, &cap), GC_ERR_INVALID, "exceeds");

@@ -83,6 +83,14 @@ class RoundTrip(unittest.TestCase):
             self.assertTrue(c.spec.startswith("int8"), c.spec)
         with gradcomp.Compressor("topk:0.01") as c:
             self.assertEqual(c.spec, "topk:0.01")
+        # Any spec the engine takes, powersgd (no compressor's) included.
+        self.assertEqual(gradcomp.canonical_spec("powersgd:2:warm=on:min_compression=2"), "powersgd:2")
+        with gradcomp.Compressor("int4:round=stochastic") as c:
+            self.assertEqual(gradcomp.canonical_spec("int4:round=stochastic"), c.spec)
+        with self.assertRaisesRegex(ValueError, "rank"):
+            gradcomp.canonical_spec("powersgd:0")
+        with self.assertRaises(TypeError):
+            gradcomp.canonical_spec(8)
 
 
 class ErrorFeedback(unittest.TestCase):

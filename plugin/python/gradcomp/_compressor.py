@@ -105,6 +105,33 @@ def payload_len(buf):
     return payload_len_raw(addr, n)
 
 
+def canonical_spec(spec):
+    """The canonical form of ``spec``, any spec the engine takes
+    ("powersgd:R" included, which no Compressor takes): equivalent specs
+    have the same one. A spec that does not parse raises
+    InvalidArgumentError (a ValueError) with the library's message.
+    Needs ABI 2.8 (gc_spec_canonical)."""
+    if not isinstance(spec, str):
+        raise TypeError("gradcomp: spec must be a str, not %r" % (spec,))
+    return _spec_call("gc_spec_canonical", spec.encode("utf-8"))
+
+
+def _spec_call(name, *args):
+    """Calls ``name(*args, buf, cap, &len)``, an ABI function that copies a
+    spec into buf, again with the room it asks for when buf is too small,
+    and returns the spec."""
+    n = ctypes.c_size_t()
+    buf = ctypes.create_string_buffer(128)
+    try:
+        _lib.call(name, *args, buf, len(buf), ctypes.byref(n))
+    except _lib.InvalidArgumentError as e:
+        if e.status != _lib.Status.SIZE:
+            raise
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _lib.call(name, *args, buf, len(buf), ctypes.byref(n))
+    return buf.value.decode("utf-8")
+
+
 class Compressor:
     """A compressor built from a spec such as "topk:0.01" or "int8", with its
     error-feedback memory (one residual per bucket id).
@@ -159,16 +186,7 @@ class Compressor:
     def spec(self):
         """The canonical spec string (the same on every rank that parsed an
         equivalent spec)."""
-        n = ctypes.c_size_t()
-        buf = ctypes.create_string_buffer(128)
-        try:
-            _lib.call("gc_compressor_spec", self.handle, buf, len(buf), ctypes.byref(n))
-        except _lib.InvalidArgumentError as e:
-            if e.status != _lib.Status.SIZE:
-                raise
-            buf = ctypes.create_string_buffer(n.value + 1)
-            _lib.call("gc_compressor_spec", self.handle, buf, len(buf), ctypes.byref(n))
-        return buf.value.decode("utf-8")
+        return _spec_call("gc_compressor_spec", self.handle)
 
     def max_encoded_len(self, n):
         """The largest payload, in bytes, compressing n elements can produce."""

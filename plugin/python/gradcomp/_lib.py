@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 7
+ABI_MINOR = 8
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -343,6 +343,7 @@ _OPTIONAL = {
     "gc_engine_state_load_reshaped": (5, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
     "gc_engine_state_layout": (5, ctypes.c_int, [_byte_p, ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_int)] * 4),
     "gc_hosted_set_launcher": (7, ctypes.c_int, [_u64, ctypes.c_int, LAUNCH_FN, ctypes.c_void_p]),
+    "gc_spec_canonical": (8, ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
 }
 
 _lock = threading.Lock()

@@ -127,7 +127,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._compressor import Compressor, has_cuda
+from ._compressor import canonical_spec, has_cuda
 from ._engine import Engine, format_schedule, matrix_shape
 
 __all__ = ["State", "hier_layout", "hook"]
@@ -286,13 +286,7 @@ def set_options(state, spec, strategy, decision, warmup_steps, error_feedback, o
     ``on_nonfinite``, ``timeout``, ``workers``, ``momentum`` (momentum
     correction's, 0: off), ``momentum_masking``, ``schedule`` (as
     gc_engine_config takes it, "" for none) and ``guard`` (0: off)."""
-    if isinstance(spec, str) and spec.split(":")[0] == "powersgd":
-        # An exchange of the engine, not a compressor: the engine checks
-        # the spec (ConfigError) when it is made.
-        state.spec = spec
-    else:
-        with Compressor(spec, 1) as c:
-            state.spec = c.spec
+    state.spec = canonical_spec(spec)
     state.strategy, state.decision, state.warmup_steps = strategy, decision, warmup_steps
     state.error_feedback, state.on_nonfinite, state.timeout = bool(error_feedback), on_nonfinite, float(timeout)
     state.workers, state.momentum, state.momentum_masking = int(workers), float(momentum), bool(momentum_masking)
