@@ -19,6 +19,7 @@ import (
 // newCompressor parses spec into a compressor with empty error-feedback
 // memory; workers ≤ 0 means compress's default (GOMAXPROCS).
 func newCompressor(spec string, workers int) (*compressor, error) {
+	useWorkers(workers)
 	var opts []compress.Option
 	if workers > 0 {
 		opts = append(opts, compress.WithWorkers(workers))

@@ -76,7 +76,10 @@ const char *gc_last_error(void);
 
 /* Creates a compressor from a spec such as "topk:0.01" or "int8" (see the
  * README's codec table); workers ≤ 0 means all CPUs. The compressor owns
- * error-feedback memory, one residual per bucket id. */
+ * error-feedback memory, one residual per bucket id. The library's threads
+ * are capped at the largest workers > 0 that a compressor or engine was
+ * created with, until one is created with workers ≤ 0 (GOMAXPROCS in the
+ * environment overrides both). */
 gc_status gc_compressor_create(const char *spec, int workers, gc_compressor *out);
 
 /* Destroys h and its error-feedback memory (deferred compresses not settled
@@ -403,7 +406,7 @@ typedef struct gc_engine_config {
 	int32_t fail_on_nonfinite; /* 0: a bucket with NaN/Inf on any rank goes dense that step; 1: the step fails (GC_ERR_NONFINITE) */
 	int32_t warmup;            /* steps numbered below it exchange every bucket dense */
 	double timeout_seconds;    /* per collective; 0: 60 s */
-	int32_t workers;           /* compressor threads; 0: all CPUs */
+	int32_t workers;           /* compressor threads, and the cap on the library's (gc_compressor_create); 0: all CPUs */
 	int32_t device;            /* libgradcomp_cuda.so: -1 host buckets; ≥ 0 the CUDA device of the buckets */
 	double momentum;           /* since 2.1: momentum correction, the optimizer's momentum in [0, 1) (0: off;
 	                            * host and device buckets): each bucket becomes u = m·u + g before its exchange, so

@@ -119,6 +119,7 @@ import functools
 import logging
 import math
 import os
+import queue
 import socket
 import threading
 import time
@@ -374,6 +375,49 @@ def _complete(out, f, buf, divide=1, then=None):
         out.set_result(buf)
 
 
+class _Finisher:
+    """A daemon thread that runs the functions submitted to it, one at a
+    time, in order: the State's step finisher. One thread for every step,
+    where a thread started per step would cost DDP's autograd thread up to
+    milliseconds on a loaded host (Thread.start waits until the new thread
+    runs)."""
+
+    def __init__(self, name):
+        self._jobs = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args):
+        """Queues ``fn(*args)``; returns at once."""
+        self._jobs.put((fn, args))
+
+    def drain(self):
+        """Waits until every submitted function has returned."""
+        self._jobs.join()
+
+    def running_here(self):
+        """Whether the caller is the finisher's thread."""
+        return threading.current_thread() is self._thread
+
+    def close(self):
+        """Runs what was submitted, then ends the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self):
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                fn, args = job
+                fn(*args)
+            except Exception:  # a finisher records its own failures; this is a bug
+                logger.exception("gradcomp: the step finisher failed")
+            finally:
+                self._jobs.task_done()
+
+
 def _delegate_done(eng, index):
     """Tells ``eng`` that DDP's all-reduce of its delegated bucket ``index``
     ended (its Wait waits for it). An engine closed or failed meanwhile
@@ -497,7 +541,9 @@ class State:
     "dense" (a bucket with NaN/Inf on any rank goes dense that step) or
     "raise" (FloatingPointError). ``timeout``: seconds per collective.
     ``process_group``: the group to exchange over (None: the default
-    group). ``workers``: compressor threads (0: all CPUs). ``overlap``:
+    group). ``workers``: compressor threads, and the most threads the
+    library runs (0: all CPUs; with several ranks per host, the cores of
+    one rank, as torch.set_num_threads). ``overlap``:
     return from the hook while the exchange runs (True) or wait in the
     step's last bucket (False). ``model``: the module DDP wraps, optional,
     to refuse a checkpoint of another model in :meth:`load_state_dict`.
@@ -597,15 +643,15 @@ class State:
         self._counts = collections.Counter()
         self._last_step = None
         self._last_split = None
-        self._finisher = None  # the thread finishing the latest step, while it runs
+        self._finisher = None  # the _Finisher of overlapped steps, made at the first
 
     def _settled(self):
         """Waits until the latest step's bookkeeping (its engine Wait, its
         statistics) is done: DDP's futures of a step whose buckets DDP's own
         all-reduce carried complete before it."""
-        t = self._finisher
-        if t is not None and t is not threading.current_thread():
-            t.join()
+        f = self._finisher
+        if f is not None and not f.running_here():
+            f.drain()
 
     @property
     def last_step(self):
@@ -693,6 +739,9 @@ class State:
     def close(self):
         """Destroys the engine and its transport (the State then fails)."""
         self._settled()
+        if self._finisher is not None:
+            self._finisher.close()
+            self._finisher = None
         close_engine(self, "gradcomp.torch")
 
     # ---- checkpoints
@@ -1042,8 +1091,9 @@ class State:
         if st.stream is not None:
             eng.done(st.stream.cuda_stream)
         if self.overlap and (st.pending or st.delegated):
-            self._finisher = threading.Thread(target=self._finish, args=(st,), name="gradcomp-wait", daemon=True)
-            self._finisher.start()
+            if self._finisher is None:
+                self._finisher = _Finisher("gradcomp-wait")
+            self._finisher.submit(self._finish, st)
         else:
             self._finish(st)
 

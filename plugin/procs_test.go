@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os"
+	"runtime"
+	"testing"
+)
+
+// TestUseWorkers: workers > 0 caps the runtime at the largest count asked
+// (never above its own GOMAXPROCS), a smaller one later does not lower
+// it, workers ≤ 0 lifts the cap for good; GOMAXPROCS in the environment
+// leaves the runtime alone.
+func TestUseWorkers(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set in the environment: the library leaves the runtime alone")
+	}
+	procs.Lock()
+	saved := struct {
+		asked  int
+		lifted bool
+	}{procs.asked, procs.lifted}
+	procs.asked, procs.lifted = 0, false
+	procs.Unlock()
+	before := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() {
+		procs.Lock()
+		procs.asked, procs.lifted = saved.asked, saved.lifted
+		procs.Unlock()
+		runtime.GOMAXPROCS(before)
+	})
+	for _, s := range []struct {
+		workers, want int
+	}{
+		{1, 1}, {1, 1}, {2, min(2, procs.initial)}, {1, min(2, procs.initial)},
+		{1 << 20, procs.initial}, {0, procs.initial}, {1, procs.initial},
+	} {
+		useWorkers(s.workers)
+		if got := runtime.GOMAXPROCS(0); got != s.want {
+			t.Fatalf("after workers %d: GOMAXPROCS %d, want %d", s.workers, got, s.want)
+		}
+	}
+	if !procs.lifted {
+		t.Error("workers 0 did not lift the cap")
+	}
+}
