@@ -3,7 +3,7 @@ the cross-replica exchange through gradcomp's engine, on 4 gloo ranks as
 2 replicas × 2 shards (one spawn for every case, to stay within a minute
 on 2 cores): spec "none" against a single-process reference and native
 HSDP (microbatches, bfloat16 compute; a root-only model), int8 with error feedback
-training, a bit-exact resume, a checkpoint of another model refused, ranks
+training, PowerSGD training, a bit-exact resume, a checkpoint of another model refused, ranks
 with different specs, NaN, accumulation into .grad and force-sum reduction
 failing their step only. Skipped, with the reason, on a torch without
 FSDP2 (Debian's 1.13)."""
@@ -255,6 +255,21 @@ def fsdp_cases(rank, world, steps_dense, steps_int8, cut):
         state.close()
         return res
 
+    def powersgd():
+        # PowerSGD across the replicas on each module's parameter shards:
+        # the 64×16 and 64×64 weights' 32-row shards at R = 4; the last
+        # layer's 2×64 shard and the biases uncompressed.
+        model = _sharded(shard, hidden=64)
+        state = gf.register(model, gf.FSDPState("powersgd:4:min_compression=1", replicate, decision="compressed",
+                                                warmup_steps=2, workers=1))
+        losses = _train(model, torch.optim.SGD(model.parameters(), lr=0.5), rank, steps_int8)
+        s = state.last_step
+        res = {"losses": losses, "stats": state.stats, "strategies": [b.strategy for b in s.buckets],
+               "compressed": [b.compressed for b in s.buckets], "bytes": s.bytes_sent,
+               "elements": sum(b.elements for b in s.buckets), "shards": [t.tolist() for t in _locals(model)]}
+        state.close()
+        return res
+
     def resume():
         # A runs cut steps, is checkpointed, runs 2 more; B is made from the
         # checkpoint (model shards, State through torch.save) and runs the
@@ -328,7 +343,8 @@ def fsdp_cases(rank, world, steps_dense, steps_int8, cut):
                         "message": str(e), "summary": state.summary()}
         return None
 
-    for name, fn in [("dense", dense), ("root_only", root_only), ("mixed", mixed), ("int8", int8), ("misuse", misuse),
+    for name, fn in [("dense", dense), ("root_only", root_only), ("mixed", mixed), ("int8", int8), ("powersgd", powersgd),
+                     ("misuse", misuse),
                      ("resume", resume), ("bad_checkpoint", bad_checkpoint), ("mismatch", mismatch)]:
         out[name] = _case(fn)
     out.pop("_checkpoint", None)
@@ -409,6 +425,19 @@ class FSDP(unittest.TestCase):
             self.assertLess(r["bytes"], 0.4 * dense, (r["bytes"], dense))
             self.assertIn("compressed", r["summary"])
 
+    def test_powersgd_trains_compressed(self):
+        results = self.case("powersgd")
+        for rank, r in enumerate(results):
+            first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
+            self.assertLess(last, 0.6 * first, r["losses"])
+            self.assertEqual(r["stats"]["compressed"], 3 * (self.STEPS_INT8 - 2))
+            self.assertEqual(r["strategies"], ["low-rank"] * 3)
+            dense = 2 * (REPLICAS - 1) * 4 * r["elements"] // REPLICAS
+            self.assertLess(r["bytes"], 0.5 * dense, (r["bytes"], dense))
+            # The replicas of a shard hold the same parameters: every rank
+            # of a replicate group got the same average.
+            self.assertEqual(r["shards"], results[(rank + SHARDS) % WORLD]["shards"])
+
     def test_resume_is_bit_exact(self):
         for rank, r in enumerate(self.case("resume")):
             self.assertTrue(r["moved"])
@@ -449,8 +478,8 @@ class Arguments(unittest.TestCase):
                 gf.FSDPState("int8", object(), **kw)
         with self.assertRaises(ValueError):
             gf.FSDPState("topk:7", object())
-        with self.assertRaisesRegex(ValueError, "PowerSGD is not available for FSDP2"):
-            gf.FSDPState("powersgd:2", object())
+        with self.assertRaisesRegex(ValueError, "rank"):
+            gf.FSDPState("powersgd:0", object())
 
 
 if __name__ == "__main__":

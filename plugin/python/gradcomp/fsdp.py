@@ -62,6 +62,12 @@ after the hook returns. So the engine compresses and exchanges the early
 modules' shards while backward computes the later ones, and when backward
 returns every ``.grad`` holds the average over all ranks.
 
+PowerSGD (spec "powersgd:R"): a module's reduce output is each trainable
+parameter's padded shard in turn (FSDP2 shards on dim 0), each a matrix of
+its own, ceil(d0/S) rows by the rest (a bias one row): the State gives
+the engine those shapes, from FSDP's param group (_shard_shapes), and the
+engine exchanges each bucket low-rank across the replicas.
+
 Limits, each refused with ValueError or NotImplementedError naming it:
 
 * CPU tensors (gloo, or any backend that takes CPU tensors); CUDA is not
@@ -132,7 +138,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
                       % torch.__version__)
 
 from . import _lib
-from ._engine import Engine
+from ._engine import Engine, matrix_shape
 from .torch import _ms, check_options, close_engine, count_step, set_options, table
 
 __all__ = ["FSDPState", "init_mesh", "register"]
@@ -200,6 +206,26 @@ def _param_groups(module):
         group = getattr(state, "_fsdp_param_group", None)
         groups = [group] if group is not None else []
     return list(groups)
+
+
+def _shard_shapes(module):
+    """The matrices PowerSGD sees in ``module``'s reduce output: each
+    trainable parameter's padded shard (its ceil(d0/S) rows of dim 0 and
+    the rest, matrix_shape: a 1-D one as one row), in the order FSDP packs
+    them (its param group's reduce-scatter order where this torch has it,
+    else the group's parameter order). None where the module has not one
+    param group."""
+    groups = _param_groups(module)
+    if len(groups) != 1:
+        return None
+    group = groups[0]
+    order = getattr(group, "_reduce_scatter_param_indices", None) or range(len(group.fsdp_params))
+    shapes = []
+    for i in order:
+        fp = group.fsdp_params[i]
+        if fp.sharded_param.requires_grad:
+            shapes.append(matrix_shape(fp.padded_sharded_param_size))
+    return shapes
 
 
 def _local(t):
@@ -295,9 +321,6 @@ class FSDPState:
         if strategy not in _STRATEGIES:
             raise ValueError("%s: strategy=%r: want one of %s (the shard groups are FSDP's: no 'hier')"
                              % (where, strategy, _STRATEGIES))
-        if isinstance(spec, str) and spec.split(":")[0] == "powersgd":
-            raise ValueError("%s: spec %r: PowerSGD is not available for FSDP2 yet (its reduced shards are "
-                             "flattened pieces of parameters, not whole matrices); use it with DDP's hook" % (where, spec))
         self.replicate_group = self._group(replicate_group, "replicate_group")
         self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
                                                                                           "engine_group")
@@ -476,6 +499,25 @@ class FSDPState:
                                  "holds %d: not the same model (or not the same sharding)"
                                  % (where, name, n, sum(sizes)))
 
+    def _shapes(self):
+        """PowerSGD's bucket shapes (spec powersgd): each module's padded
+        parameter shards as matrices (_shard_shapes), in hook order; None
+        for other specs. ValueError when they do not add up to the
+        module's reduce output (parameters FSDP did not reduce: unused
+        ones need set_reduce_scatter_unused_params(True))."""
+        if self.spec.split(":")[0] != "powersgd":
+            return None
+        mods = {name: m for name, m, _ in self._modules or ()}
+        out = []
+        for name, size in zip(self._names, self._sizes):
+            shapes = _shard_shapes(mods[name]) if name in mods else None
+            if shapes is None or sum(r * c for r, c in shapes) != size:
+                raise ValueError("gradcomp.fsdp: spec %s: module %r's reduce output holds %d elements, but its "
+                                 "trainable parameters' shards are %s: PowerSGD needs each as a matrix (unused "
+                                 "parameters: set_reduce_scatter_unused_params(True))" % (self.spec, name, size, shapes))
+            out.append(shapes)
+        return out
+
     def _settings(self):
         return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
                     fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
@@ -634,7 +676,8 @@ class FSDPState:
         if self._sizes is None:
             raise ValueError("gradcomp.fsdp: no buckets known (the first step learns them)")
         try:
-            eng = Engine(self.spec, self._sizes, process_group=self.engine_group, **self._settings())
+            eng = Engine(self.spec, self._sizes, process_group=self.engine_group, shapes=self._shapes(),
+                         **self._settings())
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d of the replicate group) has FSDPState(%r, "
                                  "strategy=%r, decision=%r, warmup_steps=%d (the engine's warm-up is warmup_steps - "
