@@ -12,7 +12,7 @@ import (
 // TestDeviceLowRank: the device engine's low-rank strategy gives, every
 // step, bit for bit the host Engine's average on every rank (2 and 3
 // ranks; warm start and cold; with error feedback and without; with
-// momentum correction; buckets made ready in different orders), the
+// momentum correction and masking (which low-rank leaves alone); buckets made ready in different orders), the
 // statistics' accounting (the two all-reduces' bytes), and a state that
 // a host Engine and a new device engine continue bit for bit.
 func TestDeviceLowRank(t *testing.T) {
@@ -27,7 +27,7 @@ func TestDeviceLowRank(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s/%d/ef=%v/momentum=%v", tc.spec, tc.ranks, tc.ef, tc.momentum), func(t *testing.T) {
 			cfg := lowRankConfig(tc.spec)
-			cfg.ErrorFeedback, cfg.Momentum = tc.ef, tc.momentum
+			cfg.ErrorFeedback, cfg.Momentum, cfg.MomentumMasking = tc.ef, tc.momentum, tc.momentum != 0
 			g := mustDevRig(t, tc.ranks, lowRankSizes, cfg)
 			if s := g.engines[0].Strategy(); s != StrategyLowRank {
 				t.Fatalf("strategy %v, want low-rank", s)
