@@ -410,11 +410,11 @@ class _Finisher:
             try:
                 if job is None:
                     return
-                fn, args = job
-                fn(*args)
+                job[0](*job[1])
             except Exception:  # a finisher records its own failures; this is a bug
                 logger.exception("gradcomp: the step finisher failed")
             finally:
+                job = None  # not held while waiting for the next: a State dropped unclosed can go
                 self._jobs.task_done()
 
 
