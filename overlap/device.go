@@ -166,7 +166,10 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 //	                decode stream (orthogonalization, this rank's Q's),
 //	                an all-reduce of the Q's, kernels.LowRankDecode (the
 //	                average, the residual, the next warm start Q̄, the
-//	                status): compress/lowrank's round (lowrank.Layout)
+//	                status): compress/lowrank's round (lowrank.Layout).
+//	                The Q's all-reduce is enqueued after the next
+//	                bucket's first one (launch), so a bucket's
+//	                Exchange time spans that one too
 //
 // Each gives bit for bit the result and error-feedback memory of Engine
 // with the same strategy (the package doc's definitions), with the same
@@ -254,6 +257,9 @@ type DeviceEngine struct {
 	bufs           []*devBuffers // per bucket
 	released       bool          // teardown ran: the device state is gone
 	hier           *devHier      // a sharded StrategyHier engine's node stages and engine across nodes (the core's backend then); nil otherwise
+	// tail enqueues the second round of the low-rank bucket launched last,
+	// held until the next bucket's launch (or launched); nil when none.
+	tail func() error
 }
 
 // devBuffers are one bucket's device buffers and events. The events exist
@@ -742,17 +748,82 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	return e.dev.Record(b.encEnd, e.enc)
 }
 
-// launch enqueues run r's exchange on the wire stream and its decode and
+// launch enqueues run r's exchange (enqueue; low-rank: its first round,
+// lowRankRounds), then the second round of the low-rank bucket launched
+// before it, if any: so on the wire stream bucket i's P's go out before
+// bucket i−1's Q's, and bucket i−1's orthogonalization (on the decode
+// stream, between its rounds) runs while bucket i's first all-reduce is
+// on the wire, as Engine keeps a bucket's last collective in flight.
+// Every rank launches the same buckets in the same order, so the
+// collectives match.
+func (e *DeviceEngine) launch(st *step, r *run) error {
+	prev := e.tail
+	e.tail = nil
+	var err error
+	if r.compressed && e.lowRank != nil {
+		e.tail, err = e.lowRankRounds(r)
+	} else {
+		err = e.enqueue(st, r)
+	}
+	if err == nil && prev != nil {
+		err = prev()
+	}
+	return err
+}
+
+// lowRankRounds enqueues low-rank run r's first round — the all-reduce of
+// the statuses, P's and uncompressed elements, then on the decode stream
+// the orthogonalization and this rank's Q's (kernels.LowRankReduce) —
+// and returns the function that enqueues its second: the all-reduce of
+// the Q's, then the average, residual and status (kernels.LowRankDecode).
+func (e *DeviceEngine) lowRankRounds(r *run) (second func() error, err error) {
+	b := e.bufs[r.b.idx]
+	a, l := e.lowRankArgs(r), b.layout
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	for _, f := range []func() error{
+		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
+		func() error { return e.dev.Record(b.xBeg, e.wire) },
+		func() error { return e.dc.AllReduce(ctx, a.Vals1, e.size+l.PLen+l.FlatLen, e.wire) },
+		func() error { return e.dev.Record(b.xMid, e.wire) },
+		func() error { return e.dev.WaitEvent(e.dec, b.xMid) },
+		func() error { return e.dev.LowRankReduce(e.dec, a) },
+		func() error { return e.dev.Record(b.midEnd, e.dec) },
+	} {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+		defer cancel()
+		for _, f := range []func() error{
+			func() error { return e.dev.WaitEvent(e.wire, b.midEnd) },
+			func() error { return e.dc.AllReduce(ctx, a.Vals2, l.QLen, e.wire) },
+			func() error { return e.dev.Record(b.xEnd, e.wire) },
+			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
+			func() error { return e.dev.Record(b.decBeg, e.dec) },
+			func() error { return e.dev.LowRankDecode(e.dec, a) },
+			func() error { return e.dev.Record(b.decEnd, e.dec) },
+		} {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
+// enqueue enqueues run r's exchange on the wire stream and its decode and
 // average on the decode stream (SRA: the owner's sum, average and
 // re-encode on the decode stream between its two collectives).
-func (e *DeviceEngine) launch(st *step, r *run) error {
+func (e *DeviceEngine) enqueue(st *step, r *run) error {
 	i, n, grad := r.b.idx, r.b.n, r.dgrad
 	b := e.bufs[i]
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	avg := kernels.AverageArgs{Dst: grad, N: n, Ranks: e.size, Out: e.statuses + gpu.Ptr(kernels.StatusLen*i)}
 	var ops []func() error
-	averaged := false // the last kernel averaged and wrote the status
 	switch {
 	case !r.compressed:
 		ops = []func() error{
@@ -761,26 +832,6 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
 			func() error { return e.dev.Record(b.decBeg, e.dec) },
 		}
-	case e.lowRank != nil:
-		// The statuses, P's and uncompressed elements; between the
-		// all-reduces, on the decode stream, the orthogonalization and
-		// this rank's Q's; the Q's; the average and residual (the
-		// decode writes the average's status itself).
-		a, l := e.lowRankArgs(r), b.layout
-		ops = []func() error{
-			func() error { return e.dc.AllReduce(ctx, a.Vals1, e.size+l.PLen+l.FlatLen, e.wire) },
-			func() error { return e.dev.Record(b.xMid, e.wire) },
-			func() error { return e.dev.WaitEvent(e.dec, b.xMid) },
-			func() error { return e.dev.LowRankReduce(e.dec, a) },
-			func() error { return e.dev.Record(b.midEnd, e.dec) },
-			func() error { return e.dev.WaitEvent(e.wire, b.midEnd) },
-			func() error { return e.dc.AllReduce(ctx, a.Vals2, l.QLen, e.wire) },
-			func() error { return e.dev.Record(b.xEnd, e.wire) },
-			func() error { return e.dev.WaitEvent(e.dec, b.xEnd) },
-			func() error { return e.dev.Record(b.decBeg, e.dec) },
-			func() error { return e.dev.LowRankDecode(e.dec, a) },
-		}
-		averaged = true
 	case e.mech == StrategyQuantSRA:
 		lo, hi := e.part.bounds(n, e.rank)
 		bodies := func(base gpu.Ptr, slot int) []gpu.Ptr {
@@ -882,10 +933,9 @@ func (e *DeviceEngine) launch(st *step, r *run) error {
 		func() error { return e.dev.WaitEvent(e.wire, b.encEnd) },
 		func() error { return e.dev.Record(b.xBeg, e.wire) },
 	}, ops...)
-	if !averaged {
-		ops = append(ops, func() error { return e.dev.Average(e.dec, avg) })
-	}
-	ops = append(ops, func() error { return e.dev.Record(b.decEnd, e.dec) })
+	ops = append(ops,
+		func() error { return e.dev.Average(e.dec, avg) },
+		func() error { return e.dev.Record(b.decEnd, e.dec) })
 	if r.compressed && e.cfg.MomentumMasking && e.cfg.ErrorFeedback && e.sparse() {
 		// Momentum factor masking, on the velocity settle installs, where
 		// the error-feedback memory's Commit applies (Average's status
@@ -929,8 +979,18 @@ func (e *DeviceEngine) sparse() bool {
 	return c == compress.CodecTopK || c == compress.CodecRandomK
 }
 
-// launched records the step's done event after the last decode.
-func (e *DeviceEngine) launched(*step) error { return e.dev.Record(e.done, e.dec) }
+// launched enqueues the last low-rank bucket's second round, if it is
+// still held (launch), and records the step's done event after the last
+// decode.
+func (e *DeviceEngine) launched(*step) error {
+	if tail := e.tail; tail != nil {
+		e.tail = nil
+		if err := tail(); err != nil {
+			return err
+		}
+	}
+	return e.dev.Record(e.done, e.dec)
+}
 
 // Done makes stream s (the caller's, before its optimizer step) wait for
 // the end of the step's last bucket, without blocking the host. It needs
@@ -968,6 +1028,7 @@ func (e *DeviceEngine) Wait(ctx context.Context) (StepStats, error) { return e.c
 // timeout; a step that failed or did not launch every bucket is sealed
 // first, so that the event covers everything enqueued.
 func (e *DeviceEngine) wait(ctx context.Context, st *step) error {
+	e.tail = nil // a step that did not launch every bucket: its held round is never enqueued
 	if st.failure() != nil || st.cursor < len(st.runs) {
 		if err := e.recordEnd(); err != nil {
 			st.fail(&StepError{Step: st.num, Bucket: -1, Stage: "Wait", Err: err})

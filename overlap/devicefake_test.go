@@ -526,6 +526,7 @@ type fakeDeviceComm struct {
 	asyncErr error
 	aborted  bool
 	split    []comm.Comm // Split: the cross comm its first call made, until the second takes it
+	reduced  []int       // the element counts of the all-reduces enqueued, in order
 }
 
 func newFakeDeviceComm(c comm.Comm, dev *fakeDevice, timeout time.Duration) *fakeDeviceComm {
@@ -558,6 +559,9 @@ func (f *fakeDeviceComm) run(s gpu.Stream, fn func(ctx context.Context) error) e
 }
 
 func (f *fakeDeviceComm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
+	f.mu.Lock()
+	f.reduced = append(f.reduced, n)
+	f.mu.Unlock()
 	return f.run(s, func(ctx context.Context) error {
 		return f.c.AllReduce(ctx, f.dev.floats(buf, n))
 	})

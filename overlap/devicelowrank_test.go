@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -140,6 +141,34 @@ func TestDeviceLowRankAuto(t *testing.T) {
 			if j := sameBits(out[r][i], out[0][i]); j >= 0 {
 				t.Errorf("rank %d bucket %d differs from rank 0 at %d", r, i, j)
 			}
+		}
+	}
+}
+
+// TestDeviceLowRankOrder: each bucket's second all-reduce (the Q's) goes
+// on the wire after the next bucket's first (its P's), the last one's at
+// the step's end, on every rank: bucket i's orthogonalization runs while
+// bucket i+1's P's cross, as on Engine.
+func TestDeviceLowRankOrder(t *testing.T) {
+	const ranks = 2
+	g := mustDevRig(t, ranks, lowRankSizes, lowRankConfig("powersgd:2"))
+	var first, second []int
+	for i := range lowRankSizes {
+		l := planLowRank(lowRankShapes[i], *g.engines[0].lowRank)
+		first, second = append(first, ranks+l.PLen+l.FlatLen), append(second, l.QLen)
+	}
+	want := []int{first[0], first[1], second[0], second[1]}
+	for r := range ranks {
+		g.dcs[r].mu.Lock()
+		g.dcs[r].reduced = nil
+		g.dcs[r].mu.Unlock()
+	}
+	if _, _, errs := g.step(stepGrads(ranks, 0, lowRankSizes), func(r int) []int { return [][]int{{0, 1}, {1, 0}}[r] }); errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	for r := range ranks {
+		if got := g.dcs[r].reduced; !slices.Equal(got, want) {
+			t.Errorf("rank %d: all-reduces of %v elements, want %v (P₀, P₁, Q₀, Q₁)", r, got, want)
 		}
 	}
 }
