@@ -214,17 +214,20 @@ def _shard_shapes(module):
     the rest, matrix_shape: a 1-D one as one row), in the order FSDP packs
     them (its param group's reduce-scatter order where this torch has it,
     else the group's parameter order). None where the module has not one
-    param group."""
+    param group, or this torch's does not say (torch's private state)."""
     groups = _param_groups(module)
-    if len(groups) != 1:
+    params = getattr(groups[0], "fsdp_params", None) if len(groups) == 1 else None
+    if params is None:
         return None
-    group = groups[0]
-    order = getattr(group, "_reduce_scatter_param_indices", None) or range(len(group.fsdp_params))
+    order = getattr(groups[0], "_reduce_scatter_param_indices", None) or range(len(params))
     shapes = []
     for i in order:
-        fp = group.fsdp_params[i]
-        if fp.sharded_param.requires_grad:
-            shapes.append(matrix_shape(fp.padded_sharded_param_size))
+        size = getattr(params[i], "padded_sharded_param_size", None)
+        param = getattr(params[i], "sharded_param", None)
+        if size is None or param is None:
+            return None
+        if param.requires_grad:
+            shapes.append(matrix_shape(size))
     return shapes
 
 
