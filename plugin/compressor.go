@@ -19,17 +19,19 @@ import (
 // newCompressor parses spec into a compressor with empty error-feedback
 // memory; workers ≤ 0 means compress's default (GOMAXPROCS).
 func newCompressor(spec string, workers int) (*compressor, error) {
-	useWorkers(workers)
+	undo := useWorkers(workers)
 	var opts []compress.Option
 	if workers > 0 {
 		opts = append(opts, compress.WithWorkers(workers))
 	}
 	c, err := compress.Parse(spec, opts...)
 	if err != nil {
+		undo()
 		return nil, err
 	}
 	codec, err := kernels.NewCodec(c.Spec())
 	if err != nil {
+		undo()
 		return nil, err
 	}
 	return &compressor{c: c, codec: codec, ef: compress.NewErrorFeedback(c), pending: map[uint64]settler{}}, nil

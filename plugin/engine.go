@@ -217,7 +217,7 @@ func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engi
 	tr.mu.Unlock()
 	ctx, host := context.Background(), tr.t.Host()
 	e := &engine{tr: tr, sizes: sizes}
-	useWorkers(c.Workers)
+	undo := useWorkers(c.Workers)
 	if invalid == nil {
 		if err := tr.t.SetTopology(c.topo); err != nil {
 			invalid = errorf(errInvalid, "%v", err)
@@ -238,6 +238,7 @@ func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engi
 		}
 	}
 	if err != nil {
+		undo()
 		tr.mu.Lock()
 		tr.engine = false
 		tr.mu.Unlock()

@@ -22,21 +22,31 @@ var procs = struct {
 	lifted  bool // a caller asked for all CPUs
 }{initial: runtime.GOMAXPROCS(0)}
 
-// useWorkers applies a caller's workers to the runtime's cap.
-func useWorkers(workers int) {
+// useWorkers applies a caller's workers to the runtime's cap, before the
+// compressor or engine is made (a compressor's default worker count is
+// the runtime's), and returns the function that undoes it, for a
+// creation that failed: bad input leaves the cap as it was.
+func useWorkers(workers int) (undo func()) {
 	if os.Getenv("GOMAXPROCS") != "" {
-		return
+		return func() {}
 	}
 	procs.Lock()
 	defer procs.Unlock()
+	asked, lifted, was := procs.asked, procs.lifted, runtime.GOMAXPROCS(0)
 	switch {
 	case procs.lifted:
-		return
+		return func() {}
 	case workers <= 0:
 		procs.lifted = true
 		runtime.GOMAXPROCS(procs.initial)
 	case workers > procs.asked:
 		procs.asked = workers
 		runtime.GOMAXPROCS(min(workers, procs.initial))
+	}
+	return func() {
+		procs.Lock()
+		defer procs.Unlock()
+		procs.asked, procs.lifted = asked, lifted
+		runtime.GOMAXPROCS(was)
 	}
 }
