@@ -505,12 +505,7 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	if sra {
 		nb.slot2 = e.slotLen(unit)
 	}
-	for _, x := range []struct {
-		p     *gpu.Ptr
-		bytes int
-		need  bool
-		zero  bool // a memory: zeroed when allocated
-	}{
+	if err := e.allocAll([]devAlloc{
 		{&nb.send, sends * nb.slot, true, false},
 		{&nb.recv, e.size * recvStride, true, false},
 		{&nb.work, ws, ws > 0, false},
@@ -522,19 +517,8 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 		{&nb.work2, ws, sra && ws > 0, false},
 		{&nb.resid2, 4 * max(mine, 1), sra && e.mem2 != nil, true},
 		{&nb.out2, 4 * max(mine, 1), sra && e.mem2 != nil, false},
-	} {
-		if !x.need || *x.p != 0 {
-			continue // not needed, or a buffer kept from another phase
-		}
-		var err error
-		if *x.p, err = e.alloc(x.bytes); err != nil {
-			return err
-		}
-		if x.zero {
-			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, x.bytes)); err != nil {
-				return err
-			}
-		}
+	}); err != nil {
+		return err
 	}
 	// Another phase's slots and workspaces: the last step that used them
 	// has ended (Wait).
@@ -547,43 +531,58 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	return nil
 }
 
-// prepareLowRank allocates bucket bk's buffers for StrategyLowRank (see
-// devBuffers), its memories zeroed.
-func (e *DeviceEngine) prepareLowRank(bk *bucket) error {
-	b := e.bufs[bk.idx]
-	l := planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank)
-	ef, warm := e.cfg.ErrorFeedback, e.mem2 != nil
-	for _, x := range []struct {
-		p     *gpu.Ptr
-		bytes int
-		need  bool
-		zero  bool // a memory: zeroed when allocated
-	}{
-		{&b.send, 4 * (e.size + l.PLen + l.FlatLen), true, false},
-		{&b.recv, 4 * l.QLen, true, false},
-		{&b.qOwn, 4 * l.QLen, true, false},
-		{&b.q, 4 * l.QLen, true, false},
-		{&b.work, kernels.LowRankWorkspaceLen(l), true, false},
-		{&b.resid, 4 * bk.n, ef, true},
-		{&b.out, 4 * bk.n, ef, false},
-		{&b.m, 4 * bk.n, !ef, false},
-		{&b.resid2, 4 * l.QLen, warm, true},
-		{&b.out2, 4 * l.QLen, warm, false},
-	} {
-		if !x.need {
+// devAlloc is one buffer allocAll allocates: into p, when needed and p
+// is 0 (not kept from another schedule phase).
+type devAlloc struct {
+	p     *gpu.Ptr
+	bytes int
+	need  bool
+	zero  bool // a memory: zeroed when allocated
+}
+
+// allocAll allocates the buffers of bufs (those needed and not yet held).
+func (e *DeviceEngine) allocAll(bufs []devAlloc) error {
+	for _, x := range bufs {
+		if !x.need || *x.p != 0 {
 			continue
 		}
 		var err error
-		if *x.p, err = e.alloc(max(x.bytes, 16)); err != nil {
+		if *x.p, err = e.alloc(x.bytes); err != nil {
 			return err
 		}
 		if x.zero {
-			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, max(x.bytes, 16))); err != nil {
+			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, x.bytes)); err != nil {
 				return err
 			}
 		}
 	}
-	b.layout = l
+	return nil
+}
+
+// prepareLowRank allocates bucket bk's buffers for StrategyLowRank (see
+// devBuffers), its memories zeroed; on a failure the bucket holds none
+// of them.
+func (e *DeviceEngine) prepareLowRank(bk *bucket) error {
+	l := planLowRank(e.cfg.Shapes[bk.idx], *e.lowRank)
+	ef, warm := e.cfg.ErrorFeedback, e.mem2 != nil
+	q := 4 * max(l.QLen, 4) // a bucket without matrices still has (unused) Q buffers
+	nb := *e.bufs[bk.idx]
+	if err := e.allocAll([]devAlloc{
+		{&nb.send, 4 * (e.size + l.PLen + l.FlatLen), true, false},
+		{&nb.recv, q, true, false},
+		{&nb.qOwn, q, true, false},
+		{&nb.q, q, true, false},
+		{&nb.work, kernels.LowRankWorkspaceLen(l), true, false},
+		{&nb.resid, 4 * bk.n, ef, true},
+		{&nb.out, 4 * bk.n, ef, false},
+		{&nb.m, 4 * bk.n, !ef, false},
+		{&nb.resid2, q, warm, true},
+		{&nb.out2, q, warm, false},
+	}); err != nil {
+		return err
+	}
+	nb.layout = l
+	*e.bufs[bk.idx] = nb
 	return nil
 }
 
