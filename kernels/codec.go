@@ -185,8 +185,11 @@ func (c *Codec) check(a *EncodeArgs) error {
 }
 
 // overlap reports whether [p, p+n) and [q, q+n) intersect.
-func overlap(p, q gpu.Ptr, n uint64) bool {
-	return n > 0 && uint64(p) < uint64(q)+n && uint64(q) < uint64(p)+n
+func overlap(p, q gpu.Ptr, n uint64) bool { return overlapSpans(p, n, q, n) }
+
+// overlapSpans reports whether [p, p+n) and [q, q+m) intersect.
+func overlapSpans(p gpu.Ptr, n uint64, q gpu.Ptr, m uint64) bool {
+	return n > 0 && m > 0 && uint64(p) < uint64(q)+m && uint64(q) < uint64(p)+n
 }
 
 // encodePlan returns the operations of Encode.

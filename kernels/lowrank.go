@@ -158,39 +158,53 @@ func checkLayout(l *lowrank.Layout) error {
 	if l.N < 0 || int64(l.N) > compress.MaxElements {
 		return fmt.Errorf("N = %d outside [0, %d]", l.N, uint64(compress.MaxElements))
 	}
+	// The descriptions are made only for an error: the checks run on
+	// every call.
+	mat := func(x int) string {
+		m := l.Mats[x]
+		return fmt.Sprintf("matrix %d (%d×%d at %d, rank %d)", x, m.Rows, m.Cols, m.Off, m.R)
+	}
+	flat := func(x int) string {
+		return fmt.Sprintf("uncompressed range %d [%d, %d)", x, l.Flat[x][0], l.Flat[x][1])
+	}
 	type span struct {
 		lo, hi int
-		what   string
+		x      int // the matrix's or range's index
+		isMat  bool
+	}
+	what := func(s span) string {
+		if s.isMat {
+			return mat(s.x)
+		}
+		return flat(s.x)
 	}
 	spans := make([]span, 0, len(l.Mats)+len(l.Flat))
 	plen, qlen, flen := 0, 0, 0
 	for x, m := range l.Mats {
-		what := fmt.Sprintf("matrix %d (%d×%d at %d, rank %d)", x, m.Rows, m.Cols, m.Off, m.R)
 		switch {
 		case m.Rows < 1 || m.Cols < 1 || m.Rows > l.N || m.Cols > l.N/m.Rows:
-			return fmt.Errorf("%s: not a matrix of at most N = %d elements", what, l.N)
+			return fmt.Errorf("%s: not a matrix of at most N = %d elements", mat(x), l.N)
 		case m.R < 1 || m.R > min(m.Rows, m.Cols, compress.MaxLowRank):
-			return fmt.Errorf("%s: rank outside [1, min(rows, cols, %d)]", what, compress.MaxLowRank)
+			return fmt.Errorf("%s: rank outside [1, min(rows, cols, %d)]", mat(x), compress.MaxLowRank)
 		case m.Off < 0 || m.Off > l.N-m.Rows*m.Cols:
-			return fmt.Errorf("%s: outside the bucket of %d elements", what, l.N)
+			return fmt.Errorf("%s: outside the bucket of %d elements", mat(x), l.N)
 		case m.P != plen || m.Q != qlen:
-			return fmt.Errorf("%s: P at %d and Q at %d, want %d and %d (after the matrices before it)", what, m.P, m.Q, plen, qlen)
+			return fmt.Errorf("%s: P at %d and Q at %d, want %d and %d (after the matrices before it)", mat(x), m.P, m.Q, plen, qlen)
 		case x > 0 && m.Off < l.Mats[x-1].Off:
-			return fmt.Errorf("%s: before matrix %d (at %d): not in bucket order", what, x-1, l.Mats[x-1].Off)
+			return fmt.Errorf("%s: before matrix %d (at %d): not in bucket order", mat(x), x-1, l.Mats[x-1].Off)
 		}
-		spans = append(spans, span{m.Off, m.Off + m.Rows*m.Cols, what})
+		spans = append(spans, span{m.Off, m.Off + m.Rows*m.Cols, x, true})
 		plen += m.Rows * m.R
 		qlen += m.Cols * m.R
 	}
 	for x, f := range l.Flat {
-		what := fmt.Sprintf("uncompressed range %d [%d, %d)", x, f[0], f[1])
 		switch {
 		case f[0] < 0 || f[0] >= f[1] || f[1] > l.N:
-			return fmt.Errorf("%s: empty or outside the bucket of %d elements", what, l.N)
+			return fmt.Errorf("%s: empty or outside the bucket of %d elements", flat(x), l.N)
 		case x > 0 && f[0] < l.Flat[x-1][1]:
-			return fmt.Errorf("%s: not after range %d: not ascending and apart", what, x-1)
+			return fmt.Errorf("%s: not after range %d: not ascending and apart", flat(x), x-1)
 		}
-		spans = append(spans, span{f[0], f[1], what})
+		spans = append(spans, span{f[0], f[1], x, false})
 		flen += f[1] - f[0]
 	}
 	if plen != l.PLen || qlen != l.QLen || flen != l.FlatLen {
@@ -201,7 +215,7 @@ func checkLayout(l *lowrank.Layout) error {
 	for x, s := range spans {
 		switch {
 		case s.lo < at:
-			return fmt.Errorf("%s overlaps %s", s.what, spans[x-1].what)
+			return fmt.Errorf("%s overlaps %s", what(s), what(spans[x-1]))
 		case s.lo > at:
 			return fmt.Errorf("elements [%d, %d) are in no matrix or range", at, s.lo)
 		}
@@ -286,11 +300,6 @@ func (a *LowRankArgs) check(op string) error {
 func lowRankMayShare(x, y string) bool {
 	pair := func(a, b string) bool { return x == a && y == b || x == b && y == a }
 	return pair("M", "Resid") || pair("Q", "Warm") || pair("QNext", "Warm") || pair("QNext", "Q")
-}
-
-// overlapSpans reports whether [p, p+n) and [q, q+m) intersect.
-func overlapSpans(p gpu.Ptr, n uint64, q gpu.Ptr, m uint64) bool {
-	return n > 0 && m > 0 && uint64(p) < uint64(q)+m && uint64(q) < uint64(p)+n
 }
 
 // gate returns the device address of a's gate.
