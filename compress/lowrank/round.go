@@ -88,7 +88,7 @@ func NewLayout(shapes [][2]int, rank int, minCompression float64) *Layout {
 func (l *Layout) Encode(vals1, m, q []float32, fresh bool, ranks, rank int, seed uint64, key compress.Key) bool {
 	status := vals1[:ranks]
 	clear(status)
-	if !Finite(m) {
+	if !finite(m) {
 		status[rank] = 1
 		clear(vals1[ranks:])
 		return false
@@ -149,7 +149,7 @@ func (l *Layout) Decode(out, res, m, vals1, vals2, qOwn, qNext []float32, ranks 
 	for _, mt := range l.Mats {
 		n := mt.Rows * mt.Cols
 		qAvg := vals2[mt.Q : mt.Q+mt.Cols*mt.R]
-		if bad < 0 && !Finite(qAvg) {
+		if bad < 0 && !finite(qAvg) {
 			bad = mt.Off
 		}
 		Decompose(out[mt.Off:mt.Off+n], res[mt.Off:mt.Off+n], m[mt.Off:mt.Off+n], mt.Rows, mt.Cols,
@@ -205,8 +205,8 @@ func DrawQ(q []float32, cols, r int, all bool, seed uint64, key compress.Key, te
 	}
 }
 
-// Finite reports whether every element of v is finite.
-func Finite(v []float32) bool {
+// finite reports whether every element of v is finite.
+func finite(v []float32) bool {
 	for _, x := range v {
 		if x-x != 0 {
 			return false
