@@ -66,7 +66,7 @@ type lowRankBuffers struct {
 	vals2 []float32 // the second: the Q's
 	qOwn  []float32 // this rank's Q's (vals2 is summed in place)
 	m     []float32 // without error feedback: the step's M, a copy of the gradient
-	zero  []float32 // the zero "gradient" of the warm start's Q memory (qLen)
+	zero  []float32 // the zero "gradient" of the warm start's Q memory (QLen)
 	cold  []float32 // without that memory: this step's Q's
 }
 
@@ -87,9 +87,7 @@ func (x *lowRankExchanger) setup(b *bucket) {
 	pl := planLowRank(x.e.cfg.Shapes[b.idx], x.spec)
 	lb := &lowRankBuffers{plan: pl, vals1: make([]float32, x.e.size+pl.PLen+pl.FlatLen),
 		vals2: make([]float32, pl.QLen), qOwn: make([]float32, pl.QLen)}
-	if x.e.cfg.ErrorFeedback {
-		lb.m = nil
-	} else {
+	if !x.e.cfg.ErrorFeedback {
 		lb.m = make([]float32, b.n)
 	}
 	// Both, small: an engine without the warm start's memory (warm=off,
