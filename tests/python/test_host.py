@@ -91,6 +91,11 @@ def _every_kind(rank, world):
     send = torch.tensor([rank * 10 + j for j in range(5)], dtype=torch.uint8)
     add(K.ALLGATHER, 5, send, torch.zeros(5 * world, dtype=torch.uint8),
         torch.tensor([q * 10 + j for q in range(world) for j in range(5)], dtype=torch.uint8))
+    # Over DIRECT_GATHER_BYTES in all: a ring all-gather, not the direct one.
+    n = _engine.DIRECT_GATHER_BYTES // world + 1
+    big = ((torch.arange(n) * 31 + rank * 7) % 251).to(torch.uint8)
+    add(K.ALLGATHER, n, big, torch.zeros(n * world, dtype=torch.uint8),
+        torch.cat([((torch.arange(n) * 31 + q * 7) % 251).to(torch.uint8) for q in range(world)]))
     rs = torch.tensor([rank * 100.0 + j for j in range(4 * world)])
     add(K.REDUCESCATTER, 4, rs, torch.zeros(4),
         torch.tensor([sum(q * 100.0 + rank * 4 + j for q in range(world)) for j in range(4)]))
@@ -122,14 +127,23 @@ def several_in_flight(rank, world):
     if rank == world - 1:
         time.sleep(LATE)
     fake = ScriptedHosted(rank, world, [o[0] for o in ops])
+    alltoalls = []  # the bytes each all_to_all_single call received
+    all_to_all_single = dist.all_to_all_single
+
+    def counted(output, *args, **kwargs):
+        alltoalls.append(output.numel())
+        return all_to_all_single(output, *args, **kwargs)
+
+    dist.all_to_all_single = counted
     t0 = time.perf_counter()
     host = _engine.TorchHost(fake, host_group)
     finished = fake.all_done.wait(30)
     elapsed = time.perf_counter() - t0
     stopped = host.stop(timeout=5)
+    dist.all_to_all_single = all_to_all_single
     out = {"finished": finished, "stopped": stopped, "elapsed": elapsed, "wire": host.wire_seconds,
            "max_in_flight": host.max_in_flight, "in_flight_after": host.in_flight, "ops": dict(host.ops),
-           "ops_by_group": dict(host.ops_by_group), "events": fake.events, "results": {}}
+           "ops_by_group": dict(host.ops_by_group), "events": fake.events, "results": {}, "alltoalls": alltoalls}
     for op, recv, expected, _ in ops:
         r = {"completions": fake.completions.get(op.id, []), "want_bytes": int(op.recv_bytes)}
         if expected is not None:
@@ -225,10 +239,10 @@ class SeveralInFlight(unittest.TestCase):
                     comps = res["completions"]
                     self.assertEqual(len(comps), 1, "op %s completed %d times: %s" % (op_id, len(comps), comps))
                     status, message, written = comps[0]
-                    if op_id == "8":  # the wrong length
+                    if op_id == "9":  # the wrong length
                         launch_failures += 1
                         self.assertEqual(status, int(_lib.Status.COMM))
-                        self.assertIn("ALLGATHER (op 8) failed on rank %d launching it: ValueError" % rank, message)
+                        self.assertIn("ALLGATHER (op 9) failed on rank %d launching it: ValueError" % rank, message)
                         self.assertIn("recv_bytes 3", message)
                         continue
                     self.assertEqual((status, message, written), (int(_lib.Status.OK), None, res["want_bytes"]),
@@ -236,6 +250,10 @@ class SeveralInFlight(unittest.TestCase):
                     if "equal" in res:
                         self.assertTrue(res["equal"], "op %s: wrong result" % op_id)
                 self.assertEqual(launch_failures, 1)
+                # On 3 ranks the small all-gather ran as an all-to-all (one
+                # round of messages), the one over DIRECT_GATHER_BYTES as a
+                # ring; the ALLTOALL op is the other all-to-all.
+                self.assertEqual(sorted(r["alltoalls"]), [2 * WORLD, 5 * WORLD])
                 self.assertEqual(sum(r["ops"].values()), len(r["results"]) - 1)
                 self.assertEqual(r["ops"]["ALLREDUCE"], 8)
                 self.assertEqual(r["ops_by_group"], {"world": len(r["results"]) - 1})
