@@ -452,6 +452,12 @@ class Ranks(unittest.TestCase):
                     # DDP's all-reduce.
                     self.assertEqual(r["native"], r["dense"] - 3 * r["plain_steps"], r)
                     self.assertEqual(r["native"], 9 if spec == "none" else 0, r)
+                    self.assertEqual(r["engine_steps"], 3, r)
+                    # Steps DDP's all-reduce carried whole are settled at the
+                    # next step's start or when the State is read, without
+                    # the finisher thread the engine's exchanges need.
+                    self.assertEqual(r["finisher"], spec != "none", r)
+                    self.assertGreaterEqual(r["split"]["exposed"], 0, r)
                 if spec == "none":  # the engine's steps: multiples of 1/64, summed exactly in any order, then /N
                     self.assertEqual(results[0]["averages"][2:], results[0]["exact"][2:])
 

@@ -564,7 +564,9 @@ def resume_exact(rank, world, spec, steps, cut, warmup, phase, path):
 def bucket_orders(rank, world, spec, steps):
     """The hook on three crafted buckets (warm-up 2, decision pinned) that
     each rank hands over in its own order, changing every step. Returns
-    per step the averages (hex), and the exact average of the gradients."""
+    per step the averages (hex), the exact average of the gradients, the
+    State's counters, whether it made a finisher thread and the last
+    step's split."""
     sizes = [300, 1000, 37]
     state = gct.State(spec, warmup_steps=2, decision="compressed", workers=1)
     out = {"averages": [], "exact": []}
@@ -577,7 +579,9 @@ def bucket_orders(rank, world, spec, steps):
         out["averages"].append([futs[b].wait().numpy().tobytes().hex() for b in range(3)])
         exact = [sum(golden_gradient(r, step, b, n) for r in range(world)) / world for b, n in enumerate(sizes)]
         out["exact"].append([e.numpy().tobytes().hex() for e in exact])
-    out.update((k, state.stats[k]) for k in ("compressed", "dense", "native", "plain_steps"))
+    out.update((k, state.stats[k]) for k in ("compressed", "dense", "native", "plain_steps", "engine_steps"))
+    out["split"] = state.last_split
+    out["finisher"] = state._finisher is not None
     state.close()
     return out
 

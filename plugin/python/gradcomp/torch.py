@@ -418,10 +418,11 @@ class _Finisher:
                 self._jobs.task_done()
 
 
-def _delegate_done(eng, index):
+def _delegate_done(eng, index, st):
     """Tells ``eng`` that DDP's all-reduce of its delegated bucket ``index``
-    ended (its Wait waits for it). An engine closed or failed meanwhile
-    has no use for it."""
+    ended (its Wait waits for it), and step ``st`` when. An engine closed
+    or failed meanwhile has no use for it."""
+    st.ended = time.perf_counter()
     try:
         eng.delegate_done(index)
     except Exception as e:
@@ -508,6 +509,7 @@ class _Step:
         self.plain_sent = 0  # a plain step's bytes (ring all-reduce accounting)
         self.plain_buckets = 0
         self.first = self.last = time.perf_counter()  # the step's first and latest bucket from DDP
+        self.ended = None  # direct: when the latest of its delegated all-reduces ended
         self.wire0 = 0.0  # the host's wire seconds when the engine's step began
 
     def fail(self, e):
@@ -644,14 +646,31 @@ class State:
         self._last_step = None
         self._last_split = None
         self._finisher = None  # the _Finisher of overlapped steps, made at the first
+        self._deferred = None  # a step whose every bucket DDP's all-reduce carried, its bookkeeping not yet done
+        self._settling = threading.Lock()  # held while a deferred step's bookkeeping is done
 
     def _settled(self):
         """Waits until the latest step's bookkeeping (its engine Wait, its
         statistics) is done: DDP's futures of a step whose buckets DDP's own
-        all-reduce carried complete before it."""
+        all-reduce carried complete before it. The bookkeeping of a step
+        whose every bucket it carried is done here, on the caller's thread
+        (see :meth:`_launch_wait`)."""
         f = self._finisher
         if f is not None and not f.running_here():
             f.drain()
+        with self._settling:
+            st, self._deferred = self._deferred, None
+            if st is not None:
+                self._finish(st)
+
+    def _begin(self, st, eng):
+        """Starts the engine's step for ``st``, once the step before it is
+        settled (whose engine Wait may have found the engine broken)."""
+        self._settled()
+        if self._broken is not None:
+            raise self._broken
+        eng.step()
+        st.started, st.wire0 = True, eng.host.wire_seconds
 
     @property
     def last_step(self):
@@ -997,9 +1016,7 @@ class State:
         eng = self._engine
         try:
             if not st.started:
-                self._settled()
-                eng.step()
-                st.started, st.wire0 = True, eng.host.wire_seconds
+                self._begin(st, eng)
             if not (0 <= index < eng.nbuckets) or buf.numel() != eng.sizes[index] or index in st.readied:
                 raise ValueError(
                     "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
@@ -1078,19 +1095,28 @@ class State:
             st.native_next += 1
             if item is not None:
                 buf, out = item
-                done = functools.partial(_delegate_done, self._engine, st.native_next - 1)
+                done = functools.partial(_delegate_done, self._engine, st.native_next - 1, st)
                 dist.all_reduce(buf, group=self.process_group, async_op=True).get_future().then(
                     lambda f, buf=buf, out=out, done=done: _complete(out, f, buf, world, done))
 
     def _launch_wait(self, st, eng):
         """After the step's last bucket: checks every bucket came, then
-        waits for the engine on a thread (overlap) or here."""
+        waits for the engine on a thread (overlap) or here. A step whose
+        every bucket went to DDP's all-reduce needs no thread: DDP's
+        futures complete without the engine, whose Wait returns at once
+        after them; its bookkeeping waits for the next step's start (or
+        whatever reads the State first: :meth:`_settled`), which spares the
+        step a thread's wake-up that competes with the optimizer for the
+        GIL and, on a loaded host, for the cores."""
         if len(st.readied) != eng.nbuckets:
             missing = sorted(set(range(eng.nbuckets)) - st.readied)
             raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
         if st.stream is not None:
             eng.done(st.stream.cuda_stream)
-        if self.overlap and (st.pending or st.delegated):
+        if self.overlap and not st.pending:
+            with self._settling:
+                self._deferred = st
+        elif self.overlap:
             if self._finisher is None:
                 self._finisher = _Finisher("gradcomp-wait")
             self._finisher.submit(self._finish, st)
@@ -1133,9 +1159,7 @@ class State:
                 raise
             ddp_flat = torch.cat([b.reshape(-1).to(torch.float32) for b in bufs])
             flat = ddp_flat if perm is None else ddp_flat[perm]
-            self._settled()
-            eng.step()
-            st.started, st.wire0 = True, eng.host.wire_seconds
+            self._begin(st, eng)
             start = 0
             for i, m in enumerate(eng.sizes):
                 self._ready(st, eng, i, flat, flat.narrow(0, start, m))
@@ -1327,6 +1351,8 @@ class State:
         except BaseException as e:
             err = e
         done = time.perf_counter()
+        if not st.pending and st.ended is not None:
+            done = st.ended  # every bucket was DDP's: the step ended with the last all-reduce
         try:
             stats = eng.stats()
         except Exception:
