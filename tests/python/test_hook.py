@@ -157,6 +157,9 @@ class OneRank(unittest.TestCase):
         state = self.state("randomk:0.01")
         with self.assertLogs("gradcomp", "WARNING") as cm:
             self.run_steps(state, lambda: torch.randn(1000), 3)
+            # A step's lines come with its statistics, after its averages:
+            # out once the State is read (or the next step begins).
+            self.assertEqual(state.stats["engine_steps"], 1)
         self.assertTrue(any("caution: random-k 0.01" in line for line in cm.output), cm.output)
 
     def test_exact_codec_returns_the_gradient(self):

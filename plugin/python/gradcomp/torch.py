@@ -55,7 +55,9 @@ What a user sees:
   created, and one per bucket for its first decision and for every change
   of it: bucket, elements, strategy, compressed or dense, the cost model's
   predicted and verification's measured times, and the engine's reason. A
-  bucket with NaN/Inf logs a WARNING.
+  bucket with NaN/Inf logs a WARNING. A step's lines come with its
+  statistics, once DDP has its averages: at the latest when the next step
+  begins or the State is read.
 * :meth:`State.summary` returns a table of the last step: per bucket,
   elements, strategy, compressed or dense, bytes this rank sent, stage
   times and reason. :attr:`State.stats` holds counters and the last step's
@@ -1342,8 +1344,10 @@ class State:
             self._resolve(st, e)
 
     def _finish(self, st):
-        """Waits for the engine's step, reads its statistics, copies staged
-        buckets back and completes the step's futures."""
+        """Waits for the engine's step, copies staged buckets back and
+        completes the step's futures, then reads the step's statistics
+        (DDP goes on with the averages meanwhile; whatever reads the
+        statistics waits for them: :meth:`_settled`)."""
         eng = self._engine
         err = None
         try:
@@ -1353,13 +1357,6 @@ class State:
         done = time.perf_counter()
         if not st.pending and st.ended is not None:
             done = st.ended  # every bucket was DDP's: the step ended with the last all-reduce
-        try:
-            stats = eng.stats()
-        except Exception:
-            stats = None
-        if stats is not None:
-            self._record(stats, st.number)
-            self._last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
         if isinstance(err, _lib.NonFiniteError):
             err = _lib.NonFiniteError(err.function, err.status, "gradcomp.torch: hook step %d: %s (on_nonfinite="
                                       "'raise'; the State stays usable: skip this optimizer step)"
@@ -1377,6 +1374,13 @@ class State:
                     if staged is not buf:
                         buf.copy_(staged)
         self._resolve(st, err)
+        try:
+            stats = eng.stats()
+        except Exception:
+            stats = None
+        if stats is not None:
+            self._record(stats, st.number)
+            self._last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
 
     @staticmethod
     def _resolve(st, err):
