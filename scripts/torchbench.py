@@ -22,10 +22,11 @@ HOOKS is a comma-separated list of:
                             feedback and the cost model; "@compressed" or
                             "@dense" pins the decision (e.g. "int4@compressed")
 
-each optionally suffixed "/sync" (gradcomp's only: overlap=False), "/hier"
-(gradcomp's only: strategy="hier", the hierarchical exchange over the
-nodes scripts/torchbench -nodes made; the ranks' LOCAL_RANK and
-LOCAL_WORLD_SIZE say where they run) and/or
+each optionally suffixed "/sync" (gradcomp's only: overlap=False), a
+strategy (gradcomp's only: "/hier" for strategy="hier", the hierarchical
+exchange over the nodes scripts/torchbench -nodes made, the ranks'
+LOCAL_RANK and LOCAL_WORLD_SIZE saying where they run; "/sra",
+"/allgather", "/sparse-gather") and/or
 "/1bucket" (DDP's bucket_cap_mb set to the model's size, so that from torch
 2.x on, where an explicit cap is also the first bucket's, the model is one
 bucket; e.g. "torch:powersgd:2/1bucket"). gradcomp's rows carry the hook's
@@ -70,7 +71,9 @@ VERIFY = 8  # steps of the engine's first online verification (overlap.VerifyWin
 WARMUP = GRADCOMP_WARMUP + VERIFY + 2  # untimed steps: gradcomp's warm-up and first verification, and 2 more
 SYNC = "sync"
 ONE_BUCKET = "1bucket"
-HIER = "hier"
+#: gradcomp's strategy suffixes: "/hier" runs State(strategy="hier"), and
+#: so on; without one, "auto".
+STRATEGIES = ("hier", "sra", "allgather", "sparse-gather")
 
 #: start_powerSGD_iter of torch's PowerSGD hooks here (see the docstring).
 POWERSGD_START = 10
@@ -116,9 +119,12 @@ def split_name(name):
     ("int4@compressed", {"sync"}). ValueError on an unknown flag."""
     base, *flags = name.split("/")
     flags = set(flags)
-    unknown = flags - {SYNC, ONE_BUCKET, HIER}
+    unknown = flags - {SYNC, ONE_BUCKET, *STRATEGIES}
     if unknown or not base:
-        raise ValueError("hook %r: unknown suffix %s (want /sync, /hier, /1bucket)" % (name, "/".join(sorted(unknown))))
+        raise ValueError("hook %r: unknown suffix %s (want /sync, /1bucket or a strategy: /%s)"
+                         % (name, "/".join(sorted(unknown)), ", /".join(STRATEGIES)))
+    if len(flags & set(STRATEGIES)) > 1:
+        raise ValueError("hook %r: more than one strategy" % name)
     return base, flags
 
 
@@ -280,8 +286,8 @@ class Run:
         self.powersgd = None
         kind = torch_hook_kind(base)
         if kind is not None:
-            if flags & {SYNC, HIER}:
-                raise ValueError("hook %r: /sync and /hier are for gradcomp's hook" % name)
+            if flags & {SYNC, *STRATEGIES}:
+                raise ValueError("hook %r: /sync and the strategies are for gradcomp's hook" % name)
             self.powersgd = register_torch_hook(self.ddp, *kind)
         elif base == "local":
             self.ddp.register_comm_hook(None, local_hook)
@@ -289,7 +295,7 @@ class Run:
             spec, _, decision = base.partition("@")
             self.state = gct.State(
                 spec, decision=decision or "auto", model=self.module, warmup_steps=GRADCOMP_WARMUP, workers=1,
-                overlap=SYNC not in flags, strategy="hier" if HIER in flags else "auto",
+                overlap=SYNC not in flags, strategy=next(iter(flags & set(STRATEGIES)), "auto"),
             )
             self.ddp.register_comm_hook(self.state, gct.hook)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
