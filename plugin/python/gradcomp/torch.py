@@ -662,7 +662,7 @@ class State:
             f.drain()
         with self._settling:
             st, self._deferred = self._deferred, None
-            if st is not None:
+            if st is not None and self._engine is not None:  # else the engine went, its step with it
                 self._finish(st)
 
     def _begin(self, st, eng):
