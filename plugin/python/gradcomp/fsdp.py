@@ -139,7 +139,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from . import _lib
 from ._engine import Engine, matrix_shape
-from .torch import _ms, check_options, close_engine, count_step, set_options, table
+from .torch import _ms, check_options, close_engine, count_step, set_options, step_stats, table
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -716,10 +716,7 @@ class FSDPState:
         except BaseException as e:
             err = e
         st.done = True
-        try:
-            stats = eng.stats()
-        except Exception:
-            stats = None
+        stats = step_stats(eng)
         if stats is not None:
             self._record(stats, st.number)
         if err is not None:

@@ -467,6 +467,16 @@ def count_step(counts, s):
         counts["guarded"] += int(b.guarded)
 
 
+def step_stats(eng):
+    """The StepStats of ``eng``'s last waited step, or None where reading
+    them fails (a closed engine, say): a step's bookkeeping goes on
+    without them."""
+    try:
+        return eng.stats()
+    except Exception:
+        return None
+
+
 def close_engine(state, who):
     """A State's close: destroys ``state._engine`` and its transport, and
     the State fails from then on (``who`` names it in the error)."""
@@ -1374,10 +1384,7 @@ class State:
                     if staged is not buf:
                         buf.copy_(staged)
         self._resolve(st, err)
-        try:
-            stats = eng.stats()
-        except Exception:
-            stats = None
+        stats = step_stats(eng)
         if stats is not None:
             self._record(stats, st.number)
             self._last_split = _split(st, stats, eng.host.wire_seconds - st.wire0, done)
