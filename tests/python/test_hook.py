@@ -460,7 +460,9 @@ class Ranks(unittest.TestCase):
                     # next step's start or when the State is read, without
                     # the finisher thread the engine's exchanges need.
                     self.assertEqual(r["finisher"], spec != "none", r)
+                    # Its split ends with the last all-reduce, not when read.
                     self.assertGreaterEqual(r["split"]["exposed"], 0, r)
+                    self.assertLessEqual(r["split"]["exposed"], r["exposed_bound"], r)
                 if spec == "none":  # the engine's steps: multiples of 1/64, summed exactly in any order, then /N
                     self.assertEqual(results[0]["averages"][2:], results[0]["exact"][2:])
 

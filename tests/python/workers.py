@@ -565,8 +565,10 @@ def bucket_orders(rank, world, spec, steps):
     """The hook on three crafted buckets (warm-up 2, decision pinned) that
     each rank hands over in its own order, changing every step. Returns
     per step the averages (hex), the exact average of the gradients, the
-    State's counters, whether it made a finisher thread and the last
-    step's split."""
+    State's counters, whether it made a finisher thread, the last step's
+    split, and the most its "exposed" can be: from just before the last
+    bucket's hook to just after its averages came (the State is read half
+    a second later, which a split timed at the reading would count)."""
     sizes = [300, 1000, 37]
     state = gct.State(spec, warmup_steps=2, decision="compressed", workers=1)
     out = {"averages": [], "exact": []}
@@ -575,12 +577,17 @@ def bucket_orders(rank, world, spec, steps):
         order = [(b + rank + step) % 3 for b in range(3)]
         futs = {}
         for k, b in enumerate(order):
+            if k == 2:
+                before_last = time.perf_counter()
             futs[b] = gct.hook(state, FakeBucket(grads[b].clone(), b, k == 2))
         out["averages"].append([futs[b].wait().numpy().tobytes().hex() for b in range(3)])
+        averaged = time.perf_counter()
         exact = [sum(golden_gradient(r, step, b, n) for r in range(world)) / world for b, n in enumerate(sizes)]
         out["exact"].append([e.numpy().tobytes().hex() for e in exact])
+    time.sleep(0.5)
     out.update((k, state.stats[k]) for k in ("compressed", "dense", "native", "plain_steps", "engine_steps"))
     out["split"] = state.last_split
+    out["exposed_bound"] = 1e3 * (averaged - before_last)
     out["finisher"] = state._finisher is not None
     state.close()
     return out
