@@ -20,7 +20,7 @@ import (
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 8
+	abiMinor   = 9
 	abiVersion = abiMajor<<16 | abiMinor
 )
 
@@ -32,7 +32,8 @@ const (
 
 // The bits of gc_features (since ABI 1.2).
 const (
-	featureCUDA = 1 // GC_FEATURE_CUDA: the device calls run (libgradcomp_cuda.so)
+	featureCUDA       = 1 // GC_FEATURE_CUDA: the device calls run (libgradcomp_cuda.so)
+	featureFakeDevice = 2 // GC_FEATURE_FAKE_DEVICE: a test build whose engine runs on the fake device
 )
 
 // The gc_settle_mode values.
@@ -66,6 +67,7 @@ const (
 	errConfig    status = 16 // GC_ERR_CONFIG (since ABI 2.0)
 	errBroken    status = 17 // GC_ERR_BROKEN (since ABI 2.0)
 	errNoMem     status = 18 // GC_ERR_NOMEM (since ABI 2.3)
+	errNCCL      status = 19 // GC_ERR_NCCL (since ABI 2.9)
 )
 
 // The group ids of gc_op.group (since ABI 2.4): hosted's.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/gradcomp/gradcomp/nccl"
 )
 
 // TestHeaderConstants checks every constant of include/gradcomp.h against
@@ -24,8 +26,9 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_ERR_HANDLE": int64(errHandle), "GC_ERR_SIZE": int64(errSize), "GC_ERR_CORRUPT": int64(errCorrupt),
 		"GC_ERR_NONFINITE": int64(errNonFinite), "GC_ERR_MISMATCH": int64(errMismatch),
 		"GC_ERR_STATE": int64(errState), "GC_ERR_INTERNAL": int64(errInternal),
-		"GC_FEATURE_CUDA": featureCUDA,
-		"GC_ERR_NOCUDA":   int64(errNoCUDA), "GC_ERR_NODEVICE": int64(errNoDevice), "GC_ERR_CUDA": int64(errCUDA),
+		"GC_FEATURE_CUDA": featureCUDA, "GC_FEATURE_FAKE_DEVICE": featureFakeDevice,
+		"GC_ERR_NCCL": int64(errNCCL), "GC_NCCL_UNIQUE_ID_BYTES": nccl.UniqueIDBytes,
+		"GC_ERR_NOCUDA": int64(errNoCUDA), "GC_ERR_NODEVICE": int64(errNoDevice), "GC_ERR_CUDA": int64(errCUDA),
 		"GC_ERR_TIMEOUT": int64(errTimeout), "GC_ERR_CLOSED": int64(errClosed), "GC_ERR_COMM": int64(errComm),
 		"GC_ERR_CONFIG": int64(errConfig), "GC_ERR_BROKEN": int64(errBroken), "GC_ERR_NOMEM": int64(errNoMem),
 		"GC_OP_ALLREDUCE": opAllReduce, "GC_OP_ALLGATHER": opAllGather, "GC_OP_REDUCESCATTER": opReduceScatter,

@@ -189,7 +189,8 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 // engine is what a gc_engine handle refers to: the overlap engine (host
 // or device buckets) and the statistics of the last step waited for.
 type engine struct {
-	tr     *transport
+	tr     *transport // the hosted transport, or nil
+	nccl   *ncclParts // the engine's own NCCL communicator, or nil
 	sizes  []int
 	host   *overlap.Engine       // host buckets, or nil
 	device *overlap.DeviceEngine // device buckets, or nil
@@ -400,11 +401,18 @@ func (e *engine) loadReshaped(src []byte) error {
 // close is gc_engine_destroy's core.
 func (e *engine) close() error {
 	err := e.stepper().Close()
-	e.tr.mu.Lock()
-	e.tr.engine = false
-	e.tr.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("closing the engine: %w", err)
+	if e.tr != nil {
+		e.tr.mu.Lock()
+		e.tr.engine = false
+		e.tr.mu.Unlock()
 	}
-	return nil
+	if err != nil {
+		err = fmt.Errorf("closing the engine: %w", err)
+	}
+	if e.nccl != nil {
+		if cerr := e.nccl.close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing its NCCL communicators: %w", cerr))
+		}
+	}
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/kernels"
+	"github.com/gradcomp/gradcomp/nccl"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -135,7 +136,11 @@ func engineStatus(err error) (st status, ok bool) {
 		return errCorrupt, true
 	case errors.As(err, &stepErr), errors.As(err, &host), errors.As(err, &protocol), errors.As(err, &inc), errors.As(err, &poisoned):
 		return errComm, true
-	case errors.Is(err, comm.ErrClosed):
+	}
+	if st, ok := ncclStatus(err); ok { // before ErrClosed: an NCCL abort matches it
+		return st, true
+	}
+	if errors.Is(err, comm.ErrClosed) {
 		return errClosed, true
 	}
 	return 0, false
@@ -176,4 +181,31 @@ func guard[T ~int32](fn string, st *T) {
 	if r := recover(); r != nil {
 		*st = T(fail(errInternal, fn, "internal error, please report: panic: %v\n%s", r, debug.Stack()))
 	}
+}
+
+// ncclStatus maps the errors of the NCCL binding; ok is false for others.
+// A communicator that timed out or was aborted (a dead or stalled peer)
+// is GC_ERR_COMM, as a failed collective of a transport is; a library
+// that does not load, a call NCCL refuses or one the library lacks is
+// GC_ERR_NCCL; a device that cannot be made current is GC_ERR_CUDA.
+func ncclStatus(err error) (status, bool) {
+	var (
+		abort *nccl.AbortError
+		load  *nccl.LoadError
+		call  *nccl.Error
+		arg   *nccl.ArgumentError
+		unsup *nccl.UnsupportedError
+		cuda  *nccl.CUDAError
+	)
+	switch {
+	case errors.As(err, &abort):
+		return errComm, true
+	case errors.As(err, &cuda):
+		return errCUDA, true
+	case errors.As(err, &load), errors.As(err, &call), errors.As(err, &unsup):
+		return errNCCL, true
+	case errors.As(err, &arg):
+		return errInvalid, true
+	}
+	return 0, false
 }

@@ -73,6 +73,11 @@ func New(ctx context.Context, lib *nccl.Library, boot comm.Comm, opts ...nccl.Op
 	return &Comm{c: c}, nil
 }
 
+// Wrap returns the Comm of an NCCL communicator made elsewhere (for
+// example by InitRank from a unique id the host program spread). The Comm
+// owns c: its Close destroys it.
+func Wrap(c *nccl.Comm) *Comm { return &Comm{c: c} }
+
 // NCCL returns the underlying communicator, for operations this package
 // does not wrap (other data types and reductions, point-to-point).
 func (c *Comm) NCCL() *nccl.Comm { return c.c }

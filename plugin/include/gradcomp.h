@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 8
+#define GRADCOMP_ABI_MINOR 9
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -56,8 +56,9 @@ typedef enum gc_status {
 	GC_ERR_COMM = 15,      /* since 2.0: a collective failed or did not finish in time (host error, dead peer): the engine is broken */
 	GC_ERR_CONFIG = 16,    /* since 2.0: the ranks' engine configurations differ, or one rank's is invalid (the message names both sides) */
 	GC_ERR_BROKEN = 17,    /* since 2.0: an earlier step failed; destroy the engine and its transport */
-	GC_ERR_NOMEM = 18      /* since 2.3: the host memory an engine would need is more than the machine can give
+	GC_ERR_NOMEM = 18,     /* since 2.3: the host memory an engine would need is more than the machine can give
 	                        * (the message says how much of what); nothing was allocated */
+	GC_ERR_NCCL = 19       /* since 2.9: libnccl.so.2 did not load, or an NCCL call failed (the message names it) */
 } gc_status;
 
 typedef uint64_t gc_compressor;
@@ -192,6 +193,8 @@ typedef uintptr_t gc_stream;
 /* What this library can do, as GC_FEATURE_* bits; it touches no device.
  * Since ABI 1.2. */
 #define GC_FEATURE_CUDA 1u /* the device calls run: libgradcomp_cuda.so */
+#define GC_FEATURE_FAKE_DEVICE 2u /* since 2.9: a TEST build (libgradcomp_fake.so): the engine's
+                                   * "devices" are host memory and its kernels the CPU codecs (see docs/TESTING.md) */
 uint32_t gc_features(void);
 
 /* Device ordinal device: its name (NUL-terminated into name, name_cap
@@ -477,6 +480,41 @@ typedef struct gc_engine_config {
  * engine (GC_ERR_STATE) fail without taking part: the other ranks then
  * wait until their timeout. One engine per transport. */
 gc_status gc_engine_create(gc_hosted t, const gc_engine_config *cfg, const uint64_t *sizes, size_t nbuckets, gc_engine *out);
+
+/* ---- The engine on its own NCCL communicator (since ABI 2.9) ----
+ * For device buckets (cfg->device ≥ 0) the engine can own its NCCL
+ * communicator: rank 0 makes a unique id with gc_nccl_unique_id, the host
+ * spreads its GC_NCCL_UNIQUE_ID_BYTES bytes to every rank by any means
+ * (torch.distributed's store, MPI, a file), and every rank calls
+ * gc_engine_create_nccl with it. libnccl.so.2 is the copy the process has
+ * already loaded (PyTorch's) if any, else $GRADCOMP_NCCL, else the
+ * linker's search path. From then on no call of the engine needs the host:
+ * buckets go gc_engine_step, gc_engine_ready_device, gc_engine_done,
+ * gc_engine_wait, and the engine's own agreement (handshake, cost model,
+ * verification, reshaped loads) runs over a split of the same
+ * communicator, staged through small device buffers. Destroying the
+ * engine destroys its communicators. */
+#define GC_NCCL_UNIQUE_ID_BYTES 128
+
+/* Writes a fresh NCCL unique id (ncclGetUniqueId) into id. GC_ERR_NCCL
+ * when libnccl.so.2 does not load (the message lists where it looked) or
+ * the call fails. */
+gc_status gc_nccl_unique_id(uint8_t *id);
+
+/* Joins rank (of size) to the NCCL communicator of id on CUDA device
+ * cfg->device (made current on NCCL's init thread), then creates the
+ * engine over it as gc_engine_create does over a transport, handshake and
+ * cost model included, and BLOCKS until every rank has done the same. A
+ * rank whose configuration is invalid joins and takes part in the
+ * handshake to say so (GC_ERR_CONFIG on every rank). A rank whose device
+ * or NCCL does not open cannot join: it returns its own status
+ * (GC_ERR_NOCUDA, GC_ERR_NODEVICE, GC_ERR_CUDA, GC_ERR_NCCL) and the
+ * others' initialisation ends with GC_ERR_COMM within cfg's timeout
+ * (default 60 s). cfg->device < 0, rank outside [0, size) or an all-zero
+ * id are GC_ERR_INVALID. Strategy "hier" splits the communicator by node
+ * (ncclCommSplit, NCCL ≥ 2.18) as cfg's topology says. */
+gc_status gc_engine_create_nccl(const uint8_t *id, int rank, int size, const gc_engine_config *cfg,
+                                const uint64_t *sizes, size_t nbuckets, gc_engine *out);
 
 /* Destroys e: a step in flight is abandoned (its memory as after a
  * failed step, see gc_engine_wait). The transport is not destroyed. */
