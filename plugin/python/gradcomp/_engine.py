@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 
-from . import _lib
+from . import _lib, _nccl
 from ._lib import Status
 
 __all__ = ["BucketStats", "Engine", "Hosted", "StateInfo", "StepStats", "TorchHost"]
@@ -792,7 +792,12 @@ class Engine:
     sending the bucket dense. ``warmup``: engine steps below it exchange
     every bucket dense. ``timeout``: seconds per collective. ``device``: -1
     host buckets, else the CUDA device of the buckets (libgradcomp_cuda.so).
-    ``schedule``: a compression warm-up after ``warmup``, as a list of
+    ``own_nccl`` (ABI 2.9; device buckets only): the engine makes its own
+    NCCL communicator from a unique id spread through torch.distributed's
+    store (:mod:`gradcomp._nccl`), whatever ``process_group``'s backend,
+    and runs every collective of its buckets and of its agreement on it:
+    no hosted transport, no Python thread, no torch collective after the
+    bootstrap. ``schedule``: a compression warm-up after ``warmup``, as a list of
     (steps, spec) phases or the C ABI's "STEPS@SPEC,..." string, then
     ``spec`` (same strategy; with decision "auto" the cost model decides
     for ``spec``; host or device buckets). ``momentum``: momentum correction
@@ -814,7 +819,8 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None,
+                 own_nccl=False):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
@@ -830,6 +836,20 @@ class Engine:
         self.timeout = float(timeout)
         self.group = process_group
         rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        self.rank, self.world = rank, size
+        #: The accuracy guard's threshold (0: off; held_back is then 0).
+        self.guard = float(guard)
+        if own_nccl:
+            if device < 0:
+                raise ValueError("gradcomp: own_nccl needs device buckets (device ≥ 0), not device=%d" % device)
+            self.hosted = self.host = None
+            uid = _nccl.unique_id(process_group, rank, self.timeout)
+            arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
+            e = ctypes.c_uint64()
+            _lib.call("gc_engine_create_nccl", uid, rank, size, ctypes.byref(cfg), arr, len(self.sizes),
+                      ctypes.byref(e))
+            self.handle = e.value
+            return
         self.hosted = Hosted(rank, size)
         # Host buckets: the engine's threads launch each post on the process
         # group as they make it. Device engines keep a taking thread.
@@ -842,9 +862,6 @@ class Engine:
             self._close_transport()
             raise
         self.handle = e.value
-        self.rank, self.world = rank, size
-        #: The accuracy guard's threshold (0: off; held_back is then 0).
-        self.guard = float(guard)
 
     @property
     def nbuckets(self):
@@ -1038,7 +1055,10 @@ class Engine:
     def _close_transport(self):
         # The host's collectives in flight (if any) finish and are completed
         # before the transport goes: their buffers stay valid until then,
-        # and torch cannot cancel them.
+        # and torch cannot cancel them. An engine on its own NCCL
+        # communicator has no transport: destroying it destroyed its comms.
+        if self.hosted is None:
+            return
         self.host.stop(timeout=self.timeout)
         self.hosted.close()
         self.host.stop(timeout=1.0)

@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 8
+ABI_MINOR = 9
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -29,8 +29,17 @@ CPU_LIB_NAME = "libgradcomp.so"
 #: The CUDA library's file name (device calls; needs libcuda.so.1).
 CUDA_LIB_NAME = "libgradcomp_cuda.so"
 
+#: The fake-device test library's file name (``make plugin``; see :func:`fake_device`).
+FAKE_LIB_NAME = "libgradcomp_fake.so"
+#: The environment variable that turns the fake-device test mode on.
+ENV_FAKE_DEVICE = "GRADCOMP_FAKE_DEVICE"
+
 #: gc_features bit: the loaded library runs the device calls.
 FEATURE_CUDA = 1
+#: gc_features bit (ABI 2.9): a test build whose engine runs on the fake device.
+FEATURE_FAKE_DEVICE = 2
+#: GC_NCCL_UNIQUE_ID_BYTES (ABI 2.9).
+NCCL_UNIQUE_ID_BYTES = 128
 
 # Flags of gc_compress.
 FEEDBACK = 1
@@ -59,6 +68,7 @@ class Status(enum.IntEnum):
     CONFIG = 16
     BROKEN = 17
     NOMEM = 18
+    NCCL = 19
 
 
 class OpKind(enum.IntEnum):
@@ -156,6 +166,11 @@ class DeviceError(LibraryError):
 _DEVICE_STATUSES = (Status.NOCUDA, Status.NODEVICE, Status.CUDA)
 
 
+class NCCLError(LibraryError):
+    """GC_ERR_NCCL (ABI 2.9): libnccl.so.2 did not load (the message lists
+    where it looked) or an NCCL call failed (the message names it)."""
+
+
 class LibraryNotFoundError(OSError):
     """The shared library could not be loaded (or is an incompatible ABI)."""
 
@@ -168,6 +183,7 @@ _CLASSES = {
     Status.CLOSED: ClosedError,
     Status.BROKEN: BrokenError,
     Status.NOMEM: OutOfMemoryError,
+    Status.NCCL: NCCLError,
 }
 
 _size_p = ctypes.POINTER(ctypes.c_size_t)
@@ -343,6 +359,11 @@ _OPTIONAL = {
     "gc_engine_state_load_reshaped": (5, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
     "gc_engine_state_layout": (5, ctypes.c_int, [_byte_p, ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_int)] * 4),
     "gc_hosted_set_launcher": (7, ctypes.c_int, [_u64, ctypes.c_int, LAUNCH_FN, ctypes.c_void_p]),
+    "gc_nccl_unique_id": (9, ctypes.c_int, [ctypes.c_char_p]),
+    "gc_engine_create_nccl": (
+        9, ctypes.c_int,
+        [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, _u64_p],
+    ),
     "gc_spec_canonical": (8, ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
 }
 
@@ -361,14 +382,27 @@ def torch_sees_gpu():
         return False
 
 
+def fake_device():
+    """Whether the fake-device test mode is on (``GRADCOMP_FAKE_DEVICE=1``):
+    the package loads :data:`FAKE_LIB_NAME`, whose engine runs on a fake
+    device in host memory, and the DDP and FSDP2 hooks take their CUDA
+    branch for CPU tensors (a tensor's address is its "device pointer",
+    the fake device's default stream its stream). It is for testing the
+    CUDA path on machines without a GPU, never for training."""
+    return os.environ.get(ENV_FAKE_DEVICE, "") not in ("", "0")
+
+
 def candidates():
-    """The paths tried, in order: $GRADCOMP_LIB if set (only it); else the
-    CUDA library next to this package when torch sees a GPU, then the CPU
-    library next to it."""
+    """The paths tried, in order: $GRADCOMP_LIB if set (only it); else, in
+    the fake-device test mode, the fake library next to this package (only
+    it); else the CUDA library next to it when torch sees a GPU, then the
+    CPU library."""
     env = os.environ.get(ENV_LIB)
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
+    if fake_device():
+        return [os.path.join(here, FAKE_LIB_NAME)]
     names = [CUDA_LIB_NAME, CPU_LIB_NAME] if torch_sees_gpu() else [CPU_LIB_NAME]
     return [os.path.join(here, name) for name in names]
 
