@@ -1,4 +1,4 @@
-//go:build !cuda && !fakegpu
+//go:build !cuda
 
 package main
 
@@ -6,11 +6,8 @@ import (
 	"github.com/gradcomp/gradcomp/gpu"
 )
 
-// features is gc_features' value in this build: no CUDA.
-const features = 0
-
 // queryPointer fails with errNoCUDABuild (wrapping kernels.ErrNoCUDA):
-// this build, libgradcomp.so, has no CUDA support.
+// this build (libgradcomp.so, or the fake-device test build) has no CUDA.
 func queryPointer(gpu.Ptr) (pointerInfo, error) {
 	return pointerInfo{}, errNoCUDABuild
 }
