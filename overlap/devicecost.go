@@ -79,30 +79,11 @@ func (e *DeviceEngine) unit(n int) (elems, slots int) {
 	return n, 1
 }
 
-// volumes returns the bytes this rank sends in each collective of
-// compressed bucket b (the package doc's formulas with the device's
-// slots; low-rank's two all-reduces).
-func (e *DeviceEngine) volumes(b *bucket) []int64 {
-	n := b.n
-	if e.lowRank != nil {
-		l := planLowRank(e.cfg.Shapes[b.idx], *e.lowRank)
-		return []int64{allReduceVolume(e.size, 4*(e.size+l.PLen+l.FlatLen)), allReduceVolume(e.size, 4*l.QLen)}
-	}
-	unit, _ := e.unit(n)
-	slot := e.slotLen(unit)
-	switch e.mech {
-	case StrategyQuantSRA:
-		return []int64{allToAllVolume(e.size, e.size*slot), allGatherVolume(e.size, slot)}
-	case StrategySharedIndex:
-		return []int64{allGatherVolume(e.size, e.slotHead()), allReduceVolume(e.size, e.codec.BodyLen(n))}
-	}
-	return []int64{allGatherVolume(e.size, slot)}
-}
-
-// linkCost is the time of a compressed bucket's collectives on m's link.
+// linkCost is the time of a compressed bucket's collectives (its
+// devExchanger's volumes) on m's link.
 func (e *DeviceEngine) linkCost(m *costModel, b *bucket) float64 {
 	var t float64
-	for _, v := range e.volumes(b) {
+	for _, v := range e.x.volumes(b) {
 		t += m.link(v)
 	}
 	return t

@@ -205,12 +205,7 @@ func (h *devHier) launch(st *step, r *run) error {
 	if i > 0 {
 		ops = append(ops, func() error { return h.gather(ctx, st.runs[i-1]) })
 	}
-	for _, f := range ops {
-		if err := f(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return inSequence(ops...)
 }
 
 // gather enqueues bucket r's all-gather in the node, after the engine
