@@ -86,6 +86,17 @@ endif
 pytest: plugin
 	GRADCOMP_SUMMARY=$(SUMMARY) ./scripts/pytest-torches $(PYTHONS)
 
+# The mock libnccl.so.2 (internal/ncclmock/testdata: a test fixture, never
+# installed) as a file, build/mocknccl/libnccl.so.2, for tests outside Go:
+# Python ranks under torch load it as their NCCL. Built as ncclmock.Build
+# builds it, and renamed into place like the plugin's copies.
+MOCKNCCL_SRC := $(wildcard internal/ncclmock/testdata/*.c)
+.PHONY: mocknccl
+mocknccl:
+	mkdir -p build/mocknccl
+	$(CC) -O1 -shared -fPIC -Wl,-soname,libnccl.so.2 -o build/mocknccl/.new-$$$$.so $(MOCKNCCL_SRC) -lpthread -lrt \
+	  && mv -f build/mocknccl/.new-$$$$.so build/mocknccl/libnccl.so.2
+
 # The C programs that drive every function of the ABI, linked against
 # build/libgradcomp.so (found through its rpath): capi_test (codecs,
 # state, threads, leaks) and capi_engine_test (the engine on 4 rank

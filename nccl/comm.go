@@ -35,7 +35,8 @@ type Option func(*commOptions) error
 
 type commOptions struct {
 	timeout, grace time.Duration
-	device         int // the CUDA device ordinal for InitRank; -1: the thread's current one
+	device         int          // the CUDA device ordinal for InitRank; -1: the thread's current one
+	bind           func() error // WithDeviceBinder's; nil: WithDevice binds through the CUDA driver
 }
 
 // WithTimeout sets the communicator's timeout (default DefaultTimeout,
@@ -79,7 +80,29 @@ func WithDevice(d int) Option {
 		if d < 0 {
 			return fmt.Errorf("nccl: WithDevice(%d): must be ≥ 0", d)
 		}
-		o.device = d
+		o.device, o.bind = d, nil
+		return nil
+	}
+}
+
+// WithDeviceBinder is WithDevice for a build whose devices are not CUDA's
+// (a fake GPU in front of the mock NCCL, say): InitRank calls bind on the
+// init thread, which is locked to its OS thread for the whole call, in
+// place of the CUDA driver calls, then ncclCommInitRank on the same
+// thread. bind makes device d (≥ 0, recorded as the communicator's
+// device) current there however the build's devices do; its error,
+// wrapped with the device and rank, ends InitRank before NCCL sees
+// anything. bind must not be nil. Split refuses it, as it refuses
+// WithDevice.
+func WithDeviceBinder(d int, bind func() error) Option {
+	return func(o *commOptions) error {
+		switch {
+		case d < 0:
+			return fmt.Errorf("nccl: WithDeviceBinder(%d): must be ≥ 0", d)
+		case bind == nil:
+			return fmt.Errorf("nccl: WithDeviceBinder(%d): nil bind function", d)
+		}
+		o.device, o.bind = d, bind
 		return nil
 	}
 }
@@ -125,9 +148,9 @@ type Comm struct {
 // InitRank creates rank's end of a communicator of nranks ranks
 // (ncclCommInitRank); every rank calls it with the same id, nranks and
 // options, at about the same time, and it returns once all have joined.
-// The GPU is the one WithDevice names, else device 0 (InitRank runs
-// ncclCommInitRank on a thread of its own, whose current device is the
-// CUDA default).
+// The GPU is the one WithDevice (or WithDeviceBinder) names, else device
+// 0 (InitRank runs ncclCommInitRank on a thread of its own, whose current
+// device is the CUDA default).
 //
 // When the timeout passes or ctx ends before every rank has joined, the
 // communicator is aborted if NCCL has created it yet and InitRank returns
@@ -177,7 +200,12 @@ func (l *Library) InitRank(ctx context.Context, nranks int, id UniqueID, rank in
 		},
 	}
 	returned, err := l.supervise(ctx, w, func() error {
-		if o.device >= 0 {
+		switch {
+		case o.bind != nil:
+			if err := o.bind(); err != nil {
+				return fmt.Errorf("nccl: %v on rank %d: binding device %d: %w", fnCommInitRank, rank, o.device, err)
+			}
+		case o.device >= 0:
 			if err := bindDevice(o.device); err != nil {
 				return err
 			}
@@ -240,6 +268,8 @@ func (c *Comm) Split(ctx context.Context, color, key int, opts ...Option) (*Comm
 		return &ArgumentError{Func: f.String(), Reason: fmt.Sprintf("rank %d: ", c.rank) + fmt.Sprintf(format, args...)}
 	}
 	switch {
+	case o.device >= 0 && o.bind != nil:
+		return nil, bad("WithDeviceBinder(%d): the new communicator is on the parent's device", o.device)
 	case o.device >= 0:
 		return nil, bad("WithDevice(%d): the new communicator is on the parent's device", o.device)
 	case color < NoColor:
@@ -251,7 +281,7 @@ func (c *Comm) Split(ctx context.Context, color, key int, opts ...Option) (*Comm
 	case c.lib.fns[f] == 0:
 		return nil, c.lib.unsupported(f, c.rank)
 	}
-	o.device = c.o.device
+	o.device, o.bind = c.o.device, nil
 	if err := c.take(ctx, f.String()); err != nil {
 		return nil, err
 	}

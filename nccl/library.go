@@ -90,8 +90,9 @@ func requiredCount() int {
 // library is never unloaded: NCCL keeps threads and CUDA state alive for
 // the life of the process.
 type Library struct {
-	path    string // the file, as the dynamic linker reports it
-	source  string // how it was found
+	h       uintptr // the dlopen handle
+	path    string  // the file, as the dynamic linker reports it
+	source  string  // how it was found
 	fns     [fnCount]uintptr
 	version Version
 }
@@ -180,7 +181,7 @@ func Open(opts ...LoadOption) (*Library, error) {
 // version. It refuses, with a *LoadError, and closes h, a library that
 // lacks a required function or whose major version is not 2.
 func load(h uintptr, source string) (*Library, error) {
-	l := &Library{source: source, path: dlhandlePath(h)}
+	l := &Library{h: h, source: source, path: dlhandlePath(h)}
 	if l.path == "" {
 		l.path = source
 	}
@@ -221,6 +222,19 @@ func (l *Library) Path() string { return l.path }
 // Source says how Open found the library: "already loaded (…)",
 // "WithPath(…)", "$GRADCOMP_NCCL=…" or "search path (…)".
 func (l *Library) Source() string { return l.source }
+
+// Symbol returns the address of the symbol name in the loaded library
+// (dlsym), and false when it has none. It is for a library's optional
+// extras beyond NCCL's API, such as the mock's gcmock_set_device_hooks
+// (see internal/ncclmock); calling what it returns is the caller's
+// business, through cgo.
+func (l *Library) Symbol(name string) (uintptr, bool) {
+	if name == "" {
+		return 0, false
+	}
+	p := dlsym(l.h, name)
+	return p, p != 0
+}
 
 // Version returns the library's version (ncclGetVersion). It never fails.
 func (l *Library) Version() Version { return l.version }

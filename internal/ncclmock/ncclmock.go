@@ -1,29 +1,62 @@
 // Package ncclmock is a TEST FIXTURE: it compiles a mock libnccl.so.2
-// (testdata/mocknccl.c, embedded) with the C compiler, so that the tests of
+// (testdata/*.c, embedded) with the C compiler, so that the tests of
 // package nccl and comm/ncclcomm run the binding's real dlopen, dlsym and call
 // paths on machines without a GPU. Only _test.go files import it; nothing
-// that ships loads the mock.
+// that ships loads the mock (`make mocknccl` builds the same library as a
+// file, build/mocknccl/libnccl.so.2, for the Python tests).
 //
 // It also finds the real NCCL for the tests that use it (RealLibrary,
 // RealHeader) and runs such tests in a process of their own (Isolate):
 // a process holds one libnccl.so.2, and the mock, once loaded, is it.
 //
 // The mock implements NCCL's C ABI on host memory: a "device pointer" is a
-// host address (Alloc gives memory outside the Go heap), streams are
-// ignored and every operation completes before it returns. Ranks are
-// goroutines of one process that share a unique id; the id's first bytes
-// select a behaviour for the whole world (see ID and mocknccl.c).
-// ncclCommSplit groups a world's ranks by color, ordered by key then by
-// their old rank, into new worlds of the same behaviour.
+// host address (Alloc gives memory outside the Go heap). Ranks are
+// goroutines of one process or of several processes that share a unique
+// id: a world lives in POSIX shared memory named from the id (ShmName),
+// and data crosses through staging areas there, in chunks, so buffers of
+// any size work; reductions add in rank order. The id's first bytes select
+// a behaviour for the whole world (see ID, the Mode constants and
+// FailInitID). ncclCommSplit groups a world's ranks by color, ordered by
+// key then by their old rank, into new worlds of the same behaviour.
+//
+// # Streams
+//
+// Without device hooks streams are ignored and every operation completes
+// before it returns. A fake GPU installs hooks through the exported C
+// function gcmock_set_device_hooks (find it with nccl.Library.Symbol):
+//
+//	typedef int (*gcmock_current_device_fn)(void);
+//	typedef int (*gcmock_launch_fn)(void *stream, int device, void (*fn)(void *), void *arg,
+//	                                char *err, size_t errcap);
+//	void gcmock_set_device_hooks(gcmock_current_device_fn current_device, gcmock_launch_fn launch);
+//
+// With hooks, ncclCommInitRank puts the communicator on current_device()
+// of the calling thread (< 0: the init fails with ncclUnhandledCudaError,
+// "no current CUDA device on the calling thread"); a split communicator is
+// on its parent's device. Each collective, send and receive (at
+// ncclGroupEnd, each communicator's queued operations as one unit, on the
+// stream of its first) is checked, then handed to launch(stream, device,
+// fn, arg, err, errcap), and the NCCL call returns ncclSuccess: the
+// launcher calls fn(arg) once, later, in stream order, on its own thread.
+// A nonzero launch return fails the call with ncclInvalidUsage and a last
+// error that includes err. A failure while fn runs (an abort, hang mode,
+// ranks that disagree) becomes the communicator's asynchronous error
+// (ncclCommGetAsyncError), as in NCCL. ncclCommDestroy waits for the
+// launched units; ncclCommAbort does not. testdata/mocknccl.c documents
+// the whole protocol.
 package ncclmock
 
 import (
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -33,8 +66,8 @@ import (
 	"github.com/gradcomp/gradcomp/nccl"
 )
 
-//go:embed testdata/mocknccl.c
-var source []byte
+//go:embed testdata/*.c testdata/*.h
+var sources embed.FS
 
 // ErrNoCompiler is returned by Build when no C compiler is on PATH (tests
 // skip with it as the reason).
@@ -58,22 +91,38 @@ func CC() (string, error) {
 // returns its path. defines are extra -D macros: "MOCK_NO_SEND" for a
 // library that lacks ncclSend, "MOCK_NO_SPLIT" for one that lacks
 // ncclCommSplit (as NCCL before 2.18), "MOCK_VERSION=30000" for one whose
-// ncclGetVersion reports 3.0.0.
+// ncclGetVersion reports 3.0.0, "MOCK_STAGE_BYTES=4096" for staging areas
+// of 4 KiB (buffers cross the world in many chunks). The Makefile's
+// mocknccl target builds it the same way.
 func Build(dir string, defines ...string) (string, error) {
 	cc, err := CC()
 	if err != nil {
 		return "", err
 	}
-	src := filepath.Join(dir, "mocknccl.c")
-	if err := os.WriteFile(src, source, 0o644); err != nil {
-		return "", fmt.Errorf("ncclmock: %w", err)
+	files, err := fs.Glob(sources, "testdata/*")
+	if err != nil {
+		return "", fmt.Errorf("ncclmock: listing the embedded sources: %w", err)
+	}
+	var cfiles []string
+	for _, f := range files {
+		data, err := sources.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("ncclmock: reading embedded %s: %w", f, err)
+		}
+		dst := filepath.Join(dir, path.Base(f))
+		if err := os.WriteFile(dst, data, 0o644); err != nil {
+			return "", fmt.Errorf("ncclmock: %w", err)
+		}
+		if strings.HasSuffix(f, ".c") {
+			cfiles = append(cfiles, dst)
+		}
 	}
 	out := filepath.Join(dir, nccl.LibraryName)
 	args := []string{"-O1", "-shared", "-fPIC", "-Wl,-soname," + nccl.LibraryName, "-o", out}
 	for _, d := range defines {
 		args = append(args, "-D"+d)
 	}
-	args = append(args, src, "-lpthread")
+	args = append(append(args, cfiles...), "-lpthread", "-lrt")
 	if msg, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("ncclmock: %s %v: %v\n%s", cc, args, err, msg)
 	}
@@ -91,11 +140,31 @@ const (
 
 var idCounter atomic.Uint64
 
-// ID returns a fresh unique id whose world behaves as mode (Mode*).
+// ID returns a fresh unique id whose world behaves as mode (Mode*). It
+// names this process and a counter, so ids of concurrent test processes
+// never meet in shared memory.
 func ID(mode string) nccl.UniqueID {
 	var id nccl.UniqueID
-	copy(id[:], fmt.Sprintf("mock:%s:go:%d", mode, idCounter.Add(1)))
+	copy(id[:], fmt.Sprintf("mock:%s:go:%d:%d", mode, os.Getpid(), idCounter.Add(1)))
 	return id
+}
+
+// FailInitID returns a fresh unique id of a world whose rank rank fails
+// ncclCommInitRank (ncclUnhandledCudaError, with a last error), while the
+// other ranks wait for it until they are aborted, as NCCL's do for a peer
+// that never comes.
+func FailInitID(rank int) nccl.UniqueID {
+	return ID(fmt.Sprintf("failinit=%d", rank))
+}
+
+// ShmName returns the name of the POSIX shared-memory segment (under
+// /dev/shm on Linux, without the leading slash) that holds the world of
+// id while ranks are joining it: "gcmock-" and the FNV-1a 64 hash of the
+// id's 128 bytes in 16 hex digits, as world.c computes it.
+func ShmName(id nccl.UniqueID) string {
+	h := fnv.New64a()
+	h.Write(id[:])
+	return fmt.Sprintf("gcmock-%016x", h.Sum64())
 }
 
 // Buffer is "device" memory for the mock: anonymous pages outside the Go
@@ -200,5 +269,6 @@ func (m *Memory) CopyOut(_ gpu.Stream, dst []byte, src gpu.Ptr) error {
 	return nil
 }
 
-// Synced reports true: every mock operation completes before it returns.
+// Synced reports true: without device hooks every mock operation
+// completes before it returns.
 func (m *Memory) Synced(gpu.Stream) (bool, error) { return true, nil }

@@ -1,119 +1,127 @@
 /*
  * MOCK libnccl.so.2 — A TEST FIXTURE OF package nccl, NEVER SHIPPED OR INSTALLED.
  *
- * The tests compile this file into a temporary libnccl.so.2 so that the
- * binding's real dlopen / dlsym / call paths run on machines without a GPU.
- * It implements NCCL's C ABI (nccl.h 2.x types: int enums, pointer handles,
- * a 128-byte ncclUniqueId passed by value) on HOST memory: a "device pointer"
- * is a host address, streams are ignored, and every operation completes
- * before it returns. Ranks are threads of one process that share a unique id.
- * It is NOT a model of NCCL's performance, algorithms or sum order (the mock
- * adds in rank order), and it checks things real NCCL does not (matched calls
- * that disagree are an ncclInvalidUsage here, a hang or garbage in NCCL).
+ * The tests compile this file, with world.c and transfer.c, into a
+ * temporary libnccl.so.2 (`make mocknccl` builds build/mocknccl/libnccl.so.2
+ * for the Python tests) so that the binding's real dlopen / dlsym / call
+ * paths run on machines without a GPU. It implements NCCL's C ABI (nccl.h
+ * 2.x types: int enums, pointer handles, a 128-byte ncclUniqueId passed by
+ * value) on HOST memory: a "device pointer" is a host address. It is NOT a
+ * model of NCCL's performance, algorithms or sum order (the mock adds in
+ * rank order), and it checks things real NCCL does not (matched calls that
+ * disagree are an ncclInvalidUsage here, a hang or garbage in NCCL).
  *
- * The bytes of a unique id select a behaviour for its whole world:
- *   "mock:ok:…"     (what ncclGetUniqueId returns) everything works;
- *   "mock:hang:…"   collectives and send/recv block until the communicator is
- *                   aborted, then return ncclSystemError;
- *   "mock:stuck:…"  the same, but they return only 500 ms after the abort
- *                   (a call that outlives the abort grace);
- *   "mock:async:…"  operations succeed, then ncclCommGetAsyncError reports
- *                   ncclRemoteError;
- *   "mock:fail:…"   operations return ncclInvalidUsage with a last error.
- * ncclCommSplit makes each new communicator a world of its own, of the
- * parent's mode (see ncclCommSplit below).
+ * WORLDS. The ranks of a world are threads of one process or of several
+ * processes (each loading the mock as its libnccl.so.2) that pass the same
+ * unique id. A world lives in POSIX shared memory, "/gcmock-<FNV-1a 64 of
+ * the 128-byte id, 16 hex digits>", created (O_CREAT|O_EXCL) by the first
+ * rank to arrive, sized for its nranks: a header with a process-shared,
+ * robust mutex and condition variable, a mailbox per (sender, receiver)
+ * pair, and per rank MOCK_STAGE_BYTES (1 MiB) of staging for collectives
+ * and as much again for sends. Each communicator maps the segment (threads
+ * of one process map it once each). Data crosses through the staging
+ * areas, in chunks of at most their size, so any buffer size works;
+ * reductions add in rank order. ncclInitRank waits, as NCCL's bootstrap,
+ * for every rank until this rank is aborted (a peer's abort or death does
+ * not end the wait). A peer that dies, or aborts, inside a collective
+ * leaves the others blocked until they are aborted (a rank that died
+ * holding the lock breaks the world: its mutex is robust); ncclCommAbort,
+ * from any thread or process, wakes them at once.
+ * The segment's name is removed (shm_unlink) once every rank has joined,
+ * or, for a world that never completed, when its last communicator is
+ * destroyed or aborted; the memory goes with the last mapping. A segment
+ * found under a world's name that is complete already, or whose joined
+ * processes are all gone, is left over from a crashed run: it is unlinked
+ * and made afresh. ncclCommSplit makes each new communicator a world of
+ * its own in shared memory, of the parent's mode (see ncclCommSplit).
+ *
+ * MODES. The bytes of a unique id select a behaviour for its whole world:
+ *   "mock:ok:…"        (what ncclGetUniqueId returns) everything works;
+ *   "mock:hang:…"      collectives and send/recv block until the
+ *                      communicator is aborted, then fail with ncclSystemError;
+ *   "mock:stuck:…"     the same, but they return only 500 ms after the abort
+ *                      (a call that outlives the abort grace);
+ *   "mock:async:…"     operations succeed, then ncclCommGetAsyncError reports
+ *                      ncclRemoteError;
+ *   "mock:fail:…"      operations return ncclInvalidUsage with a last error;
+ *   "mock:failinit=R:…" rank R's ncclCommInitRank fails with
+ *                      ncclUnhandledCudaError and a last error; the other
+ *                      ranks wait for it until they are aborted; otherwise
+ *                      as "ok".
+ *
+ * STREAMS: THE DEVICE HOOKS. Without hooks streams are ignored and every
+ * operation completes before its call returns. A fake GPU (a host program
+ * that runs "device" work in stream order) sets them once, before any
+ * communicator is made:
+ *
+ *   typedef int (*gcmock_current_device_fn)(void);
+ *   typedef int (*gcmock_launch_fn)(void* stream, int device, void (*fn)(void*), void* arg,
+ *                                   char* err, size_t errcap);
+ *   void gcmock_set_device_hooks(gcmock_current_device_fn current_device, gcmock_launch_fn launch);
+ *
+ * With hooks: ncclCommInitRank takes the communicator's device from
+ * current_device() on the calling thread (a result < 0 fails the init with
+ * ncclUnhandledCudaError, "no current CUDA device on the calling thread");
+ * a communicator made by ncclCommSplit is on its parent's device. Every
+ * collective, send and receive (and at ncclGroupEnd, each communicator's
+ * queued operations, as one unit on the stream of its first one) is
+ * checked (arguments, an aborted communicator, "fail" mode: those fail the
+ * call itself), then handed to launch(stream, device, fn, arg, err, errcap)
+ * and the call returns ncclSuccess: the launcher must call fn(arg) exactly
+ * once, later, in the stream's order, on a thread of its own. A nonzero
+ * return refuses the work: the call fails with ncclInvalidUsage and a last
+ * error that includes the launcher's message in err (NUL-terminated, at
+ * most errcap bytes; e.g. "stream 0x… is not on device 1"). A failure
+ * while fn runs (an abort, "hang" mode, ranks that disagree, a peer's
+ * abort) becomes the communicator's asynchronous error, which
+ * ncclCommGetAsyncError reports (the first one wins), with its message as
+ * the communicator's last error. One unit of a communicator runs at a
+ * time. ncclCommDestroy waits for the communicator's launched units;
+ * ncclCommAbort does not (a unit that runs after it fails at once).
+ * ncclCommSplit runs on the calling thread: finish the parent's launched
+ * work first.
+ *
  * Build with -DMOCK_NO_SEND to leave out ncclSend (a library that lacks a
  * function the binding needs), with -DMOCK_NO_SPLIT to leave out
- * ncclCommSplit (as NCCL before 2.18), and with -DMOCK_VERSION=<code> to
- * make ncclGetVersion report another version (30000: an NCCL 3.0.0).
+ * ncclCommSplit (as NCCL before 2.18), with -DMOCK_VERSION=<code> to make
+ * ncclGetVersion report another version (30000: an NCCL 3.0.0), and with
+ * -DMOCK_STAGE_BYTES=<n> for staging areas of n bytes (≥ 4096).
  */
 #define _GNU_SOURCE
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
-	       ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4, ncclUint64 = 5,
-	       ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
-typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
-typedef struct { char internal[128]; } ncclUniqueId;
-typedef struct mock_comm* ncclComm_t;
-typedef void* cudaStream_t;
+#include "mock.h"
 
-enum mode { MODE_OK, MODE_HANG, MODE_STUCK, MODE_ASYNC, MODE_FAIL };
-enum kind { K_ALLREDUCE = 1, K_ALLGATHER, K_REDUCESCATTER, K_BROADCAST, K_SPLIT };
-static const char* kind_names[] = {"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "CommSplit"};
+typedef int (*gcmock_current_device_fn)(void);
+typedef int (*gcmock_launch_fn)(void* stream, int device, void (*fn)(void*), void* arg, char* err, size_t errcap);
 
 #define NCCL_SPLIT_NOCOLOR -1
 
-#define MAXRANKS 64
+const char* const kind_names[] = {"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "CommSplit", "ncclSend", "ncclRecv"};
 
-struct slot { int kind; const void* send; void* recv; size_t count; int dtype; int op; int root; };
+__thread char thread_last[256];
 
-struct world {
-	ncclUniqueId id;
-	enum mode mode;
-	int nranks, joined, broken;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	unsigned long bgen; /* barrier generation */
-	int bcount;
-	struct slot slots[MAXRANKS];
-	/* point-to-point mailbox: one pending send per (from, to) pair */
-	struct { const void* buf; size_t bytes; int full; } box[MAXRANKS][MAXRANKS];
-	/* ncclCommSplit: each rank's color and key, and the new world each
-	 * group's first rank made, at that rank's index */
-	struct { int color, key; } split[MAXRANKS];
-	struct world* split_world[MAXRANKS];
-	struct world* next;
-};
-
-struct mock_comm {
-	struct world* w;
-	int rank, aborted, async;
-	char last[256];
-};
-
-static pthread_mutex_t worlds_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct world* worlds;
-static unsigned long id_counter;
-
-/* Group state is per thread, as in NCCL: between ncclGroupStart and
- * ncclGroupEnd, operations are queued on the calling thread and run at
- * ncclGroupEnd (each communicator's collectives in order on a thread of
- * their own, so one thread can drive several ranks; sends and receives on
- * the calling thread). */
-struct p2p { int send; struct mock_comm* c; void* buf; size_t bytes; int peer; };
-struct queued { int coll; struct mock_comm* c; struct slot s; struct p2p p; };
-static __thread int group_depth;
-static __thread struct queued* group_ops;
-static __thread int group_n, group_cap;
-static __thread char thread_last[256];
-
-static size_t dtype_size(int t) {
-	switch (t) {
-	case ncclInt8: case ncclUint8: return 1;
-	case ncclFloat16: case ncclBfloat16: return 2;
-	case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-	case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-	}
-	return 0;
-}
-
-/* fail records a last-error message (per communicator, and per thread) and returns r. */
-static ncclResult_t fail(struct mock_comm* c, ncclResult_t r, const char* fmt, ...) {
+ncclResult_t mock_fail(struct mock_comm* c, ncclResult_t r, const char* fmt, ...) {
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(thread_last, sizeof thread_last, fmt, ap);
 	va_end(ap);
 	if (c != NULL) memcpy(c->last, thread_last, sizeof c->last);
 	return r;
+}
+
+static gcmock_current_device_fn hook_device;
+static gcmock_launch_fn hook_launch;
+
+/* gcmock_set_device_hooks installs (or, with NULLs, removes) the device
+ * hooks; see STREAMS above. */
+void gcmock_set_device_hooks(gcmock_current_device_fn current_device, gcmock_launch_fn launch) {
+	__atomic_store_n(&hook_device, current_device, __ATOMIC_RELEASE);
+	__atomic_store_n(&hook_launch, launch, __ATOMIC_RELEASE);
 }
 
 /* ---- version, ids, errors ---- */
@@ -129,12 +137,10 @@ ncclResult_t ncclGetVersion(int* version) {
 }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+	static unsigned long counter;
 	if (id == NULL) return ncclInvalidArgument;
-	pthread_mutex_lock(&worlds_mu);
-	unsigned long n = ++id_counter;
-	pthread_mutex_unlock(&worlds_mu);
 	memset(id, 0, sizeof *id);
-	snprintf(id->internal, sizeof id->internal, "mock:ok:%d:%lu", (int)getpid(), n);
+	snprintf(id->internal, sizeof id->internal, "mock:ok:%d:%lu", (int)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 	return ncclSuccess;
 }
 
@@ -156,70 +162,72 @@ const char* ncclGetLastError(ncclComm_t comm) { return comm != NULL ? comm->last
 
 /* ---- communicators ---- */
 
-static enum mode mode_of(const ncclUniqueId* id) {
-	if (strncmp(id->internal, "mock:hang:", 10) == 0) return MODE_HANG;
-	if (strncmp(id->internal, "mock:stuck:", 11) == 0) return MODE_STUCK;
-	if (strncmp(id->internal, "mock:async:", 11) == 0) return MODE_ASYNC;
-	if (strncmp(id->internal, "mock:fail:", 10) == 0) return MODE_FAIL;
+/* mode_of reads the mode an id selects and, for "failinit=R", R. */
+static enum mode mode_of(const ncclUniqueId* id, int* failrank) {
+	static const struct { const char* prefix; enum mode mode; } modes[] = {
+		{"mock:hang:", MODE_HANG}, {"mock:stuck:", MODE_STUCK}, {"mock:async:", MODE_ASYNC}, {"mock:fail:", MODE_FAIL}};
+	*failrank = -1;
+	for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+		if (strncmp(id->internal, modes[i].prefix, strlen(modes[i].prefix)) == 0) return modes[i].mode;
+	char colon = 0;
+	if (sscanf(id->internal, "mock:failinit=%d%c", failrank, &colon) != 2 || colon != ':') *failrank = -1;
 	return MODE_OK;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* newcomm, int nranks, ncclUniqueId id, int rank) {
-	if (newcomm == NULL || nranks < 1 || nranks > MAXRANKS || rank < 0 || rank >= nranks)
-		return fail(NULL, ncclInvalidArgument, "mock: ncclCommInitRank: bad nranks %d or rank %d", nranks, rank);
-	pthread_mutex_lock(&worlds_mu);
-	struct world* w = worlds;
-	while (w != NULL && memcmp(&w->id, &id, sizeof id) != 0) w = w->next;
-	if (w == NULL) {
-		w = calloc(1, sizeof *w);
-		w->id = id;
-		w->mode = mode_of(&id);
-		w->nranks = nranks;
-		pthread_mutex_init(&w->mu, NULL);
-		pthread_cond_init(&w->cv, NULL);
-		w->next = worlds;
-		worlds = w;
-	}
-	pthread_mutex_unlock(&worlds_mu);
+static int is_aborted(struct mock_comm* c) { return __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE); }
 
+static struct mock_comm* comm_new(int rank, int nranks, enum mode mode, int device, uint64_t hash) {
 	struct mock_comm* c = calloc(1, sizeof *c);
-	c->w = w;
-	c->rank = rank;
+	if (c == NULL) return NULL;
+	*c = (struct mock_comm){.rank = rank, .nranks = nranks, .mode = mode, .device = device, .hash = hash};
+	pthread_mutex_init(&c->run_mu, NULL);
+	pthread_mutex_init(&c->pend_mu, NULL);
+	pthread_cond_init(&c->pend_cv, NULL);
+	return c;
+}
+
+/* comm_free frees a communicator that was never handed out. */
+static void comm_free(struct mock_comm* c) {
+	pthread_mutex_destroy(&c->run_mu);
+	pthread_mutex_destroy(&c->pend_mu);
+	pthread_cond_destroy(&c->pend_cv);
+	free(c);
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* newcomm, int nranks, ncclUniqueId id, int rank) {
+	const char* fn = "ncclCommInitRank";
+	if (newcomm == NULL || nranks < 1 || nranks > MAXRANKS || rank < 0 || rank >= nranks)
+		return mock_fail(NULL, ncclInvalidArgument, "mock: %s: bad nranks %d or rank %d", fn, nranks, rank);
+	int device = -1;
+	gcmock_current_device_fn current = __atomic_load_n(&hook_device, __ATOMIC_ACQUIRE);
+	if (current != NULL && (device = current()) < 0)
+		return mock_fail(NULL, ncclUnhandledCudaError, "mock: %s: rank %d: no current CUDA device on the calling thread", fn, rank);
+	int failrank;
+	enum mode mode = mode_of(&id, &failrank);
+	if (rank == failrank)
+		return mock_fail(NULL, ncclUnhandledCudaError, "mock: %s: rank %d told to fail by the unique id (failinit=%d)", fn, rank,
+				 failrank);
+	struct mock_comm* c = comm_new(rank, nranks, mode, device, mock_hash(&id, sizeof id, MOCK_HASH_SEED));
+	if (c == NULL) return mock_fail(NULL, ncclSystemError, "mock: %s: rank %d: out of memory", fn, rank);
 	/* Like NCCL, hand out the handle before waiting for the other ranks, so
 	 * that another thread can abort a blocked init. */
 	__atomic_store_n(newcomm, c, __ATOMIC_RELEASE);
-
-	pthread_mutex_lock(&w->mu);
-	if (w->nranks != nranks) {
-		pthread_mutex_unlock(&w->mu);
-		return fail(c, ncclInvalidArgument, "mock: ncclCommInitRank: nranks %d differs from the first rank's %d",
-			    nranks, w->nranks);
-	}
-	w->joined++;
-	pthread_cond_broadcast(&w->cv);
-	while (w->joined < w->nranks && !c->aborted && !w->broken) pthread_cond_wait(&w->cv, &w->mu);
-	int aborted = c->aborted || w->broken, missing = w->nranks - w->joined;
-	pthread_mutex_unlock(&w->mu);
-	if (aborted)
-		return fail(c, ncclSystemError, "mock: ncclCommInitRank: aborted while waiting for %d of %d ranks", missing, nranks);
-	return ncclSuccess;
+	return world_join(c, fn, JOIN_CREATE | JOIN_WAIT);
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t c) {
 	if (c == NULL) return ncclInvalidArgument;
-	struct world* w = c->w;
-	pthread_mutex_lock(&w->mu);
-	c->aborted = 1;
-	w->broken = 1; /* the peers see a remote error, as NCCL's would */
-	pthread_cond_broadcast(&w->cv);
-	pthread_mutex_unlock(&w->mu);
-	/* The mock never frees a communicator: a blocked call may still hold it. */
+	world_leave(c, 1); /* the peers see a remote error, as NCCL's would */
 	return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
 	if (c == NULL) return ncclInvalidArgument;
-	return ncclSuccess; /* see ncclCommAbort */
+	pthread_mutex_lock(&c->pend_mu);
+	while (c->pending > 0) pthread_cond_wait(&c->pend_cv, &c->pend_mu);
+	pthread_mutex_unlock(&c->pend_mu);
+	world_leave(c, 0);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* r) {
@@ -230,7 +238,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* r) {
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int* count) {
 	if (c == NULL || count == NULL) return ncclInvalidArgument;
-	*count = c->w->nranks;
+	*count = c->nranks;
 	return ncclSuccess;
 }
 
@@ -242,297 +250,217 @@ ncclResult_t ncclCommUserRank(const ncclComm_t c, int* rank) {
 
 /* ---- behaviour modes ---- */
 
+/* check applies what fails a call on c at once: a NULL or aborted
+ * communicator, "fail" mode. */
+static ncclResult_t check(struct mock_comm* c, const char* fn) {
+	if (c == NULL) return mock_fail(NULL, ncclInvalidArgument, "mock: %s: NULL communicator", fn);
+	if (is_aborted(c)) return mock_fail(c, ncclInvalidUsage, "mock: %s: communicator was aborted", fn);
+	if (c->mode == MODE_FAIL) return mock_fail(c, ncclInvalidUsage, "mock: %s: told to fail by the unique id", fn);
+	return ncclSuccess;
+}
+
 /* hold blocks a hang/stuck world's call until the communicator is aborted. */
-static ncclResult_t hold(struct mock_comm* c) {
-	struct world* w = c->w;
-	pthread_mutex_lock(&w->mu);
-	while (!c->aborted) pthread_cond_wait(&w->cv, &w->mu);
-	pthread_mutex_unlock(&w->mu);
-	if (w->mode == MODE_STUCK) usleep(500 * 1000);
-	return fail(c, ncclSystemError, "mock: the call was held until the communicator was aborted");
+static ncclResult_t hold(struct mock_comm* c, struct world* w) {
+	world_lock(w);
+	while (!is_aborted(c)) world_wait(w);
+	world_unlock(w);
+	if (c->mode == MODE_STUCK) usleep(500 * 1000);
+	return mock_fail(c, ncclSystemError, "mock: the call was held until the communicator was aborted");
 }
 
-/* enter applies the world's mode to one operation: ncclSuccess to go on. */
-static ncclResult_t enter(struct mock_comm* c, const char* fn) {
-	if (c == NULL) return fail(NULL, ncclInvalidArgument, "mock: %s: NULL communicator", fn);
-	if (c->aborted) return fail(c, ncclInvalidUsage, "mock: %s: communicator was aborted", fn);
-	switch (c->w->mode) {
-	case MODE_HANG:
-	case MODE_STUCK: return hold(c);
-	case MODE_FAIL: return fail(c, ncclInvalidUsage, "mock: %s: told to fail by the unique id", fn);
-	default: return ncclSuccess;
-	}
-}
-
-static void leave(struct mock_comm* c) {
-	if (c->w->mode == MODE_ASYNC) {
+/* report_async gives an "async" world's communicator its error after an
+ * operation that succeeded. */
+static void report_async(struct mock_comm* c) {
+	if (c->mode == MODE_ASYNC) {
 		snprintf(c->last, sizeof c->last, "mock: peer connection lost (told by the unique id)");
 		__atomic_store_n(&c->async, ncclRemoteError, __ATOMIC_RELEASE);
 	}
 }
 
-/* barrier waits for every rank of the world; non-zero when the world broke. */
-static int barrier(struct mock_comm* c) {
-	struct world* w = c->w;
-	pthread_mutex_lock(&w->mu);
-	unsigned long gen = w->bgen;
-	if (++w->bcount == w->nranks) {
-		w->bcount = 0;
-		w->bgen++;
-		pthread_cond_broadcast(&w->cv);
-	} else {
-		while (gen == w->bgen && !w->broken && !c->aborted) pthread_cond_wait(&w->cv, &w->mu);
+/* ---- units: one communicator's operations, run now or launched ---- */
+
+struct unit {
+	struct mock_comm* c;
+	struct mapping* m; /* held until the unit is done */
+	int n;
+	struct op ops[];
+};
+
+/* run_unit runs a unit's collectives in order, then its sends and receives together. */
+static ncclResult_t run_unit(struct unit* u) {
+	struct mock_comm* c = u->c;
+	struct world* w = u->m->w;
+	const struct op* p2p[u->n];
+	int np = 0;
+	ncclResult_t r = ncclSuccess;
+	pthread_mutex_lock(&c->run_mu);
+	if (is_aborted(c))
+		r = mock_fail(c, ncclInvalidUsage, "mock: %s: communicator was aborted", kind_names[u->ops[0].kind]);
+	else if (c->mode == MODE_HANG || c->mode == MODE_STUCK)
+		r = hold(c, w);
+	for (int i = 0; i < u->n && r == ncclSuccess; i++) {
+		if (u->ops[i].kind == K_SEND || u->ops[i].kind == K_RECV)
+			p2p[np++] = &u->ops[i];
+		else
+			r = run_collective(c, w, &u->ops[i]);
 	}
-	int broken = gen == w->bgen;
-	pthread_mutex_unlock(&w->mu);
-	return broken;
+	if (r == ncclSuccess && np > 0) r = run_p2p(c, w, p2p, np);
+	pthread_mutex_unlock(&c->run_mu);
+	if (r == ncclSuccess) report_async(c);
+	return r;
 }
 
-/* ---- collectives ---- */
-
-#define REDUCE(T)                                                                                          \
-	do {                                                                                               \
-		T* d = (T*)dst;                                                                            \
-		for (size_t i = 0; i < n; i++) {                                                           \
-			T acc = ((const T*)srcs[0])[off + i];                                              \
-			for (int r = 1; r < nsrc; r++) {                                                   \
-				T x = ((const T*)srcs[r])[off + i];                                        \
-				switch (op) {                                                              \
-				case ncclSum: case ncclAvg: acc = acc + x; break;                          \
-				case ncclProd: acc = acc * x; break;                                       \
-				case ncclMax: acc = x > acc ? x : acc; break;                              \
-				case ncclMin: acc = x < acc ? x : acc; break;                              \
-				}                                                                          \
-			}                                                                                  \
-			if (op == ncclAvg) acc = acc / (T)nsrc;                                            \
-			d[i] = acc;                                                                        \
-		}                                                                                          \
-	} while (0)
-
-/* reduce writes dst[i] = op over r of srcs[r][off + i], i < n, in rank order. */
-static int reduce(void* dst, const void* const* srcs, int nsrc, size_t off, size_t n, int dtype, int op) {
-	switch (dtype) {
-	case ncclInt8: REDUCE(int8_t); break;
-	case ncclUint8: REDUCE(uint8_t); break;
-	case ncclInt32: REDUCE(int32_t); break;
-	case ncclUint32: REDUCE(uint32_t); break;
-	case ncclInt64: REDUCE(int64_t); break;
-	case ncclUint64: REDUCE(uint64_t); break;
-	case ncclFloat32: REDUCE(float); break;
-	case ncclFloat64: REDUCE(double); break;
-	default: return -1; /* 16-bit floats: not in the mock */
-	}
-	return 0;
+static void unit_free(struct unit* u) {
+	map_put(u->m);
+	free(u);
 }
 
-static void queue(struct queued q) {
-	if (group_n == group_cap) {
-		group_cap = group_cap ? 2 * group_cap : 8;
-		group_ops = realloc(group_ops, group_cap * sizeof *group_ops);
-	}
-	group_ops[group_n++] = q;
+/* unit_finish frees a launched unit and counts it done. */
+static void unit_finish(struct unit* u) {
+	struct mock_comm* c = u->c;
+	unit_free(u);
+	pthread_mutex_lock(&c->pend_mu);
+	if (--c->pending == 0) pthread_cond_broadcast(&c->pend_cv);
+	pthread_mutex_unlock(&c->pend_mu);
 }
 
-static ncclResult_t run_collective(struct mock_comm* c, struct slot s);
-
-static ncclResult_t collective(struct mock_comm* c, struct slot s) {
-	if (group_depth > 0) {
-		queue((struct queued){.coll = 1, .c = c, .s = s});
-		return ncclSuccess;
-	}
-	return run_collective(c, s);
+/* unit_main is what the launcher runs: a failure is the communicator's
+ * asynchronous error. */
+static void unit_main(void* arg) {
+	struct unit* u = arg;
+	ncclResult_t r = run_unit(u);
+	ncclResult_t none = ncclSuccess;
+	if (r != ncclSuccess) __atomic_compare_exchange_n(&u->c->async, &none, r, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	unit_finish(u);
 }
 
-static ncclResult_t run_collective(struct mock_comm* c, struct slot s) {
-	const char* fn = kind_names[s.kind];
-	ncclResult_t r = enter(c, fn);
-	if (r != ncclSuccess) return r;
-	struct world* w = c->w;
-	size_t es = dtype_size(s.dtype);
-	if (es == 0) return fail(c, ncclInvalidArgument, "mock: %s: unknown data type %d", fn, s.dtype);
-	w->slots[c->rank] = s;
-	if (barrier(c)) return fail(c, ncclRemoteError, "mock: %s: a peer aborted", fn);
-	for (int q = 0; q < w->nranks; q++) {
-		struct slot* o = &w->slots[q];
-		if (o->kind != s.kind || o->count != s.count || o->dtype != s.dtype || o->op != s.op || o->root != s.root) {
-			barrier(c);
-			return fail(c, ncclInvalidUsage, "mock: ranks disagree: rank 0 called %s(count %zu), rank %d called %s(count %zu)",
-				    kind_names[w->slots[0].kind], w->slots[0].count, q, kind_names[o->kind], o->count);
-		}
+/* dispatch runs the n ops of c now, or launches them as one unit. */
+static ncclResult_t dispatch(struct mock_comm* c, const struct op* ops, int n) {
+	const char* fn = kind_names[ops[0].kind];
+	struct mapping* m = map_get(c);
+	if (m == NULL) return mock_fail(c, ncclInvalidUsage, "mock: %s: rank %d: the communicator was destroyed", fn, c->rank);
+	struct unit* u = malloc(sizeof *u + (size_t)n * sizeof *ops);
+	if (u == NULL) {
+		map_put(m);
+		return mock_fail(c, ncclSystemError, "mock: %s: rank %d: out of memory", fn, c->rank);
 	}
-	const void* srcs[MAXRANKS];
-	for (int q = 0; q < w->nranks; q++) srcs[q] = w->slots[q].send;
-	size_t n = s.count, bytes = n * es;
-	void* tmp = NULL;
-	int bad = 0;
-	switch (s.kind) {
-	case K_ALLREDUCE:
-		tmp = malloc(bytes > 0 ? bytes : 1);
-		bad = reduce(tmp, srcs, w->nranks, 0, n, s.dtype, s.op);
-		break;
-	case K_REDUCESCATTER:
-		tmp = malloc(bytes > 0 ? bytes : 1);
-		bad = reduce(tmp, srcs, w->nranks, (size_t)c->rank * n, n, s.dtype, s.op);
-		break;
-	case K_ALLGATHER:
-		tmp = malloc(bytes * w->nranks + 1);
-		for (int q = 0; q < w->nranks; q++) memcpy((char*)tmp + q * bytes, srcs[q], bytes);
-		bytes *= w->nranks;
-		break;
-	case K_BROADCAST:
-		tmp = malloc(bytes + 1);
-		memcpy(tmp, srcs[s.root], bytes);
-		break;
+	u->c = c;
+	u->m = m;
+	u->n = n;
+	memcpy(u->ops, ops, (size_t)n * sizeof *ops);
+	gcmock_launch_fn launch = __atomic_load_n(&hook_launch, __ATOMIC_ACQUIRE);
+	if (launch == NULL) {
+		ncclResult_t r = run_unit(u);
+		unit_free(u);
+		return r;
 	}
-	/* Nobody writes a recv buffer before every rank has read the sends. */
-	int broken = barrier(c);
-	if (!broken && !bad) memcpy(s.recv, tmp, bytes);
-	free(tmp);
-	if (broken) return fail(c, ncclRemoteError, "mock: %s: a peer aborted", fn);
-	if (bad) return fail(c, ncclInvalidArgument, "mock: %s: data type %d is not supported by the mock", fn, s.dtype);
-	leave(c);
+	pthread_mutex_lock(&c->pend_mu);
+	c->pending++;
+	pthread_mutex_unlock(&c->pend_mu);
+	char err[256] = "";
+	if (launch(ops[0].stream, c->device, unit_main, u, err, sizeof err) != 0) {
+		err[sizeof err - 1] = 0;
+		unit_finish(u);
+		return mock_fail(c, ncclInvalidUsage, "mock: %s: rank %d: launching on device %d failed: %s", fn, c->rank, c->device,
+				 err[0] ? err : "the launcher gave no reason");
+	}
 	return ncclSuccess;
 }
 
+/* Group state is per thread, as in NCCL: between ncclGroupStart and
+ * ncclGroupEnd, operations are queued on the calling thread; ncclGroupEnd
+ * dispatches each communicator's as one unit. */
+struct queued {
+	struct mock_comm* c;
+	struct op o;
+};
+static __thread int group_depth;
+static __thread struct queued* group_ops;
+static __thread int group_n, group_cap;
+
+static ncclResult_t queue(struct mock_comm* c, const struct op* o, const char* fn) {
+	if (group_n == group_cap) {
+		int cap = group_cap ? 2 * group_cap : 8;
+		struct queued* q = realloc(group_ops, (size_t)cap * sizeof *q);
+		if (q == NULL) return mock_fail(c, ncclSystemError, "mock: %s: queueing %d group operations: out of memory", fn, cap);
+		group_ops = q;
+		group_cap = cap;
+	}
+	group_ops[group_n++] = (struct queued){c, *o};
+	return ncclSuccess;
+}
+
+/* submit checks one operation, then queues it in the thread's group or dispatches it. */
+static ncclResult_t submit(struct mock_comm* c, struct op o) {
+	const char* fn = kind_names[o.kind];
+	ncclResult_t r = check(c, fn);
+	if (r != ncclSuccess) return r;
+	int p2p = o.kind == K_SEND || o.kind == K_RECV;
+	if (dtype_size(o.dtype) == 0) return mock_fail(c, ncclInvalidArgument, "mock: %s: unknown data type %d", fn, o.dtype);
+	if ((o.kind == K_ALLREDUCE || o.kind == K_REDUCESCATTER) && !reducible(o.dtype))
+		return mock_fail(c, ncclInvalidArgument, "mock: %s: data type %d is not supported by the mock", fn, o.dtype);
+	if ((p2p || o.kind == K_BROADCAST) && (o.root < 0 || o.root >= c->nranks))
+		return mock_fail(c, ncclInvalidArgument, "mock: %s: %s %d out of range [0, %d)", fn, p2p ? "peer" : "root", o.root,
+				 c->nranks);
+	if (group_depth > 0) return queue(c, &o, fn);
+	return dispatch(c, &o, 1);
+}
+
+/* ---- collectives and point to point ---- */
+
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
 			   cudaStream_t s) {
-	(void)s;
-	return collective(c, (struct slot){K_ALLREDUCE, send, recv, count, t, op, 0});
+	return submit(c, (struct op){K_ALLREDUCE, send, recv, count, t, op, 0, s});
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
-	(void)s;
-	return collective(c, (struct slot){K_ALLGATHER, send, recv, count, t, 0, 0});
+	return submit(c, (struct op){K_ALLGATHER, send, recv, count, t, 0, 0, s});
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
 			       cudaStream_t s) {
-	(void)s;
-	return collective(c, (struct slot){K_REDUCESCATTER, send, recv, count, t, op, 0});
+	return submit(c, (struct op){K_REDUCESCATTER, send, recv, count, t, op, 0, s});
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c,
 			   cudaStream_t s) {
-	(void)s;
-	return collective(c, (struct slot){K_BROADCAST, send, recv, count, t, 0, root});
-}
-
-/* ---- point to point ---- */
-
-/* post puts a send into the (from, to) mailbox, waiting until it is free. */
-static ncclResult_t post(struct p2p* p) {
-	struct world* w = p->c->w;
-	pthread_mutex_lock(&w->mu);
-	while (w->box[p->c->rank][p->peer].full && !w->broken) pthread_cond_wait(&w->cv, &w->mu);
-	w->box[p->c->rank][p->peer].buf = p->buf;
-	w->box[p->c->rank][p->peer].bytes = p->bytes;
-	w->box[p->c->rank][p->peer].full = 1;
-	pthread_cond_broadcast(&w->cv);
-	int broken = w->broken;
-	pthread_mutex_unlock(&w->mu);
-	return broken ? fail(p->c, ncclRemoteError, "mock: ncclSend: a peer aborted") : ncclSuccess;
-}
-
-/* take copies the (peer, me) mailbox into a receive and empties it. */
-static ncclResult_t take(struct p2p* p) {
-	struct world* w = p->c->w;
-	pthread_mutex_lock(&w->mu);
-	while (!w->box[p->peer][p->c->rank].full && !w->broken) pthread_cond_wait(&w->cv, &w->mu);
-	ncclResult_t r = ncclSuccess;
-	if (w->broken) {
-		r = fail(p->c, ncclRemoteError, "mock: ncclRecv: a peer aborted");
-	} else if (w->box[p->peer][p->c->rank].bytes != p->bytes) {
-		r = fail(p->c, ncclInvalidUsage, "mock: ncclRecv: expected %zu bytes, the send has %zu", p->bytes,
-			 w->box[p->peer][p->c->rank].bytes);
-	} else {
-		memcpy(p->buf, w->box[p->peer][p->c->rank].buf, p->bytes);
-	}
-	w->box[p->peer][p->c->rank].full = 0;
-	pthread_cond_broadcast(&w->cv);
-	pthread_mutex_unlock(&w->mu);
-	return r;
-}
-
-/* drained waits until a posted send has been taken. */
-static ncclResult_t drained(struct p2p* p) {
-	struct world* w = p->c->w;
-	pthread_mutex_lock(&w->mu);
-	while (w->box[p->c->rank][p->peer].full && !w->broken) pthread_cond_wait(&w->cv, &w->mu);
-	int broken = w->broken;
-	pthread_mutex_unlock(&w->mu);
-	return broken ? fail(p->c, ncclRemoteError, "mock: ncclSend: a peer aborted") : ncclSuccess;
-}
-
-static ncclResult_t run_p2p(struct p2p* ops, int n) {
-	ncclResult_t r = ncclSuccess;
-	for (int i = 0; i < n && r == ncclSuccess; i++)
-		if (ops[i].send) r = post(&ops[i]);
-	for (int i = 0; i < n && r == ncclSuccess; i++)
-		if (!ops[i].send) r = take(&ops[i]);
-	for (int i = 0; i < n && r == ncclSuccess; i++)
-		if (ops[i].send) r = drained(&ops[i]);
-	for (int i = 0; i < n && r == ncclSuccess; i++) leave(ops[i].c);
-	return r;
-}
-
-static ncclResult_t p2p(int send, void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c) {
-	const char* fn = send ? "ncclSend" : "ncclRecv";
-	ncclResult_t r = enter(c, fn);
-	if (r != ncclSuccess) return r;
-	if (dtype_size(t) == 0 || peer < 0 || peer >= c->w->nranks)
-		return fail(c, ncclInvalidArgument, "mock: %s: bad data type %d or peer %d", fn, t, peer);
-	struct p2p op = {send, c, buf, count * dtype_size(t), peer};
-	if (group_depth == 0) return run_p2p(&op, 1);
-	queue((struct queued){.coll = 0, .c = c, .p = op});
-	return ncclSuccess;
+	return submit(c, (struct op){K_BROADCAST, send, recv, count, t, 0, root, s});
 }
 
 #ifndef MOCK_NO_SEND
 ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
-	(void)s;
-	return p2p(1, (void*)buf, count, t, peer, c);
+	return submit(c, (struct op){K_SEND, buf, NULL, count, t, 0, peer, s});
 }
 #endif
 
 ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
-	(void)s;
-	return p2p(0, buf, count, t, peer, c);
+	return submit(c, (struct op){K_RECV, NULL, buf, count, t, 0, peer, s});
 }
 
 /* ---- split ---- */
 
+#ifndef MOCK_NO_SPLIT
 /* split_before reports whether old rank q comes before old rank p in their
  * new communicator: by key, then by old rank. */
 static int split_before(struct world* w, int q, int p) {
 	return w->split[q].key < w->split[p].key || (w->split[q].key == w->split[p].key && q < p);
 }
 
-#ifndef MOCK_NO_SPLIT
-/* ncclCommSplit is a collective of the parent's world: every rank posts its
- * color and key, then the ranks of one color form a new world, ordered by
- * key, then by their rank in the parent. The group's first rank makes the
- * world (of the parent's mode, every rank joined). As in NCCL, *newcomm is
- * NULL until the split is complete, and stays NULL for NCCL_SPLIT_NOCOLOR;
- * an abort of the parent ends a split that waits for its peers. config is
- * ignored (the binding passes NULL). */
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, void* config) {
-	(void)config;
-	if (newcomm == NULL) return fail(comm, ncclInvalidArgument, "mock: ncclCommSplit: NULL newcomm");
-	*newcomm = NULL;
-	ncclResult_t r = enter(comm, "ncclCommSplit");
-	if (r != ncclSuccess) return r;
-	if (color < NCCL_SPLIT_NOCOLOR) return fail(comm, ncclInvalidArgument, "mock: ncclCommSplit: color %d", color);
-	struct world* w = comm->w;
+/* split exchanges colors and keys over comm's world, then joins this
+ * rank's new world, which the group's first rank made (*out stays NULL for
+ * NCCL_SPLIT_NOCOLOR). */
+static ncclResult_t split(struct mock_comm* comm, struct world* w, int color, int key, struct mock_comm** out) {
+	const char* fn = "ncclCommSplit";
 	int me = comm->rank;
 	w->slots[me] = (struct slot){.kind = K_SPLIT};
 	w->split[me].color = color;
 	w->split[me].key = key;
-	if (barrier(comm)) return fail(comm, ncclRemoteError, "mock: ncclCommSplit: a peer aborted");
+	if (barrier(comm, w)) return aborted_error(comm, fn);
 	for (int q = 0; q < w->nranks; q++) {
 		if (w->slots[q].kind != K_SPLIT) {
-			barrier(comm);
-			return fail(comm, ncclInvalidUsage, "mock: ranks disagree: rank %d called CommSplit, rank %d called %s", me, q,
-				    kind_names[w->slots[q].kind]);
+			barrier(comm, w);
+			return mock_fail(comm, ncclInvalidUsage, "mock: ranks disagree: rank %d called CommSplit, rank %d called %s", me, q,
+					 kind_names[w->slots[q].kind]);
 		}
 	}
 	int n = 0, pos = 0, first = -1;
@@ -544,34 +472,76 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 			if (first < 0 || split_before(w, q, first)) first = q;
 		}
 	}
-	if (first == me) {
-		struct world* nw = calloc(1, sizeof *nw);
-		pthread_mutex_lock(&worlds_mu);
-		unsigned long k = ++id_counter;
-		pthread_mutex_unlock(&worlds_mu);
-		snprintf(nw->id.internal, sizeof nw->id.internal, "mock:split:%d:%lu", (int)getpid(), k);
-		nw->mode = w->mode;
-		nw->nranks = nw->joined = n;
-		pthread_mutex_init(&nw->mu, NULL);
-		pthread_cond_init(&nw->cv, NULL);
-		w->split_world[me] = nw;
+	/* The new world's name: its parent's, the how-manieth split, and the
+	 * group's first rank, which every member computes alike. */
+	unsigned long seq = ++comm->splits;
+	uint64_t h = mock_hash(&comm->hash, sizeof comm->hash, MOCK_HASH_SEED);
+	h = mock_hash(&seq, sizeof seq, h);
+	h = mock_hash(&first, sizeof first, h);
+	ncclResult_t made = first == me ? world_make(h, n, comm->mode, fn, comm) : ncclSuccess;
+	/* Nobody opens the new world before the group's first rank has made it. */
+	if (barrier(comm, w)) {
+		if (first == me && made == ncclSuccess) world_unlink(h);
+		return aborted_error(comm, fn);
 	}
-	/* Nobody reads split_world before the group's first rank has written it. */
-	if (barrier(comm)) return fail(comm, ncclRemoteError, "mock: ncclCommSplit: a peer aborted");
-	leave(comm);
-	if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
-	struct mock_comm* c = calloc(1, sizeof *c);
-	c->w = w->split_world[first];
-	c->rank = pos;
-	__atomic_store_n(newcomm, c, __ATOMIC_RELEASE);
+	if (made != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) return made;
+	struct mock_comm* c = comm_new(pos, n, comm->mode, comm->device, h);
+	if (c == NULL) return mock_fail(comm, ncclSystemError, "mock: %s: rank %d: out of memory", fn, me);
+	ncclResult_t r = world_join(c, fn, 0);
+	if (r != ncclSuccess) {
+		memcpy(comm->last, c->last, sizeof comm->last);
+		comm_free(c);
+		return r;
+	}
+	*out = c;
+	return ncclSuccess;
+}
+
+/* ncclCommSplit is a collective of the parent's world: every rank posts its
+ * color and key, then the ranks of one color form a new world, ordered by
+ * key, then by their rank in the parent. The group's first rank makes the
+ * world (of the parent's mode) in shared memory; the others join it
+ * without waiting for each other. As in NCCL, *newcomm is NULL until the
+ * split is complete, and stays NULL for NCCL_SPLIT_NOCOLOR; an abort of
+ * the parent ends a split that waits for its peers. config is ignored (the
+ * binding passes NULL). It runs on the calling thread, after any of the
+ * parent's launched units that is running. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, void* config) {
+	(void)config;
+	const char* fn = "ncclCommSplit";
+	if (newcomm == NULL) return mock_fail(comm, ncclInvalidArgument, "mock: %s: NULL newcomm", fn);
+	*newcomm = NULL;
+	ncclResult_t r = check(comm, fn);
+	if (r != ncclSuccess) return r;
+	if (color < NCCL_SPLIT_NOCOLOR) return mock_fail(comm, ncclInvalidArgument, "mock: %s: color %d", fn, color);
+	struct mapping* m = map_get(comm);
+	if (m == NULL) return mock_fail(comm, ncclInvalidUsage, "mock: %s: rank %d: the communicator was destroyed", fn, comm->rank);
+	struct mock_comm* c = NULL;
+	pthread_mutex_lock(&comm->run_mu);
+	if (comm->mode == MODE_HANG || comm->mode == MODE_STUCK)
+		r = hold(comm, m->w);
+	else
+		r = split(comm, m->w, color, key, &c);
+	pthread_mutex_unlock(&comm->run_mu);
+	map_put(m);
+	if (r != ncclSuccess) return r;
+	report_async(comm);
+	if (c != NULL) __atomic_store_n(newcomm, c, __ATOMIC_RELEASE);
 	return ncclSuccess;
 }
 #endif
 
-/* group_run runs one communicator's queued collectives, in order, on a thread. */
+/* ---- groups ---- */
+
+ncclResult_t ncclGroupStart(void) {
+	group_depth++;
+	return ncclSuccess;
+}
+
+/* group_run is one communicator's unit of a group run on a thread of its own. */
 struct group_run {
 	struct mock_comm* c;
-	struct queued* ops;
+	const struct op* ops;
 	int n;
 	ncclResult_t r;
 	pthread_t thread;
@@ -579,51 +549,55 @@ struct group_run {
 
 static void* group_thread(void* arg) {
 	struct group_run* g = arg;
-	g->r = ncclSuccess;
-	for (int i = 0; i < g->n && g->r == ncclSuccess; i++)
-		if (g->ops[i].coll && g->ops[i].c == g->c) g->r = run_collective(g->c, g->ops[i].s);
+	g->r = dispatch(g->c, g->ops, g->n);
 	return NULL;
 }
 
-ncclResult_t ncclGroupStart(void) {
-	group_depth++;
-	return ncclSuccess;
-}
-
+/* ncclGroupEnd dispatches each communicator's queued operations as one
+ * unit: launched, with the hooks; else run at once, each communicator's on
+ * a thread of its own (so that one thread can drive several ranks). */
 ncclResult_t ncclGroupEnd(void) {
-	if (group_depth == 0) return fail(NULL, ncclInvalidUsage, "mock: ncclGroupEnd without ncclGroupStart");
+	if (group_depth == 0) return mock_fail(NULL, ncclInvalidUsage, "mock: ncclGroupEnd without ncclGroupStart");
 	if (--group_depth > 0) return ncclSuccess;
 	int n = group_n;
 	group_n = 0;
-	struct group_run runs[MAXRANKS];
-	int nruns = 0;
-	struct p2p* ps = malloc((n + 1) * sizeof *ps);
-	int np = 0;
+	if (n == 0) return ncclSuccess;
+	/* Sort the ops by communicator (in order of first appearance), keeping
+	 * each communicator's in their order. */
+	struct op* ops = malloc((size_t)n * sizeof *ops);
+	struct group_run* runs = calloc((size_t)n, sizeof *runs);
+	if (ops == NULL || runs == NULL) {
+		free(ops);
+		free(runs);
+		return mock_fail(NULL, ncclSystemError, "mock: ncclGroupEnd: %d operations: out of memory", n);
+	}
+	int nruns = 0, k = 0;
 	for (int i = 0; i < n; i++) {
-		struct queued* q = &group_ops[i];
-		if (!q->coll) {
-			ps[np++] = q->p;
-			continue;
-		}
-		int k = 0;
-		while (k < nruns && runs[k].c != q->c) k++;
-		if (k == nruns) {
-			if (nruns == MAXRANKS) {
-				free(ps);
-				return fail(q->c, ncclInvalidUsage, "mock: ncclGroupEnd: more than %d communicators", MAXRANKS);
-			}
-			runs[nruns++] = (struct group_run){.c = q->c, .ops = group_ops, .n = n};
+		struct mock_comm* c = group_ops[i].c;
+		int seen = 0;
+		for (int j = 0; j < nruns; j++) seen |= runs[j].c == c;
+		if (seen) continue;
+		runs[nruns] = (struct group_run){.c = c, .ops = &ops[k]};
+		for (int j = i; j < n; j++)
+			if (group_ops[j].c == c) ops[k++] = group_ops[j].o, runs[nruns].n++;
+		nruns++;
+	}
+	int threads = nruns > 1 && __atomic_load_n(&hook_launch, __ATOMIC_ACQUIRE) == NULL;
+	for (int j = 0; j < nruns; j++) {
+		if (!threads || pthread_create(&runs[j].thread, NULL, group_thread, &runs[j]) != 0) {
+			runs[j].thread = 0;
+			group_thread(&runs[j]);
 		}
 	}
-	for (int k = 0; k < nruns; k++) pthread_create(&runs[k].thread, NULL, group_thread, &runs[k]);
-	ncclResult_t r = run_p2p(ps, np);
-	for (int k = 0; k < nruns; k++) {
-		pthread_join(runs[k].thread, NULL);
-		if (r == ncclSuccess && runs[k].r != ncclSuccess) {
-			r = runs[k].r;
-			memcpy(thread_last, runs[k].c->last, sizeof thread_last);
+	ncclResult_t r = ncclSuccess;
+	for (int j = 0; j < nruns; j++) {
+		if (runs[j].thread != 0) pthread_join(runs[j].thread, NULL);
+		if (r == ncclSuccess && runs[j].r != ncclSuccess) {
+			r = runs[j].r;
+			memcpy(thread_last, runs[j].c->last, sizeof thread_last);
 		}
 	}
-	free(ps);
+	free(ops);
+	free(runs);
 	return r;
 }
