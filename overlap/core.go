@@ -46,6 +46,10 @@ type core struct {
 	model      *costModel // nil unless Decision is DecideAuto and the backend has a cost model
 	verify     *verifier  // non-nil with DecideAuto: checks the decisions against measured times
 	timing     timing     // the clock, or a test's times
+	// timesOnStreams: the backend times a bucket by events on its own
+	// streams (the device's), which a delegated bucket never reaches, so
+	// none is delegable in a step verification measures.
+	timesOnStreams bool
 
 	mu     sync.Mutex
 	cur    *step
@@ -146,7 +150,9 @@ type run struct {
 	nonFinite bool
 	stats     BucketStats
 
-	readyAt, doneAt time.Time // Ready's call, the end of decode (verification's measure)
+	readyAt, doneAt time.Time // Ready's call, the end of decode (verification's measure); Delegate's and DelegateDone's
+	delegated       bool      // the caller exchanges it (Delegate)
+	handedBack      *event    // Delegate: fires at DelegateDone (the host backend waits for it)
 	decoded         *event    // host backend: fires after the decode (set when it is enqueued)
 	hostRun                   // the host backend's part
 	deviceRun                 // the device backend's part

@@ -12,21 +12,9 @@ import (
 // reproduces. That excludes buckets compressed or flushed by the accuracy
 // guard, Config.Momentum (the engine adds the velocity), FailOnNonFinite
 // (the engine checks the average) and StrategyHier (its dense path is the
-// hierarchical one). False without a step, for an unknown bucket and for
-// one already ready. Every rank gets the same answer.
-func (e *Engine) Delegable(i int) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.cur
-	if st == nil || i < 0 || i >= len(st.runs) || st.ready[i] {
-		return false
-	}
-	return e.delegable(st.runs[i])
-}
-
-func (e *Engine) delegable(r *run) bool {
-	return !r.compressed && !r.flush && e.cfg.Momentum == 0 && !e.cfg.FailOnNonFinite && e.strategy != StrategyHier
-}
+// hierarchical one). False without a step, for an unknown bucket, for one
+// already ready and after Wait began. Every rank gets the same answer.
+func (e *Engine) Delegable(i int) bool { return e.delegableNow(i) }
 
 // Delegate takes bucket i of the step in flight as exchanged by the
 // caller, in place of Ready: the caller all-reduces the bucket's gradient
@@ -41,11 +29,54 @@ func (e *Engine) delegable(r *run) bool {
 // must delegate the same buckets: Delegable gives every rank the same
 // answer. A bucket that is not Delegable returns a *UsageError
 // (ErrNotDelegable) and takes nothing, as do the cases Ready refuses.
-func (e *Engine) Delegate(i int) error {
+func (e *Engine) Delegate(i int) error { return e.delegate(i, nil) }
+
+// DelegateDone tells the engine that the caller's all-reduce of bucket i,
+// which it Delegated this step, has ended. It may be called from any
+// goroutine, before or after Wait began. A bucket not delegated in the
+// step in flight, or reported twice, is a *UsageError.
+func (e *Engine) DelegateDone(i int) error { return e.delegateDone(i) }
+
+// delegableNow is Delegable on either engine.
+func (c *core) delegableNow(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.cur
+	return st != nil && i >= 0 && i < len(st.runs) && !st.ready[i] && !st.waiting && c.undelegable(st, st.runs[i]) == ""
+}
+
+// undelegable returns why run r of st may not be delegated (Delegable's
+// rules, which give every rank the same answer), or "". c.mu is held.
+func (c *core) undelegable(st *step, r *run) string {
+	switch {
+	case r.compressed:
+		return "the bucket is compressed this step"
+	case r.flush:
+		return "the accuracy guard flushes the bucket's residual this step"
+	case c.cfg.Momentum != 0:
+		return "momentum correction (Config.Momentum) adds the velocity"
+	case c.cfg.FailOnNonFinite:
+		return "FailOnNonFinite checks the average"
+	case c.strategy == StrategyHier:
+		return "StrategyHier's dense path is the hierarchical one"
+	case c.timesOnStreams && c.measured(st):
+		return "verification times this step's dense path on the device"
+	}
+	return ""
+}
+
+// delegate is Delegate on either engine: Ready's protocol (core.ready),
+// refusing a bucket that is not delegable, with the run marked delegated,
+// dense, and its statistics set. refuse, if not nil, returns why the
+// backend takes no bucket into st (the device: the step's failure, past
+// which it launches nothing); Delegate returns it with the bucket taken,
+// as Ready does.
+func (c *core) delegate(i int, refuse func(st *step) error) error {
 	call := fmt.Sprintf("Delegate(%d)", i)
-	return e.ready(call, i, func(b *bucket) error {
-		if st := e.cur; !e.delegable(st.runs[i]) {
-			return &UsageError{Call: call, Err: ErrNotDelegable, Detail: fmt.Sprintf("step %d", st.num)}
+	return c.ready(call, i, func(*bucket) error {
+		st := c.cur
+		if why := c.undelegable(st, st.runs[i]); why != "" {
+			return &UsageError{Call: call, Err: ErrNotDelegable, Detail: fmt.Sprintf("step %d: %s", st.num, why)}
 		}
 		return nil
 	}, func(st *step, r *run) error {
@@ -53,21 +84,22 @@ func (e *Engine) Delegate(i int) error {
 		r.handedBack = newEvent()
 		r.outcome = pathDense
 		r.stats.Delegated = true
-		r.stats.BytesSent = allReduceVolume(e.size, 4*r.b.n)
+		r.stats.BytesSent = allReduceVolume(c.size, 4*r.b.n)
 		r.stats.Reason += "; all-reduced by the caller (Delegate)"
+		if refuse != nil {
+			return refuse(st)
+		}
 		return nil
 	})
 }
 
-// DelegateDone tells the engine that the caller's all-reduce of bucket i,
-// which it Delegated this step, has ended. It may be called from any
-// goroutine, before or after Wait began. A bucket not delegated in the
-// step in flight, or reported twice, is a *UsageError.
-func (e *Engine) DelegateDone(i int) error {
+// delegateDone is DelegateDone on either engine: it records the end of
+// the caller's all-reduce of delegated bucket i and fires its handedBack.
+func (c *core) delegateDone(i int) error {
 	call := fmt.Sprintf("DelegateDone(%d)", i)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.cur
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.cur
 	switch {
 	case st == nil:
 		return &UsageError{Call: call, Err: ErrNoStep, Detail: "no step in flight"}

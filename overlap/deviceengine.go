@@ -42,7 +42,10 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // for it (before the optimizer) without blocking the host; Wait blocks the
 // host until it, bounded by ctx and the DeviceComm's timeout (which aborts
 // the communicator), then settles error-feedback memory and returns the
-// statistics (stage times measured with device events).
+// statistics (stage times measured with device events). A bucket the
+// caller all-reduces itself (Delegate, in place of Ready) takes none of
+// this: the engine enqueues nothing for it, and the wire stream goes on
+// to the next bucket (devicedelegate.go).
 //
 // # Strategies
 //
@@ -198,7 +201,7 @@ func newDevice(ctx context.Context, dev Device, dc comm.DeviceComm, host comm.Co
 	cfg.Workers = 1 // the host's compressor serves the state format only
 	core, local := newCore(host, cfg, sizes, t, deviceStrategy)
 	e := &DeviceEngine{core: core, dev: dev, dc: dc, part: parts{count: host.Size()}}
-	core.be = e
+	core.be, core.timesOnStreams = e, true
 	if local == nil && e.comp != nil {
 		local = e.newCodecs()
 	}
@@ -290,30 +293,43 @@ func (e *DeviceEngine) encode(st *step, r *run, s gpu.Stream) error {
 	return e.dev.Record(b.encEnd, e.enc)
 }
 
-// launch enqueues run r's exchange on its path (devPath.exchange; low-rank:
-// its first round), after the wire stream waits for its encode, then the
-// second round of the low-rank bucket launched before it, if any: so on
-// the wire stream bucket i's P's go out before bucket i−1's Q's, and
-// bucket i−1's orthogonalization (on the decode stream, between its
-// rounds) runs while bucket i's first all-reduce is on the wire, as
-// Engine keeps a bucket's last collective in flight. Every rank launches
-// the same buckets in the same order, so the collectives match.
+// launch enqueues run r's exchange on its path (enqueueExchange; none for a
+// delegated bucket, which the caller all-reduces), then the second round
+// of the low-rank bucket launched before it, if any: so on the wire
+// stream bucket i's P's go out before bucket i−1's Q's, and bucket i−1's
+// orthogonalization (on the decode stream, between its rounds) runs while
+// bucket i's first all-reduce is on the wire, as Engine keeps a bucket's
+// last collective in flight. Every rank launches the same buckets in the
+// same order, so the collectives match.
 func (e *DeviceEngine) launch(st *step, r *run) error {
 	prev := e.tail
 	e.tail = nil
+	if !r.delegated {
+		if err := e.enqueueExchange(st, r); err != nil {
+			return err
+		}
+	}
+	if prev != nil {
+		return prev()
+	}
+	return nil
+}
+
+// enqueueExchange enqueues run r's exchange on its path (devPath.exchange;
+// low-rank: its first round, its second held in e.tail) after the wire
+// stream waits for its encode.
+func (e *DeviceEngine) enqueueExchange(st *step, r *run) error {
 	b := e.bufs[r.b.idx]
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	err := e.dev.WaitEvent(e.wire, b.encEnd)
-	if err == nil {
-		err = e.dev.Record(b.xBeg, e.wire)
+	if err := e.dev.WaitEvent(e.wire, b.encEnd); err != nil {
+		return err
 	}
-	if err == nil {
-		e.tail, err = e.path(r).exchange(ctx, st, r)
+	if err := e.dev.Record(b.xBeg, e.wire); err != nil {
+		return err
 	}
-	if err == nil && prev != nil {
-		err = prev()
-	}
+	var err error
+	e.tail, err = e.path(r).exchange(ctx, st, r)
 	return err
 }
 

@@ -14,7 +14,8 @@ import (
 )
 
 // conclude reads the averages' statuses into the runs' outcomes, and the
-// stage times from the events.
+// stage times from the events; a delegated run has neither (Delegate set
+// its outcome and statistics).
 func (e *DeviceEngine) conclude(st *step) error {
 	statuses := make([]byte, kernels.StatusLen*len(st.runs))
 	if err := e.dev.CopyOut(e.dec, statuses, e.statuses); err != nil {
@@ -34,7 +35,11 @@ func (e *DeviceEngine) conclude(st *step) error {
 			return &StepError{Step: st.num, Bucket: -1, Stage: "reading momentum statuses", Err: err}
 		}
 	}
+	measured := e.measured(st)
 	for i, r := range st.runs {
+		if r.delegated {
+			continue
+		}
 		b, s := e.bufs[i], &r.stats
 		if momentum != nil {
 			r.momFinite = kernels.StatusError(momentum[kernels.StatusLen*i:kernels.StatusLen*(i+1)]) == nil
@@ -63,8 +68,9 @@ func (e *DeviceEngine) conclude(st *step) error {
 				return &StepError{Step: st.num, Bucket: i, Stage: "timing events", Err: err}
 			}
 		}
-		if e.verify != nil {
-			// Verification's times, from the first bucket's encode start.
+		if measured {
+			// Verification's times, from the first bucket's encode start
+			// (a measured step delegates none).
 			from, err := e.dev.Elapsed(e.bufs[0].encBeg, b.encBeg)
 			if err == nil {
 				var to time.Duration

@@ -39,8 +39,8 @@
 // bucket's (up to the Starter's InFlight(); no buffers beyond the buckets'
 // own), the decode stream waiting for it; a dense fallback its statuses
 // call for is made at the end of the step, in bucket order (inflight.go).
-// Engine.Delegate lets the caller exchange a dense bucket itself
-// (delegate.go). SRA's exchange has two rounds (all-to-all, all-gather)
+// Delegate lets the caller exchange a dense bucket itself, on either
+// engine (delegate.go, devicedelegate.go). SRA's exchange has two rounds (all-to-all, all-gather)
 // with this rank's sum and re-encode between them: the host engine runs
 // that work on a fourth stream, and enqueues bucket i's all-gather after
 // bucket i+1's all-to-all (the last bucket's at once), so the link

@@ -87,8 +87,6 @@ type hostRun struct {
 	seed         uint64 // shared-index: the payload's seed
 	momentum     bool   // next holds this step's finite u, for settle to install
 	tail         *tail  // the bucket's last collective, in flight (inflight.go)
-	delegated    bool   // the caller exchanges it (Delegate)
-	handedBack   *event // Delegate: fires at DelegateDone
 	lowRank      lowRankRun
 }
 

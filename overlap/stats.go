@@ -52,8 +52,9 @@ type BucketStats struct {
 	// its residual this step (a flush, which empties the memory).
 	Guarded bool
 	// Delegated is true when the caller all-reduced the bucket itself
-	// (Engine.Delegate); BytesSent is then a ring all-reduce's, Exchange
-	// and NonFinite are not measured.
+	// (Engine.Delegate, DeviceEngine.Delegate); BytesSent is then a ring
+	// all-reduce's, Exchange and NonFinite are not measured (nor, on the
+	// device, Compress and Decompress).
 	Delegated bool
 }
 

@@ -101,6 +101,10 @@ func newVerifier(buckets int) *verifier {
 	return &verifier{size: firstWindowSteps, gap: recheckFirst, best: make([][2]float64, buckets)}
 }
 
+// measured reports whether verification records st's times: st is a
+// step of a verification window. Every rank answers alike.
+func (c *core) measured(st *step) bool { return c.verifying(st) && c.verify.pos >= 0 }
+
 // trial reports whether the step about to start is a trial. e.mu is held.
 func (v *verifier) trial() bool { return v.pos >= 0 && v.pos%2 == 1 }
 

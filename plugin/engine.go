@@ -284,25 +284,22 @@ func (e *engine) ready(i int, grad []float32) error {
 	return e.host.Ready(i, grad)
 }
 
-// delegable is gc_engine_delegable's core (a device engine: false).
-func (e *engine) delegable(i int) bool {
-	return e.host != nil && e.host.Delegable(i)
+// delegator is the delegation calls both engines have (Delegable,
+// Delegate, DelegateDone): gc_engine_delegable's, gc_engine_delegate's and
+// gc_engine_delegate_done's cores. A device engine's DelegateDone is
+// optional: it checks the call and waits for nothing.
+type delegator interface {
+	Delegable(i int) bool
+	Delegate(i int) error
+	DelegateDone(i int) error
 }
 
-// delegate is gc_engine_delegate's core.
-func (e *engine) delegate(i int) error {
-	if e.host == nil {
-		return errorf(errInvalid, "this engine has device buckets (gc_engine_config.device ≥ 0): it exchanges every bucket itself")
+// delegation returns the engine's delegator, host or device.
+func (e *engine) delegation() delegator {
+	if e.host != nil {
+		return e.host
 	}
-	return e.host.Delegate(i)
-}
-
-// delegateDone is gc_engine_delegate_done's core.
-func (e *engine) delegateDone(i int) error {
-	if e.host == nil {
-		return errorf(errInvalid, "this engine has device buckets (gc_engine_config.device ≥ 0): it delegates none")
-	}
-	return e.host.DelegateDone(i)
+	return e.device
 }
 
 // readyDevice is gc_engine_ready_device's core.

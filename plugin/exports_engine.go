@@ -436,7 +436,7 @@ func gc_engine_delegable(h C.uint64_t, bucket C.size_t, out *C.int) (st C.int) {
 		return C.int(failErr(fn, err))
 	}
 	*out = 0
-	if e.delegable(int(min(uint64(bucket), math.MaxInt32))) {
+	if e.delegation().Delegable(int(min(uint64(bucket), math.MaxInt32))) {
 		*out = 1
 	}
 	return C.int(statusOK)
@@ -446,14 +446,14 @@ func gc_engine_delegable(h C.uint64_t, bucket C.size_t, out *C.int) (st C.int) {
 func gc_engine_delegate(h C.uint64_t, bucket C.size_t) (st C.int) {
 	const fn = "gc_engine_delegate"
 	defer guard(fn, &st)
-	return withEngine(fn, h, func(e *engine) error { return e.delegate(int(min(uint64(bucket), math.MaxInt32))) })
+	return withEngine(fn, h, func(e *engine) error { return e.delegation().Delegate(int(min(uint64(bucket), math.MaxInt32))) })
 }
 
 //export gc_engine_delegate_done
 func gc_engine_delegate_done(h C.uint64_t, bucket C.size_t) (st C.int) {
 	const fn = "gc_engine_delegate_done"
 	defer guard(fn, &st)
-	return withEngine(fn, h, func(e *engine) error { return e.delegateDone(int(min(uint64(bucket), math.MaxInt32))) })
+	return withEngine(fn, h, func(e *engine) error { return e.delegation().DelegateDone(int(min(uint64(bucket), math.MaxInt32))) })
 }
 
 //export gc_engine_ready_device

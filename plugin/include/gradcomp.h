@@ -534,7 +534,10 @@ gc_status gc_engine_ready(gc_engine e, size_t bucket, float *grad, size_t n);
  * step in flight itself (gc_engine_delegate), else 0: the bucket goes
  * dense this step in a way a plain all-reduce of the average reproduces
  * (not compressed, no momentum, no fail_on_nonfinite, not "hier"); every
- * rank gets the same answer. Host engines; a device engine answers 0. */
+ * rank gets the same answer. Host engines; since 2.9 device engines too
+ * (cfg.device ≥ 0), which also answer 0 in a step the online
+ * verification (decision "auto") times: it times the dense path by
+ * events on the engine's streams. */
 gc_status gc_engine_delegable(gc_engine e, size_t bucket, int *delegable);
 
 /* Since 2.6: takes bucket i, in place of gc_engine_ready, as exchanged by
@@ -545,11 +548,18 @@ gc_status gc_engine_delegable(gc_engine e, size_t bucket, int *delegable);
  * memory as a dense step does; gc_engine_stats counts its ring all-reduce
  * bytes; gc_engine_wait waits for gc_engine_delegate_done (GC_ERR_COMM
  * when it does not come within the engine's timeout). A bucket that is
- * not delegable: GC_ERR_STATE, nothing taken. */
+ * not delegable: GC_ERR_STATE, nothing taken.
+ * Since 2.9 for a device engine too: the caller all-reduces the bucket's
+ * device buffer on its own stream; the engine enqueues nothing for it
+ * (gc_engine_done's event does not cover it: the caller orders its own
+ * all-reduce), and gc_engine_wait does not wait for
+ * gc_engine_delegate_done, which is optional there. */
 gc_status gc_engine_delegate(gc_engine e, size_t bucket);
 
 /* Since 2.6: the caller's all-reduce of delegated bucket i has ended; any
- * thread. GC_ERR_STATE for a bucket not delegated this step, or twice. */
+ * thread. GC_ERR_STATE for a bucket not delegated this step, or twice.
+ * Since 2.9 a device engine accepts it with the same checks and waits for
+ * nothing (optional there). */
 gc_status gc_engine_delegate_done(gc_engine e, size_t bucket);
 
 /* The same for a device engine (cfg.device ≥ 0): grad is device memory,
@@ -557,7 +567,8 @@ gc_status gc_engine_delegate_done(gc_engine e, size_t bucket);
 gc_status gc_engine_ready_device(gc_engine e, size_t bucket, gc_devptr grad, size_t n, gc_stream stream);
 
 /* Device engine: makes stream wait for the step's end (before the
- * optimizer) without blocking the host. */
+ * optimizer) without blocking the host; not for a delegated bucket's
+ * all-reduce, which the caller orders itself. */
 gc_status gc_engine_done(gc_engine e, gc_stream stream);
 
 /* Blocks until the step has ended (bounded by timeout_seconds, 0: none
