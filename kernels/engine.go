@@ -122,6 +122,23 @@ func Momentum(ctx *Context, s gpu.Stream, a MomentumArgs) error {
 	return ctx.run(s, plan)
 }
 
+// MomentumStep is Momentum's arithmetic on the host (its definition, and
+// overlap's host engine's momentum correction): v = float32(m·u[i]) +
+// grad[i], two roundings (no fused multiply-add, on any architecture),
+// into grad[i] and next[i]. It returns the index of the first non-finite
+// v, or -1.
+func MomentumStep(grad, u, next []float32, m float32) int {
+	bad := -1
+	for i, g := range grad {
+		v := float32(m*u[i]) + g
+		if bad < 0 && v-v != 0 {
+			bad = i
+		}
+		next[i], grad[i] = v, v
+	}
+	return bad
+}
+
 // GuardLen is the size of an accuracy-guard block: ρ as a little-endian
 // IEEE float64, then a zero word. The device engine carries one after each
 // payload slot's Encode status (overlap.Config.Guard).

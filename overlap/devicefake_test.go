@@ -348,14 +348,14 @@ func (d *fakeDevice) Average(s gpu.Stream, a kernels.AverageArgs) error {
 }
 
 // Momentum is kernels.Momentum by the host engine's arithmetic
-// (momentumStep).
+// (kernels.MomentumStep).
 func (d *fakeDevice) Momentum(s gpu.Stream, a kernels.MomentumArgs) error {
 	d.enqueue(s, func() {
 		status := d.bytes(a.Status, kernels.StatusLen)
 		for i := range status {
 			status[i] = 0xff
 		}
-		if bad := momentumStep(d.floats(a.Grad, a.N), d.floats(a.U, a.N), d.floats(a.Next, a.N), a.M); bad >= 0 {
+		if bad := kernels.MomentumStep(d.floats(a.Grad, a.N), d.floats(a.U, a.N), d.floats(a.Next, a.N), a.M); bad >= 0 {
 			setStatus(status, 0, &compress.NonFiniteError{Index: bad, Value: d.floats(a.Next, a.N)[bad]})
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/twolevel"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/kernels"
 )
 
 // Engine exchanges gradient buckets between the ranks of a comm.Comm: a
@@ -505,23 +506,7 @@ func (e *Engine) momentumTask(r *run) {
 	if b.mom == nil {
 		b.mom, b.next = make([]float32, b.n), make([]float32, b.n)
 	}
-	r.momentum = momentumStep(r.grad[:b.n], b.mom, b.next, float32(e.cfg.Momentum)) < 0
-}
-
-// momentumStep is momentum correction's arithmetic (kernels.Momentum's
-// reference): v = float32(m·u[i]) + grad[i], two roundings (no fused
-// multiply-add, on any architecture), into grad[i] and next[i]. It
-// returns the index of the first non-finite v, or -1.
-func momentumStep(grad, u, next []float32, m float32) int {
-	bad := -1
-	for i, g := range grad {
-		v := float32(m*u[i]) + g
-		if bad < 0 && v-v != 0 {
-			bad = i
-		}
-		next[i], grad[i] = v, v
-	}
-	return bad
+	r.momentum = kernels.MomentumStep(r.grad[:b.n], b.mom, b.next, float32(e.cfg.Momentum)) < 0
 }
 
 // usePhase rebuilds the compressed path for the core's active phase: the

@@ -1,0 +1,183 @@
+package fakegpu
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gradcomp/gradcomp/gpu"
+)
+
+// stream runs the work enqueued on it in order on a goroutine of its own,
+// as a CUDA stream does on the device. Enqueueing never blocks.
+type stream struct {
+	dev *Device
+
+	mu     sync.Mutex
+	queue  []func()
+	wake   chan struct{} // one pending wake-up
+	closed bool
+}
+
+// newStream starts a stream of d.
+func (d *Device) newStream() *stream {
+	s := &stream{dev: d, wake: make(chan struct{}, 1)}
+	d.plat.streams.Add(1)
+	go s.loop()
+	return s
+}
+
+func (s *stream) loop() {
+	defer s.dev.plat.streams.Done()
+	for {
+		s.mu.Lock()
+		q, closed := s.queue, s.closed
+		s.queue = nil
+		s.mu.Unlock()
+		for _, fn := range q {
+			fn()
+		}
+		if len(q) == 0 {
+			if closed {
+				return
+			}
+			<-s.wake
+		}
+	}
+}
+
+// enqueue appends fn to the stream's work; after close it is dropped.
+func (s *stream) enqueue(fn func()) {
+	s.mu.Lock()
+	if !s.closed {
+		s.queue = append(s.queue, fn)
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// close lets the work enqueued so far run, then ends the goroutine.
+func (s *stream) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *stream) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stream returns d's stream h (0: the default stream), or an error if h is
+// no stream or one of another device.
+func (d *Device) stream(h gpu.Stream) (*stream, error) {
+	if h == 0 {
+		return d.def, nil
+	}
+	s, ok := reg.object(uintptr(h)).(*stream)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("stream %#x is not a stream of any fake device", h)
+	case s.dev != d:
+		return nil, d.foreign("stream", uintptr(h), s.dev)
+	}
+	return s, nil
+}
+
+// NewStream creates a stream of the device.
+func (d *Device) NewStream() (gpu.Stream, error) {
+	if err := d.err("NewStream"); err != nil {
+		return 0, err
+	}
+	return gpu.Stream(reg.handle(d.newStream())), nil
+}
+
+// DestroyStream releases stream h; the work already on it still runs (as
+// cuStreamDestroy). The default stream cannot be destroyed.
+func (d *Device) DestroyStream(h gpu.Stream) error {
+	if err := d.err("DestroyStream"); err != nil {
+		return err
+	}
+	if h == 0 {
+		return fmt.Errorf("fakegpu: DestroyStream on %s: the default stream cannot be destroyed", d)
+	}
+	s, err := d.stream(h)
+	if err != nil {
+		return fmt.Errorf("fakegpu: DestroyStream: %w", err)
+	}
+	reg.drop(uintptr(h))
+	s.close()
+	return nil
+}
+
+// launch enqueues work on stream h, which runs it by run: the public
+// calls that enqueue (op names the call in errors) are made of it.
+func (d *Device) launch(op string, h gpu.Stream, work func()) error {
+	if err := d.err(op); err != nil {
+		return err
+	}
+	s, err := d.stream(h)
+	if err != nil {
+		return fmt.Errorf("fakegpu: %s: %w", op, err)
+	}
+	s.enqueue(func() { d.run(op, h, work) })
+	return nil
+}
+
+// run runs work on stream h, unless the device has failed; a fault of
+// work becomes the device's sticky error.
+func (d *Device) run(op string, h gpu.Stream, work func()) {
+	if d.failed() {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(fault)
+			if !ok {
+				panic(r)
+			}
+			d.fail(fmt.Errorf("%s on stream %#x faulted: %w", op, h, f.err))
+		}
+	}()
+	work()
+}
+
+// LaunchHostFunc enqueues fn on stream h after the work already on it, as
+// cuLaunchHostFunc: fn runs on the stream's goroutine, and the stream's
+// later work waits for it to return. fn may block, which holds back this
+// stream only; it must not wait for later work of the same stream.
+func (d *Device) LaunchHostFunc(h gpu.Stream, fn func()) error {
+	return d.launch("LaunchHostFunc", h, fn)
+}
+
+// Synchronize waits until stream h has run the work enqueued so far, then
+// returns the device's sticky error, if any (cuStreamSynchronize).
+func (d *Device) Synchronize(h gpu.Stream) error {
+	if err := d.err("Synchronize"); err != nil {
+		return err
+	}
+	s, err := d.stream(h)
+	if err != nil {
+		return fmt.Errorf("fakegpu: Synchronize: %w", err)
+	}
+	m := newMark()
+	s.enqueue(m.fire)
+	<-m.ch
+	return d.err("Synchronize")
+}
+
+// synchronize waits until every stream of the device has run the work
+// enqueued so far.
+func (d *Device) synchronize() {
+	var marks []*mark
+	for _, s := range append(reg.streams(d), d.def) {
+		m := newMark()
+		s.enqueue(m.fire)
+		marks = append(marks, m)
+	}
+	for _, m := range marks {
+		<-m.ch
+	}
+}
