@@ -18,6 +18,7 @@ import (
 	"github.com/gradcomp/gradcomp/compress/compresstest"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/fakegpu"
 )
 
 // The engine conformance suite: one set of checks of what every backend ×
@@ -179,8 +180,8 @@ func deviceOnFake(t *testing.T, rank, size int, g *generations) func(context.Con
 	return func(ctx context.Context, sizes []int, cfg Config) (member, error) {
 		host, wire := g.comms(k)
 		k++
-		dev := newFakeDevice()
-		return newDeviceMember(ctx, dev, newFakeDeviceComm(wire[rank], dev, fakeTimeout), host[rank], sizes, cfg)
+		plat := fakegpu.New(1)
+		return newDeviceMember(ctx, plat, fakegpu.NewComm(wire[rank], plat.Device(0), fakeTimeout), host[rank], sizes, cfg)
 	}
 }
 
@@ -197,9 +198,9 @@ func deviceOnHosted(t *testing.T, rank, size int, g *generations) func(context.C
 		if err != nil {
 			return nil, err
 		}
-		dev := newFakeDevice()
-		serve(t, tr, host[rank], newFakeDeviceComm(wire[rank], dev, fakeTimeout))
-		return newDeviceMember(ctx, dev, tr.Device(), tr.Host(), sizes, cfg)
+		plat := fakegpu.New(1)
+		serve(t, tr, host[rank], fakegpu.NewComm(wire[rank], plat.Device(0), fakeTimeout))
+		return newDeviceMember(ctx, plat, tr.Device(), tr.Host(), sizes, cfg)
 	}
 }
 
@@ -245,12 +246,14 @@ func (m *hostMember) Wait(ctx context.Context) ([][]float32, StepStats, error) {
 	return out, st, err
 }
 
-// deviceMember is a DeviceEngine with a caller stream and a device buffer
-// per bucket, plus a scratch buffer for the Ready of a bucket already
-// given this step (which must not touch the buffer the engine owns).
+// deviceMember is a DeviceEngine on a one-device fake platform, with a
+// caller stream and a device buffer per bucket, plus a scratch buffer for
+// the Ready of a bucket already given this step (which must not touch the
+// buffer the engine owns).
 type deviceMember struct {
 	*DeviceEngine
-	dev     *fakeDevice
+	plat    *fakegpu.Platform
+	dev     *fakegpu.Device
 	s       gpu.Stream
 	sizes   []int
 	ptrs    []gpu.Ptr
@@ -258,8 +261,9 @@ type deviceMember struct {
 	given   []bool
 }
 
-func newDeviceMember(ctx context.Context, dev *fakeDevice, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config) (member, error) {
-	m := &deviceMember{dev: dev, sizes: sizes, given: make([]bool, len(sizes))}
+func newDeviceMember(ctx context.Context, plat *fakegpu.Platform, dc comm.DeviceComm, host comm.Comm, sizes []int, cfg Config) (member, error) {
+	dev := plat.Device(0)
+	m := &deviceMember{plat: plat, dev: dev, sizes: sizes, given: make([]bool, len(sizes))}
 	var err error
 	if m.s, err = dev.NewStream(); err != nil {
 		return nil, err
@@ -275,7 +279,7 @@ func newDeviceMember(ctx context.Context, dev *fakeDevice, dc comm.DeviceComm, h
 		m.ptrs = append(m.ptrs, p)
 	}
 	if m.DeviceEngine, err = NewDevice(ctx, dev, dc, host, sizes, cfg); err != nil {
-		dev.close()
+		plat.Close()
 		return nil, err
 	}
 	return m, nil
@@ -318,7 +322,7 @@ func (m *deviceMember) Wait(ctx context.Context) ([][]float32, StepStats, error)
 
 func (m *deviceMember) Close() error {
 	err := m.DeviceEngine.Close()
-	m.dev.close()
+	m.plat.Close()
 	return err
 }
 

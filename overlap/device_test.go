@@ -16,14 +16,19 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/fakegpu"
 )
 
-// devRig is one device engine per rank, each on its own fake device (its
-// GPU), with a caller stream and a device buffer per bucket.
+// Device is what fakegpu's devices are.
+var _ Device = (*fakegpu.Device)(nil)
+
+// devRig is one device engine per rank, each on its own device (its GPU)
+// of one fake platform, with a caller stream and a device buffer per
+// bucket.
 type devRig struct {
 	sizes   []int
-	devs    []*fakeDevice
-	dcs     []*fakeDeviceComm
+	devs    []*fakegpu.Device
+	dcs     []*loggedComm
 	engines []*DeviceEngine
 	caller  []gpu.Stream
 	grads   [][]gpu.Ptr
@@ -41,11 +46,12 @@ func newDevRig(t *testing.T, sizes []int, cfgs []Config, timeout time.Duration, 
 func newDevRigOn(t *testing.T, host, wire []comm.Comm, sizes []int, cfgs []Config, timeout time.Duration, tm ...timing) (*devRig, []error) {
 	t.Helper()
 	n := len(cfgs)
-	g := &devRig{sizes: sizes, devs: make([]*fakeDevice, n), dcs: make([]*fakeDeviceComm, n),
+	g := &devRig{sizes: sizes, devs: make([]*fakegpu.Device, n), dcs: make([]*loggedComm, n),
 		engines: make([]*DeviceEngine, n), caller: make([]gpu.Stream, n), grads: make([][]gpu.Ptr, n)}
+	plat := fakegpu.New(n)
 	for r := range n {
-		g.devs[r] = newFakeDevice()
-		g.dcs[r] = newFakeDeviceComm(wire[r], g.devs[r], timeout)
+		g.devs[r] = plat.Device(r)
+		g.dcs[r] = &loggedComm{Comm: fakegpu.NewComm(wire[r], g.devs[r], timeout)}
 		var err error
 		if g.caller[r], err = g.devs[r].NewStream(); err != nil {
 			t.Fatal(err)
@@ -68,14 +74,39 @@ func newDevRigOn(t *testing.T, host, wire []comm.Comm, sizes []int, cfgs []Confi
 		return err
 	})
 	t.Cleanup(func() {
-		for r, e := range g.engines {
+		for _, e := range g.engines {
 			if e != nil {
 				e.Close()
 			}
-			g.devs[r].close()
 		}
+		plat.Close()
 	})
 	return g, errs
+}
+
+// loggedComm is a fake DeviceComm that logs the element counts of the
+// all-reduces enqueued on it, in order.
+type loggedComm struct {
+	*fakegpu.Comm
+	mu      sync.Mutex
+	reduced []int
+}
+
+func (l *loggedComm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
+	l.mu.Lock()
+	l.reduced = append(l.reduced, n)
+	l.mu.Unlock()
+	return l.Comm.AllReduce(ctx, buf, n, s)
+}
+
+// deviceFloats is the host view of n float32 elements at p on d.
+func deviceFloats(t *testing.T, d *fakegpu.Device, p gpu.Ptr, n int) []float32 {
+	b, err := d.View(p, 4*n)
+	if err != nil {
+		t.Error(err)
+		return make([]float32, n)
+	}
+	return f32.Floats(b)
 }
 
 // mustDevRig is newDevRig with one configuration for every rank, failing
@@ -271,7 +302,7 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 		if err := e.Step(); err != nil {
 			t.Fatal(err)
 		}
-		d.enqueue(s, func() { <-gate }) // backward is still running
+		d.LaunchHostFunc(s, func() { <-gate }) // backward is still running
 		for i := range sizes {
 			d.CopyIn(s, g.grads[r][i], f32.Bytes(grads[r][i]))
 			if err := e.Ready(i, g.grads[r][i], s); err != nil {
@@ -281,9 +312,9 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 		if err := e.Done(s); err != nil {
 			t.Fatal(err)
 		}
-		d.enqueue(s, func() { // the optimizer
+		d.LaunchHostFunc(s, func() { // the optimizer
 			for i, n := range sizes {
-				seen[r] = append(seen[r], append([]float32(nil), d.floats(g.grads[r][i], n)...))
+				seen[r] = append(seen[r], append([]float32(nil), deviceFloats(t, d, g.grads[r][i], n)...))
 			}
 		})
 		if ok, _ := d.EventQuery(e.done); ok {
@@ -298,7 +329,9 @@ func TestDeviceEngineWaitsForCallerStream(t *testing.T) {
 		if errs[r] != nil {
 			t.Fatalf("rank %d: %v", r, errs[r])
 		}
-		g.devs[r].sync(g.caller[r])
+		if err := g.devs[r].Synchronize(g.caller[r]); err != nil {
+			t.Fatal(err)
+		}
 		for i := range sizes {
 			if j := sameBits(seen[r][i], want[i]); j >= 0 {
 				t.Errorf("rank %d bucket %d element %d: the optimizer saw %v, want %v", r, i, j, seen[r][i][j], want[i][j])
@@ -427,12 +460,13 @@ func TestDeviceEngineLaunchFailure(t *testing.T) {
 	e, d := g.engines[0], g.devs[0]
 	b := e.bufs[0]
 	resid, out := b.resid, b.out
-	d.failEncode = errors.New("CUDA_ERROR_LAUNCH_FAILED")
+	failed := errors.New("CUDA_ERROR_LAUNCH_FAILED")
+	d.InjectLaunchError(failed)
 	if err := e.Step(); err != nil {
 		t.Fatal(err)
 	}
 	var se *StepError
-	if err := e.Ready(0, g.grads[0][0], g.caller[0]); !errors.As(err, &se) || !errors.Is(err, d.failEncode) {
+	if err := e.Ready(0, g.grads[0][0], g.caller[0]); !errors.As(err, &se) || !errors.Is(err, failed) {
 		t.Fatalf("Ready: %v, want a *StepError wrapping the launch failure", err)
 	}
 	if _, err := e.Wait(context.Background()); !errors.As(err, &se) {
@@ -441,7 +475,7 @@ func TestDeviceEngineLaunchFailure(t *testing.T) {
 	if b.resid != resid || b.out != out {
 		t.Error("error-feedback buffers swapped after a failed step")
 	}
-	for j, v := range d.floats(resid, 64) {
+	for j, v := range deviceFloats(t, d, resid, 64) {
 		if v != 0 {
 			t.Fatalf("error-feedback memory element %d is %v after a failed first step, want 0", j, v)
 		}
@@ -524,10 +558,9 @@ func TestDeviceEngineConfig(t *testing.T) {
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}
-		d := g.devs[r]
-		if len(d.mem) != len(g.sizes) || len(d.events) != 0 || len(d.streams) != 1 {
+		if res := g.devs[r].Resources(); res != (fakegpu.Resources{Allocations: len(g.sizes), Streams: 1}) {
 			t.Errorf("rank %d after Close: %d allocations (want the test's %d), %d events, %d streams (want the caller's)",
-				r, len(d.mem), len(g.sizes), len(d.events), len(d.streams))
+				r, res.Allocations, len(g.sizes), res.Events, res.Streams)
 		}
 	}
 }

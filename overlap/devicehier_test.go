@@ -12,6 +12,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/fakegpu"
 )
 
 // mustDevHierRig is a device rig of 2 nodes × 2 ranks: host comms and
@@ -96,12 +97,11 @@ func TestDeviceHierRefusals(t *testing.T) {
 		cfgs[i].Spec = "int8"
 	}
 	host, wire := nodeGroup(t, 2, 2), group(t, 4)
-	devs := make([]*fakeDevice, 4)
+	plat := fakegpu.New(4)
+	defer plat.Close()
 	errs = onRanks(host, func(r int, c comm.Comm) error {
-		devs[r] = newFakeDevice()
-		defer devs[r].close()
-		dc := unsplittable{newFakeDeviceComm(wire[r], devs[r], time.Second)}
-		e, err := NewDevice(context.Background(), devs[r], dc, c, []int{64}, cfgs[r])
+		dc := unsplittable{fakegpu.NewComm(wire[r], plat.Device(r), time.Second)}
+		e, err := NewDevice(context.Background(), plat.Device(r), dc, c, []int{64}, cfgs[r])
 		if err == nil {
 			e.Close()
 		}
@@ -161,11 +161,11 @@ func TestDeviceHierNonFinite(t *testing.T) {
 // (comm.DeviceHost), as comm/hosted's do: its Split's comms are too.
 type deviceHosting struct {
 	comm.Comm
-	dev *fakeDevice
+	dev *fakegpu.Device
 }
 
 func (d deviceHosting) Device() comm.DeviceComm {
-	return newFakeDeviceComm(d.Comm, d.dev, 5*time.Second)
+	return fakegpu.NewComm(d.Comm, d.dev, 5*time.Second)
 }
 func (d deviceHosting) Topology() comm.Topology { return d.Comm.(comm.Topologist).Topology() }
 func (d deviceHosting) Split(ctx context.Context) (node, cross comm.Comm, err error) {
@@ -183,11 +183,12 @@ func TestDeviceHierHostedGroups(t *testing.T) {
 	cfg := Config{Spec: "int8", Strategy: StrategyHier, ErrorFeedback: true, Decision: DecideCompressed}
 	host, wire := nodeGroup(t, 2, 2), nodeGroup(t, 2, 2)
 	hosts := make([]comm.Comm, 4)
-	g := &devRig{sizes: hierSizes, devs: make([]*fakeDevice, 4), dcs: make([]*fakeDeviceComm, 4),
+	g := &devRig{sizes: hierSizes, devs: make([]*fakegpu.Device, 4), dcs: make([]*loggedComm, 4),
 		engines: make([]*DeviceEngine, 4), caller: make([]gpu.Stream, 4), grads: make([][]gpu.Ptr, 4)}
+	plat := fakegpu.New(4)
+	t.Cleanup(plat.Close)
 	for r := range 4 {
-		g.devs[r] = newFakeDevice()
-		t.Cleanup(g.devs[r].close)
+		g.devs[r] = plat.Device(r)
 		hosts[r] = deviceHosting{host[r], g.devs[r]}
 		g.caller[r], _ = g.devs[r].NewStream()
 		for _, n := range hierSizes {
@@ -197,7 +198,7 @@ func TestDeviceHierHostedGroups(t *testing.T) {
 	}
 	mustNoErrors(t, "NewDevice", onRanks(hosts, func(r int, c comm.Comm) error {
 		var err error
-		dc := unsplittable{newFakeDeviceComm(wire[r], g.devs[r], 5*time.Second)}
+		dc := unsplittable{fakegpu.NewComm(wire[r], g.devs[r], 5*time.Second)}
 		g.engines[r], err = NewDevice(context.Background(), g.devs[r], dc, c, hierSizes, cfg)
 		return err
 	}))

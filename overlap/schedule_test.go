@@ -98,8 +98,8 @@ func testSchedule(t *testing.T, backend string, ranks int, sizes []int, target s
 		if err := e.Close(); err != nil {
 			t.Fatalf("rank %d: Close: %v", r, err)
 		}
-		if d := g.dev.devs[r]; len(d.mem) != len(sizes) {
-			t.Errorf("rank %d after Close: %d allocations, want the test's %d", r, len(d.mem), len(sizes))
+		if n := g.dev.devs[r].Resources().Allocations; n != len(sizes) {
+			t.Errorf("rank %d after Close: %d allocations, want the test's %d", r, n, len(sizes))
 		}
 	}
 }

@@ -1,6 +1,10 @@
 package overlap
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/gradcomp/gradcomp/internal/workq"
+)
 
 // stream is the CPU stand-in for a CUDA stream: work enqueued on it runs in
 // order on one goroutine. Like a CUDA stream it is driven from the host by
@@ -12,53 +16,13 @@ import "sync"
 // Unlike CUDA, waiting on an event that is never recorded would block the
 // stream forever; the engine records every event before any stream waits on
 // it, which is also what CUDA requires for the wait to mean anything.
-type stream struct {
-	mu     sync.Mutex
-	queue  []func()
-	wake   chan struct{} // one pending wake-up
-	closed bool
-	done   chan struct{} // closed when the goroutine ends
-}
+type stream struct{ q *workq.Queue }
 
-func newStream() *stream {
-	s := &stream{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	go s.loop()
-	return s
-}
-
-func (s *stream) loop() {
-	defer close(s.done)
-	for {
-		s.mu.Lock()
-		q := s.queue
-		s.queue = nil
-		closed := s.closed
-		s.mu.Unlock()
-		for _, fn := range q {
-			fn()
-		}
-		if len(q) == 0 {
-			if closed {
-				return
-			}
-			<-s.wake
-		}
-	}
-}
+func newStream() *stream { return &stream{workq.New()} }
 
 // enqueue appends fn to the stream's work. It never blocks. Work enqueued
 // after close is dropped.
-func (s *stream) enqueue(fn func()) {
-	s.mu.Lock()
-	if !s.closed {
-		s.queue = append(s.queue, fn)
-	}
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
+func (s *stream) enqueue(fn func()) { s.q.Enqueue(fn) }
 
 // record returns an event that fires once every piece of work enqueued so
 // far has run.
@@ -75,14 +39,8 @@ func (s *stream) waitEvent(ev *event) {
 
 // close lets the queued work run, then ends the goroutine, and waits for it.
 func (s *stream) close() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-	<-s.done
+	s.q.Close()
+	<-s.q.Done()
 }
 
 // event is a point in a stream's work (cudaEvent_t).

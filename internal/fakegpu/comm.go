@@ -29,7 +29,10 @@ type Comm struct {
 	split    []comm.Comm // Split: the cross comm its first call made, until the second takes it
 }
 
-var _ comm.DeviceSplitter = (*Comm)(nil)
+var (
+	_ comm.DeviceComm     = (*Comm)(nil)
+	_ comm.DeviceSplitter = (*Comm)(nil)
+)
 
 // NewComm returns c's DeviceComm on dev; each collective, and Wait, is
 // bounded by timeout.

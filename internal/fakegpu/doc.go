@@ -3,7 +3,8 @@
 // overlap.Device (memory, streams, events, and the kernels of package
 // kernels computed by the CPU reference codecs), a comm.DeviceComm over a
 // host comm.Comm (Comm), and the hooks through which the mock libnccl.so.2
-// runs its collectives in a fake device's stream order (AttachNCCL).
+// runs its collectives in a fake device's stream order (AttachNCCL, in
+// cgo builds).
 //
 // # Memory
 //

@@ -13,7 +13,7 @@ import (
 // streams and events of every other.
 type Platform struct {
 	devs    []*Device
-	streams sync.WaitGroup // every stream goroutine of the platform's devices
+	streams sync.WaitGroup // ends when every stream of the platform's devices has
 	closed  atomic.Bool
 }
 

@@ -12,9 +12,9 @@ import (
 // collide) and the streams and events by handle (unique in the process).
 type registry struct {
 	mu      sync.Mutex
-	allocs  []*allocation    // sorted by base
-	handles map[uintptr]any  // *stream or *event
-	next    uintptr          // the last handle given
+	allocs  []*allocation   // sorted by base
+	handles map[uintptr]any // *stream or *event
+	next    uintptr         // the last handle given
 }
 
 // firstHandle keeps handles clear of 0 (the default stream) and of CUDA's

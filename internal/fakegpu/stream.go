@@ -2,73 +2,30 @@ package fakegpu
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/workq"
 )
 
 // stream runs the work enqueued on it in order on a goroutine of its own,
 // as a CUDA stream does on the device. Enqueueing never blocks.
 type stream struct {
 	dev *Device
-
-	mu     sync.Mutex
-	queue  []func()
-	wake   chan struct{} // one pending wake-up
-	closed bool
+	q   *workq.Queue
 }
 
 // newStream starts a stream of d.
 func (d *Device) newStream() *stream {
-	s := &stream{dev: d, wake: make(chan struct{}, 1)}
-	d.plat.streams.Add(1)
-	go s.loop()
+	s := &stream{dev: d, q: workq.New()}
+	d.plat.streams.Go(func() { <-s.q.Done() })
 	return s
 }
 
-func (s *stream) loop() {
-	defer s.dev.plat.streams.Done()
-	for {
-		s.mu.Lock()
-		q, closed := s.queue, s.closed
-		s.queue = nil
-		s.mu.Unlock()
-		for _, fn := range q {
-			fn()
-		}
-		if len(q) == 0 {
-			if closed {
-				return
-			}
-			<-s.wake
-		}
-	}
-}
-
 // enqueue appends fn to the stream's work; after close it is dropped.
-func (s *stream) enqueue(fn func()) {
-	s.mu.Lock()
-	if !s.closed {
-		s.queue = append(s.queue, fn)
-	}
-	s.mu.Unlock()
-	s.poke()
-}
+func (s *stream) enqueue(fn func()) { s.q.Enqueue(fn) }
 
 // close lets the work enqueued so far run, then ends the goroutine.
-func (s *stream) close() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.poke()
-}
-
-func (s *stream) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
+func (s *stream) close() { s.q.Close() }
 
 // stream returns d's stream h (0: the default stream), or an error if h is
 // no stream or one of another device.
