@@ -13,12 +13,13 @@ import (
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/fakegpu"
 )
 
 // delegation is how devRig.delegateStep hands a step's buckets over.
 type delegation struct {
 	buckets []int             // delegated; the others are made Ready
-	callers []*fakeDeviceComm // by rank: the caller's own communicator, for its all-reduces
+	callers []*fakegpu.Comm // by rank: the caller's own communicator, for its all-reduces
 	// before runs on each rank after Step, before any hand-over; after
 	// once every bucket is handed over, before the caller's all-reduces.
 	// An error is the rank's.
@@ -27,12 +28,12 @@ type delegation struct {
 
 // callerComms returns, per rank of g, a communicator of the caller's own
 // (not the engine's) on the rank's fake device.
-func callerComms(t *testing.T, g *devRig) []*fakeDeviceComm {
+func callerComms(t *testing.T, g *devRig) []*fakegpu.Comm {
 	t.Helper()
 	comms := group(t, len(g.engines))
-	out := make([]*fakeDeviceComm, len(comms))
+	out := make([]*fakegpu.Comm, len(comms))
 	for r, c := range comms {
-		out[r] = newFakeDeviceComm(c, g.devs[r], 2*time.Second)
+		out[r] = fakegpu.NewComm(c, g.devs[r], 2*time.Second)
 	}
 	return out
 }

@@ -25,8 +25,9 @@ type Device struct {
 	def     *stream // the default stream, handle 0
 
 	mu        sync.Mutex
-	sticky    error // the first failure of work on the device; later calls return it
-	launchErr error // InjectLaunchError's
+	sticky    error            // the first failure of work on the device; later calls return it
+	launchErr error            // InjectLaunchError's
+	draining  map[*stream]bool // destroyed streams whose work still runs
 }
 
 // errClosed is the sticky error of a device whose platform is closed.

@@ -65,8 +65,27 @@ func (d *Device) DestroyStream(h gpu.Stream) error {
 		return fmt.Errorf("fakegpu: DestroyStream: %w", err)
 	}
 	reg.drop(uintptr(h))
-	s.close()
+	d.drain(s)
 	return nil
+}
+
+// drain closes s and keeps it among the device's draining streams until
+// its work has run: synchronize (so Free) waits for it, as cudaFree waits
+// for the work of a destroyed stream.
+func (d *Device) drain(s *stream) {
+	d.mu.Lock()
+	if d.draining == nil {
+		d.draining = map[*stream]bool{}
+	}
+	d.draining[s] = true
+	d.mu.Unlock()
+	s.close()
+	go func() {
+		<-s.q.Done()
+		d.mu.Lock()
+		delete(d.draining, s)
+		d.mu.Unlock()
+	}()
 }
 
 // launch enqueues work on stream h, which runs it by run: the public
@@ -136,5 +155,14 @@ func (d *Device) synchronize() {
 	}
 	for _, m := range marks {
 		<-m.ch
+	}
+	d.mu.Lock()
+	var draining []*stream
+	for s := range d.draining {
+		draining = append(draining, s)
+	}
+	d.mu.Unlock()
+	for _, s := range draining {
+		<-s.q.Done()
 	}
 }
