@@ -43,12 +43,14 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags fakegpu ./plugin
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./compress
 	GOARCH=386 CGO_ENABLED=0 $(GO) vet ./compress
 	$(GO) vet -tags purego ./compress
 
 unit:
 	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -tags fakegpu ./plugin
 	$(GO) vet -tags mpi ./...
 	$(GO) test -count=1 -tags mpi ./comm/... ./overlap/... ./train/... ./netbench/... ./cmd/...
 
@@ -61,10 +63,12 @@ unit:
 # its mapping instead of crashing on a truncated file.
 HAVE_CUDA_H := $(shell $(CC) -E -include cuda.h -x c /dev/null >/dev/null 2>&1 && echo yes)
 PKGDIR := plugin/python/gradcomp
-plugin:
+plugin: mocknccl
 	mkdir -p build $(PKGDIR)
 	$(GO) build -buildmode=c-shared -o build/libgradcomp.so ./plugin
 	cp build/libgradcomp.so $(PKGDIR)/.new-$$$$.so && mv -f $(PKGDIR)/.new-$$$$.so $(PKGDIR)/libgradcomp.so
+	$(GO) build -tags fakegpu -buildmode=c-shared -o build/libgradcomp_fake.so ./plugin
+	cp build/libgradcomp_fake.so $(PKGDIR)/.new-$$$$.so && mv -f $(PKGDIR)/.new-$$$$.so $(PKGDIR)/libgradcomp_fake.so
 ifeq ($(HAVE_CUDA_H),yes)
 	$(GO) build -tags cuda -buildmode=c-shared -o build/libgradcomp_cuda.so ./plugin
 	cp build/libgradcomp_cuda.so $(PKGDIR)/.new-$$$$.so && mv -f $(PKGDIR)/.new-$$$$.so $(PKGDIR)/libgradcomp_cuda.so

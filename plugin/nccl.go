@@ -152,11 +152,15 @@ func newNCCLEngine(id nccl.UniqueID, rank, size int, c engineConfig, sizes []int
 }
 
 // stagingMemory is a Device as comm/staged's memory: a stream is synced
-// when an event recorded on it after its work has completed.
+// when an event recorded on it after its work has completed. Synced
+// records the event when no record is pending and then only queries it
+// until it has completed, so that polling does not keep moving the mark.
 type stagingMemory struct {
-	dev overlap.Device
-	mu  sync.Mutex
-	ev  gpu.Event // made on first use, kept for the Device's life
+	dev     overlap.Device
+	mu      sync.Mutex
+	ev      gpu.Event  // made on first use, destroyed by close
+	pending gpu.Stream // the stream the pending record is on
+	armed   bool       // a record is pending
 }
 
 func (m *stagingMemory) Alloc(bytes int) (gpu.Ptr, error) { return m.dev.Alloc(bytes) }
@@ -168,8 +172,8 @@ func (m *stagingMemory) CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error {
 	return m.dev.CopyOut(s, dst, src)
 }
 
-// Synced records the event on s (after everything enqueued so far) and
-// reports whether it has completed.
+// Synced reports whether s has run the work enqueued on it before the
+// first call of this wait (each true answer ends a wait).
 func (m *stagingMemory) Synced(s gpu.Stream) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -180,10 +184,17 @@ func (m *stagingMemory) Synced(s gpu.Stream) (bool, error) {
 		}
 		m.ev = ev
 	}
-	if err := m.dev.Record(m.ev, s); err != nil {
-		return false, err
+	if !m.armed || m.pending != s {
+		if err := m.dev.Record(m.ev, s); err != nil {
+			return false, err
+		}
+		m.armed, m.pending = true, s
 	}
-	return m.dev.EventQuery(m.ev)
+	done, err := m.dev.EventQuery(m.ev)
+	if done || err != nil {
+		m.armed = false
+	}
+	return done, err
 }
 
 // close destroys the event.

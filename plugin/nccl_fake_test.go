@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/inproc"
@@ -76,12 +78,16 @@ func TestNCCLEngineFake(t *testing.T) {
 		{spec: "int4", nodeOf: []int{0, 0, 0, 0}},
 		{spec: "randomk:0.1", nodeOf: []int{0, 0}},
 		{spec: "int8", nodeOf: []int{0, 0, 1, 1}, hier: true},
+		{spec: "powersgd:2", nodeOf: []int{0, 0}},
 	} {
 		n := len(tc.nodeOf)
 		t.Run(fmt.Sprintf("%s/%d/hier=%v", tc.spec, n, tc.hier), func(t *testing.T) {
 			cfg := overlap.Config{Spec: tc.spec, ErrorFeedback: true, Decision: overlap.DecideCompressed}
 			if tc.hier {
 				cfg.Strategy = overlap.StrategyHier
+			}
+			if strings.HasPrefix(tc.spec, "powersgd") {
+				cfg.Shapes = [][]overlap.Shape{{{Rows: 15, Cols: 20}}, {{Rows: 40, Cols: 25}}, {{Rows: 7, Cols: 11}}}
 			}
 			host, err := inproc.NewNodeGroup(tc.nodeOf)
 			if err != nil {
@@ -182,5 +188,151 @@ func TestNCCLEngineFake(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// newEngines creates n engines on one unique id with per-rank
+// configurations and returns them with each rank's status and error.
+func newEngines(t *testing.T, id nccl.UniqueID, cfgs []engineConfig, sizes []int, invalid []error) ([]*engine, []status, []error) {
+	t.Helper()
+	n := len(cfgs)
+	engs := make([]*engine, n)
+	errs := onEach(n, func(r int) error {
+		var bad error
+		if invalid != nil {
+			bad = invalid[r]
+		}
+		var err error
+		engs[r], err = newNCCLEngine(id, r, n, cfgs[r], sizes, bad)
+		return err
+	})
+	sts := make([]status, n)
+	for r, err := range errs {
+		if err != nil {
+			sts[r] = statusOf(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, e := range engs {
+			if e != nil {
+				e.close()
+			}
+		}
+	})
+	return engs, sts, errs
+}
+
+// TestNCCLEngineFakeRefusals: what goes wrong while the engines on their
+// own communicator are made ends on every rank with a status naming the
+// cause, within the timeout, never a hang.
+func TestNCCLEngineFakeRefusals(t *testing.T) {
+	needMock(t)
+	sizes := []int{64, 10}
+	const timeout = 2 * time.Second
+	base := func(device int, spec string) engineConfig {
+		return engineConfig{Config: overlap.Config{Spec: spec, ErrorFeedback: true, Decision: overlap.DecideCompressed, Timeout: timeout}, device: device}
+	}
+	fresh := func() nccl.UniqueID {
+		id, err := ncclUniqueID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	t.Run("mismatch", func(t *testing.T) {
+		_, sts, errs := newEngines(t, fresh(), []engineConfig{base(0, "int8"), base(1, "int4")}, sizes, nil)
+		for r := range sts {
+			if sts[r] != errConfig || !strings.Contains(errs[r].Error(), "int4") {
+				t.Errorf("rank %d: status %d, %v; want GC_ERR_CONFIG naming the other spec", r, sts[r], errs[r])
+			}
+		}
+	})
+	t.Run("invalid", func(t *testing.T) {
+		bad := errorf(errInvalid, "strategy: no such strategy %q", "fastest")
+		_, sts, errs := newEngines(t, fresh(), []engineConfig{base(0, "int8"), base(1, "int8")}, sizes, []error{nil, bad})
+		for r := range sts {
+			if sts[r] != errConfig || !strings.Contains(errs[r].Error(), "fastest") {
+				t.Errorf("rank %d: status %d, %v; want GC_ERR_CONFIG naming rank 1's setting", r, sts[r], errs[r])
+			}
+		}
+	})
+	t.Run("initfail", func(t *testing.T) {
+		start := time.Now()
+		_, sts, errs := newEngines(t, ncclmock.FailInitID(1), []engineConfig{base(0, "int8"), base(1, "int8"), base(2, "int8")}, sizes, nil)
+		if sts[1] != errNCCL {
+			t.Errorf("rank 1 (its init fails): status %d, %v; want GC_ERR_NCCL", sts[1], errs[1])
+		}
+		for _, r := range []int{0, 2} {
+			if sts[r] != errComm {
+				t.Errorf("rank %d: status %d, %v; want GC_ERR_COMM (its init aborted)", r, sts[r], errs[r])
+			}
+		}
+		if d := time.Since(start); d > timeout+5*time.Second {
+			t.Errorf("took %v with a timeout of %v", d, timeout)
+		}
+	})
+	t.Run("device", func(t *testing.T) {
+		for _, tc := range []struct {
+			device int
+			want   status
+		}{{-1, errInvalid}, {1 << 20, errNoDevice}} {
+			_, err := newNCCLEngine(fresh(), 0, 1, base(tc.device, "int8"), sizes, nil)
+			if statusOf(err) != tc.want {
+				t.Errorf("device %d: %v (status %d), want status %d", tc.device, err, statusOf(err), tc.want)
+			}
+		}
+		if _, err := newNCCLEngine(nccl.UniqueID{}, 0, 1, base(0, "int8"), sizes, nil); statusOf(err) != errInvalid {
+			t.Errorf("zero id: %v, want GC_ERR_INVALID", err)
+		}
+	})
+}
+
+// TestNCCLEngineFakeDeadPeer: a rank that never comes to a step's
+// collectives ends the others' step with GC_ERR_COMM within the
+// timeout, and the engine is broken afterwards.
+func TestNCCLEngineFakeDeadPeer(t *testing.T) {
+	needMock(t)
+	sizes := []int{64}
+	id, err := ncclUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(d int) engineConfig {
+		return engineConfig{Config: overlap.Config{Spec: "int8", ErrorFeedback: true, Decision: overlap.DecideCompressed, Timeout: time.Second}, device: d}
+	}
+	// The gradient outlives the engines (cleanups run last-in first-out):
+	// after a failed step the engine's streams may still write it until
+	// the engine is closed, as on a GPU.
+	buf, err := ncclmock.Alloc(4 * sizes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { buf.Free() })
+	engs, _, errs := newEngines(t, id, []engineConfig{cfg(0), cfg(1)}, sizes, nil)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	e := engs[0]
+	if err := e.stepper().Step(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := e.readyDevice(0, buf.Ptr(), sizes[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.done(0); err != nil {
+		t.Fatal(err)
+	}
+	err = e.wait(0)
+	if statusOf(err) != errComm {
+		t.Fatalf("wait without the peer: %v (status %d), want GC_ERR_COMM", err, statusOf(err))
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %v with a timeout of 1s", d)
+	}
+	if err := e.stepper().Step(); statusOf(err) != errBroken {
+		t.Errorf("Step after the failure: %v, want GC_ERR_BROKEN", err)
 	}
 }
