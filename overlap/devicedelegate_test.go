@@ -18,7 +18,7 @@ import (
 
 // delegation is how devRig.delegateStep hands a step's buckets over.
 type delegation struct {
-	buckets []int             // delegated; the others are made Ready
+	buckets []int           // delegated; the others are made Ready
 	callers []*fakegpu.Comm // by rank: the caller's own communicator, for its all-reduces
 	// before runs on each rank after Step, before any hand-over; after
 	// once every bucket is handed over, before the caller's all-reduces.
