@@ -81,8 +81,6 @@ StateInfo = collections.namedtuple("StateInfo", "spec strategy world rank next_s
 #: whether it was asked to stop.
 TAKE_SECONDS = 0.2
 
-_DECISIONS = ("auto", "compressed", "dense")
-
 
 class Hosted:
     """Rank ``rank``'s end of a hosted transport of ``size`` ranks
@@ -712,16 +710,16 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
                   timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False,
                   topology=None, node_spec="", shapes=None):
     """A gc_engine_config of :class:`Engine`'s settings (its docstring
-    says what each means); ValueError for a decision the library does not
-    know, or settings this library's ABI lacks."""
+    says what each means); ValueError for settings this library's ABI
+    lacks. The library checks the names (spec, strategy, decision) when
+    it reads the config: InvalidArgumentError (a ValueError) with its
+    message."""
     if shapes is not None and _lib.lib().gc_abi_version() & 0xFFFF < 7:
         raise ValueError("gradcomp: shapes (spec powersgd) need libgradcomp ABI 2.7; %s is older" % _lib.path())
     if (topology is not None or strategy == "hier") and _lib.lib().gc_abi_version() & 0xFFFF < 4:
         raise ValueError("gradcomp: strategy hier and topology need libgradcomp ABI 2.4; %s is older" % _lib.path())
     if node_spec and _lib.lib().gc_abi_version() & 0xFFFF < 5:
         raise ValueError("gradcomp: node_spec needs libgradcomp ABI 2.5; %s is older" % _lib.path())
-    if decision not in _DECISIONS:
-        raise ValueError("gradcomp: decision=%r: want one of %s" % (decision, _DECISIONS))
     if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
         raise ValueError("gradcomp: guard and momentum_masking need libgradcomp ABI 2.2; %s is older" % _lib.path())
     cfg = _lib.EngineConfig()
@@ -729,7 +727,7 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
     cfg.error_feedback = 1 if error_feedback else 0
     cfg.spec = _lib.cstring("spec", spec)
     cfg.strategy = _lib.cstring("strategy", strategy)
-    cfg.decision = decision.encode("utf-8")
+    cfg.decision = _lib.cstring("decision", decision)
     cfg.fail_on_nonfinite = 1 if fail_on_nonfinite else 0
     cfg.warmup = int(warmup)
     cfg.timeout_seconds = float(timeout)
