@@ -17,7 +17,7 @@ online verification, NaN handling and checkpoints are gradcomp's engine
 engine posts its collectives, in the same order on every rank, and a
 thread of this package carries them out on the DDP process group with
 torch.distributed (gloo: all_reduce, all_gather, all_to_all_single,
-broadcast, barrier; see gradcomp._engine).
+broadcast, barrier; see gradcomp._host).
 
 Steps:
 
@@ -125,7 +125,7 @@ from ._ddp_buckets import signature_shapes, valid_signature
 from ._ddp_hook import DDPHook
 from ._engine import Engine
 from ._state import ms
-from ._topology import ENV_RANKS_PER_NODE  # noqa: F401 (gradcomp.torch.ENV_RANKS_PER_NODE, as ever)
+from ._topology import ENV_RANKS_PER_NODE  # noqa: F401 (gradcomp.torch.ENV_RANKS_PER_NODE)
 from ._topology import find_nodes, hier_layout, make_groups
 
 __all__ = ["State", "hier_layout", "hook"]
