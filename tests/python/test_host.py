@@ -1,4 +1,4 @@
-"""TorchHost carries out several posts at once (gradcomp._engine): on 3 gloo
+"""TorchHost carries out several posts at once (gradcomp._host): on 3 gloo
 ranks (spawned processes), a scripted transport hands the host every kind
 of collective, up to 4 taken and not yet complete at a time as the hosted
 transport allows, and the host must launch the next ones before the first
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import gradcomp
-from gradcomp import _engine, _lib
+from gradcomp import _engine, _host, _lib
 
 import ranks
 from workers import _op
@@ -35,7 +35,7 @@ def setUpModule():
 
 
 class ScriptedHosted:
-    """Stands in for gradcomp._engine.Hosted: hands out ``ops`` in order, at
+    """Stands in for gradcomp._host.Hosted: hands out ``ops`` in order, at
     most ``limit`` taken and not yet completed at a time (the hosted
     transport's engine posts no more than that), and records every take
     and completion in order."""
@@ -92,7 +92,7 @@ def _every_kind(rank, world):
     add(K.ALLGATHER, 5, send, torch.zeros(5 * world, dtype=torch.uint8),
         torch.tensor([q * 10 + j for q in range(world) for j in range(5)], dtype=torch.uint8))
     # Over DIRECT_GATHER_BYTES in all: a ring all-gather, not the direct one.
-    n = _engine.DIRECT_GATHER_BYTES // world + 1
+    n = _host.DIRECT_GATHER_BYTES // world + 1
     big = ((torch.arange(n) * 31 + rank * 7) % 251).to(torch.uint8)
     add(K.ALLGATHER, n, big, torch.zeros(n * world, dtype=torch.uint8),
         torch.cat([((torch.arange(n) * 31 + q * 7) % 251).to(torch.uint8) for q in range(world)]))
@@ -136,7 +136,7 @@ def several_in_flight(rank, world):
 
     dist.all_to_all_single = counted
     t0 = time.perf_counter()
-    host = _engine.TorchHost(fake, host_group)
+    host = _host.TorchHost(fake, host_group)
     finished = fake.all_done.wait(30)
     elapsed = time.perf_counter() - t0
     stopped = host.stop(timeout=5)
@@ -200,7 +200,7 @@ def peer_dies(rank, world, timeout):
            for i, t in enumerate(bufs)]
     fake = ScriptedHosted(rank, world, ops)
     t0 = time.monotonic()
-    host = _engine.TorchHost(fake, host_group)
+    host = _host.TorchHost(fake, host_group)
     finished = fake.all_done.wait(timeout + 20)
     out = {"finished": finished, "seconds": time.monotonic() - t0, "stopped": host.stop(timeout=5),
            "completions": {op.id: fake.completions.get(op.id, []) for op in ops},

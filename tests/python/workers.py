@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomp
 import gradcomp.torch as gct
-from gradcomp import _engine, _lib
+from gradcomp import _engine, _host, _lib
 
 BATCH = 32
 
@@ -393,7 +393,7 @@ def hosted_ops(rank, world):
     f32 = lambda vals: (ctypes.c_float * len(vals))(*vals)
     u8 = lambda vals: (ctypes.c_uint8 * len(vals))(*vals)
     addr = ctypes.addressof
-    run = lambda op: _engine.run_op(op, None, rank, world)
+    run = lambda op: _host.run_op(op, None, rank, world)
 
     buf = f32([rank + 1.0, 2.0 * rank, 0.5])
     out["allreduce_written"] = run(_op(K.ALLREDUCE, 3, addr(buf), addr(buf), 12, 12))

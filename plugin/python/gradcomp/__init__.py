@@ -3,8 +3,9 @@
 A pure-Python (ctypes) binding of gradcomp's C ABI (plugin/include/gradcomp.h):
 the codecs (:class:`Compressor`), the engine over a hosted transport
 (:class:`Engine`, whose collectives a thread carries out with
-torch.distributed; see gradcomp._engine) and, in :mod:`gradcomp.torch`, a
-DDP communication hook that drives the engine. Importing this
+torch.distributed; see gradcomp._engine and gradcomp._host) and, in
+:mod:`gradcomp.torch`, a DDP communication hook that drives the engine.
+Importing this
 package needs neither torch nor a GPU nor the library: the library is found
 and loaded on first use, from ``$GRADCOMP_LIB`` or next to this package
 (``make plugin`` copies it there).
@@ -34,7 +35,8 @@ from ._compressor import (
     payload_len_raw,
     version,
 )
-from ._engine import BucketStats, Engine, Hosted, StateInfo, StepStats, TorchHost
+from ._engine import BucketStats, Engine, StateInfo, StepStats
+from ._host import Hosted, TorchHost
 from ._lib import (
     ABI_MAJOR,
     ABI_MINOR,

@@ -118,11 +118,9 @@ resume are bit for bit those of the uninterrupted run
 (tests/python/test_fsdp.py).
 """
 
-import collections
 import functools
 import logging
 import math
-import threading
 
 import torch
 import torch.distributed as dist
@@ -137,9 +135,8 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
     raise ImportError("gradcomp.fsdp needs FSDPModule.set_all_reduce_hook, which this torch (%s) lacks"
                       % torch.__version__)
 
-from . import _lib
 from ._engine import Engine, matrix_shape
-from .torch import _ms, check_options, close_engine, count_step, set_options, step_stats, table
+from ._state import STRATEGIES, EngineState, Step, ms
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -148,8 +145,6 @@ logger = logging.getLogger("gradcomp")
 #: Backward passes exchanged with a plain all-reduce before the engine
 #: exists (the State learns the buckets in it).
 PLAIN_STEPS = 1
-_FORMAT = "gradcomp.fsdp.FSDPState/1"
-_STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather")
 _REDUCE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -273,27 +268,20 @@ def register(model, state):
     return state
 
 
-class _Step:
+class _Step(Step):
     """One backward pass: its buckets so far and its first error."""
 
     def __init__(self, number, plain):
-        self.number = number
+        super().__init__(number)
         self.plain = plain
         self.names = []  # the modules whose hook fired, in order
         self.sizes = []
         self.dtypes = []  # plain steps: the reduce dtypes
         self.pending = []  # engine steps: (reduce output, float32 buffer handed to the engine)
-        self.started = False  # gc_engine_step was called
         self.done = False  # the engine's step ended
-        self.error = None
-        self.plain_sent = 0
-
-    def fail(self, e):
-        if self.error is None:
-            self.error = e
 
 
-class FSDPState:
+class FSDPState(EngineState):
     """gradcomp's engine across the replicas of an FSDP2 model sharded
     within shard groups (see the module documentation).
 
@@ -313,37 +301,27 @@ class FSDPState:
     may run collectives on it during backward).
     """
 
+    NAME, WHO, TAG, PEERS = "gradcomp.fsdp.FSDPState", "gradcomp.fsdp", "gradcomp.fsdp", "replicas"
+    PLAIN_STEPS = PLAIN_STEPS
+    STRATEGIES = tuple(s for s in STRATEGIES if s != "hier")
+    STRATEGY_NOTE = " (the shard groups are FSDP's: no 'hier')"
+    FORMATS = ("gradcomp.fsdp.FSDPState/1",)
+    WARMUP_WHY = "the first backward learns the buckets"
+    LOG_STEP = STEP_ERROR = "gradcomp.fsdp: step"
+    SAVED_BEFORE = "in the plain step"
+
     def __init__(self, spec, replicate_group, strategy="auto", decision="auto", warmup_steps=10,
                  error_feedback=True, on_nonfinite="dense", timeout=60.0, workers=0, momentum=0.0, schedule=None,
                  guard=0.0, momentum_masking=False, engine_group=None):
-        where = "gradcomp.fsdp.FSDPState"
-        check_options(where, spec, decision, on_nonfinite, timeout, momentum, guard, momentum_masking, error_feedback)
-        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < PLAIN_STEPS:
-            raise ValueError("%s: warmup_steps=%r: want an int ≥ %d (the first backward learns the buckets)"
-                             % (where, warmup_steps, PLAIN_STEPS))
-        if strategy not in _STRATEGIES:
-            raise ValueError("%s: strategy=%r: want one of %s (the shard groups are FSDP's: no 'hier')"
-                             % (where, strategy, _STRATEGIES))
+        super().__init__(spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
+                         momentum, schedule, guard, momentum_masking)
         self.replicate_group = self._group(replicate_group, "replicate_group")
         self.engine_group = self.replicate_group if engine_group is None else self._group(engine_group,
                                                                                           "engine_group")
-        set_options(self, spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
-                    momentum, momentum_masking, schedule, guard)
-        #: Backward passes this State has seen (restored by load_state_dict).
-        self.iter = 0
-        #: The engine's StepStats of the last waited step (None before).
-        self.last_step = None
         self._modules = None  # [(name, module, managed parameters)], from register
         self._names = None  # the engine's buckets: module names, in hook order
         self._sizes = None  # and their sizes
-        self._engine = None
-        self._pending = None  # engine state bytes to load when the engine is created
         self._checked = False  # the replicate group was checked against FSDP's shard groups
-        self._broken = None
-        self._cur = None
-        self._lock = threading.Lock()
-        self._counts = collections.Counter()
-        self._decided = {}
 
     @staticmethod
     def _group(g, what):
@@ -359,52 +337,18 @@ class FSDPState:
     # ---- what a user reads
 
     @property
-    def engine(self):
-        """The gradcomp.Engine (None before it exists)."""
-        return self._engine
-
-    @property
     def buckets(self):
         """The engine's buckets as (module name, elements) pairs in hook
         order (None before they are known)."""
         return None if self._sizes is None else list(zip(self._names, self._sizes))
 
-    @property
-    def stats(self):
-        """Counters as gradcomp.torch.State's: "steps", "plain_steps",
-        "engine_steps", bucket-steps "compressed", "dense", "nonfinite",
-        "guarded", "bytes_sent" (this rank's bytes in the last step; a
-        plain step counts a ring all-reduce's 2(R−1)/R·4S) and
-        "bytes_sent_total"."""
-        with self._lock:
-            out = dict(self._counts)
-        out["steps"] = self.iter
-        for k in ("plain_steps", "engine_steps", "compressed", "dense", "nonfinite", "guarded", "bytes_sent",
-                  "bytes_sent_total"):
-            out.setdefault(k, 0)
-        return out
-
-    def summary(self):
-        """A table of the last engine step, per bucket (FSDP module)."""
-        if self._broken is not None:
-            return "gradcomp.fsdp: %s: the engine failed: %s" % (self.spec, self._broken)
-        s = self.last_step
-        if s is None:
-            return ("gradcomp.fsdp: %s: no engine step yet (%d steps seen; the engine starts at step %d, "
-                    "compression after warm-up, at step %d)" % (self.spec, self.iter, PLAIN_STEPS, self.warmup_steps))
-        head = "gradcomp.fsdp: spec %s, %d replicas, step %d: %d bytes sent by this rank, %.3f ms (%.3f ms exposed)" % (
-            self.spec, self._engine.world if self._engine else 0, s.step, s.bytes_sent, s.total_seconds * 1e3,
-            s.exposed_seconds * 1e3)
+    def _summary_rows(self, s):
         rows = [("bucket", "module", "elements", "strategy", "sent", "bytes", "compress", "exchange", "reason")]
         for b in s.buckets:
             rows.append((str(b.bucket), self._names[b.bucket] or "(root)", str(b.elements), b.strategy,
-                         "compressed" if b.compressed else "dense", str(b.bytes_sent), _ms(b.compress_seconds),
-                         _ms(b.exchange_seconds), b.reason))
-        return table(head, rows)
-
-    def close(self):
-        """Destroys the engine and its transport (the State then fails)."""
-        close_engine(self, "gradcomp.fsdp")
+                         "compressed" if b.compressed else "dense", str(b.bytes_sent), ms(b.compress_seconds),
+                         ms(b.exchange_seconds), b.reason))
+        return rows
 
     # ---- checkpoints
 
@@ -413,75 +357,36 @@ class FSDPState:
         a loaded one waits), the step count, and the buckets: module names
         and sizes in hook order."""
         data = self._engine.save_state() if self._engine is not None else self._pending
-        return {
-            "format": _FORMAT,
-            "spec": self.spec,
-            "strategy": self.strategy,
-            "error_feedback": self.error_feedback,
-            "iter": self.iter,
-            "modules": None if self._names is None else list(self._names),
-            "layout": None if self._sizes is None else list(self._sizes),
-            "engine": data,
-        }
+        return self._checkpoint(data, self._sizes, modules=None if self._names is None else list(self._names))
 
     def load_state_dict(self, sd):
         """Restores a :meth:`state_dict`, checked whole before anything
         changes (ValueError naming what differs: format, spec, strategy,
         error feedback, the modules, their sizes, the engine's settings)."""
         where = "gradcomp.fsdp.FSDPState.load_state_dict"
-        if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
-            raise ValueError("%s: not a %s state dict" % (where, _FORMAT))
-        try:
-            spec, strategy, ef, it = sd["spec"], sd["strategy"], sd["error_feedback"], sd["iter"]
-            names, layout, data = sd["modules"], sd["layout"], sd["engine"]
-        except KeyError as e:
-            raise ValueError("%s: the state dict lacks %s" % (where, e))
-        if spec != self.spec:
-            raise ValueError("%s: state saved with spec %r, this State has %r" % (where, spec, self.spec))
-        if strategy != self.strategy:
-            raise ValueError("%s: state saved with strategy %r, this State has %r" % (where, strategy, self.strategy))
-        if bool(ef) != self.error_feedback:
-            raise ValueError("%s: state saved with error_feedback=%r, this State has %r"
-                             % (where, bool(ef), self.error_feedback))
-        if not isinstance(it, int) or isinstance(it, bool) or it < 0:
-            raise ValueError("%s: iter %r is not a step count" % (where, it))
+        ck = self._read_checkpoint(sd, where)
+        if "modules" not in sd:
+            raise ValueError("%s: the state dict lacks 'modules'" % where)
+        names, layout = sd["modules"], sd["layout"]
         if (names is None) != (layout is None):
             raise ValueError("%s: modules and layout must both be given or both be None" % where)
         if layout is not None:
-            if not (isinstance(layout, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                                                     for n in layout)):
-                raise ValueError("%s: layout %r is not a list of bucket sizes" % (where, layout))
             if not (isinstance(names, list) and len(names) == len(layout) and all(isinstance(n, str) for n in names)
                     and len(set(names)) == len(names)):
                 raise ValueError("%s: modules %r are not %d distinct module names" % (where, names, len(layout)))
-        if data is not None:
-            if not isinstance(data, (bytes, bytearray)):
-                raise ValueError("%s: engine state is %s, not bytes" % (where, type(data).__name__))
-            data = bytes(data)
-            if layout is None:
-                raise ValueError("%s: an engine state without its modules" % where)
-            info = Engine.state_info(data)  # ValueError when it is not one
-            if info.spec != self.spec:
-                raise ValueError("%s: the engine state is for spec %r, this State has %r" % (where, info.spec,
-                                                                                          self.spec))
-            if list(info.sizes) != layout:
-                raise ValueError("%s: the engine state's buckets %s differ from the dict's layout %s"
-                                 % (where, info.sizes, layout))
-        if layout is not None:
             self._check_model(names, layout, where)
-        if self._engine is not None:
-            if data is None:
-                raise ValueError("%s: the state holds no engine state (saved in the plain step) but this State's "
-                                 "engine exists" % where)
-            self._engine.load_state(data)  # validated whole; ValueError and unchanged on a mismatch
-        else:
-            if data is not None and dist.is_initialized():
-                Engine.check_state(data, layout, dist.get_world_size(self.engine_group), spec=self.spec,
+        elif ck.engine is not None:
+            raise ValueError("%s: an engine state without its modules" % where)
+
+        def keep():
+            if ck.engine is not None and dist.is_initialized():
+                Engine.check_state(ck.engine, layout, dist.get_world_size(self.engine_group), spec=self.spec,
                                    **self._settings())
-            self._pending = data
+            self._pending = ck.engine
             if layout is not None:
                 self._names, self._sizes = list(names), list(layout)
-        self.iter = it
+
+        self._restore(where, ck, keep)
 
     def _check_model(self, names, layout, where):
         """ValueError when a checkpoint's buckets are not this model's."""
@@ -520,12 +425,6 @@ class FSDPState:
                                  "parameters: set_reduce_scatter_unused_params(True))" % (self.spec, name, size, shapes))
             out.append(shapes)
         return out
-
-    def _settings(self):
-        return dict(strategy=self.strategy, decision=self.decision, error_feedback=self.error_feedback,
-                    fail_on_nonfinite=self.on_nonfinite == "raise", warmup=self.warmup_steps - PLAIN_STEPS,
-                    timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
-                    guard=self.guard, momentum_masking=self.momentum_masking)
 
     # ---- the hook
 
@@ -675,33 +574,21 @@ class FSDPState:
                     "gradcomp.fsdp: step %d: FSDP copied module %r's reduce output into its gradients (a cast, an "
                     "offload or accumulation): the engine's average could not reach them" % (st.number, st.names[i]))
 
+    def _engine_group(self):
+        return self.engine_group
+
+    def _rank(self):
+        return "%d of the replicate group" % dist.get_rank(self.engine_group)
+
     def _create(self):
         if self._sizes is None:
             raise ValueError("gradcomp.fsdp: no buckets known (the first step learns them)")
-        try:
-            eng = Engine(self.spec, self._sizes, process_group=self.engine_group, shapes=self._shapes(),
-                         **self._settings())
-        except _lib.ConfigError as e:
-            e = _lib.ConfigError(e.function, e.status, "%s; this rank (%d of the replicate group) has FSDPState(%r, "
-                                 "strategy=%r, decision=%r, warmup_steps=%d (the engine's warm-up is warmup_steps - "
-                                 "%d), error_feedback=%r, on_nonfinite=%r, momentum=%r, schedule=%r) and buckets %s" % (
-                                     e.message, dist.get_rank(self.engine_group), self.spec, self.strategy,
-                                     self.decision, self.warmup_steps, PLAIN_STEPS, self.error_feedback,
-                                     self.on_nonfinite, self.momentum, self.schedule, self.buckets))
-            self._broken = e
-            raise e
-        except BaseException as e:
-            self._broken = e
-            raise
-        if self._pending is not None:
-            try:
+
+        def load(eng):
+            if self._pending is not None:
                 eng.load_state(self._pending)
-            except BaseException as e:
-                eng.close()
-                self._broken = e
-                raise
-        self._pending = None
-        self._engine = eng
+
+        eng = self._new_engine(self._sizes, self.buckets, load, shapes=self._shapes(), **self._settings())
         logger.info("gradcomp.fsdp: engine for %s (strategy %s, decision %s) across %d replicas, %d buckets %s, "
                     "warm-up until step %d", self.spec, self.strategy, self.decision, eng.world, len(self._sizes),
                     self.buckets, self.warmup_steps)
@@ -710,23 +597,10 @@ class FSDPState:
         """At the last module's hook: waits for the engine and writes every
         module's average into its reduce output."""
         eng = self._engine
-        err = None
-        try:
-            eng.wait()
-        except BaseException as e:
-            err = e
+        err = self._wait(eng, st)
         st.done = True
-        stats = step_stats(eng)
-        if stats is not None:
-            self._record(stats, st.number)
+        self._record(eng, st.number)
         if err is not None:
-            if isinstance(err, _lib.NonFiniteError):
-                st.fail(_lib.NonFiniteError(err.function, err.status, "gradcomp.fsdp: step %d: %s (on_nonfinite="
-                                            "'raise'; the State stays usable: skip this optimizer step)"
-                                            % (st.number, err.message)))
-            else:
-                st.fail(err)
-                self._broken = err
             return
         for out, staged in st.pending:
             if staged is not out:
@@ -736,12 +610,7 @@ class FSDPState:
         """A step that cannot go on after gc_engine_step: the engine is
         destroyed (error feedback keeping e + g) and the State broken."""
         if st.started and not st.done and self._engine is not None:
-            eng, self._engine = self._engine, None
-            self._broken = e
-            try:
-                eng.close()
-            except Exception as e2:
-                logger.debug("gradcomp.fsdp: closing the engine after %s: %s", e, e2)
+            self._drop_engine(e)
 
     def _end(self, st):
         """After FSDP's end of backward: closes the step, learns the buckets
@@ -756,11 +625,7 @@ class FSDPState:
                 st.fail(e)
         if st.error is None and st.plain:
             self._names, self._sizes = list(st.names), list(st.sizes)
-            with self._lock:
-                self._counts["plain_steps"] += 1
-                self._counts["dense"] += len(st.sizes)
-                self._counts["bytes_sent"] = st.plain_sent
-                self._counts["bytes_sent_total"] += st.plain_sent
+            self._count_plain(len(st.sizes), st.plain_sent)
             logger.info("gradcomp.fsdp: %d buckets (module, elements) %s", len(st.sizes), self.buckets)
         if st.error is None and not st.plain and st.started and not st.done:
             e = ValueError("gradcomp.fsdp: step %d ended after %d of the engine's %d buckets %s: modules without "
@@ -771,20 +636,11 @@ class FSDPState:
         if st.error is not None:
             raise st.error
 
-    def _record(self, s, step):
-        with self._lock:
-            self.last_step = s
-            count_step(self._counts, s)
-        bad = [self._names[b.bucket] for b in s.buckets if b.nonfinite]
-        if bad:
-            logger.warning("gradcomp.fsdp: step %d (engine step %d): NaN/Inf in module(s) %s (%s)", step, s.step, bad,
-                           "raised" if self.on_nonfinite == "raise" else "sent dense")
-        for b in s.buckets:
-            key = (b.strategy, b.decided_compressed)
-            if self._decided.get(b.bucket) == key and not b.switched:
-                continue
-            self._decided[b.bucket] = key
-            logger.info("gradcomp.fsdp: module %r (%d elements): %s, %s; predicted dense %s, compressed %s; %s",
-                        self._names[b.bucket], b.elements, b.strategy,
-                        "compressed" if b.decided_compressed else "dense", _ms(b.predicted_dense_seconds),
-                        _ms(b.predicted_compressed_seconds), b.reason)
+    def _which(self, buckets):
+        return "module(s) %s" % [self._names[i] for i in buckets]
+
+    def _log_decision(self, s, b, prev):
+        logger.info("gradcomp.fsdp: module %r (%d elements): %s, %s; predicted dense %s, compressed %s; %s",
+                    self._names[b.bucket], b.elements, b.strategy,
+                    "compressed" if b.decided_compressed else "dense", ms(b.predicted_dense_seconds),
+                    ms(b.predicted_compressed_seconds), b.reason)
