@@ -53,3 +53,21 @@ func TestSymbol(t *testing.T) {
 		}
 	}
 }
+
+// TestIgnoreLoaded: IgnoreLoaded loads the named file even though a copy
+// of libnccl.so.2 is loaded (the mock, here), and refuses to run without a
+// file to load.
+func TestIgnoreLoaded(t *testing.T) {
+	open(t)
+	l, err := nccl.Open(nccl.IgnoreLoaded(), nccl.WithPath(mockPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "WithPath(" + mockPath + ")"; l.Source() != want {
+		t.Errorf("Source() = %q, want %q (not the loaded copy)", l.Source(), want)
+	}
+	t.Setenv(nccl.EnvPath, "")
+	if _, err := nccl.Open(nccl.IgnoreLoaded()); err == nil || !strings.Contains(err.Error(), "IgnoreLoaded needs") {
+		t.Errorf("IgnoreLoaded without a file: %v", err)
+	}
+}

@@ -101,7 +101,8 @@ type Library struct {
 type LoadOption func(*loadOptions) error
 
 type loadOptions struct {
-	path string
+	path         string
+	ignoreLoaded bool
 }
 
 // WithPath names the NCCL library file Open loads when no copy is loaded
@@ -113,6 +114,19 @@ func WithPath(path string) LoadOption {
 			return fmt.Errorf("nccl: WithPath: empty path")
 		}
 		o.path = path
+		return nil
+	}
+}
+
+// IgnoreLoaded makes Open skip a copy of NCCL the process has loaded
+// already and load the file WithPath or $GRADCOMP_NCCL names beside it,
+// with its own symbols (RTLD_LOCAL). It is for test builds whose NCCL is
+// a mock (internal/ncclmock) in a process where PyTorch has loaded the
+// real library; a program that runs NCCL must not hold two copies.
+// Without a path it is refused.
+func IgnoreLoaded() LoadOption {
+	return func(o *loadOptions) error {
+		o.ignoreLoaded = true
 		return nil
 	}
 }
@@ -153,8 +167,15 @@ func Open(opts ...LoadOption) (*Library, error) {
 		noload bool
 		what   string
 	}
-	cands := []candidate{{LibraryName, true, "already loaded (RTLD_NOLOAD " + LibraryName + ")"}}
-	switch env := os.Getenv(EnvPath); {
+	var cands []candidate
+	env := os.Getenv(EnvPath)
+	switch {
+	case !o.ignoreLoaded:
+		cands = append(cands, candidate{LibraryName, true, "already loaded (RTLD_NOLOAD " + LibraryName + ")"})
+	case o.path == "" && env == "":
+		return nil, fmt.Errorf("nccl: IgnoreLoaded needs the library's file: WithPath or $%s", EnvPath)
+	}
+	switch {
 	case o.path != "":
 		cands = append(cands, candidate{o.path, false, "WithPath(" + o.path + ")"})
 	case env != "":

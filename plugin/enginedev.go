@@ -7,6 +7,9 @@ import (
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
+// ncclLoadOptions are openNCCL's: the process's own NCCL first.
+var ncclLoadOptions []nccl.LoadOption
+
 // openEngineDevice returns CUDA device ordinal as the device engine's
 // Device (its primary context, PyTorch's) and the option that makes it
 // current on NCCL's init thread. In libgradcomp.so (no cuda tag) it fails

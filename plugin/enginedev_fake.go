@@ -24,6 +24,11 @@ import (
 // the Python hooks run end to end on machines without a GPU; it is never
 // for training.
 
+// ncclLoadOptions are openNCCL's: the mock named by $GRADCOMP_NCCL, even
+// where PyTorch has loaded the real libnccl.so.2 (which cannot run
+// without a GPU), beside it.
+var ncclLoadOptions = []nccl.LoadOption{nccl.IgnoreLoaded()}
+
 // envFakeDevices names the number of fake devices (default 8).
 const envFakeDevices = "GRADCOMP_FAKE_DEVICES"
 

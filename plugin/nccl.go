@@ -26,8 +26,8 @@ import (
 
 // ncclLib is libnccl.so.2, loaded on first use: the copy the process has
 // already loaded (PyTorch's) first, else $GRADCOMP_NCCL, else the
-// linker's search path (nccl.Open). A failure is not kept: a later call
-// tries again.
+// linker's search path (nccl.Open with this build's ncclLoadOptions). A
+// failure is not kept: a later call tries again.
 var ncclLib struct {
 	mu  sync.Mutex
 	lib *nccl.Library
@@ -39,7 +39,7 @@ func openNCCL() (*nccl.Library, error) {
 	if ncclLib.lib != nil {
 		return ncclLib.lib, nil
 	}
-	lib, err := nccl.Open()
+	lib, err := nccl.Open(ncclLoadOptions...)
 	if err != nil {
 		return nil, err
 	}
