@@ -4,7 +4,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"sync"
 
@@ -35,7 +34,7 @@ const envFakeDevices = "GRADCOMP_FAKE_DEVICES"
 // fakePlatform is the process's fake devices, made on first use.
 var fakePlatform = sync.OnceValues(func() (*fakegpu.Platform, error) {
 	n := 8
-	if v := os.Getenv(envFakeDevices); v != "" {
+	if v := getenv(envFakeDevices); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > 1024 {
 			return nil, errorf(errInvalid, "$%s = %q: want a count of fake devices from 1 to 1024", envFakeDevices, v)

@@ -39,7 +39,11 @@ func openNCCL() (*nccl.Library, error) {
 	if ncclLib.lib != nil {
 		return ncclLib.lib, nil
 	}
-	lib, err := nccl.Open(ncclLoadOptions...)
+	opts := ncclLoadOptions
+	if path := getenv(nccl.EnvPath); path != "" { // as set now, not at the process's start
+		opts = append(opts[:len(opts):len(opts)], nccl.WithPath(path))
+	}
+	lib, err := nccl.Open(opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ Finisher) or in the last bucket's hook; errors reach the caller of
 backward through an autograd callback. gradcomp.torch's module
 documentation tells the whole story."""
 
-import contextlib
 import functools
 import logging
 import threading
@@ -18,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _device, _lib
 from ._compressor import has_cuda
 from ._ddp_buckets import BucketsSeen, bucket_params, line_up
 from ._ddp_step import DDPStep, Finisher, complete, delegate_done, split
@@ -83,7 +82,7 @@ class DDPHook(EngineState):
         if self._broken is not None:
             raise self._broken
         eng.step()
-        st.started, st.wire0 = True, eng.host.wire_seconds
+        st.started, st.wire0 = True, eng.wire_seconds
 
     @property
     def last_split(self):
@@ -138,7 +137,7 @@ class DDPHook(EngineState):
             st.fail(e)
             if not st.in_backward:
                 raise
-            fut = torch.futures.Future()
+            fut = _device.future(buf)
             fut.set_result(buf)  # DDP takes the bucket as it is; the callback raises after it
             return fut
         finally:
@@ -161,6 +160,12 @@ class DDPHook(EngineState):
             raise NotImplementedError("gradcomp.torch: buckets on %s are not supported (CPU and CUDA only)" % buf.device)
         if not buf.is_floating_point():
             raise TypeError("gradcomp.torch: bucket holds %s gradients; want a floating-point dtype" % buf.dtype)
+        eng = self._engine
+        if eng is not None and _device.ordinal(buf, dist.get_rank()) != eng.device:
+            where = "host memory" if eng.device < 0 else "device %d" % eng.device
+            raise ValueError("gradcomp.torch: a bucket on %s, but this State's engine runs on %s: one State serves "
+                             "one model on one device (make a State per model)" % (
+                                 _device.describe(buf, dist.get_rank()), where))
 
     def _bucket(self, st, bucket, buf, index, last):
         if self._broken is not None:
@@ -183,7 +188,7 @@ class DDPHook(EngineState):
                     "gradcomp.torch: step %d: bucket %d has %d elements, but the engine was made for the buckets %s "
                     "DDP built (each once per step); DDP never changes them after its first step: was the model "
                     "or its DDP wrapper replaced under this State?" % (st.number, index, buf.numel(), eng.sizes))
-            if buf.device.type == "cpu" and buf.dtype == torch.float32 and eng.delegable(index):
+            if buf.dtype == torch.float32 and eng.delegable(index):
                 fut = self._native(st, eng, index, buf)
             else:
                 fut = self._ready(st, eng, index, buf, self._stage(buf))
@@ -214,13 +219,13 @@ class DDPHook(EngineState):
     def _ready(self, st, eng, index, buf, staged):
         """Hands ``staged`` (float32, contiguous) to the engine as bucket
         ``index``; returns the future of ``buf``, which gets the average."""
-        if staged.device.type == "cuda":  # UNTESTED: the device engine
-            st.stream = torch.cuda.current_stream(staged.device)
-            eng.ready_device(index, staged, st.stream.cuda_stream)
+        if eng.device >= 0:
+            st.stream = _device.stream(staged)
+            eng.ready_device(index, staged, st.stream)
         else:
             eng.ready(index, staged)
         st.readied.add(index)
-        fut = torch.futures.Future()
+        fut = _device.future(buf)
         st.pending.append((fut, buf, staged))
         return fut
 
@@ -242,7 +247,7 @@ class DDPHook(EngineState):
         st.delegated += 1
         with self._lock:
             self._counts["native"] += 1
-        out = torch.futures.Future()
+        out = _device.future(buf)
         st.native[index] = (buf, out)
         return out
 
@@ -268,13 +273,22 @@ class DDPHook(EngineState):
         after them; its bookkeeping waits for the next step's start (or
         whatever reads the State first: :meth:`_settled`), which spares the
         step a thread's wake-up that competes with the optimizer for the
-        GIL and, on a loaded host, for the cores."""
+        GIL and, on a loaded host, for the cores. A device engine's Wait
+        always runs on the finisher: on a GPU it would block the autograd
+        thread until the device has passed the step."""
         if len(st.readied) != eng.nbuckets:
             missing = sorted(set(range(eng.nbuckets)) - st.readied)
             raise ValueError("gradcomp.torch: step %d ended without bucket(s) %s" % (st.number, missing))
+        through_engine = bool(st.pending)
         if st.stream is not None:
-            eng.done(st.stream.cuda_stream)
-        if self.overlap and not st.pending:
+            eng.done(st.stream)
+            if not _lib.fake_device():
+                # On a GPU the averages are ordered on the stream: DDP's
+                # futures complete now, without a host wait; the engine's
+                # Wait (statistics, errors) runs on the finisher.
+                self._copy_back(st)
+                self._resolve(st, None)
+        if self.overlap and not through_engine and eng.device < 0:
             with self._settling:
                 self._deferred = st
         elif self.overlap:
@@ -293,7 +307,7 @@ class DDPHook(EngineState):
         the engine sees the same bucket contents."""
         if index in st.buckets:
             raise ValueError("gradcomp.torch: step %d: bucket %d came twice" % (st.number, index))
-        fut = torch.futures.Future()
+        fut = _device.future(buf)
         st.buckets[index] = (buf, bucket_params(bucket), fut)
         if not last:
             return fut
@@ -367,7 +381,7 @@ class DDPHook(EngineState):
             raise ValueError("gradcomp.torch: step %d: bucket %d came twice" % (st.number, index))
         if self._local >= 1:
             self._seen.final[index] = (buf.numel(), bucket_params(bucket))
-        fut = torch.futures.Future()
+        fut = _device.future(buf)
         st.buckets[index] = (buf, None, fut)
         while st.launched in st.buckets:
             b, _, out = st.buckets.pop(st.launched)
@@ -404,17 +418,23 @@ class DDPHook(EngineState):
         if not st.pending and st.ended is not None:
             done = st.ended  # every bucket was DDP's: the step ended with the last all-reduce
         if err is None:
-            with torch.cuda.stream(st.stream) if st.stream is not None else contextlib.nullcontext():
-                if st.unpermute is not None:
-                    ddp_flat, perm, flat = st.unpermute
-                    ddp_flat[perm] = flat
-                for fut, buf, staged in st.pending:
-                    if staged is not buf:
-                        buf.copy_(staged)
+            self._copy_back(st)
         self._resolve(st, err)
         stats = self._record(eng, st.number)
         if stats is not None:
-            self._last_split = split(st, stats, eng.host.wire_seconds - st.wire0, done)
+            self._last_split = split(st, stats, eng.wire_seconds - st.wire0, done)
+
+    @staticmethod
+    def _copy_back(st):
+        """Puts the averages of staged (float32 copies) and permuted
+        buckets back into DDP's buckets (on a GPU, on the current stream,
+        after the engine's done event)."""
+        if st.unpermute is not None:
+            ddp_flat, perm, flat = st.unpermute
+            ddp_flat[perm] = flat
+        for fut, buf, staged in st.pending:
+            if staged is not buf:
+                buf.copy_(staged)
 
     @staticmethod
     def _resolve(st, err):

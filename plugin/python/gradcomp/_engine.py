@@ -191,6 +191,8 @@ class Engine:
         self.group = process_group
         rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
         self.rank, self.world = rank, size
+        #: The buckets' device ordinal (-1: host memory).
+        self.device = int(device)
         #: The accuracy guard's threshold (0: off; held_back is then 0).
         self.guard = float(guard)
         if own_nccl:
@@ -264,13 +266,25 @@ class Engine:
         _lib.call("gc_engine_delegate_done", self._h(), int(bucket))
 
     def ready_device(self, bucket, grad, stream):
-        """UNTESTED: the device engine's ready (a CUDA float32 tensor, a raw
-        CUstream)."""
+        """The device engine's ready: ``grad`` (a contiguous float32 tensor
+        on the engine's device; in the fake-device test mode a CPU tensor)
+        is bucket ``bucket``'s gradient once the work enqueued on the raw
+        stream ``stream`` so far has run; the engine exchanges it in place
+        on its own streams. Enqueues only: no host wait."""
         _lib.call("gc_engine_ready_device", self._h(), int(bucket), grad.data_ptr(), grad.numel(), int(stream))
 
     def done(self, stream):
-        """UNTESTED: makes the CUstream ``stream`` wait for the step's end."""
+        """Makes the raw stream ``stream`` wait for the step's end (the
+        averages in the buckets): work enqueued on it afterwards sees them.
+        Enqueues only: no host wait."""
         _lib.call("gc_engine_done", self._h(), int(stream))
+
+    @property
+    def wire_seconds(self):
+        """Seconds the host has spent carrying out the engine's collectives
+        (0 for an engine on its own NCCL communicator: the host carries
+        none)."""
+        return 0.0 if self.host is None else self.host.wire_seconds
 
     def wait(self, timeout=0.0):
         """Blocks (GIL released) until the step has ended. NonFiniteError

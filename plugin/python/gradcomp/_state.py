@@ -11,9 +11,12 @@ state). A front end adds what its hook needs: how its buckets reach the
 engine, when a step ends, what else a checkpoint records.
 
 Which engine a State runs is chosen in one place,
-:meth:`EngineState._new_engine`: today the host engine over a hosted
-transport (:class:`gradcomp._engine.Engine`, whose collectives a thread
-carries out with torch.distributed).
+:meth:`EngineState._new_engine`: for host buckets the host engine over a
+hosted transport (:class:`gradcomp._engine.Engine`, whose collectives a
+thread carries out with torch.distributed); for device buckets (CUDA, or
+the fake-device test mode: :mod:`gradcomp._device`) the device engine on
+its own NCCL communicator, bootstrapped through torch.distributed's store,
+with no torch collective and no Python thread on a bucket's path.
 """
 
 import collections
@@ -222,8 +225,10 @@ class EngineState:
                     timeout=self.timeout, workers=self.workers, momentum=self.momentum, schedule=self.schedule,
                     guard=self.guard, momentum_masking=self.momentum_masking)
 
-    def _engine_group(self):
-        """A front end's process group for the engine's collectives."""
+    def _engine_group(self, own_nccl):
+        """A front end's process group for the engine: the group whose
+        collectives carry the host engine's (``own_nccl`` False), or whose
+        ranks and store make the device engine's own NCCL communicator."""
         raise NotImplementedError
 
     def _rank(self):
@@ -234,13 +239,16 @@ class EngineState:
         """Makes this State's engine for the bucket ``sizes`` over
         :meth:`_engine_group` (its handshake runs here), then
         ``load(engine)`` (a checkpoint's state); ``kw``: Engine's keywords.
-        The one place that chooses the engine's backend: today the host
-        engine over the hosted transport, whose collectives TorchHost runs
-        on ``_engine_group()``. Any failure breaks the State and is raised; a
+        The one place that chooses the engine's backend: for host buckets
+        (``device`` -1) the host engine over the hosted transport, whose
+        collectives TorchHost runs on ``_engine_group()``; for device
+        buckets the device engine on its own NCCL communicator, whose
+        unique id ``_engine_group()``'s rank 0 spreads through the store. Any failure breaks the State and is raised; a
         ConfigError (the ranks' configurations differ) says this rank's
         settings and ``buckets``."""
         try:
-            eng = Engine(self.spec, sizes, process_group=self._engine_group(), **kw)
+            own = kw.get("device", -1) >= 0
+            eng = Engine(self.spec, sizes, process_group=self._engine_group(own), own_nccl=own, **kw)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%s) has %s(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "

@@ -574,7 +574,7 @@ class FSDPState(EngineState):
                     "gradcomp.fsdp: step %d: FSDP copied module %r's reduce output into its gradients (a cast, an "
                     "offload or accumulation): the engine's average could not reach them" % (st.number, st.names[i]))
 
-    def _engine_group(self):
+    def _engine_group(self, own_nccl):
         return self.engine_group
 
     def _rank(self):

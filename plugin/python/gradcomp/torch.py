@@ -120,7 +120,7 @@ import logging
 
 import torch.distributed as dist
 
-from . import _lib
+from . import _device, _lib
 from ._ddp_buckets import signature_shapes, valid_signature
 from ._ddp_hook import DDPHook
 from ._engine import Engine
@@ -384,18 +384,22 @@ class State(DDPHook):
             out["strategy"] = Engine.state_info(state).strategy
         return out
 
-    def _engine_group(self):
-        """The process group the engine's collectives run on: the State's
-        ``engine_group``, else a new group of the DDP group's ranks with
+    def _engine_group(self, own_nccl):
+        """The process group of the engine: the State's ``engine_group``;
+        else, for an engine on its own NCCL communicator (device buckets),
+        DDP's group, whose ranks and store make it (the engine issues no
+        collective on it); else a new group of the DDP group's ranks with
         the State's timeout, made here (every rank of the job creates it,
         in the same order: DDP's group must hold every rank). Never DDP's
-        own group: DDP issues collectives of its own on it (the used-
-        parameter map of ``find_unused_parameters=True``) from the autograd
-        thread while the host's thread runs the engine's, and gloo matches
-        collectives by their order on a group."""
+        own group for the host engine: DDP issues collectives of its own on
+        it (the used-parameter map of ``find_unused_parameters=True``) from
+        the autograd thread while the host's thread runs the engine's, and
+        gloo matches collectives by their order on a group."""
         if self._engine_group_arg is not None:
             return self._engine_group_arg
         group = self.process_group
+        if own_nccl:
+            return group
         world = dist.get_world_size()
         if dist.get_world_size(group) != world:
             raise ValueError("gradcomp.torch.State: process_group holds %d of the job's %d ranks: pass engine_group=, "
@@ -422,7 +426,7 @@ class State(DDPHook):
             elif self._pending is not None:
                 eng.load_state(self._pending)
 
-        eng = self._new_engine(sizes, sizes, load, device=-1 if buf.device.type == "cpu" else buf.device.index, groups=self._groups,
+        eng = self._new_engine(sizes, sizes, load, device=_device.ordinal(buf, dist.get_rank()), groups=self._groups,
                                shapes=self._shapes(sizes, params, buckets), **self._settings(None if self._pending_reshape else self._pending))
         self._pending_layout = self._pending_params = None
         self._pending_reshape = False

@@ -1,0 +1,75 @@
+"""The DDP hook's CUDA branch, end to end without a GPU: in the
+fake-device test mode (GRADCOMP_FAKE_DEVICE=1, libgradcomp_fake.so) the
+hook hands CPU tensors to the device engine as device pointers, and the
+engine runs on a fake device (host memory, CUDA's stream and event rules
+enforced) over its own NCCL communicator, the mock libnccl.so.2 of
+internal/ncclmock (processes sharing a world through shared memory),
+bootstrapped through torch.distributed's store. Its results must be the
+host engine's, bit for bit, with no torch collective and no Python thread
+on a bucket's path after the bootstrap."""
+
+import os
+import unittest
+
+import ranks
+import device_workers
+from libpath import require_library
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MOCK = os.path.join(ROOT, "build", "mocknccl", "libnccl.so.2")
+FAKE_LIB = os.path.join(ROOT, "plugin", "python", "gradcomp", "libgradcomp_fake.so")
+
+
+def setUpModule():
+    require_library()
+    for path, what in ((MOCK, "the mock libnccl.so.2"), (FAKE_LIB, "libgradcomp_fake.so")):
+        if not os.path.exists(path):
+            raise unittest.SkipTest("%s is not built (run `make plugin`): %s" % (what, path))
+
+
+class DDPDeviceBranch(unittest.TestCase):
+    """DDP through the device engine on fake devices against the host engine."""
+
+    def compare(self, world, spec, steps=5, **state_kw):
+        state_kw.setdefault("workers", 1)
+        host = ranks.run(device_workers.ddp_train, world, False, MOCK, spec, steps, state_kw, timeout=240)
+        dev = ranks.run(device_workers.ddp_train, world, True, MOCK, spec, steps, state_kw, timeout=240)
+        for r in range(world):
+            self.assertEqual(host[r]["library"], "libgradcomp.so")
+            self.assertEqual(dev[r]["library"], "libgradcomp_fake.so")
+            self.assertEqual(dev[r]["device"], r, "the fake device is the local rank")
+            self.assertTrue(host[r]["python_host"])
+            self.assertFalse(dev[r]["python_host"], "the device engine has no Python host")
+            self.assertEqual(dev[r]["params"], host[r]["params"], "rank %d: parameters differ from the host "
+                                                                  "engine's" % r)
+            self.assertEqual(dev[r]["stats"], host[r]["stats"])
+            self.assertEqual(dev[r]["strategies"], host[r]["strategies"])
+            self.assertFalse(dev[r]["wait_on_hook_thread"], "an engine wait ran on the autograd thread")
+        return host, dev
+
+    def test_int8_two_ranks(self):
+        _, dev = self.compare(2, "int8", warmup_steps=2, decision="compressed")
+        for r, out in enumerate(dev):
+            self.assertEqual(out["collectives"], {}, "rank %d: torch collectives after the bootstrap" % r)
+            self.assertEqual(out["stats"]["compressed"], 2 * 3)
+
+    def test_topk_four_ranks(self):
+        _, dev = self.compare(4, "topk:0.01", warmup_steps=2, decision="compressed")
+        for r, out in enumerate(dev):
+            self.assertEqual(out["collectives"], {}, "rank %d: torch collectives after the bootstrap" % r)
+
+    def test_powersgd_two_ranks(self):
+        self.compare(2, "powersgd:2", warmup_steps=2, decision="compressed")
+
+    def test_warmup_goes_to_ddp(self):
+        """Dense warm-up buckets are DDP's own all-reduces on the device
+        branch too: the same results, counted as native."""
+        host, dev = self.compare(2, "int8", steps=6, warmup_steps=4, decision="compressed")
+        for r in range(2):
+            self.assertEqual(dev[r]["stats"]["native"], 2 * 2)
+            self.assertEqual(dev[r]["collectives"].get("all_reduce"), 2 * 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
