@@ -82,13 +82,15 @@ class Counter:
         return watched
 
 
-def ddp_train(rank, world, fake, mock, spec, steps, state_kw):
+def ddp_train(rank, world, fake, mock, spec, steps, state_kw, env=None):
     """Trains the two-bucket MLP ``steps`` steps under DDP with gradcomp's
-    hook (State(spec, **state_kw)); returns the parameters (hex), the
-    State's counters, the last step's strategies, whether the engine has a
-    Python host, the torch collectives called once the engine existed, and
-    whether an Engine.wait ran on the hook's thread."""
+    hook (State(spec, **state_kw); ``env``: variables set first); returns
+    the parameters (hex), the State's counters, the last step's
+    strategies, whether the engine has a Python host, the torch
+    collectives called once the engine existed, and whether an
+    Engine.wait ran on the hook's thread."""
     use_library(fake, mock)
+    os.environ.update(env or {})
     import gradcomp.torch as gct
 
     counter = Counter()
@@ -115,3 +117,49 @@ def ddp_train(rank, world, fake, mock, spec, steps, state_kw):
     counter.armed = False
     state.close()
     return out
+
+
+def in_mode(rank, world, fake, mock, name, *args):
+    """workers.<name>(rank, world, *args) with this process's library
+    chosen first (``fake``: the fake-device build)."""
+    use_library(fake, mock)
+    return getattr(workers, name)(rank, world, *args)
+
+
+def no_unique_id(rank, world, fake, mock, timeout):
+    """Rank 0 never makes an engine; the others make one on their own NCCL
+    communicator with a ``timeout``-second timeout: they must fail within
+    it, saying rank 0's unique id never came. Returns each one's error
+    type, message and seconds."""
+    use_library(fake, mock)
+    import time
+
+    from gradcomp import _engine
+
+    if rank == 0:
+        return None
+    t0 = time.monotonic()
+    try:
+        _engine.Engine("int8", [100], device=rank, own_nccl=True, timeout=timeout).close()
+        return {"type": None}
+    except Exception as e:
+        return {"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+
+
+def bucket_moves(rank, world, fake, mock):
+    """Three steps of DDP through the device branch, then the buckets
+    "move" to another device (the fake mode's device is LOCAL_RANK): the
+    hook must refuse them by name. Returns the error's type and message."""
+    use_library(fake, mock)
+    x, y, _, _ = workers.digits()
+    data = list(workers.batches(rank, world, x, y, 0, 0))
+    ddp, state = workers.make_ddp(workers.mlp(0), "int8", warmup_steps=2, decision="compressed")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for xb, yb in data[:3]:
+        workers.train_step(ddp, opt, xb, yb)
+    os.environ["LOCAL_RANK"] = str(rank + 2)
+    try:
+        workers.train_step(ddp, opt, *data[3])
+        return {"type": None}
+    except Exception as e:
+        return {"type": type(e).__name__, "message": str(e)}

@@ -31,10 +31,10 @@ def setUpModule():
 class DDPDeviceBranch(unittest.TestCase):
     """DDP through the device engine on fake devices against the host engine."""
 
-    def compare(self, world, spec, steps=5, **state_kw):
+    def compare(self, world, spec, steps=5, env=None, **state_kw):
         state_kw.setdefault("workers", 1)
-        host = ranks.run(device_workers.ddp_train, world, False, MOCK, spec, steps, state_kw, timeout=240)
-        dev = ranks.run(device_workers.ddp_train, world, True, MOCK, spec, steps, state_kw, timeout=240)
+        host = ranks.run(device_workers.ddp_train, world, False, MOCK, spec, steps, state_kw, env, timeout=240)
+        dev = ranks.run(device_workers.ddp_train, world, True, MOCK, spec, steps, state_kw, env, timeout=240)
         for r in range(world):
             self.assertEqual(host[r]["library"], "libgradcomp.so")
             self.assertEqual(dev[r]["library"], "libgradcomp_fake.so")
@@ -62,6 +62,16 @@ class DDPDeviceBranch(unittest.TestCase):
     def test_powersgd_two_ranks(self):
         self.compare(2, "powersgd:2", warmup_steps=2, decision="compressed")
 
+    def test_hier_two_nodes(self):
+        """Strategy hier on 2 nodes × 2 ranks: the device engine splits its
+        own communicator by node (ncclCommSplit) and gives the host
+        engine's hierarchical results."""
+        _, dev = self.compare(4, "int8", strategy="hier", warmup_steps=2, decision="compressed",
+                              env={"GRADCOMP_RANKS_PER_NODE": "2"})
+        for r, out in enumerate(dev):
+            self.assertEqual(out["collectives"], {}, "rank %d: torch collectives after the bootstrap" % r)
+            self.assertEqual(out["strategies"], ["hier", "hier"])
+
     def test_warmup_goes_to_ddp(self):
         """Dense warm-up buckets are DDP's own all-reduces on the device
         branch too: the same results, counted as native."""
@@ -73,3 +83,39 @@ class DDPDeviceBranch(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DDPDeviceBranchRefusals(unittest.TestCase):
+    """What goes wrong on the device branch ends on every rank with an
+    error naming its cause, within the State's timeout."""
+
+    def test_mismatched_configs(self):
+        variants = [[{"spec": "int8", "warmup_steps": 2, "decision": "compressed"},
+                     {"spec": "int4", "warmup_steps": 2, "decision": "compressed"}]]
+        out = ranks.run(device_workers.in_mode, 2, True, MOCK, "mismatched_configs", variants, timeout=120)
+        for r in range(2):
+            got = out[r][0]
+            self.assertTrue(got["is_value_error"], got)
+            self.assertIn("int4", got["message"])
+            self.assertEqual(got["step"], 2, "the engine's handshake runs at the first step after the plain ones")
+
+    def test_peer_dies(self):
+        out = ranks.run(device_workers.in_mode, 2, True, MOCK, "peer_dies", "int8", 1, 3, timeout=120, dies=(1,))
+        first, second = out[0]
+        self.assertTrue(first["is_comm"], first)
+        self.assertLess(first["seconds"], 3 + 10)
+        self.assertIsNotNone(second, "the step after the failure must fail too (the State is broken)")
+
+    def test_no_unique_id(self):
+        out = ranks.run(device_workers.no_unique_id, 2, True, MOCK, 2.0, timeout=60)
+        got = out[1]
+        self.assertEqual(got["type"], "TimeoutError", got)
+        self.assertIn("no NCCL unique id from its rank 0", got["message"])
+        self.assertLess(got["seconds"], 2.0 + 5)
+
+    def test_bucket_on_another_device(self):
+        out = ranks.run(device_workers.bucket_moves, 2, True, MOCK, timeout=120)
+        for r in range(2):
+            self.assertEqual(out[r]["type"], "ValueError", out[r])
+            self.assertIn("fake device %d" % (r + 2), out[r]["message"])
+            self.assertIn("runs on device %d" % r, out[r]["message"])
