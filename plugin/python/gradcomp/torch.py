@@ -394,7 +394,10 @@ class State(DDPHook):
         own group for the host engine: DDP issues collectives of its own on
         it (the used-parameter map of ``find_unused_parameters=True``) from
         the autograd thread while the host's thread runs the engine's, and
-        gloo matches collectives by their order on a group."""
+        gloo matches collectives by their order on a group. The host
+        engine's collectives are on CPU tensors: where DDP's group is NCCL
+        only (``init_process_group("nccl")``), which refuses them, the new
+        group is gloo."""
         if self._engine_group_arg is not None:
             return self._engine_group_arg
         group = self.process_group
@@ -405,7 +408,10 @@ class State(DDPHook):
             raise ValueError("gradcomp.torch.State: process_group holds %d of the job's %d ranks: pass engine_group=, "
                              "a group of the same ranks made with dist.new_group on every rank, for the engine's "
                              "collectives" % (dist.get_world_size(group), world))
-        return dist.new_group(timeout=datetime.timedelta(seconds=self.timeout), backend=dist.get_backend(group))
+        backend = dist.get_backend(group)
+        if str(backend).lower() == "nccl":
+            backend = "gloo"
+        return dist.new_group(timeout=datetime.timedelta(seconds=self.timeout), backend=backend)
 
     def _rank(self):
         return "%d" % dist.get_rank(self.process_group)
