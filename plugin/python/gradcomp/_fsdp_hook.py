@@ -4,8 +4,11 @@ parameters it manages, its shards), and how each backward's reduce outputs
 reach the engine and come back: a plain step (an all-reduce over the
 replicate group, before the engine exists), then engine steps whose
 buckets are the FSDP modules' reduce outputs in hook order. Errors reach
-the caller of backward through an autograd callback. gradcomp.fsdp's
-module documentation tells the whole story."""
+the caller of backward through an autograd callback. Reduce outputs in
+host memory go to the host engine, those on a device (CUDA, or the
+fake-device test mode: :mod:`gradcomp._device`) in place to the device
+engine on its own NCCL communicator, whose Wait runs on a finisher
+thread. gradcomp.fsdp's module documentation tells the whole story."""
 
 import logging
 import math
@@ -15,6 +18,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 
+from . import _device, _lib
+from ._compressor import has_cuda
+from ._ddp_step import Finisher
 from ._engine import matrix_shape
 from ._state import EngineState, Step
 
@@ -103,7 +109,8 @@ class _Step(Step):
         self.sizes = []
         self.dtypes = []  # plain steps: the reduce dtypes
         self.pending = []  # engine steps: (reduce output, float32 buffer handed to the engine)
-        self.done = False  # the engine's step ended
+        self.stream = None  # device engine: the raw stream of the step's reduce outputs
+        self.done = False  # the engine has every bucket: the step ends without the hooks
 
 
 class FSDPHook(EngineState):
@@ -118,6 +125,23 @@ class FSDPHook(EngineState):
         self._names = None  # the engine's buckets: module names, in hook order
         self._sizes = None  # and their sizes
         self._checked = False  # the replicate group was checked against FSDP's shard groups
+        self._place = None  # the model's device: (type, engine ordinal, as messages name it), from register
+        self._finisher = None  # the device engine's Finisher (its Wait), made at its first step
+
+    def _settled(self):
+        """Waits until the device engine's latest step has been waited for
+        and recorded (on the finisher)."""
+        f = self._finisher
+        if f is not None and not f.running_here():
+            f.drain()
+
+    def close(self):
+        """Destroys the engine (the State then fails)."""
+        self._settled()
+        if self._finisher is not None:
+            self._finisher.close()
+            self._finisher = None
+        super().close()
 
     def _shapes(self):
         """PowerSGD's bucket shapes (spec powersgd): each module's padded
@@ -141,7 +165,50 @@ class FSDPHook(EngineState):
     # ---- the hook
 
     def _attach(self, mods):
-        self._modules = [(name, m, _managed(m)) for name, m in mods]
+        """Takes the FSDP modules ``mods``, [(name, module)], whose parameters
+        must lie on one device the engine takes (see :meth:`_place_of`)."""
+        modules = [(name, m, _managed(m)) for name, m in mods]
+        place = None
+        for name, _, params in modules:
+            for p in params:
+                here = self._place_of(p, "gradcomp.fsdp.register: module %r holds parameters" % name)
+                if place is not None and here[:2] != place[:2]:
+                    raise ValueError("gradcomp.fsdp.register: module %r holds parameters on %s and on %s: one State "
+                                     "serves one model on one device" % (name, place[2], here[2]))
+                place = place or here
+        eng = self._engine
+        if place is not None and eng is not None and place[1] != eng.device:
+            raise ValueError("gradcomp.fsdp.register: the model is on %s, but this State's engine runs on %s: one "
+                             "State serves one model on one device" % (place[2], self._engine_place()))
+        self._modules, self._place = modules, place
+
+    @staticmethod
+    def _place_of(t, what):
+        """``t``'s device as (type, engine ordinal, name): host memory, a
+        CUDA device (with libgradcomp_cuda.so), or in the fake-device test
+        mode a CPU tensor's fake device; NotImplementedError (``what`` on
+        it) for others."""
+        if t.device.type not in ("cpu", "cuda"):
+            raise NotImplementedError("%s on %s: CPU and CUDA only" % (what, t.device))
+        if t.is_cuda and not has_cuda():
+            raise NotImplementedError("%s on %s, which needs %s (device pointers and CUDA streams), but the loaded "
+                                      "library is %s: build it with `make plugin` on a machine with "
+                                      "nvidia-cuda-toolkit" % (what, t.device, _lib.CUDA_LIB_NAME, _lib.CPU_LIB_NAME))
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return t.device.type, _device.ordinal(t, rank), _device.describe(t, rank)
+
+    def _engine_place(self):
+        return "host memory" if self._engine.device < 0 else "device %d" % self._engine.device
+
+    def _check_place(self, name, out):
+        """``out`` must be on the model's device (and the engine's)."""
+        here = self._place_of(out, "gradcomp.fsdp: module %r's reduce output is" % name)
+        if self._place is not None and here[:2] != self._place[:2]:
+            raise ValueError("gradcomp.fsdp: module %r's reduce output is on %s, but the model's parameters are on "
+                             "%s: one State serves one model on one device" % (name, here[2], self._place[2]))
+        if self._engine is not None and here[1] != self._engine.device:
+            raise ValueError("gradcomp.fsdp: module %r's reduce output is on %s, but this State's engine runs on %s: "
+                             "one State serves one model on one device" % (name, here[2], self._engine_place()))
 
     def _params_of(self, name):
         for n, _, params in self._modules or ():
@@ -152,7 +219,9 @@ class FSDPHook(EngineState):
     def _begin(self):
         """A new step, and a callback that ends it after FSDP's own
         end-of-backward callback (queued at the root's pre-backward: ours,
-        queued from a hook, comes after it)."""
+        queued from a hook, comes after it). The device engine's step
+        before it is waited for first (on a GPU it has long ended)."""
+        self._settled()
         st = _Step(self.iter, self._engine is None and self._sizes is None)
         engine = torch.autograd.Variable._execution_engine
         try:
@@ -169,8 +238,7 @@ class FSDPHook(EngineState):
         try:
             if self._broken is not None:
                 raise self._broken
-            if out.device.type != "cpu":
-                raise NotImplementedError("gradcomp.fsdp: reduce output on %s: CPU tensors only" % out.device)
+            self._check_place(name, out)
             if not self._checked:
                 self._check_groups(name)
             if st.plain:
@@ -217,7 +285,7 @@ class FSDPHook(EngineState):
         i = len(st.names)
         if i == 0:
             if self._engine is None:
-                self._create()
+                self._create(out)
             self._check_fresh(st)
             self._engine.step()
             st.started = True
@@ -236,13 +304,17 @@ class FSDPHook(EngineState):
                                                                                                         out.dtype))
         if not last:
             self._check_dtype(name, out.dtype)
-        if last and out.dtype == torch.float32 and out.is_contiguous():
-            staged = out  # waited for below, before FSDP reads it
+        if out.dtype == torch.float32 and out.is_contiguous() and (last or eng.device >= 0):
+            staged = out  # in place: the host engine's last (waited for below, before FSDP reads it), or a device's
         else:
-            staged = out.detach().to(torch.float32, copy=True).contiguous()
+            staged = out.detach().to(torch.float32, copy=True).contiguous()  # on a GPU, on the hook's stream
         st.names.append(name)
         st.sizes.append(out.numel())
-        eng.ready(i, staged)
+        if eng.device >= 0:
+            st.stream = _device.stream(staged)
+            eng.ready_device(i, staged, st.stream)
+        else:
+            eng.ready(i, staged)
         st.pending.append((out, staged))
         if last:
             self._finish(st)
@@ -292,7 +364,9 @@ class FSDPHook(EngineState):
     def _rank(self):
         return "%d of the replicate group" % dist.get_rank(self.engine_group)
 
-    def _create(self):
+    def _create(self, out):
+        """Makes the engine (on ``out``'s device), then tells the ranks of
+        this rank's FSDP shard group whether it could (:meth:`_agree`)."""
         if self._sizes is None:
             raise ValueError("gradcomp.fsdp: no buckets known (the first step learns them)")
 
@@ -300,21 +374,85 @@ class FSDPHook(EngineState):
             if self._pending is not None:
                 eng.load_state(self._pending)
 
-        eng = self._new_engine(self._sizes, self.buckets, load, shapes=self._shapes(), **self._settings())
+        try:
+            eng = self._new_engine(self._sizes, self.buckets, load, shapes=self._shapes(),
+                                   device=_device.ordinal(out, dist.get_rank()), **self._settings())
+        except Exception as e:
+            self._agree(e)
+            raise
+        self._agree(None)
         logger.info("gradcomp.fsdp: engine for %s (strategy %s, decision %s) across %d replicas, %d buckets %s, "
                     "warm-up until step %d", self.spec, self.strategy, self.decision, eng.world, len(self._sizes),
                     self.buckets, self.warmup_steps)
 
-    def _finish(self, st):
-        """At the last module's hook: waits for the engine and writes every
-        module's average into its reduce output."""
-        eng = self._engine
-        err = self._wait(eng, st)
-        st.done = True
-        self._record(eng, st.number)
-        if err is not None:
+    def _shard_group(self):
+        """The process group of this rank's FSDP shard group (None without
+        sharded parameters)."""
+        for _, _, params in self._modules or ():
+            for p in params:
+                if isinstance(p, DTensor) and p.device_mesh.ndim == 1:
+                    return p.device_mesh.get_group()
+        return None
+
+    def _agree(self, failed):
+        """Collective over this rank's FSDP shard group, once the engine's
+        handshake on the replicate group is done (``failed``: its error,
+        raised by the caller): where it failed on a rank of the shard group
+        (another replicate group: a setting that differs there), this
+        rank's engine is dropped and ConfigError raised, so that every rank
+        of the job fails this step rather than wait in FSDP's collectives
+        for ranks that stopped."""
+        group = self._shard_group()
+        if group is None:
             return
-        for out, staged in st.pending:
+        mine = None if failed is None else "%s: %s" % (type(failed).__name__, failed)
+        theirs = [None] * dist.get_world_size(group)
+        dist.all_gather_object(theirs, mine, group=group)
+        bad = ["rank %d of the shard group: %s" % (r, m) for r, m in enumerate(theirs) if m is not None]
+        if failed is None and bad:
+            e = _lib.ConfigError("gc_engine_create", _lib.Status.CONFIG, "gradcomp.fsdp: the engine could not be "
+                                 "made on other replicate groups (%s); this rank's engine (rank %s) was made and is "
+                                 "dropped: every rank's settings must be equal" % ("; ".join(bad), self._rank()))
+            self._drop_engine(e)
+            raise e
+
+    def _finish(self, st):
+        """At the last module's hook. Host engine: waits for it and writes
+        every module's average into its reduce output. Device engine: the
+        hook's stream waits for the engine's step (eng.done: FSDP's later
+        work sees the averages; staged outputs get theirs on the stream
+        after it), and the engine's Wait runs on the finisher; in the
+        fake-device test mode this hook waits for it (nothing orders
+        FSDP's CPU work after the fake device's streams)."""
+        st.done = True
+        eng = self._engine
+        if eng.device < 0:
+            self._settle(eng, st)
+            return
+        eng.done(st.stream)
+        if not _lib.fake_device():
+            self._copy_back(st)
+        if self._finisher is None:
+            self._finisher = Finisher("gradcomp-fsdp-wait")
+        self._finisher.submit(self._settle, eng, st)
+        if _lib.fake_device():
+            self._settled()
+
+    def _settle(self, eng, st):
+        """Waits for ``eng``'s step of ``st`` (its error kept on ``st``, a
+        CommError breaking the State), records it and, where it went well,
+        copies the staged averages back."""
+        err = self._wait(eng, st)
+        self._record(eng, st.number)
+        if err is None:
+            self._copy_back(st)
+
+    @staticmethod
+    def _copy_back(st):
+        """Writes the averages of staged (float32 copies) reduce outputs
+        back into them (on a GPU, on the hook's stream)."""
+        pending, st.pending = st.pending, []
+        for out, staged in pending:
             if staged is not out:
                 out.copy_(staged)
 
@@ -326,7 +464,12 @@ class FSDPHook(EngineState):
 
     def _end(self, st):
         """After FSDP's end of backward: closes the step, learns the buckets
-        of a plain step, raises the step's error."""
+        of a plain step, raises the step's error. Under
+        on_nonfinite="raise" it waits for the device engine's step first,
+        whose NonFiniteError must fail this backward; otherwise an error
+        the finisher finds breaks the State and fails the next step."""
+        if self.on_nonfinite == "raise":
+            self._settled()
         self._cur = None
         self.iter += 1
         if st.error is None and st.plain:

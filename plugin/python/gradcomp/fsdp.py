@@ -54,13 +54,41 @@ spec, strategy, decision, error feedback, on_nonfinite, warm-up, momentum,
 schedule, guard and the bucket sizes: a rank that differs gets ValueError
 on every rank). From then on, per backward: gc_engine_step at the first
 hook, each module's reduce output handed to the engine as its hook fires
-(a float32 copy: FSDP keeps using the tensor), and at the last module's
+(on the CPU a float32 copy: FSDP keeps using the tensor), and at the last module's
 hook the State waits for the engine and writes every module's average back
 into its reduce output in place, where FSDP's sharded gradients look: the
 earlier modules' ``.grad`` are views of it, the last module's FSDP reads
 after the hook returns. So the engine compresses and exchanges the early
 modules' shards while backward computes the later ones, and when backward
 returns every ``.grad`` holds the average over all ranks.
+
+CUDA (the device branch; tested without a GPU in the fake-device test
+mode, :mod:`gradcomp._device`, tests/python/test_fsdp_device.py): the
+engine is the device engine on its own NCCL communicator over the
+replicate group's ranks (bootstrapped through torch.distributed's store:
+no hosted transport, no Python thread, no torch collective on the
+replicate group after it). The hook runs on FSDP's all-reduce stream
+(the current stream); each module's reduce output goes to the engine in
+place (``ready_device`` on that stream; a bfloat16 one as a float32 copy
+made on the stream), and the last module's hook makes the stream wait for
+the engine's step (``done``) and copies staged averages back on it: FSDP's
+later work is ordered after the averages on the GPU, and the hooks never
+wait on the host. The engine's Wait (statistics, errors) runs on a
+finisher thread, waited for at the next backward's first hook (or by
+whatever reads the State: stats, summary, state_dict, close). An error it
+finds breaks the State (CommError) and fails the next backward; under
+``on_nonfinite="raise"`` the end-of-backward callback waits for it (a host
+wait, only then) so that the NonFiniteError fails this backward. In the
+fake-device test mode nothing orders torch's CPU work after the fake
+device's streams, so there (only) the last hook waits for the finisher
+before FSDP reads the outputs.
+
+Once the engine's handshake on the replicate group is done, each rank
+tells its FSDP shard group whether it succeeded (one all_gather_object,
+once per engine): a setting that differs in one replicate group fails its
+ranks with the handshake's ConfigError, and every other rank with a
+ConfigError naming them, in the same backward, rather than leaving them
+to wait in FSDP's next all-gather for ranks that stopped.
 
 PowerSGD (spec "powersgd:R"): a module's reduce output is each trainable
 parameter's padded shard in turn (FSDP2 shards on dim 0), each a matrix of
@@ -70,8 +98,10 @@ engine exchanges each bucket low-rank across the replicas.
 
 Limits, each refused with ValueError or NotImplementedError naming it:
 
-* CPU tensors (gloo, or any backend that takes CPU tensors); CUDA is not
-  supported by this front end.
+* CPU tensors (gloo, or any backend that takes CPU tensors: the host
+  engine) or CUDA tensors (NCCL, with libgradcomp_cuda.so: the device
+  engine, below), every parameter of the model on one device (the
+  State's engine's; another is refused naming both).
 * No gradient accumulation into an existing ``.grad`` across backward
   passes: a module's gradients are final only at the last module's hook,
   after FSDP has assigned the earlier ones. Zero the gradients with
@@ -171,7 +201,10 @@ def register(model, state):
     positions) with ``set_all_reduce_hook``; returns ``state``. ValueError
     for a module sharded on a 2-D mesh (native HSDP: torch all-reduces
     across replicas itself, before the hook) or when there is no FSDP
-    module; NotImplementedError for parameters that are not on the CPU."""
+    module, or for parameters on two devices or on another device than
+    the State's engine (naming both); NotImplementedError for parameters
+    neither on the CPU nor on a CUDA device (or on CUDA without
+    libgradcomp_cuda.so)."""
     if isinstance(model, torch.nn.Module):
         mods = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
     else:
@@ -184,9 +217,6 @@ def register(model, state):
         raise ValueError("gradcomp.fsdp.register: no FSDP module (fully_shard(module, mesh=mesh['shard']) first)")
     for name, m in mods:
         for p in _managed(m):
-            if p.device.type != "cpu":
-                raise NotImplementedError("gradcomp.fsdp.register: module %r holds parameters on %s: gradcomp.fsdp "
-                                          "takes CPU tensors only" % (name, p.device))
             if isinstance(p, DTensor) and p.device_mesh.ndim != 1:
                 raise ValueError("gradcomp.fsdp.register: module %r is sharded on a %d-D mesh (native HSDP): torch "
                                  "all-reduces across replicas itself and calls the hook after; shard with "
