@@ -119,3 +119,20 @@ class DDPDeviceBranchRefusals(unittest.TestCase):
             self.assertEqual(out[r]["type"], "ValueError", out[r])
             self.assertIn("fake device %d" % (r + 2), out[r]["message"])
             self.assertIn("runs on device %d" % r, out[r]["message"])
+
+
+class DDPDeviceBranchNonFinite(unittest.TestCase):
+    """A NaN in one rank's gradient on the device branch: the device
+    engine turns the bucket into NaN on every rank (it keeps no copy of g
+    to send dense), reports it, and stays usable; under
+    on_nonfinite="raise" backward raises FloatingPointError on every rank."""
+
+    def test_nan_on_one_rank(self):
+        out = ranks.run(device_workers.in_mode, 2, True, MOCK, "nonfinite_bucket", "int8", 1, timeout=180)
+        for r in range(2):
+            dense, raised = out[r]["dense"], out[r]["raise"]
+            self.assertIsNone(dense["error"], dense)
+            self.assertTrue(dense["grads_nan"], "the device engine poisons the bucket on every rank")
+            self.assertTrue(dense["clean_finite"], "the next step is clean")
+            self.assertTrue(raised["error"] and raised["error"]["is_fpe"], raised)
+            self.assertTrue(raised["clean_finite"], "the State stays usable after the raise")

@@ -282,10 +282,14 @@ class DDPHook(EngineState):
         through_engine = bool(st.pending)
         if st.stream is not None:
             eng.done(st.stream)
-            if not _lib.fake_device():
+            if not _lib.fake_device() and self.on_nonfinite != "raise":
                 # On a GPU the averages are ordered on the stream: DDP's
                 # futures complete now, without a host wait; the engine's
-                # Wait (statistics, errors) runs on the finisher.
+                # Wait (statistics, errors) runs on the finisher. Under
+                # on_nonfinite="raise" the step's outcome must be known
+                # before the optimizer: the finisher completes them after
+                # the Wait (DDP's host waits for them), and the
+                # end-of-backward callback raises a NaN/Inf.
                 self._copy_back(st)
                 self._resolve(st, None)
         if self.overlap and not through_engine and eng.device < 0:

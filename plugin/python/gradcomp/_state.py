@@ -337,8 +337,14 @@ class EngineState:
         or changed (INFO, one line a bucket: :meth:`_log_decision`)."""
         bad = [b.bucket for b in s.buckets if b.nonfinite]
         if bad:
+            if self.on_nonfinite == "raise":
+                what = "raised"
+            elif self._engine is not None and self._engine.device >= 0:
+                what = "NaN on every rank: the device engine keeps no copy of the gradient to send dense"
+            else:
+                what = "sent dense"
             logger.warning("%s %d (engine step %d): NaN/Inf in %s (%s)", self.LOG_STEP, hook_step, s.step,
-                           self._which(bad), "raised" if self.on_nonfinite == "raise" else "sent dense")
+                           self._which(bad), what)
         for b in s.buckets:
             key = (b.strategy, b.decided_compressed)
             prev = self._decided.get(b.bucket)
