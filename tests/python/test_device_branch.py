@@ -136,3 +136,34 @@ class DDPDeviceBranchNonFinite(unittest.TestCase):
             self.assertTrue(dense["clean_finite"], "the next step is clean")
             self.assertTrue(raised["error"] and raised["error"]["is_fpe"], raised)
             self.assertTrue(raised["clean_finite"], "the State stays usable after the raise")
+
+
+class DDPDeviceBranchCheckpoints(unittest.TestCase):
+    """Checkpoints on the device branch: a run cut, saved and resumed in
+    new processes ends bit for bit where the uninterrupted run does, and a
+    state saved by the hierarchical engine loads across shapes."""
+
+    def test_resume_is_bit_exact(self):
+        import tempfile
+
+        for spec, cut, warmup in (("int8", 5, 4), ("topk:0.01", 3, 4)):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "ckpt")
+                args = (spec, 8, cut, warmup)
+                straight = ranks.run(device_workers.in_mode, 2, True, MOCK, "resume_exact", *args, "straight", path,
+                                     timeout=200)
+                resumed = ranks.run(device_workers.in_mode, 2, True, MOCK, "resume_exact", *args, "resume", path,
+                                    timeout=200)
+            for r in range(2):
+                with self.subTest(spec=spec, rank=r):
+                    self.assertEqual(resumed[r]["params"], straight[r]["params"])
+                    self.assertEqual(resumed[r]["stats"]["engine_steps"], 8 - cut)
+
+    def test_hier_state_loads_reshaped(self):
+        results = ranks.run(device_workers.in_mode, 4, True, MOCK, "hier_reshape", 2, timeout=300)
+        for r, out in enumerate(results):
+            with self.subTest(rank=r):
+                self.assertIn("strategy", out["plain_refused"] or "")
+                self.assertEqual(out["next_step"], out["saved_next_step"])
+                self.assertTrue(out["finite"])
+                self.assertTrue(out["state_reshape"]["finite"])
