@@ -459,7 +459,7 @@ func TestDeviceEngineLaunchFailure(t *testing.T) {
 	g := mustDevRig(t, 1, []int{64}, Config{Decision: DecideCompressed, Spec: "int4", ErrorFeedback: true})
 	e, d := g.engines[0], g.devs[0]
 	b := e.bufs[0]
-	resid, out := b.resid, b.out
+	resid, out := b.resid.Ptr(), b.resid.Out()
 	failed := errors.New("CUDA_ERROR_LAUNCH_FAILED")
 	d.InjectLaunchError(failed)
 	if err := e.Step(); err != nil {
@@ -472,7 +472,7 @@ func TestDeviceEngineLaunchFailure(t *testing.T) {
 	if _, err := e.Wait(context.Background()); !errors.As(err, &se) {
 		t.Fatalf("Wait: %v, want the *StepError", err)
 	}
-	if b.resid != resid || b.out != out {
+	if b.resid.Ptr() != resid || b.resid.Out() != out {
 		t.Error("error-feedback buffers swapped after a failed step")
 	}
 	for j, v := range deviceFloats(t, d, resid, 64) {

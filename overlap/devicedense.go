@@ -18,7 +18,7 @@ func (d devDense) encode(_ *step, r *run) error {
 		return nil
 	}
 	e, b := d.e, d.e.bufs[r.b.idx]
-	return e.dev.Flush(e.enc, kernels.FlushArgs{Grad: r.dgrad, Resid: b.resid, ResidOut: b.out, N: r.b.n})
+	return e.dev.Flush(e.enc, kernels.FlushArgs{Grad: r.dgrad, Resid: b.resid.Ptr(), ResidOut: b.resid.Out(), N: r.b.n})
 }
 
 func (d devDense) exchange(ctx context.Context, st *step, r *run) (func() error, error) {

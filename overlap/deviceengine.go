@@ -7,6 +7,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/devresid"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -162,6 +163,7 @@ type DeviceEngine struct {
 	probeLen       int
 	drained        [2]gpu.Event // encode and wire stream ends, for a step that did not launch every bucket
 	mem            []gpu.Ptr
+	resids         []*devresid.Residual // the memories allocAll made, freed by release
 	events         []gpu.Event
 	bufs           []*devBuffers // per bucket
 	released       bool          // teardown ran: the device state is gone

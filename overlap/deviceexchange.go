@@ -187,7 +187,7 @@ func (e *DeviceEngine) encodeSlots(st *step, r *run, count int) error {
 		a := kernels.EncodeArgs{Body: slot + gpu.Ptr(e.slotHead()), Grad: r.dgrad + off, Work: b.work,
 			Status: slot, N: hi - lo, Key: e.key(st.num, i, e.rank, j)}
 		if e.cfg.ErrorFeedback {
-			a.Resid, a.ResidOut = b.resid+off, b.out+off
+			a.Resid, a.ResidOut = b.resid.Ptr()+off, b.resid.Out()+off
 		}
 		if err := e.dev.Encode(e.codec, e.enc, a); err != nil {
 			return err
@@ -196,15 +196,15 @@ func (e *DeviceEngine) encodeSlots(st *step, r *run, count int) error {
 	if e.cfg.Guard == 0 {
 		return nil
 	}
-	a := kernels.GuardArgs{Resid: b.out, Grad: r.dgrad, N: n, Dst: b.send + kernels.StatusLen, Stride: b.slot, Count: count}
+	a := kernels.GuardArgs{Resid: b.resid.Out(), Grad: r.dgrad, N: n, Dst: b.send + kernels.StatusLen, Stride: b.slot, Count: count}
 	return e.dev.Guard(e.enc, a)
 }
 
 // slotBuffers sets nb's slot for stage-1 payloads of unit elements and
 // returns bucket bk's stage-1 buffers: sends slots to send, e.size blocks
 // of recvStride bytes to receive (0: a slot each), the Encode workspace,
-// and with error feedback the memory (zeroed) and the residual Encode
-// writes.
+// and with error feedback the memory (zeroed, with the buffer Encode
+// writes the new residual to).
 func (e *DeviceEngine) slotBuffers(bk *bucket, nb *devBuffers, unit, sends, recvStride int) []devAlloc {
 	nb.slot = e.slotLen(unit)
 	if recvStride == 0 {
@@ -212,11 +212,10 @@ func (e *DeviceEngine) slotBuffers(bk *bucket, nb *devBuffers, unit, sends, recv
 	}
 	ws, ef := e.codec.WorkspaceLen(unit), e.cfg.ErrorFeedback
 	return []devAlloc{
-		{&nb.send, sends * nb.slot, true, false},
-		{&nb.recv, e.size * recvStride, true, false},
-		{&nb.work, ws, ws > 0, false},
-		{&nb.resid, 4 * bk.n, ef, true},
-		{&nb.out, 4 * bk.n, ef, false},
+		devBuf(&nb.send, sends*nb.slot, true),
+		devBuf(&nb.recv, e.size*recvStride, true),
+		devBuf(&nb.work, ws, ws > 0),
+		devMem(&nb.resid, bk.n, ef),
 	}
 }
 

@@ -30,16 +30,14 @@ func (x devLowRank) buffers(bk *bucket, nb *devBuffers) []devAlloc {
 	q := 4 * max(l.QLen, 4) // a bucket without matrices still has (unused) Q buffers
 	nb.layout = l
 	return []devAlloc{
-		{&nb.send, 4 * (e.size + l.PLen + l.FlatLen), true, false},
-		{&nb.recv, q, true, false},
-		{&nb.qOwn, q, true, false},
-		{&nb.q, q, true, false},
-		{&nb.work, kernels.LowRankWorkspaceLen(l), true, false},
-		{&nb.resid, 4 * bk.n, ef, true},
-		{&nb.out, 4 * bk.n, ef, false},
-		{&nb.m, 4 * bk.n, !ef, false},
-		{&nb.resid2, q, warm, true},
-		{&nb.out2, q, warm, false},
+		devBuf(&nb.send, 4*(e.size+l.PLen+l.FlatLen), true),
+		devBuf(&nb.recv, q, true),
+		devBuf(&nb.qOwn, q, true),
+		devBuf(&nb.q, q, true),
+		devBuf(&nb.work, kernels.LowRankWorkspaceLen(l), true),
+		devMem(&nb.resid, bk.n, ef),
+		devBuf(&nb.m, 4*bk.n, !ef),
+		devMem(&nb.resid2, l.QLen, warm),
 	}
 }
 
@@ -48,10 +46,10 @@ func (x devLowRank) buffers(bk *bucket, nb *devBuffers) []devAlloc {
 func (e *DeviceEngine) lowRankArgs(r *run) kernels.LowRankArgs {
 	b := e.bufs[r.b.idx]
 	a := kernels.LowRankArgs{Layout: b.layout, Ranks: e.size, Rank: e.rank, Grad: r.dgrad, M: b.m,
-		Vals1: b.send, Vals2: b.recv, QOwn: b.qOwn, Q: b.q, Warm: b.resid2, QNext: b.out2, Work: b.work,
+		Vals1: b.send, Vals2: b.recv, QOwn: b.qOwn, Q: b.q, Warm: b.resid2.Ptr(), QNext: b.resid2.Out(), Work: b.work,
 		Seed: e.lowRank.Seed, Key: r.key, Out: e.statuses + gpu.Ptr(kernels.StatusLen*r.b.idx)}
 	if e.cfg.ErrorFeedback {
-		a.Resid, a.M = b.resid, b.out
+		a.Resid, a.M = b.resid.Ptr(), b.resid.Out()
 	}
 	return a
 }

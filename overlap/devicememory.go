@@ -6,7 +6,7 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/compress/lowrank"
 	"github.com/gradcomp/gradcomp/gpu"
-	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/devresid"
 	"github.com/gradcomp/gradcomp/kernels"
 )
 
@@ -23,16 +23,16 @@ type devBuffers struct {
 	slot, slot2  int
 	send, recv   gpu.Ptr
 	send2, recv2 gpu.Ptr
-	resid, out   gpu.Ptr // error feedback: e, and the residual Encode writes
-	resid2, out2 gpu.Ptr // SRA: this rank's part's second memory
-	mid          gpu.Ptr // SRA: this rank's part, summed and averaged
-	work, work2  gpu.Ptr // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
-	phase        int     // the schedule phase the slots and workspaces are sized for
+	resid        *devresid.Residual // error feedback: e, and the residual Encode writes
+	resid2       *devresid.Residual // SRA: this rank's part's second memory
+	mid          gpu.Ptr            // SRA: this rank's part, summed and averaged
+	work, work2  gpu.Ptr            // Encode workspaces: stage 1 (encode stream), stage 2 (decode stream)
+	phase        int                // the schedule phase the slots and workspaces are sized for
 	// StrategyLowRank: the bucket's layout; send and recv are the two
 	// all-reduces' buffers (kernels.LowRankArgs' Vals1 and Vals2), work
-	// the round's workspace, resid and out the residual memory and M (m
-	// without error feedback), resid2 and out2 the warm start's Q̄ and
-	// the next one.
+	// the round's workspace, resid the residual memory and its Out M (m
+	// without error feedback), resid2 the warm start's Q̄ and its Out the
+	// next one.
 	layout     *lowrank.Layout
 	qOwn, q, m gpu.Ptr
 	// Momentum correction (every bucket): u, and the step's m·u + g
@@ -153,29 +153,42 @@ func (e *DeviceEngine) prepare(bk *bucket) error {
 	return nil
 }
 
-// devAlloc is one buffer allocAll allocates: into p, when needed and p
-// is 0 (not kept from another schedule phase).
+// devAlloc is one buffer allocAll allocates when needed and not held
+// (kept from another schedule phase): bytes into p (devBuf), or a memory
+// of n floats, zeroed, into r (devMem).
 type devAlloc struct {
-	p     *gpu.Ptr
-	bytes int
-	need  bool
-	zero  bool // a memory: zeroed when allocated
+	p    *gpu.Ptr
+	r    **devresid.Residual
+	size int // p's bytes, r's floats
+	need bool
+}
+
+// devBuf is a buffer of bytes into p, when needed.
+func devBuf(p *gpu.Ptr, bytes int, need bool) devAlloc {
+	return devAlloc{p: p, size: bytes, need: need}
+}
+
+// devMem is a memory of n floats into r, when needed.
+func devMem(r **devresid.Residual, n int, need bool) devAlloc {
+	return devAlloc{r: r, size: n, need: need}
 }
 
 // allocAll allocates the buffers of bufs (those needed and not yet held).
 func (e *DeviceEngine) allocAll(bufs []devAlloc) error {
 	for _, x := range bufs {
-		if !x.need || *x.p != 0 {
-			continue
-		}
 		var err error
-		if *x.p, err = e.alloc(x.bytes); err != nil {
-			return err
-		}
-		if x.zero {
-			if err := e.dev.CopyIn(e.enc, *x.p, make([]byte, x.bytes)); err != nil {
-				return err
+		switch {
+		case !x.need:
+		case x.r != nil && *x.r == nil:
+			*x.r, err = devresid.New(e.dev, e.enc, x.size)
+			if err == nil {
+				e.resids = append(e.resids, *x.r)
 			}
+		case x.p != nil && *x.p == 0:
+			*x.p, err = e.alloc(x.size)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -215,7 +228,10 @@ func (e *DeviceEngine) release() error {
 	for _, p := range e.mem {
 		keep(e.dev.Free(p))
 	}
-	e.events, e.mem, e.bufs = nil, nil, nil
+	for _, r := range e.resids {
+		keep(r.Free())
+	}
+	e.events, e.mem, e.resids, e.bufs = nil, nil, nil, nil
 	e.released = true
 	return first
 }
@@ -238,11 +254,7 @@ func (e *DeviceEngine) memory(call string) (gradEF, partEF *compress.ErrorFeedba
 			continue // never compressed: no memory
 		}
 		for _, m := range e.memories(bk, gradEF, partEF) {
-			res := make([]float32, m.n)
-			if err := e.dev.CopyOut(e.enc, f32.Bytes(res), m.p); err != nil {
-				return nil, nil, fmt.Errorf("overlap: %s on rank %d: reading bucket %d's %s memory from the device: %w", call, e.rank, i, m.tag, err)
-			}
-			if err := m.f.SetResidual(uint64(i), res); err != nil {
+			if err := m.r.SaveTo(e.enc, m.f, uint64(i)); err != nil {
 				return nil, nil, fmt.Errorf("overlap: %s on rank %d: bucket %d's %s memory: %w", call, e.rank, i, m.tag, err)
 			}
 		}
@@ -250,11 +262,11 @@ func (e *DeviceEngine) memory(call string) (gradEF, partEF *compress.ErrorFeedba
 	return gradEF, partEF, nil
 }
 
-// devMemory is one of a bucket's memories on the device.
+// devMemory is one of a bucket's memories on the device, and the host
+// memory it is saved to and loaded from.
 type devMemory struct {
 	f   *compress.ErrorFeedback
-	p   gpu.Ptr
-	n   int
+	r   *devresid.Residual
 	tag string
 }
 
@@ -262,14 +274,13 @@ type devMemory struct {
 // and partEF; ones that do not exist or are empty are left out.
 func (e *DeviceEngine) memories(bk *bucket, gradEF, partEF *compress.ErrorFeedback) []devMemory {
 	b := e.bufs[bk.idx]
-	lo, hi := e.part.bounds(bk.n, e.rank)
-	n2, tag2 := hi-lo, "stage-2"
+	tag2 := "stage-2"
 	if b.layout != nil {
-		n2, tag2 = b.layout.QLen, "warm start's"
+		tag2 = "warm start's"
 	}
 	var out []devMemory
-	for _, m := range []devMemory{{gradEF, b.resid, bk.n, "stage-1"}, {partEF, b.resid2, n2, tag2}} {
-		if m.f != nil && m.p != 0 && m.n > 0 {
+	for _, m := range []devMemory{{gradEF, b.resid, "stage-1"}, {partEF, b.resid2, tag2}} {
+		if m.f != nil && m.r != nil && m.r.Len() > 0 {
 			out = append(out, m)
 		}
 	}
@@ -292,12 +303,8 @@ func (e *DeviceEngine) install(gradEF, partEF *compress.ErrorFeedback) error {
 			}
 		}
 		for _, m := range e.memories(bk, gradEF, partEF) {
-			res := m.f.Residual(uint64(i))
-			if res == nil {
-				res = make([]float32, m.n)
-			}
-			if err := e.dev.CopyIn(e.enc, m.p, f32.Bytes(res)); err != nil {
-				return fmt.Errorf("overlap: Load on rank %d: writing bucket %d's %s memory to the device: %w", e.rank, i, m.tag, err)
+			if err := m.r.LoadFrom(e.enc, m.f, uint64(i)); err != nil {
+				return fmt.Errorf("overlap: Load on rank %d: bucket %d's %s memory: %w", e.rank, i, m.tag, err)
 			}
 		}
 	}

@@ -22,12 +22,11 @@ func (s devSRA) buffers(bk *bucket, nb *devBuffers) []devAlloc {
 	mine, ws, mem2 := 4*max(hi-lo, 1), e.codec.WorkspaceLen(unit), e.mem2 != nil
 	nb.slot2 = e.slotLen(unit)
 	return append(e.slotBuffers(bk, nb, unit, sends, 0),
-		devAlloc{&nb.mid, mine, true, false},
-		devAlloc{&nb.send2, nb.slot2, true, false},
-		devAlloc{&nb.recv2, e.size * nb.slot2, true, false},
-		devAlloc{&nb.work2, ws, ws > 0, false},
-		devAlloc{&nb.resid2, mine, mem2, true},
-		devAlloc{&nb.out2, mine, mem2, false},
+		devBuf(&nb.mid, mine, true),
+		devBuf(&nb.send2, nb.slot2, true),
+		devBuf(&nb.recv2, e.size*nb.slot2, true),
+		devBuf(&nb.work2, ws, ws > 0),
+		devMem(&nb.resid2, hi-lo, mem2),
 	)
 }
 
@@ -67,7 +66,7 @@ func (s devSRA) reduce(st *step, r *run) error {
 	enc := kernels.EncodeArgs{Body: b.send2 + gpu.Ptr(e.slotHead()), Grad: b.mid, Work: b.work2, Status: b.send2,
 		N: hi - lo, Key: e.key2(st.num, i)}
 	if e.mem2 != nil {
-		enc.Resid, enc.ResidOut = b.resid2, b.out2
+		enc.Resid, enc.ResidOut = b.resid2.Ptr(), b.resid2.Out()
 	}
 	return inSequence(
 		func() error {

@@ -106,10 +106,10 @@ func (e *DeviceEngine) settle(st *step, how stepEnd) {
 		switch {
 		case (e.cfg.ErrorFeedback || e.lowRank != nil) && r.outcome == pathCompressed && !r.nonFinite:
 			// Low-rank's warm start Q̄ moves on without error feedback too.
-			b.resid, b.out = b.out, b.resid
-			b.resid2, b.out2 = b.out2, b.resid2
+			b.resid.Commit()
+			b.resid2.Commit()
 		case r.flush && r.outcome == pathDense && !r.nonFinite:
-			b.resid, b.out = b.out, b.resid
+			b.resid.Commit()
 		}
 	}
 }
