@@ -213,23 +213,20 @@ func (c *compressor) state() ([]byte, error) {
 	if err := c.idle("save the error-feedback state"); err != nil {
 		return nil, err
 	}
-	f := c.ef
-	onDevice, err := c.dev.residuals()
+	f := compress.NewErrorFeedback(c.c)
+	onDevice, err := c.dev.saveTo(f)
 	if err != nil {
 		return nil, err
 	}
-	if len(onDevice) > 0 {
-		f = compress.NewErrorFeedback(c.c)
+	if len(onDevice) == 0 {
+		f = c.ef // every bucket is on the host
+	} else {
 		for _, id := range c.ef.Buckets() {
-			if _, moved := onDevice[id]; !moved {
-				if err := f.SetResidual(id, c.ef.Residual(id)); err != nil {
-					return nil, err
-				}
+			if onDevice[id] {
+				continue // the host copy is from before it moved
 			}
-		}
-		for id, e := range onDevice {
-			if err := f.SetResidual(id, e); err != nil {
-				return nil, fmt.Errorf("bucket %d's device residual: %w", id, err)
+			if err := f.SetResidual(id, c.ef.Residual(id)); err != nil {
+				return nil, fmt.Errorf("bucket %d's host residual: %w", id, err)
 			}
 		}
 	}

@@ -10,7 +10,9 @@ import (
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
+	"github.com/gradcomp/gradcomp/internal/devresid"
 	"github.com/gradcomp/gradcomp/internal/f32"
+	"github.com/gradcomp/gradcomp/internal/fakegpu"
 	"github.com/gradcomp/gradcomp/internal/gputest"
 	"github.com/gradcomp/gradcomp/internal/synth"
 	"github.com/gradcomp/gradcomp/kernels"
@@ -141,25 +143,38 @@ func liveBuckets(c *compressor) int {
 }
 
 // TestDevicePendingSwaps checks the settle modes of a deferred device
-// compress on pointer values alone: Commit installs eo, Retain the sum,
-// Discard nothing, and a freed bucket is left alone.
+// compress on the memory's buffers (a fake device's): Commit installs the
+// new residual, Retain the sum, Discard nothing, and a freed bucket is
+// left alone.
 func TestDevicePendingSwaps(t *testing.T) {
+	plat := fakegpu.New(1)
+	t.Cleanup(plat.Close)
 	for _, tc := range []struct {
-		settle    func(*devicePending)
-		e, eo, s  gpu.Ptr
-		freed     bool
-		name      string
-		wantFirst gpu.Ptr
+		name   string
+		settle func(*devicePending)
+		freed  bool
+		want   string // the buffer that becomes e
 	}{
-		{(*devicePending).Commit, 1, 2, 3, false, "commit", 2},
-		{(*devicePending).Retain, 1, 2, 3, false, "retain", 3},
-		{(*devicePending).Discard, 1, 2, 3, false, "discard", 1},
-		{(*devicePending).Commit, 1, 2, 3, true, "commit after free", 1},
+		{"commit", (*devicePending).Commit, false, "out"},
+		{"retain", (*devicePending).Retain, false, "sum"},
+		{"discard", (*devicePending).Discard, false, "e"},
+		{"commit after free", (*devicePending).Commit, true, "e"},
 	} {
-		b := &deviceBucket{e: tc.e, eo: tc.eo, s: tc.s, freed: tc.freed}
-		tc.settle(&devicePending{b: b})
-		if b.e != tc.wantFirst || b.e+b.eo+b.s != 6 {
-			t.Errorf("%s: e, eo, s = %d, %d, %d; want e = %d and the three kept", tc.name, b.e, b.eo, b.s, tc.wantFirst)
+		r, err := devresid.New(plat.Device(0), 0, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, err := r.Sum()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs := map[string]gpu.Ptr{"e": r.Ptr(), "out": r.Out(), "sum": sum}
+		tc.settle(&devicePending{b: &deviceBucket{r: r, freed: tc.freed}})
+		if r.Ptr() != bufs[tc.want] {
+			t.Errorf("%s: e is %#x, want the %s buffer %#x (buffers %#x)", tc.name, r.Ptr(), tc.want, bufs[tc.want], bufs)
+		}
+		if err := r.Free(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
