@@ -140,7 +140,7 @@ def no_unique_id(rank, world, fake, mock, timeout):
         return None
     t0 = time.monotonic()
     try:
-        _engine.Engine("int8", [100], device=rank, own_nccl=True, timeout=timeout).close()
+        _engine.Engine("int8", [100], device=rank, timeout=timeout).close()
         return {"type": None}
     except Exception as e:
         return {"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}

@@ -145,13 +145,15 @@ class Engine:
     :meth:`wait` raise NonFiniteError (a FloatingPointError) instead of
     sending the bucket dense. ``warmup``: engine steps below it exchange
     every bucket dense. ``timeout``: seconds per collective. ``device``: -1
-    host buckets, else the CUDA device of the buckets (libgradcomp_cuda.so).
-    ``own_nccl`` (ABI 2.9; device buckets only): the engine makes its own
-    NCCL communicator from a unique id spread through torch.distributed's
-    store (:mod:`gradcomp._nccl`), whatever ``process_group``'s backend,
-    and runs every collective of its buckets and of its agreement on it:
-    no hosted transport, no Python thread, no torch collective after the
-    bootstrap. ``schedule``: a compression warm-up after ``warmup``, as a list of
+    host buckets (the engine over a hosted transport, its collectives
+    carried out by a TorchHost on ``process_group``), else the CUDA device
+    of the buckets (libgradcomp_cuda.so; in the fake-device test mode a
+    fake device): the device engine on its own NCCL communicator (ABI
+    2.9), made from a unique id that ``process_group``'s rank 0 spreads
+    through torch.distributed's store (:mod:`gradcomp._nccl`), whatever the
+    group's backend; every collective of its buckets and of its agreement
+    runs on it: no hosted transport, no Python thread, no torch collective
+    after the bootstrap (``groups`` then plays no part). ``schedule``: a compression warm-up after ``warmup``, as a list of
     (steps, spec) phases or the C ABI's "STEPS@SPEC,..." string, then
     ``spec`` (same strategy; with decision "auto" the cost model decides
     for ``spec``; host or device buckets). ``momentum``: momentum correction
@@ -173,8 +175,7 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None,
-                 own_nccl=False):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
@@ -195,9 +196,7 @@ class Engine:
         self.device = int(device)
         #: The accuracy guard's threshold (0: off; held_back is then 0).
         self.guard = float(guard)
-        if own_nccl:
-            if device < 0:
-                raise ValueError("gradcomp: own_nccl needs device buckets (device ≥ 0), not device=%d" % device)
+        if device >= 0:
             self.hosted = self.host = None
             uid = _nccl.unique_id(process_group, rank, self.timeout)
             arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
@@ -208,8 +207,8 @@ class Engine:
             return
         self.hosted = Hosted(rank, size)
         # Host buckets: the engine's threads launch each post on the process
-        # group as they make it. Device engines keep a taking thread.
-        self.host = TorchHost(self.hosted, process_group, groups=groups, launch=device < 0)
+        # group as they make it.
+        self.host = TorchHost(self.hosted, process_group, groups=groups, launch=True)
         arr = (ctypes.c_uint64 * max(len(self.sizes), 1))(*self.sizes)
         e = ctypes.c_uint64()
         try:

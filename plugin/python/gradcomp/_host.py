@@ -26,11 +26,9 @@ size − 1). Other all-gathers and reduce-scatters use torch's whole-tensor form
 backend takes them for CPU tensors (gloo in torch 2.x), and the list
 all-gather and an all-reduce of a copy where it refuses them (gloo in
 torch 1.13; the copy out of the reduce-scatter's sum is made once its Work
-has finished, before the completion). Device ops (gc_op.device == 1, from
-libgradcomp_cuda.so's device engine) run the same collectives on
-``torch.cuda.ExternalStream(op.stream)`` over tensors made from the device
-pointers and are completed once enqueued, from the taking thread; that
-path has NOT run on a GPU yet.
+has finished, before the completion). The host carries host ops only: a
+device engine runs its collectives on its own NCCL communicator
+(:mod:`gradcomp._nccl`), and a device op reaching this host fails.
 """
 
 import collections
@@ -152,31 +150,6 @@ def _host_tensor(addr, nbytes, dtype):
     return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=dtype)
 
 
-class _CudaBuffer:
-    """A device buffer exposed through ``__cuda_array_interface__`` (for
-    torch.as_tensor, which then shares the memory)."""
-
-    def __init__(self, addr, nbytes, typestr):
-        itemsize = int(typestr[-1])
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes // itemsize,),
-            "typestr": typestr,
-            "data": (int(addr), False),
-            "version": 2,
-            "strides": None,
-        }
-
-
-def _device_tensor(addr, nbytes, dtype):
-    """UNTESTED (no GPU here): a CUDA tensor over device memory at addr."""
-    import torch
-
-    if nbytes == 0:
-        return torch.empty(0, dtype=dtype, device="cuda")
-    typestr = {torch.float32: "<f4", torch.uint8: "|u1"}[dtype]
-    return torch.as_tensor(_CudaBuffer(addr, nbytes, typestr))
-
-
 def _group_name(group):
     try:
         return _lib.Group(group).name.lower()
@@ -290,15 +263,15 @@ def launch_op(op, group, rank, size):
     does what is left (the reduce-scatter fallback's copy out of its
     all-reduced copy) and returns the bytes written to the output
     (op.recv_bytes). The buffers belong to the collective until then.
-    Device ops are enqueued on op.stream before it returns (work None;
-    UNTESTED). ValueError for an op that breaks the header's contract;
-    whatever torch raises at launch."""
+    ValueError for an op that breaks the header's contract or is a device
+    op (device engines carry their own collectives); whatever torch raises
+    at launch."""
     kind = check_op(op, size)
     if op.count == 0 and kind != _lib.OpKind.BARRIER:
         return None, lambda: 0  # the same empty op on every rank: nothing to carry
     if op.device:
-        written = _run_device_op(op, kind, group, rank, size)
-        return None, lambda: written
+        raise ValueError("op %d: a device op (gc_op.device = 1): the Python host carries host ops only; a device "
+                         "engine runs on its own NCCL communicator (gradcomp.Engine(device=...))" % op.id)
     import torch
     import torch.distributed as dist
 
@@ -364,46 +337,11 @@ def run_op(op, group, rank, size):
     """Carries out one posted collective on the torch.distributed ``group``
     (None: the default group), in which this process is ``rank`` of
     ``size``, and returns the bytes written to the output (op.recv_bytes):
-    :func:`launch_op`, then waits for it. Host ops complete before it
-    returns; device ops are enqueued on op.stream (UNTESTED)."""
+    :func:`launch_op`, then waits for it."""
     work, finish = launch_op(op, group, rank, size)
     if work is not None:
         work.wait()
     return finish()
-
-
-def _run_device_op(op, kind, group, rank, size):
-    """UNTESTED (no GPU here): one collective over device memory, enqueued
-    on op.stream through torch.cuda.ExternalStream (NCCL orders its stream
-    after the current one and work.wait() makes the current one wait for
-    it, without blocking the host)."""
-    import torch
-    import torch.distributed as dist
-
-    K = _lib.OpKind
-    stream = torch.cuda.ExternalStream(op.stream) if op.stream else torch.cuda.default_stream()
-    all_gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
-    reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
-    with torch.cuda.stream(stream):
-        if kind == K.ALLREDUCE:
-            work = dist.all_reduce(_device_tensor(op.recv, op.recv_bytes, torch.float32), group=group, async_op=True)
-        elif kind == K.ALLGATHER:
-            work = all_gather(_device_tensor(op.recv, op.recv_bytes, torch.uint8),
-                              _device_tensor(op.send, op.send_bytes, torch.uint8), group=group, async_op=True)
-        elif kind == K.REDUCESCATTER:
-            work = reduce_scatter(_device_tensor(op.recv, op.recv_bytes, torch.float32),
-                                  _device_tensor(op.send, op.send_bytes, torch.float32), group=group, async_op=True)
-        elif kind == K.ALLTOALL:
-            work = dist.all_to_all_single(_device_tensor(op.recv, op.recv_bytes, torch.uint8),
-                                          _device_tensor(op.send, op.send_bytes, torch.uint8), group=group,
-                                          async_op=True)
-        elif kind == K.BROADCAST:
-            work = dist.broadcast(_device_tensor(op.recv, op.recv_bytes, torch.uint8), _global_rank(group, op.root),
-                                  group=group, async_op=True)
-        else:  # BARRIER: a one-element all-reduce on the stream
-            work = dist.all_reduce(torch.zeros(1, device="cuda"), group=group, async_op=True)
-        work.wait()  # NCCL: the stream waits for the collective; the host does not
-    return op.recv_bytes
 
 
 def _future(work):
@@ -452,9 +390,7 @@ class TorchHost:
     fallbacks leave to do (the reduce-scatter's copy out of its all-reduced
     copy) runs in that callback, before the completion. A backend whose
     Work has no future is waited for on the taking thread, one collective
-    at a time. Device ops (op.device) are enqueued on their stream and
-    completed at once, from the taking thread (NCCL: the stream waits for
-    the collective, the host does not).
+    at a time.
 
     An exception launching a collective, or the Work's error when it
     finishes (a dead peer, a timeout of the group), completes that op with

@@ -248,7 +248,7 @@ class EngineState:
         settings and ``buckets``."""
         try:
             own = kw.get("device", -1) >= 0
-            eng = Engine(self.spec, sizes, process_group=self._engine_group(own), own_nccl=own, **kw)
+            eng = Engine(self.spec, sizes, process_group=self._engine_group(own), **kw)
         except _lib.ConfigError as e:
             e = _lib.ConfigError(e.function, e.status, "%s; this rank (%s) has %s(%r, strategy=%r, decision=%r, "
                                  "warmup_steps=%d (the engine's warm-up is warmup_steps - %d), error_feedback=%r, "
