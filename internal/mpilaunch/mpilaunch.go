@@ -95,7 +95,11 @@ func Run(t testing.TB, np int, env []string, testArgs ...string) *Job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--allow-run-as-root", "--oversubscribe", "--tag-output", "-np", fmt.Sprint(np)}
+	// A session directory of the job's own: mpiruns of test packages that
+	// run at once otherwise race to create /tmp/ompi.<host>.<uid> ("File
+	// exists", orte_init failed).
+	args := []string{"--allow-run-as-root", "--oversubscribe", "--tag-output", "-np", fmt.Sprint(np),
+		"--mca", "orte_tmpdir_base", t.TempDir()}
 	for _, kv := range env {
 		args = append(args, "-x", kv)
 	}
