@@ -18,10 +18,7 @@ import (
 // kernels.Codec.Mask, kernels.Guard, kernels.GuardMax and kernels.Flush;
 // LowRankEncode, LowRankReduce and LowRankDecode are kernels'.
 type Device interface {
-	Alloc(bytes int) (gpu.Ptr, error)
-	Free(p gpu.Ptr) error
-	CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error
-	CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error
+	gpu.Memory
 	NewStream() (gpu.Stream, error)
 	DestroyStream(s gpu.Stream) error
 	NewEvent(timing bool) (gpu.Event, error)

@@ -128,42 +128,9 @@ func mustDevRig(t *testing.T, ranks int, sizes []int, cfg Config) *devRig {
 
 // step runs one step on every rank: each bucket's gradient is copied in on
 // the caller's stream, then Ready in order(r), Done and Wait. It returns
-// each rank's averaged gradients, stats and Wait error (or Ready's).
+// each rank's averaged gradients, stats and first error.
 func (g *devRig) step(grads [][][]float32, order func(r int) []int) ([][][]float32, []StepStats, []error) {
-	n := len(g.engines)
-	out := make([][][]float32, n)
-	stats := make([]StepStats, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			e, d, s := g.engines[r], g.devs[r], g.caller[r]
-			if errs[r] = e.Step(); errs[r] != nil {
-				return
-			}
-			for _, i := range order(r) {
-				d.CopyIn(s, g.grads[r][i], f32.Bytes(grads[r][i]))
-				if err := e.Ready(i, g.grads[r][i], s); err != nil {
-					errs[r] = err
-				}
-			}
-			if errs[r] == nil {
-				errs[r] = e.Done(s)
-			}
-			var err error
-			stats[r], err = e.Wait(context.Background())
-			if errs[r] == nil {
-				errs[r] = err
-			}
-			for i, sz := range g.sizes {
-				x := make([]float32, sz)
-				d.CopyOut(s, f32.Bytes(x), g.grads[r][i])
-				out[r] = append(out[r], x)
-			}
-		})
-	}
-	wg.Wait()
-	return out, stats, errs
+	return g.delegateStep(grads, order, delegation{})
 }
 
 // stepBoth runs one step of grads on the device engines and on the CPU

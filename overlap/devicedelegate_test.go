@@ -38,10 +38,12 @@ func callerComms(t *testing.T, g *devRig) []*fakegpu.Comm {
 	return out
 }
 
-// delegateStep runs one step of grads on every rank of g as devRig.step
-// does, handing the buckets in d.buckets over with Delegate (each checked
-// Delegable first): the caller then all-reduces them on its stream over
-// d.callers[r] and, after Done and Wait, divides them by the ranks (DDP's
+// delegateStep runs one step of grads on every rank of g: each bucket's
+// gradient is copied in on the caller's stream, then handed over in
+// order(r), Ready or, for the buckets in d.buckets, Delegate (each checked
+// Delegable first), whose all-reduce the caller then enqueues on its
+// stream over d.callers[r]; then Done (unless a hand-over failed) and
+// Wait, and the delegated buckets are divided by the ranks (DDP's
 // average). It returns each rank's gradients, stats and first error.
 func (g *devRig) delegateStep(grads [][][]float32, order func(r int) []int, d delegation) ([][][]float32, []StepStats, []error) {
 	n := len(g.engines)
@@ -81,7 +83,9 @@ func (g *devRig) delegateStep(grads [][][]float32, order func(r int) []int, d de
 			for _, i := range d.buckets {
 				fail(d.callers[r].AllReduce(context.Background(), g.grads[r][i], g.sizes[i], s))
 			}
-			fail(e.Done(s))
+			if errs[r] == nil {
+				fail(e.Done(s))
+			}
 			st, err := e.Wait(context.Background())
 			stats[r] = st
 			fail(err)
@@ -97,6 +101,19 @@ func (g *devRig) delegateStep(grads [][][]float32, order func(r int) []int, d de
 	}
 	wg.Wait()
 	return out, stats, errs
+}
+
+// rankAverage is DDP's average of bucket i over the ranks of grads: the
+// sum in rank order, divided by the ranks.
+func rankAverage(grads [][][]float32, i int) []float32 {
+	want := slices.Clone(grads[0][i])
+	for _, g := range grads[1:] {
+		for j, v := range g[i] {
+			want[j] += v
+		}
+	}
+	compress.Average(want, len(grads))
+	return want
 }
 
 // saveStates returns every rank's saved state.
@@ -255,11 +272,7 @@ func TestDeviceDelegateUsage(t *testing.T) {
 		mustNoErrors(t, fmt.Sprintf("step %d", num), errs)
 		for r := range ranks {
 			for i := range sizes {
-				want := slices.Clone(grads[0][i])
-				for j, v := range grads[1][i] {
-					want[j] += v
-				}
-				compress.Average(want, ranks)
+				want := rankAverage(grads, i)
 				if j := sameBits(got[r][i], want); j >= 0 || stats[r].Buckets[i].Delegated != (i == 0) {
 					t.Errorf("step %d rank %d bucket %d: element %d, stats %+v", num, r, i, j, stats[r].Buckets[i])
 				}
@@ -351,11 +364,7 @@ func TestDeviceDelegateVerification(t *testing.T) {
 	mustNoErrors(t, "the step after the window", errs)
 	for r := range ranks {
 		for i := range sizes {
-			want := slices.Clone(grads[0][i])
-			for j, v := range grads[1][i] {
-				want[j] += v
-			}
-			compress.Average(want, ranks)
+			want := rankAverage(grads, i)
 			if j := sameBits(got[r][i], want); j >= 0 || !stats[r].Buckets[i].Delegated {
 				t.Errorf("rank %d bucket %d: element %d, stats %+v", r, i, j, stats[r].Buckets[i])
 			}

@@ -120,7 +120,7 @@ func newNCCLEngine(id nccl.UniqueID, rank, size int, c engineConfig, sizes []int
 		return nil, err
 	}
 	ctx := context.Background()
-	p := &ncclParts{dev: dev, mem: &stagingMemory{dev: dev}}
+	p := &ncclParts{dev: dev, mem: &stagingMemory{Device: dev}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.close())
@@ -160,20 +160,11 @@ func newNCCLEngine(id nccl.UniqueID, rank, size int, c engineConfig, sizes []int
 // records the event when no record is pending and then only queries it
 // until it has completed, so that polling does not keep moving the mark.
 type stagingMemory struct {
-	dev     overlap.Device
-	mu      sync.Mutex
-	ev      gpu.Event  // made on first use, destroyed by close
-	pending gpu.Stream // the stream the pending record is on
-	armed   bool       // a record is pending
-}
-
-func (m *stagingMemory) Alloc(bytes int) (gpu.Ptr, error) { return m.dev.Alloc(bytes) }
-func (m *stagingMemory) Free(p gpu.Ptr) error             { return m.dev.Free(p) }
-func (m *stagingMemory) CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error {
-	return m.dev.CopyIn(s, dst, src)
-}
-func (m *stagingMemory) CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error {
-	return m.dev.CopyOut(s, dst, src)
+	overlap.Device // its memory calls serve as they are
+	mu             sync.Mutex
+	ev             gpu.Event  // made on first use, destroyed by close
+	pending        gpu.Stream // the stream the pending record is on
+	armed          bool       // a record is pending
 }
 
 // Synced reports whether s has run the work enqueued on it before the
@@ -182,19 +173,19 @@ func (m *stagingMemory) Synced(s gpu.Stream) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.ev == 0 {
-		ev, err := m.dev.NewEvent(false)
+		ev, err := m.NewEvent(false)
 		if err != nil {
 			return false, err
 		}
 		m.ev = ev
 	}
 	if !m.armed || m.pending != s {
-		if err := m.dev.Record(m.ev, s); err != nil {
+		if err := m.Record(m.ev, s); err != nil {
 			return false, err
 		}
 		m.armed, m.pending = true, s
 	}
-	done, err := m.dev.EventQuery(m.ev)
+	done, err := m.EventQuery(m.ev)
 	if done || err != nil {
 		m.armed = false
 	}
@@ -208,7 +199,7 @@ func (m *stagingMemory) close() error {
 	if m.ev == 0 {
 		return nil
 	}
-	err := m.dev.DestroyEvent(m.ev)
+	err := m.DestroyEvent(m.ev)
 	m.ev = 0
 	return err
 }

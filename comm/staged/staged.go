@@ -27,14 +27,10 @@ import (
 	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
-// Memory is the device memory a Comm stages through: buffers, copies on a
-// stream, and whether a stream has finished its work. CopyIn and CopyOut
-// may wait for the stream; Synced never blocks.
+// Memory is the device memory a Comm stages through, and whether a
+// stream has finished its work. Synced never blocks.
 type Memory interface {
-	Alloc(bytes int) (gpu.Ptr, error)
-	Free(p gpu.Ptr) error
-	CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error
-	CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error
+	gpu.Memory
 	// Synced reports whether s has finished everything enqueued on it.
 	Synced(s gpu.Stream) (bool, error)
 }

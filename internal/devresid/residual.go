@@ -19,15 +19,8 @@ import (
 	"github.com/gradcomp/gradcomp/internal/f32"
 )
 
-// Device is what a Residual needs of a GPU: kernels.Context and
-// overlap.Device have these methods. CopyIn returns once src may be
-// reused; CopyOut waits for its stream.
-type Device interface {
-	Alloc(bytes int) (gpu.Ptr, error)
-	Free(p gpu.Ptr) error
-	CopyIn(s gpu.Stream, dst gpu.Ptr, src []byte) error
-	CopyOut(s gpu.Stream, dst []byte, src gpu.Ptr) error
-}
+// Device is what a Residual needs of a GPU: its memory.
+type Device = gpu.Memory
 
 // Residual is one bucket's error-feedback memory of n float32 on a
 // device. Its methods are not safe for concurrent use. A nil *Residual
