@@ -20,7 +20,7 @@ import torch.distributed as dist
 from . import _device, _lib
 from ._compressor import has_cuda
 from ._ddp_buckets import BucketsSeen, bucket_params, line_up
-from ._ddp_step import DDPStep, Finisher, complete, delegate_done, split
+from ._ddp_step import DDPStep, complete, delegate_done, split
 from ._state import EngineState
 
 __all__ = ["DDPHook"]
@@ -49,7 +49,6 @@ class DDPHook(EngineState):
         self._confirmed = False  # DDP's buckets are the engine's in this process (direct steps)
         self._warned_staged = False
         self._last_split = None
-        self._finisher = None  # the Finisher of overlapped steps, made at the first
         self._deferred = None  # a step whose every bucket DDP's all-reduce carried, its bookkeeping not yet done
         self._settling = threading.Lock()  # held while a deferred step's bookkeeping is done
 
@@ -67,9 +66,7 @@ class DDPHook(EngineState):
         all-reduce carried complete before it. The bookkeeping of a step
         whose every bucket it carried is done here, on the caller's thread
         (see :meth:`_launch_wait`)."""
-        f = self._finisher
-        if f is not None and not f.running_here():
-            f.drain()
+        super()._settled()
         with self._settling:
             st, self._deferred = self._deferred, None
             if st is not None and self._engine is not None:  # else the engine went, its step with it
@@ -90,14 +87,6 @@ class DDPHook(EngineState):
         :func:`gradcomp._ddp_step.split`), None before."""
         self._settled()
         return self._last_split
-
-    def close(self):
-        """Destroys the engine and its transport (the State then fails)."""
-        self._settled()
-        if self._finisher is not None:
-            self._finisher.close()
-            self._finisher = None
-        super().close()
 
     def _seen_layout(self):
         """The bucket sizes of DDP's final buckets, from a plain step after
@@ -296,9 +285,7 @@ class DDPHook(EngineState):
             with self._settling:
                 self._deferred = st
         elif self.overlap:
-            if self._finisher is None:
-                self._finisher = Finisher("gradcomp-wait")
-            self._finisher.submit(self._finish, st)
+            self._finish_later(self._finish, st)
         else:
             self._finish(st)
 

@@ -1,16 +1,13 @@
 """One step of gradcomp.torch.State's DDP hook: what it holds while its
-buckets come (DDPStep), the thread that waits for the engine's steps
-(Finisher), the completion of DDP's futures after torch's own
+buckets come (DDPStep), the completion of DDP's futures after torch's own
 all-reduces, and where a step's time went (split)."""
 
 import logging
-import queue
-import threading
 import time
 
 from ._state import Step
 
-__all__ = ["DDPStep", "Finisher", "complete", "delegate_done", "split"]
+__all__ = ["DDPStep", "complete", "delegate_done", "split"]
 
 logger = logging.getLogger("gradcomp")
 
@@ -32,49 +29,6 @@ def complete(out, f, buf, divide=1, then=None):
         out.set_exception(err)
     else:
         out.set_result(buf)
-
-
-class Finisher:
-    """A daemon thread that runs the functions submitted to it, one at a
-    time, in order: the State's step finisher. One thread for every step,
-    where a thread started per step would cost DDP's autograd thread up to
-    milliseconds on a loaded host (Thread.start waits until the new thread
-    runs)."""
-
-    def __init__(self, name):
-        self._jobs = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn, *args):
-        """Queues ``fn(*args)``; returns at once."""
-        self._jobs.put((fn, args))
-
-    def drain(self):
-        """Waits until every submitted function has returned."""
-        self._jobs.join()
-
-    def running_here(self):
-        """Whether the caller is the finisher's thread."""
-        return threading.current_thread() is self._thread
-
-    def close(self):
-        """Runs what was submitted, then ends the thread."""
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _run(self):
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                job[0](*job[1])
-            except Exception:  # a finisher records its own failures; this is a bug
-                logger.exception("gradcomp: the step finisher failed")
-            finally:
-                job = None  # not held while waiting for the next: a State dropped unclosed can go
-                self._jobs.task_done()
 
 
 def delegate_done(eng, index, st):

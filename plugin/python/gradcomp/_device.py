@@ -19,13 +19,7 @@ import torch
 
 from . import _lib
 
-__all__ = ["describe", "future", "on_device", "ordinal", "stream"]
-
-
-def on_device(t):
-    """Whether tensor ``t`` is exchanged by the device engine: a CUDA
-    tensor, or any tensor in the fake-device test mode."""
-    return t.is_cuda or _lib.fake_device()
+__all__ = ["describe", "future", "ordinal", "stream"]
 
 
 def ordinal(t, rank):

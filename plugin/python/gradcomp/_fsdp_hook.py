@@ -20,7 +20,6 @@ from torch.distributed.tensor import DTensor, Shard
 
 from . import _device, _lib
 from ._compressor import has_cuda
-from ._ddp_step import Finisher
 from ._engine import matrix_shape
 from ._state import EngineState, Step
 
@@ -126,22 +125,6 @@ class FSDPHook(EngineState):
         self._sizes = None  # and their sizes
         self._checked = False  # the replicate group was checked against FSDP's shard groups
         self._place = None  # the model's device: (type, engine ordinal, as messages name it), from register
-        self._finisher = None  # the device engine's Finisher (its Wait), made at its first step
-
-    def _settled(self):
-        """Waits until the device engine's latest step has been waited for
-        and recorded (on the finisher)."""
-        f = self._finisher
-        if f is not None and not f.running_here():
-            f.drain()
-
-    def close(self):
-        """Destroys the engine (the State then fails)."""
-        self._settled()
-        if self._finisher is not None:
-            self._finisher.close()
-            self._finisher = None
-        super().close()
 
     def _shapes(self):
         """PowerSGD's bucket shapes (spec powersgd): each module's padded
@@ -432,9 +415,7 @@ class FSDPHook(EngineState):
         eng.done(st.stream)
         if not _lib.fake_device():
             self._copy_back(st)
-        if self._finisher is None:
-            self._finisher = Finisher("gradcomp-fsdp-wait")
-        self._finisher.submit(self._settle, eng, st)
+        self._finish_later(self._settle, eng, st)
         if _lib.fake_device():
             self._settled()
 

@@ -21,6 +21,7 @@ with no torch collective and no Python thread on a bucket's path.
 
 import collections
 import logging
+import queue
 import threading
 
 from . import _lib
@@ -68,6 +69,49 @@ class Step:
         """Keeps ``e`` unless the step failed already."""
         if self.error is None:
             self.error = e
+
+
+class Finisher:
+    """A daemon thread that runs the functions submitted to it, one at a
+    time, in order: the State's step finisher. One thread for every step,
+    where a thread started per step would cost DDP's autograd thread up to
+    milliseconds on a loaded host (Thread.start waits until the new thread
+    runs)."""
+
+    def __init__(self, name):
+        self._jobs = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args):
+        """Queues ``fn(*args)``; returns at once."""
+        self._jobs.put((fn, args))
+
+    def drain(self):
+        """Waits until every submitted function has returned."""
+        self._jobs.join()
+
+    def running_here(self):
+        """Whether the caller is the finisher's thread."""
+        return threading.current_thread() is self._thread
+
+    def close(self):
+        """Runs what was submitted, then ends the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self):
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                job[0](*job[1])
+            except Exception:  # a finisher records its own failures; this is a bug
+                logger.exception("gradcomp: the step finisher failed")
+            finally:
+                job = None  # not held while waiting for the next: a State dropped unclosed can go
+                self._jobs.task_done()
 
 
 #: A checkpoint as :meth:`EngineState._read_checkpoint` found it valid.
@@ -145,10 +189,22 @@ class EngineState:
         self._counts = collections.Counter()
         self._last_step = None
         self._decided = {}  # bucket -> (strategy, decided_compressed) last logged
+        self._finisher = None  # the Finisher of steps finished off the hook's thread, made at the first
+
+    def _finish_later(self, fn, *args):
+        """Runs ``fn(*args)`` on the State's Finisher (made on first use),
+        after the steps submitted before it."""
+        if self._finisher is None:
+            self._finisher = Finisher("gradcomp-%s-wait" % self.WHO.rsplit(".", 1)[-1])
+        self._finisher.submit(fn, *args)
 
     def _settled(self):
-        """Waits until the latest step's bookkeeping is done (a front end's
-        that finishes steps elsewhere; here: nothing to wait for)."""
+        """Waits until the latest step's bookkeeping is done: what was
+        submitted to the Finisher (unless called from it). A front end
+        that finishes steps elsewhere too waits for those as well."""
+        f = self._finisher
+        if f is not None and not f.running_here():
+            f.drain()
 
     # ---- what a user reads
 
@@ -207,8 +263,12 @@ class EngineState:
         raise NotImplementedError
 
     def close(self):
-        """Destroys the engine and its transport (the State then fails)."""
+        """Destroys the engine and its transport (the State then fails),
+        once the steps submitted to the Finisher are done."""
         self._settled()
+        if self._finisher is not None:
+            self._finisher.close()
+            self._finisher = None
         eng, self._engine = self._engine, None
         if eng is not None:
             self._broken = self._broken or _lib.ClosedError("gc_engine", _lib.Status.CLOSED,
