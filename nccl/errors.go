@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/gradcomp/gradcomp/comm"
 )
 
 // ErrNotFound is matched (errors.Is) by the *LoadError Open returns when no
@@ -18,10 +16,9 @@ var ErrNotFound = errors.New("nccl: libnccl.so.2 not found")
 var ErrNoCgo = errors.New("nccl: built without cgo (CGO_ENABLED=0), so libnccl.so.2 cannot be loaded; rebuild with CGO_ENABLED=1")
 
 // ErrClosed is matched (errors.Is) by every error of a call on a Comm that
-// Destroy or an abort has ended. It is comm.ErrClosed, the one sentinel of
-// a communicator that can no longer be used, so that a comm.DeviceComm
-// over this package (comm/ncclcomm) reports its end as every Comm does.
-var ErrClosed = comm.ErrClosed
+// Destroy or an abort has ended. comm/ncclcomm reports it as comm.ErrClosed,
+// as every comm.DeviceComm reports its end.
+var ErrClosed = errors.New("nccl: communicator closed")
 
 // dlError is a message from dlerror().
 type dlError string

@@ -19,7 +19,9 @@
 // Timeouts, aborts and errors are those of the binding (nccl.Comm): a call
 // or Wait that runs past the timeout given to New (nccl.WithTimeout) or
 // past its ctx aborts the communicator and returns an *nccl.AbortError;
-// the Comm is unusable afterwards. Invalid arguments are an
+// the Comm is unusable afterwards. Every error that matches nccl.ErrClosed
+// (an abort, a destroyed communicator) matches comm.ErrClosed too, as the
+// end of every comm.DeviceComm does. Invalid arguments are an
 // *nccl.ArgumentError, or a *comm.ArgumentError for what only this
 // package checks (AllToAll's divisibility). Split on a library older than
 // NCCL 2.18 is an *nccl.UnsupportedError.
@@ -27,6 +29,7 @@ package ncclcomm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gradcomp/gradcomp/comm"
@@ -68,7 +71,7 @@ func New(ctx context.Context, lib *nccl.Library, boot comm.Comm, opts ...nccl.Op
 	}
 	c, err := lib.InitRank(ctx, boot.Size(), id, boot.Rank(), opts...)
 	if err != nil {
-		return nil, err
+		return nil, ended(err)
 	}
 	return &Comm{c: c}, nil
 }
@@ -92,18 +95,18 @@ func (c *Comm) Size() int { return c.c.Size() }
 // float32s.
 func (c *Comm) AllReduce(ctx context.Context, buf gpu.Ptr, n int, s gpu.Stream) error {
 	b := buf
-	return c.c.Run(ctx, nccl.AllReduce(b, b, n, nccl.Float32, nccl.Sum, s))
+	return ended(c.c.Run(ctx, nccl.AllReduce(b, b, n, nccl.Float32, nccl.Sum, s)))
 }
 
 // AllGather implements comm.DeviceComm: ncclAllGather of n bytes per rank.
 func (c *Comm) AllGather(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
-	return c.c.Run(ctx, nccl.AllGather(src, dst, n, nccl.Uint8, s))
+	return ended(c.c.Run(ctx, nccl.AllGather(src, dst, n, nccl.Uint8, s)))
 }
 
 // ReduceScatter implements comm.DeviceComm: ncclReduceScatter sum, n
 // float32s per rank.
 func (c *Comm) ReduceScatter(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stream) error {
-	return c.c.Run(ctx, nccl.ReduceScatter(src, dst, n, nccl.Float32, nccl.Sum, s))
+	return ended(c.c.Run(ctx, nccl.ReduceScatter(src, dst, n, nccl.Float32, nccl.Sum, s)))
 }
 
 // AllToAll implements comm.DeviceComm: one NCCL group of a send and a
@@ -122,14 +125,14 @@ func (c *Comm) AllToAll(ctx context.Context, dst, src gpu.Ptr, n int, s gpu.Stre
 			nccl.Send(src+off, m, nccl.Uint8, j, s),
 			nccl.Recv(dst+off, m, nccl.Uint8, j, s))
 	}
-	return c.c.Run(ctx, ops...)
+	return ended(c.c.Run(ctx, ops...))
 }
 
 // Broadcast implements comm.DeviceComm: an in-place ncclBroadcast of n
 // bytes.
 func (c *Comm) Broadcast(ctx context.Context, buf gpu.Ptr, n int, root int, s gpu.Stream) error {
 	b := buf
-	return c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, s))
+	return ended(c.c.Run(ctx, nccl.Broadcast(b, b, n, nccl.Uint8, root, s)))
 }
 
 // Split implements comm.DeviceSplitter with nccl.Comm.Split
@@ -147,18 +150,37 @@ func (c *Comm) Split(ctx context.Context, color, key int) (comm.DeviceComm, erro
 	}
 	s, err := c.c.Split(ctx, color, key)
 	if err != nil {
-		return nil, err
+		return nil, ended(err)
 	}
 	return &Comm{c: s}, nil
 }
 
 // Wait implements comm.DeviceComm with nccl.Comm.Wait.
 func (c *Comm) Wait(ctx context.Context, done func() (bool, error)) error {
-	return c.c.Wait(ctx, done)
+	return ended(c.c.Wait(ctx, done))
 }
 
 // Close implements comm.DeviceComm: ncclCommDestroy, bounded by the
 // communicator's timeout.
 func (c *Comm) Close() error {
-	return c.c.Destroy(context.Background())
+	return ended(c.c.Destroy(context.Background()))
 }
+
+// ended returns err, made to match comm.ErrClosed too (errors.Is) where it
+// matches nccl.ErrClosed: the binding's sentinel of a communicator that
+// can no longer be used, reported in comm's vocabulary. err stays in the
+// chain (errors.As finds an *nccl.AbortError as before).
+func ended(err error) error {
+	if err == nil || !errors.Is(err, nccl.ErrClosed) {
+		return err
+	}
+	return endedError{err}
+}
+
+// endedError is an error of the binding that ended the communicator.
+type endedError struct{ error }
+
+func (e endedError) Unwrap() error { return e.error }
+
+// Is reports whether target is comm.ErrClosed.
+func (e endedError) Is(target error) bool { return target == comm.ErrClosed }
