@@ -9,7 +9,7 @@ GO ?= go
 FUZZTIME ?= 20000x
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' compress/*_test.go 2>/dev/null | sed 's/func //')
 
-.PHONY: test setup setup-check vet unit capi plugin pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
+.PHONY: test setup setup-check vet unit capi plugin wheel pytest purego race fuzz arm64 x86-32 avx512 bench gobench cuda gpu-binaries
 
 # SUMMARY collects one line per part that says how it ran: each torch's
 # test counts (pytest), where the cross-built tests ran (arm64, x86-32,
@@ -75,6 +75,24 @@ ifeq ($(HAVE_CUDA_H),yes)
 else
 	@echo "make plugin: cuda.h not found: libgradcomp_cuda.so not built (scripts/setup installs nvidia-cuda-toolkit)"
 endif
+
+# The Python package as a wheel for machines without Go:
+# build/wheel/gradcomp-<version>-py3-none-<platform>.whl, holding
+# libgradcomp.so and, where cuda.h is, libgradcomp_cuda.so (never the
+# fake-device library). pip runs plugin/python/setup.py, whose build hook
+# builds them with GO (go build -trimpath) into the wheel; WHEEL_PYTHON's
+# own setuptools and wheel build it (--no-build-isolation: no package
+# index; Debian's python3-setuptools and python3-wheel). setuptools'
+# build directory, plugin/python/build, starts empty, so nothing of an
+# earlier build goes in. The platform tag, not manylinux:
+# libgradcomp_cuda.so needs libcuda.so.1, which no manylinux policy
+# allows, and the wheel is for this platform's machines, not for PyPI.
+# tests/python/test_install.py installs it where there is no Go.
+WHEEL_PYTHON ?= /usr/bin/python3
+wheel:
+	rm -rf build/wheel plugin/python/build
+	GO=$(GO) $(WHEEL_PYTHON) -m pip wheel --no-deps --no-build-isolation --disable-pip-version-check -w build/wheel ./plugin/python
+	@ls build/wheel/*.whl
 
 # The Python package (plugin/python) under two torches: Debian's
 # python3-torch 1.13 (/usr/bin/python3) and torch 2.15 from PyPI in the

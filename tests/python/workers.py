@@ -876,3 +876,40 @@ def hier_engine_disagree(rank, world):
     except Exception as e:
         return {"type": type(e).__name__, "is_value_error": isinstance(e, ValueError), "message": str(e),
                 "seconds": time.monotonic() - t0}
+
+
+def ddp_average(rank, world, spec, steps, warmup):
+    """DDP over the digits MLP with gradcomp's hook (State(spec), warm-up
+    ``warmup``, decision pinned to compressed) for ``steps`` backward passes
+    on random batches, the parameters unchanged: per step the largest
+    difference between DDP's gradient and the exact average (every rank's
+    gradient of a plain copy of the module on the same batch, all-reduced)
+    and the largest range (max - min) of a rank's gradient; then the
+    State's stats, the last step's buckets, and the files gradcomp and its
+    library were loaded from."""
+    import torch.distributed as dist
+
+    ddp, state = make_ddp(mlp(0), spec, warmup_steps=warmup, decision="compressed")
+    plain = mlp(0)
+    g = torch.Generator().manual_seed(rank)
+    out = {"steps": []}
+    for _ in range(steps):
+        xb, yb = torch.randn(BATCH, 64, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+        grads = []
+        for module in (plain, ddp):
+            module.zero_grad()
+            torch.nn.functional.cross_entropy(module(xb), yb).backward()
+            grads.append(torch.cat([p.grad.flatten() for p in module.parameters()]))
+        local, averaged = grads
+        exact = local.clone()
+        dist.all_reduce(exact)
+        exact /= world
+        spread = (local.max() - local.min()).reshape(1)
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        out["steps"].append({"max_err": float((averaged - exact).abs().max()), "range": float(spread)})
+    out["stats"] = state.stats
+    out["buckets"] = [{"strategy": b.strategy, "compressed": b.compressed} for b in state.last_step.buckets]
+    out["gradcomp"] = gradcomp.__file__
+    out["library"] = _lib.path()
+    state.close()
+    return out

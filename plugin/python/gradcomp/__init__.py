@@ -8,7 +8,8 @@ torch.distributed; see gradcomp._engine and gradcomp._host) and, in
 Importing this
 package needs neither torch nor a GPU nor the library: the library is found
 and loaded on first use, from ``$GRADCOMP_LIB`` or next to this package
-(``make plugin`` copies it there).
+(``make plugin`` copies it there; a pip install or wheel holds it there,
+built by plugin/python/setup.py).
 
 Errors: a call the library refuses raises :class:`InvalidArgumentError` (a
 ValueError) for a bad spec, argument or size, :class:`NonFiniteError` for a
