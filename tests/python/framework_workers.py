@@ -1,10 +1,14 @@
 """Rank functions for tests/python/test_frameworks.py (run through
 ranks.run with init=False: each starts before the process group exists,
 in torchrun's environment): gradcomp.torch.State made before
-init_process_group, then DDP."""
+init_process_group, then DDP under plain torch, PyTorch Lightning and
+Hugging Face Accelerate. The Lightning and Accelerate functions hold the
+recipes of docs/PYTORCH.md line for line (the test compares them), and
+import their framework when they run."""
 
 import datetime
 import hashlib
+import logging
 import os
 
 import torch
@@ -15,6 +19,14 @@ import gradcomp.torch as gct
 
 import ranks
 import workers
+
+#: Training samples: 6 steps of 32 per rank on 2 ranks.
+SAMPLES = 384
+
+
+def _dataset():
+    x, y, _, _ = workers.digits()
+    return torch.utils.data.TensorDataset(x[:SAMPLES], y[:SAMPLES])
 
 
 def outcome(state, module):
@@ -68,3 +80,60 @@ def state_before_init(rank, world, k, steps):
         out[s]["made_with"] = made_with[s]
         state.close()
     return out
+
+
+def lightning_fit(rank, world):
+    """The Lightning recipe: a State made before the Trainer (which
+    initializes the process group in fit), gradcomp.lightning.CommHook
+    registering its hook, 6 steps of the two-bucket digits MLP on
+    Lightning's "ddp" strategy over 2 CPU ranks. Returns its outcome."""
+    import torch.nn.functional as F
+    from pytorch_lightning import LightningModule, Trainer
+
+    import gradcomp.torch
+    from gradcomp.lightning import CommHook
+
+    class Classifier(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = workers.two_bucket_mlp(0)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    for name in ("pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # not its start-up lines in the test's output
+    model, loader = Classifier(), torch.utils.data.DataLoader(_dataset(), batch_size=32)
+    state = gradcomp.torch.State("int8", warmup_steps=4, decision="compressed", workers=1)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=6, callbacks=[CommHook(state)],
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, loader)
+    return outcome(state, model)
+
+
+def accelerate_train(rank, world):
+    """The Accelerate recipe: Accelerator(cpu=True) over 2 CPU ranks (it
+    initializes the process group from torchrun's environment), the hook
+    registered on the DDP model prepare() returns, one epoch of 6 steps of
+    the two-bucket digits MLP. Returns its outcome."""
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+
+    import gradcomp.torch
+
+    model = workers.two_bucket_mlp(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(_dataset(), batch_size=32)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    state = gradcomp.torch.State("int8", warmup_steps=4, decision="compressed", workers=1)
+    model.register_comm_hook(state, gradcomp.torch.hook)
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(F.cross_entropy(model(x), y))
+        optimizer.step()
+    return outcome(state, model)
