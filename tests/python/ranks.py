@@ -2,9 +2,10 @@
 
 ``run(fn, world, *args, timeout=...)`` starts ``world`` processes with
 torch.multiprocessing's spawn method; each calls ``fn(rank, world, *args)``
-inside an initialized gloo process group and returns a JSON-serializable
-value; ``run`` returns the values by rank. Each rank ends with
-os._exit (see _entry). A rank that raises fails the run
+inside an initialized gloo process group (``init=False``: in torchrun's
+environment, where ``fn`` initializes it, or a framework does) and
+returns a JSON-serializable value; ``run`` returns the values by rank.
+Each rank ends with os._exit (see _entry). A rank that raises fails the run
 with its traceback; a run past ``timeout`` seconds is killed and fails: a
 test never hangs.
 """
@@ -32,16 +33,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world, port, outdir, args, barrier=True):
+def torchrun_env(rank, world):
+    """What torchrun sets in a rank's environment on one node, beside
+    MASTER_ADDR and MASTER_PORT (OMP_NUM_THREADS=1: its default with
+    several ranks on a node)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "OMP_NUM_THREADS": "1"}
+
+
+def _entry(rank, fn, world, port, outdir, args, barrier=True, init=True):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
-        )
+        if init:
+            dist.init_process_group(
+                "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
+            )
+        else:
+            os.environ.update(torchrun_env(rank, world))
         result = {"value": fn(rank, world, *args)}
-        if barrier:
+        if barrier and dist.is_initialized():
             dist.barrier()  # every rank is done with the group
     except BaseException:
         result = {"error": traceback.format_exc()}
@@ -54,14 +66,17 @@ def _entry(rank, fn, world, port, outdir, args, barrier=True):
     os._exit(0)
 
 
-def run(fn, world, *args, timeout=120, dies=()):
+def run(fn, world, *args, timeout=120, dies=(), init=True):
     """Runs fn(rank, world, *args) on ``world`` ranks; returns their values
     by rank. Raises AssertionError naming the rank on an error or timeout.
     Ranks in ``dies`` are expected to end without a result (their value is
-    None; no rank waits in a final barrier then)."""
+    None; no rank waits in a final barrier then). ``init=False``: fn runs
+    before the process group exists, in torchrun's environment
+    (:func:`torchrun_env`), and initializes it itself (env://), or has a
+    framework do it."""
     with tempfile.TemporaryDirectory(prefix="gradcomp-ranks-") as outdir:
         ctx = mp.start_processes(
-            _entry, args=(fn, world, free_port(), outdir, args, not dies), nprocs=world, join=False,
+            _entry, args=(fn, world, free_port(), outdir, args, not dies, init), nprocs=world, join=False,
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout

@@ -144,18 +144,22 @@ class State(DDPHook):
     "randomk:0.01" or "none" (ValueError with the library's message if it
     is not accepted). ``strategy``: "auto" (the codec's own: sparse-gather
     for top-k, shared-index for random-k, SRA for the quantizers; when
-    torch.distributed is initialized as the State is made and its ranks
-    span 2 nodes or more of 2 ranks or more, the engine times steps of
-    that and of "hier" when it is created and keeps the faster, every rank
-    alike: see docs/DESIGN.md, "Auto chooses by trial"; a checkpoint
+    the ranks span 2 nodes or more of 2 ranks or more, the engine times
+    steps of that and of "hier" when it is created and keeps the faster,
+    every rank alike: see docs/DESIGN.md, "Auto chooses by trial"; a checkpoint
     resumes in the strategy it was saved with), "dense",
     "shared-index", "sparse-gather", "sra", "allgather" or "hier": the
     hierarchical exchange (a reduce-scatter in each node, the codec across
-    nodes on each rank's shard, an all-gather in the node; needs
-    torch.distributed initialized when the State is made, which learns
-    the nodes then and makes their groups, see :func:`hier_layout`:
+    nodes on each rank's shard, an all-gather in the node; the State
+    learns the nodes and makes their groups, see :func:`hier_layout`:
     GRADCOMP_RANKS_PER_NODE=k places rank r on node r // k, else
-    torchrun's LOCAL_WORLD_SIZE, else the host names). ``decision``:
+    torchrun's LOCAL_WORLD_SIZE, else the host names). A State may be made
+    before torch.distributed is initialized (as PyTorch Lightning's users
+    make it): what needs the process group, the nodes of "hier" and
+    "auto" included, is then learned at its first use, on every rank
+    alike (its first bucket, or :meth:`load_state_dict` once
+    torch.distributed is initialized); its arguments are checked at
+    once. ``decision``:
     "auto" (the cost model, verified online), "compressed" or "dense"
     (pinned: reproducible). ``warmup_steps`` (≥ 2): steps exchanged dense
     before compression. ``error_feedback``: keep residuals. ``on_nonfinite``:
@@ -227,21 +231,46 @@ class State(DDPHook):
         if model is not None:
             self._params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._engine_group_arg = engine_group
-        #: strategy "hier": this rank's place (node, nodes, local_rank,
-        #: local_size), else None.
+        #: strategy "hier" (or "auto" on nodes): this rank's place (node,
+        #: nodes, local_rank, local_size), once known (see _place), else None.
         self.topology = None
         self._groups = None
-        if strategy == "hier":
-            if not dist.is_initialized():
-                raise ValueError("gradcomp.torch.State(strategy='hier') needs torch.distributed initialized: it learns "
-                                 "the nodes and makes their groups when it is made")
-            self.topology, node, cross = hier_layout(process_group, self.timeout)
-            self._groups = {_lib.Group.NODE: node, _lib.Group.CROSS: cross}
-            logger.info("hierarchical exchange: node %d of %d, local rank %d of %d", *self.topology)
-        elif strategy == "auto" and dist.is_initialized() and dist.get_world_size() > 2:
-            self._auto_layout(process_group)
+        self._placed = False  # _place ran
         self._pending_reshape = False  # a loaded state saved by a job of another shape: load it across shapes
         self._cautioned = False
+        if dist.is_initialized():
+            self._place()
+
+    def _place(self):
+        """Learns what the State needs the process group for, once:
+        for strategy "hier" this rank's node and the groups of the
+        hierarchical exchange (:func:`hier_layout`), for "auto" on more
+        than 2 ranks the same where the nodes allow a trial
+        (:meth:`_auto_layout`). Collective over the default group. It runs
+        when the State is made if torch.distributed is initialized then,
+        else at the State's first use, on every rank alike: its first
+        bucket, or :meth:`load_state_dict` once torch.distributed is
+        initialized (a framework such as PyTorch Lightning initializes it
+        after the user has made the State). An error (ranks that disagree
+        on the nodes: ValueError on every rank) breaks the State."""
+        self._placed = True
+        try:
+            if self.strategy == "hier":
+                self.topology, node, cross = hier_layout(self.process_group, self.timeout)
+                self._groups = {_lib.Group.NODE: node, _lib.Group.CROSS: cross}
+                logger.info("hierarchical exchange: node %d of %d, local rank %d of %d", *self.topology)
+            elif self.strategy == "auto" and dist.get_world_size() > 2:
+                self._auto_layout(self.process_group)
+        except BaseException as e:
+            self._broken = e
+            raise
+
+    def _bucket(self, st, bucket, buf, index, last):
+        """DDPHook's, after :meth:`_place` at the first bucket of a State
+        made before torch.distributed was initialized."""
+        if not self._placed:
+            self._place()
+        return super()._bucket(st, bucket, buf, index, last)
 
     def _auto_layout(self, process_group):
         """strategy "auto": learns the nodes (as hier_layout, the same on
@@ -325,6 +354,8 @@ class State(DDPHook):
                                  % (where, layout, total, mine, sum(mine)))
 
         def keep():
+            if dist.is_initialized() and not self._placed:
+                self._place()
             reshape = ck.engine is not None and dist.is_initialized() and self._check_pending(where, ck)
             self._pending, self._pending_layout = ck.engine, layout
             self._pending_params = params if layout else None
