@@ -551,8 +551,6 @@ class Ranks(unittest.TestCase):
                 self.assertEqual(r["False"]["compressed"], 2)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class Hier(unittest.TestCase):
@@ -658,3 +656,7 @@ class Hier(unittest.TestCase):
                 self.assertEqual(got["type"], "ConfigError", got)
                 self.assertIn("ranks 2 and 3 both say node 1, local rank 0", got["message"])
                 self.assertLess(got["seconds"], 20, got)
+
+
+if __name__ == "__main__":
+    unittest.main()
