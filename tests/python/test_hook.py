@@ -551,8 +551,6 @@ class Ranks(unittest.TestCase):
                 self.assertEqual(r["False"]["compressed"], 2)
 
 
-
-
 class Hier(unittest.TestCase):
     """strategy="hier" on 4 gloo ranks as 2 nodes × 2
     (GRADCOMP_RANKS_PER_NODE=2)."""
