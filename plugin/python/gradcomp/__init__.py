@@ -50,11 +50,13 @@ from ._lib import (
     InvalidArgumentError,
     LibraryError,
     LibraryNotFoundError,
+    Names,
     NonFiniteError,
     OpKind,
     OutOfMemoryError,
     Settle,
     Status,
+    names,
 )
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "InvalidArgumentError",
     "LibraryError",
     "LibraryNotFoundError",
+    "Names",
     "NonFiniteError",
     "OpKind",
     "OutOfMemoryError",
@@ -89,6 +92,7 @@ __all__ = [
     "device_info",
     "has_cuda",
     "live_handles",
+    "names",
     "payload_len",
     "payload_len_raw",
     "version",
