@@ -64,7 +64,8 @@ type Config struct {
 	// ρ of a bucket over the ranks exceeds Guard, the bucket's next
 	// compressed step goes dense with everything its memory holds (e + g:
 	// a flush, which empties the memory), on every rank alike.
-	// BucketStats.HeldBack and Guarded report it and Reason says why.
+	// BucketStats.HeldBack, Guarded and Guard report it and Reason says
+	// why.
 	// Each codec's ρ settles at a level of its own (the README's accuracy
 	// section gives measured ones): set Guard above that level, to catch
 	// a memory that keeps growing.
@@ -101,7 +102,8 @@ const maxTensors = 1 << 24
 // 0.25 matched the dense all-reduce while 0.1 and 0.05 lost 2–3 points
 // and 0.01 6 (random-k sends its values unscaled, so each step moves the
 // model by about the ratio's share of the gradient). Below it the engine
-// says so in every bucket's BucketStats.Reason; it still runs.
+// says so in every bucket's BucketStats (Caution CautionRandomKRatio,
+// and Reason); it still runs.
 const RandomKMinRatio = 0.25
 
 // DefaultTimeout is Config.Timeout's default.

@@ -22,7 +22,8 @@ type core struct {
 	cfg        Config
 	rank, size int
 	spec       string              // the canonical spec
-	advice     string              // a caution about the configuration (RandomKMinRatio), or ""
+	caution    Caution             // a warning about the configuration (RandomKMinRatio), or CautionNone
+	advice     string              // caution's text, for Reason ("" for CautionNone)
 	note       string              // how the buckets are exchanged, where Reason would not say (a two-level StrategyHier, chooseShape's choice), or ""
 	trials     bool                // StrategyAuto over a comm that knows its nodes: New chooses flat or hierarchical by trial (shape.go)
 	comp       compress.Compressor // the active phase's (Spec's without a Schedule); nil for codec none; fp32 for powersgd
@@ -114,6 +115,10 @@ type bucket struct {
 	// guard is why the accuracy guard flushes the bucket's next
 	// compressed step ("": it does not); part of the engine's state.
 	guard string
+	// origin is who made the decision: OriginPinned, OriginCostModel or
+	// OriginVerification; OriginCodec (the zero value) for codec none and
+	// for StrategyHier's outer buckets, whose engine across nodes decides.
+	origin Origin
 	hostBuffers
 }
 
@@ -261,6 +266,7 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	}
 	c.comp = comp
 	if s := comp.Spec(); s.Codec == compress.CodecRandomK && s.Ratio < RandomKMinRatio {
+		c.caution = CautionRandomKRatio
 		c.advice = fmt.Sprintf("caution: random-k %v keeps fewer than %v of each bucket, unscaled; "+
 			"accuracy at the same step budget suffers (see RandomKMinRatio)", s.Ratio, RandomKMinRatio)
 	}
@@ -349,11 +355,11 @@ func (c *core) decide(ctx context.Context, auto func(context.Context) (*costMode
 	switch c.cfg.Decision {
 	case DecideCompressed:
 		for _, b := range c.buckets {
-			b.compressed, b.reason = true, "pinned: compressed"
+			b.compressed, b.reason, b.origin = true, "pinned: compressed", OriginPinned
 		}
 	case DecideDense:
 		for _, b := range c.buckets {
-			b.reason = "pinned: dense"
+			b.reason, b.origin = "pinned: dense", OriginPinned
 		}
 	default:
 		if c.phases != nil {
@@ -439,6 +445,15 @@ func (c *core) Step() error {
 			path = trialPath
 		}
 		flush := path && b.guard != ""
+		origin := b.origin
+		switch {
+		case flush:
+			origin = OriginGuard
+		case trial:
+			origin = OriginTrial
+		case st.warmup && b.compressed:
+			origin = OriginWarmup
+		}
 		if path {
 			if err := c.be.prepare(b); err != nil {
 				cancel()
@@ -447,6 +462,7 @@ func (c *core) Step() error {
 		}
 		st.runs[i] = &run{b: b, compressed: path && !flush, flush: flush, key: compress.Key{Bucket: uint64(i), Step: st.num},
 			stats: BucketStats{Bucket: i, Elements: b.n, Strategy: c.strategy, Reason: b.reason, Trial: trial, Guarded: flush,
+				GuardThreshold: c.cfg.Guard, Origin: origin, Caution: c.caution,
 				PredictedDense: b.predDense, PredictedCompressed: b.predComp, MeasuredDense: b.measDense, MeasuredCompressed: b.measComp}}
 		if flush {
 			st.runs[i].stats.Reason += "; accuracy guard: dense with the residual (" + b.guard + ")"
@@ -627,9 +643,7 @@ func (c *core) finish(ctx context.Context, st *step) {
 		default:
 			c.be.settle(st, stepDelivered)
 		}
-		if fatal == nil && nf == nil {
-			c.guardStep(st)
-		}
+		c.guardStep(st, fatal == nil && nf == nil)
 		if fatal == nil && c.verifying(st) {
 			if err := c.verifyStep(ctx, st); err != nil {
 				fatal = err
@@ -642,6 +656,9 @@ func (c *core) finish(ctx context.Context, st *step) {
 			s.Compressed = r.outcome == pathCompressed
 			s.HeldBack = r.heldBack
 			s.NonFinite = r.nonFinite
+			if r.outcome == pathSkipped || r.outcome == pathDense && r.compressed {
+				s.Origin = OriginFallback
+			}
 			if r.fallback != "" {
 				s.Reason += "; " + r.fallback
 			}
@@ -666,23 +683,40 @@ func (c *core) finish(ctx context.Context, st *step) {
 	})
 }
 
-// guardStep updates the accuracy guard after a step that succeeded: a
-// bucket flushed is done with it, a compressed one whose ρ passed
-// Config.Guard on some rank flushes next time. Every rank sees the same
-// outcomes and ρ, so they decide alike.
-func (c *core) guardStep(st *step) {
-	if c.cfg.Guard == 0 {
+// guardStep updates the accuracy guard after step st and sets each
+// bucket's BucketStats.Guard. After a step delivered, a bucket flushed is
+// done with it, and a compressed one whose ρ passed Config.Guard on some
+// rank flushes next time; after another, nothing changes. Every rank sees
+// the same outcomes and ρ, so they decide alike. StrategyHier's engine
+// across nodes guards the shards: its states are the buckets' (conclude).
+func (c *core) guardStep(st *step, delivered bool) {
+	if _, nested := c.be.(nester); nested {
 		return
 	}
 	for _, r := range st.runs {
-		switch {
-		case r.flush && r.outcome == pathDense && !r.nonFinite:
-			r.b.guard = ""
-		case r.outcome == pathCompressed && r.heldBack > c.cfg.Guard:
-			r.b.guard = fmt.Sprintf("step %d held back ‖e‖ = %.3g·‖g‖ > %g", st.num, r.heldBack, c.cfg.Guard)
-			r.stats.Reason += "; accuracy guard: " + r.b.guard + ", the next compressed step flushes"
-		}
+		r.stats.Guard = c.guardAfter(st, r, delivered)
 	}
+}
+
+// guardAfter updates run r's bucket's pending flush after step st (see
+// guardStep) and returns its state.
+func (c *core) guardAfter(st *step, r *run, delivered bool) GuardState {
+	b := r.b
+	switch {
+	case c.cfg.Guard == 0:
+		return GuardOff
+	case !delivered:
+	case r.flush && r.outcome == pathDense && !r.nonFinite:
+		b.guard = ""
+	case r.outcome == pathCompressed && r.heldBack > c.cfg.Guard:
+		b.guard = fmt.Sprintf("step %d held back ‖e‖ = %.3g·‖g‖ > %g", st.num, r.heldBack, c.cfg.Guard)
+		r.stats.Reason += "; accuracy guard: " + b.guard + ", the next compressed step flushes"
+		return GuardTripped
+	}
+	if b.guard != "" {
+		return GuardPending
+	}
+	return GuardClear
 }
 
 // The bytes one rank sends in each collective, by the usual ring and

@@ -341,7 +341,7 @@ func (m *costModel) decide(ctx context.Context, e *core, x linker) error {
 	}
 	for i, b := range e.buckets {
 		b.compressed = choice[i] == 1
-		b.reason = b.predicted
+		b.reason, b.origin = b.predicted, OriginCostModel
 	}
 	return nil
 }

@@ -706,10 +706,21 @@ func TestDeviceEngineVerifies(t *testing.T) {
 				return
 			}
 			switched := false
-			for s := range firstWindowSteps {
+			for s := range firstWindowSteps + 1 {
 				_, stats, errs := g.step(stepGrads(2, s, sizes), inOrder(2))
 				mustNoErrors(t, fmt.Sprintf("step %d", s), errs)
 				switched = switched || stats[0].Buckets[0].Switched
+				bs := stats[1].Buckets[1]
+				origin := OriginVerification // after the window
+				switch {
+				case bs.Trial:
+					origin = OriginTrial
+				case s < firstWindowSteps:
+					origin = OriginCostModel
+				}
+				if bs.Origin != origin {
+					t.Errorf("step %d: rank 1 bucket 1's Origin %v (trial %v), want %v", s, bs.Origin, bs.Trial, origin)
+				}
 			}
 			for r, e := range g.engines {
 				if c := e.Compressed(); c[0] != tc.want || c[1] != tc.want {

@@ -56,7 +56,14 @@ func TestDeviceHier(t *testing.T) {
 							t.Fatalf("step %d rank %d bucket %d element %d: %v, Engine's hier gives %v", step, r, i, j, out[r][i][j], want[r][i][j])
 						}
 						b := stats[r].Buckets[i]
-						if b.Strategy != StrategyHier || !strings.Contains(b.Reason, "hierarchical (2 nodes × 2 ranks") || b.BytesInNode <= 0 || b.BytesSent <= b.BytesInNode {
+						origin := OriginPinned // the engine across nodes' decision
+						switch {
+						case spec == "none":
+							origin = OriginCodec
+						case step == 0:
+							origin = OriginWarmup
+						}
+						if b.Strategy != StrategyHier || !strings.Contains(b.Reason, "hierarchical (2 nodes × 2 ranks") || b.BytesInNode <= 0 || b.BytesSent <= b.BytesInNode || b.Origin != origin {
 							t.Errorf("step %d rank %d bucket %d: %+v", step, r, i, b)
 						}
 					}

@@ -101,6 +101,16 @@ func TestAccuracyGuard(t *testing.T) {
 							if flushed[b] && !strings.Contains(bs.Reason, "accuracy guard: dense with the residual") {
 								t.Fatalf("a flush's reason does not say so: %s", bs.Reason)
 							}
+							guard, origin := GuardClear, OriginPinned
+							if ref.pending[b] {
+								guard = GuardTripped
+							}
+							if flushed[b] {
+								origin = OriginGuard
+							}
+							if bs.Guard != guard || bs.Origin != origin || bs.GuardThreshold != limit {
+								t.Fatalf("step %d rank %d bucket %d: Guard %v, Origin %v, GuardThreshold %v; want %v, %v, %v", s, r, b, bs.Guard, bs.Origin, bs.GuardThreshold, guard, origin, limit)
+							}
 						}
 					}
 					for _, f := range flushed {
@@ -237,8 +247,8 @@ func TestAccuracyGuardNonFinite(t *testing.T) {
 					poisoned = true
 					bad := clone3(grads)
 					bad[1][0][17] = float32(math.NaN())
-					if _, stats := g.step(t, bad); !stats.Buckets[0].NonFinite || !stats.Buckets[0].Guarded {
-						t.Fatalf("NaN in a flush step: NonFinite %v, Guarded %v (%s)", stats.Buckets[0].NonFinite, stats.Buckets[0].Guarded, stats.Buckets[0].Reason)
+					if _, stats := g.step(t, bad); !stats.Buckets[0].NonFinite || !stats.Buckets[0].Guarded || stats.Buckets[0].Guard != GuardPending {
+						t.Fatalf("NaN in a flush step: NonFinite %v, Guarded %v, Guard %v (%s)", stats.Buckets[0].NonFinite, stats.Buckets[0].Guarded, stats.Buckets[0].Guard, stats.Buckets[0].Reason)
 					}
 				}
 				want, flushed, _ := ref.step(s, clone3(grads))

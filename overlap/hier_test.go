@@ -97,7 +97,7 @@ func TestHierCompressed(t *testing.T) {
 				stats, errs := runStep(engines, grads, inOrder(len(hierSizes)))
 				mustNoErrors(t, "step", errs)
 				for b := range hierSizes {
-					if !stats[0].Buckets[b].Compressed || stats[0].Buckets[b].Strategy != StrategyHier {
+					if bs := stats[0].Buckets[b]; !bs.Compressed || bs.Strategy != StrategyHier || bs.Origin != OriginPinned {
 						t.Fatalf("step %d bucket %d: %+v, want compressed by hier", step, b, stats[0].Buckets[b])
 					}
 					for r := range engines {

@@ -51,6 +51,7 @@ func (a acrossNodes) conclude(st *step) error {
 		r.stats.PredictedDense, r.stats.PredictedCompressed = s.PredictedDense, s.PredictedCompressed
 		r.stats.MeasuredDense, r.stats.MeasuredCompressed = s.MeasuredDense, s.MeasuredCompressed
 		r.stats.Trial, r.stats.Switched, r.stats.Guarded = s.Trial, s.Switched, s.Guarded
+		r.stats.Guard, r.stats.Origin, r.stats.Caution = s.Guard, s.Origin, s.Caution
 		if ir.outcome == pathSkipped {
 			r.fallback = ir.fallback // core.finish's *NonFiniteStepError lists it
 		}

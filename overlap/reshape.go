@@ -135,7 +135,7 @@ func (e *core) contribute(r io.Reader, ve, vu [][]float32) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	src := &core{cfg: e.cfg, size: max(info.WorldSize, 1), rank: info.Rank, layout: info.Layout}
+	src := &core{cfg: e.cfg, size: info.WorldSize, rank: info.Rank, layout: info.Layout}
 	src.cfg.Strategy, src.cfg.NodeSpec = info.Strategy, "" // the node stages' codec keeps no state
 	sizes := make([]int, len(e.buckets))
 	for i, b := range e.buckets {

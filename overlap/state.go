@@ -586,7 +586,30 @@ func readSettings(s *stateReader, version byte) (StateInfo, error) {
 		}
 		info.Buckets = append(info.Buckets, int(v))
 	}
-	return info, s.err
+	if s.err != nil {
+		return info, s.err
+	}
+	return info, checkPlace(info)
+}
+
+// checkPlace refuses a header whose rank has no place in its world: a
+// world size of 0, a rank outside it, or (StrategyHier) a layout of
+// nodes that is not the world's or does not hold the rank's place.
+func checkPlace(info StateInfo) error {
+	l := info.Layout
+	switch {
+	case info.WorldSize < 1:
+		return &StateError{Reason: fmt.Sprintf("world size %d in the header: want 1 or more", info.WorldSize)}
+	case info.Rank < 0 || info.Rank >= info.WorldSize: // < 0: a uint32 past int's range on 32-bit targets
+		return &StateError{Reason: fmt.Sprintf("rank %d in the header is outside its world size %d", info.Rank, info.WorldSize)}
+	case l == comm.Topology{}:
+		return nil
+	case l.Nodes < 1 || l.LocalSize < 1 || int64(l.Nodes)*int64(l.LocalSize) != int64(info.WorldSize):
+		return &StateError{Reason: fmt.Sprintf("layout of %d node(s) × %d rank(s) in the header, world size %d", l.Nodes, l.LocalSize, info.WorldSize)}
+	case l.Node < 0 || l.Node >= l.Nodes || l.LocalRank < 0 || l.LocalRank >= l.LocalSize:
+		return &StateError{Reason: fmt.Sprintf("place node %d, local rank %d in the header is outside its layout of %d node(s) × %d rank(s)", l.Node, l.LocalRank, l.Nodes, l.LocalSize)}
+	}
+	return nil
 }
 
 // readGuards reads the accuracy guard's part of a state of version 3 or

@@ -2,7 +2,9 @@ package overlap
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -344,5 +346,67 @@ func TestCheckStateConfig(t *testing.T) {
 	var se *StateError
 	if err := CheckState(state[:len(state)-1], cfg, sizes, 2, comm.Topology{}); !errors.As(err, &se) {
 		t.Errorf("a cut state: CheckState = %v, want a *StateError", err)
+	}
+}
+
+// TestLoadBadPlace: a state whose header gives its rank no place in its
+// world (world size 0, a rank outside the world, a layout of nodes that is
+// not the world's or does not hold the rank), checksum made good, is a
+// *StateError naming the field from InspectState, CheckState and Load on
+// both backends, in every version, and the engine is unchanged.
+func TestLoadBadPlace(t *testing.T) {
+	const ranks = 4
+	sizes := []int{1000, 37}
+	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
+	v5 := savedBy(t, ranks, sizes, cfg)
+	v1, err := os.ReadFile("testdata/state-v1-int8-sra-rank0.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u32 := func(state []byte, at int, v uint32) []byte {
+		bad := bytes.Clone(state)
+		binary.LittleEndian.PutUint32(bad[at:], v)
+		fixCRC(bad)
+		return bad
+	}
+	const worldAt, rankAt = 5, 9
+	layoutAt := 4 + 1 + 4 + 4 + 8 + 4 + len("int8") + 2 + 1 + 1 + 8 + 4 // after the schedule (none)
+	bad := map[string][]byte{}
+	for name, state := range map[string][]byte{"version 5": v5, "version 3": downgrade(t, v5, 3), "version 1": v1} {
+		bad[name+", world size 0"] = u32(state, worldAt, 0)
+		bad[name+", rank 4 of 4"] = u32(state, rankAt, ranks)
+		bad[name+", rank 2³²−1"] = u32(state, rankAt, math.MaxUint32)
+	}
+	bad["version 5, 2 nodes × 3 ranks of 4"] = u32(u32(v5, layoutAt, 2), layoutAt+4, 3)
+	bad["version 5, node 2 of 2"] = u32(u32(u32(v5, layoutAt, 2), layoutAt+4, 2), layoutAt+8, 2)
+	for _, backend := range backends {
+		g := newBackendRig(t, backend, ranks, sizes, cfg)
+		g.steps(t, stepGrads(ranks, 0, sizes))
+		before := g.save(t)
+		for name, state := range bad {
+			field := "world size 0"
+			switch {
+			case strings.Contains(name, "rank 4"):
+				field = "rank 4 in the header is outside its world size 4"
+			case strings.Contains(name, "rank 2³²−1"):
+				field = "rank 4294967295 in the header"
+			case strings.Contains(name, "nodes"):
+				field = "layout of 2 node(s) × 3 rank(s) in the header, world size 4"
+			case strings.Contains(name, "node 2"):
+				field = "place node 2, local rank 0 in the header is outside its layout"
+			}
+			var se *StateError
+			_, inspect := InspectState(state)
+			load := g.core(0).Load(bytes.NewReader(state))
+			check := CheckState(state, cfg, sizes, ranks, comm.Topology{})
+			for call, err := range map[string]error{"InspectState": inspect, "Load": load, "CheckState": check} {
+				if !errors.As(err, &se) || !strings.Contains(err.Error(), field) {
+					t.Errorf("%s: %s, %s = %v; want a *StateError saying %q", backend, name, call, err, field)
+				}
+			}
+		}
+		if after := g.save(t); !bytes.Equal(after[0], before[0]) {
+			t.Errorf("%s: a refused state changed the engine", backend)
+		}
 	}
 }

@@ -12,7 +12,9 @@ type BucketStats struct {
 	Compressed bool
 	// Reason gives the decision and its inputs (the cost model's
 	// predictions, or "pinned"), then what happened this step if the bucket
-	// fell back to dense or was not exchanged (who had a NaN, where).
+	// fell back to dense or was not exchanged (who had a NaN, where). It is
+	// written for people: Origin, Caution, Guard and the other fields say
+	// the same for programs.
 	Reason string
 	// BytesSent is what this rank put on the wire for the bucket, by the
 	// accounting of the package doc (2(N−1)/N·S for an all-reduce of S
@@ -51,6 +53,20 @@ type BucketStats struct {
 	// Guarded is true when the accuracy guard sent the bucket dense with
 	// its residual this step (a flush, which empties the memory).
 	Guarded bool
+	// Guard is the accuracy guard's state of the bucket after the step:
+	// GuardTripped when HeldBack passed GuardThreshold (the next compressed
+	// step flushes), GuardPending while a flush waits, GuardOff without the
+	// guard.
+	Guard GuardState
+	// GuardThreshold is Config.Guard, the bound the guard compares
+	// HeldBack with (0: no guard).
+	GuardThreshold float64
+	// Origin is what chose the bucket's path this step: its decision
+	// (pinned, the cost model's, verification's) or what overrode it
+	// (warm-up, a trial, the guard, a fallback).
+	Origin Origin
+	// Caution warns about the configuration (CautionNone: nothing to say).
+	Caution Caution
 	// Delegated is true when the caller all-reduced the bucket itself
 	// (Engine.Delegate, DeviceEngine.Delegate); BytesSent is then a ring
 	// all-reduce's, Exchange and NonFinite are not measured (nor, on the

@@ -2,7 +2,6 @@ package overlap
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/gradcomp/gradcomp/compress"
 )
@@ -73,23 +72,17 @@ var strategyNames = [...]string{
 }
 
 // String returns the name ParseStrategy accepts, or "Strategy(N)".
-func (s Strategy) String() string {
-	if s >= 0 && int(s) < len(strategyNames) {
-		return strategyNames[s]
-	}
-	return fmt.Sprintf("Strategy(%d)", int(s))
-}
+func (s Strategy) String() string { return enumString(strategyNames[:], s, "Strategy") }
 
 // ParseStrategy returns the strategy named s: auto, dense, shared-index,
 // sparse-gather, sra, allgather, hier or low-rank.
 func ParseStrategy(s string) (Strategy, error) {
-	for i, name := range strategyNames {
-		if s == name {
-			return Strategy(i), nil
-		}
-	}
-	return 0, fmt.Errorf("overlap: unknown strategy %q (want one of %s)", s, strings.Join(strategyNames[:], ", "))
+	return enumParse[Strategy](strategyNames[:], s, "strategy")
 }
+
+// Strategies returns every strategy, StrategyAuto first, in value order:
+// their names are the canonical list of the strategies' names.
+func Strategies() []Strategy { return enumValues[Strategy](strategyNames[:]) }
 
 // resolve returns the strategy Auto stands for with codec c on size ranks,
 // or checks that s can carry c.
@@ -166,19 +159,12 @@ const (
 var decisionNames = [...]string{DecideAuto: "auto", DecideCompressed: "compressed", DecideDense: "dense"}
 
 // String returns the name ParseDecision accepts, or "Decision(N)".
-func (d Decision) String() string {
-	if d >= 0 && int(d) < len(decisionNames) {
-		return decisionNames[d]
-	}
-	return fmt.Sprintf("Decision(%d)", int(d))
-}
+func (d Decision) String() string { return enumString(decisionNames[:], d, "Decision") }
 
 // ParseDecision returns the decision named s: auto, compressed or dense.
 func ParseDecision(s string) (Decision, error) {
-	for i, name := range decisionNames {
-		if s == name {
-			return Decision(i), nil
-		}
-	}
-	return 0, fmt.Errorf("overlap: unknown decision %q (want one of %s)", s, strings.Join(decisionNames[:], ", "))
+	return enumParse[Decision](decisionNames[:], s, "decision")
 }
+
+// Decisions returns every decision, DecideAuto first, in value order.
+func Decisions() []Decision { return enumValues[Decision](decisionNames[:]) }

@@ -284,6 +284,7 @@ func (e *core) verifyStep(ctx context.Context, st *step) error {
 			b.compressed = to
 		}
 		b.measDense, b.measComp = seconds(vals[nc+2*i]), seconds(vals[nc+1+2*i])
+		b.origin = OriginVerification
 		b.reason = fmt.Sprintf("measured: %s (step %v as decided vs %s; this bucket added %v dense, %v compressed); predicted: %s",
 			verdict, seconds(decided), strings.Join(alts, ", "), b.measDense, b.measComp, b.predicted)
 		r.stats.Switched = switched

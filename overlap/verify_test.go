@@ -94,6 +94,16 @@ func TestVerifyConverges(t *testing.T) {
 						if bs.Trial != trial || bs.Compressed != (decided != trial) {
 							t.Errorf("step %d, rank %d, bucket %d: trial %v compressed %v, want %v %v", step, r, i, bs.Trial, bs.Compressed, trial, decided != trial)
 						}
+						origin := OriginVerification
+						switch {
+						case trial:
+							origin = OriginTrial
+						case step < firstWindowSteps:
+							origin = OriginCostModel
+						}
+						if bs.Origin != origin {
+							t.Errorf("step %d, rank %d, bucket %d: Origin %v, want %v", step, r, i, bs.Origin, origin)
+						}
 						if step == firstWindowSteps-1 {
 							faster := bs.MeasuredCompressed < bs.MeasuredDense
 							if !bs.Switched || faster != tc.want || !strings.HasPrefix(bs.Reason, "measured: switched every bucket to "+pathName(tc.want)) ||

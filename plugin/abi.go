@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // The constants of include/gradcomp.h, in Go. They are not read through
@@ -20,7 +21,7 @@ import (
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 9
+	abiMinor   = 10
 	abiVersion = abiMajor<<16 | abiMinor
 )
 
@@ -85,6 +86,41 @@ const (
 	opAllToAll      = int64(comm.OpAllToAll)      // GC_OP_ALLTOALL
 	opBroadcast     = int64(comm.OpBroadcast)     // GC_OP_BROADCAST
 	opBarrier       = int64(comm.OpBarrier)       // GC_OP_BARRIER
+)
+
+// The gc_name_list values (since ABI 2.10): the lists gc_name reads.
+const (
+	namesStrategy = 0 // GC_NAMES_STRATEGY
+	namesDecision = 1 // GC_NAMES_DECISION
+	namesOrigin   = 2 // GC_NAMES_ORIGIN
+	namesCaution  = 3 // GC_NAMES_CAUTION
+	namesGuard    = 4 // GC_NAMES_GUARD
+)
+
+// The gc_origin values (since ABI 2.10): overlap.Origin's.
+const (
+	originCodec        = int64(overlap.OriginCodec)        // GC_ORIGIN_CODEC
+	originPinned       = int64(overlap.OriginPinned)       // GC_ORIGIN_PINNED
+	originCostModel    = int64(overlap.OriginCostModel)    // GC_ORIGIN_COST_MODEL
+	originVerification = int64(overlap.OriginVerification) // GC_ORIGIN_VERIFICATION
+	originWarmup       = int64(overlap.OriginWarmup)       // GC_ORIGIN_WARMUP
+	originTrial        = int64(overlap.OriginTrial)        // GC_ORIGIN_TRIAL
+	originGuard        = int64(overlap.OriginGuard)        // GC_ORIGIN_GUARD
+	originFallback     = int64(overlap.OriginFallback)     // GC_ORIGIN_FALLBACK
+)
+
+// The gc_caution values (since ABI 2.10): overlap.Caution's.
+const (
+	cautionNone         = int64(overlap.CautionNone)         // GC_CAUTION_NONE
+	cautionRandomKRatio = int64(overlap.CautionRandomKRatio) // GC_CAUTION_RANDOMK_RATIO
+)
+
+// The gc_guard_state values (since ABI 2.10): overlap.GuardState's.
+const (
+	guardOff     = int64(overlap.GuardOff)     // GC_GUARD_OFF
+	guardClear   = int64(overlap.GuardClear)   // GC_GUARD_CLEAR
+	guardTripped = int64(overlap.GuardTripped) // GC_GUARD_TRIPPED
+	guardPending = int64(overlap.GuardPending) // GC_GUARD_PENDING
 )
 
 // version is the library version gc_version returns.

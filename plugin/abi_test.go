@@ -34,6 +34,13 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_OP_ALLREDUCE": opAllReduce, "GC_OP_ALLGATHER": opAllGather, "GC_OP_REDUCESCATTER": opReduceScatter,
 		"GC_OP_ALLTOALL": opAllToAll, "GC_OP_BROADCAST": opBroadcast, "GC_OP_BARRIER": opBarrier,
 		"GC_GROUP_WORLD": groupWorld, "GC_GROUP_NODE": groupNode, "GC_GROUP_CROSS": groupCross,
+		"GC_NAMES_STRATEGY": namesStrategy, "GC_NAMES_DECISION": namesDecision, "GC_NAMES_ORIGIN": namesOrigin,
+		"GC_NAMES_CAUTION": namesCaution, "GC_NAMES_GUARD": namesGuard,
+		"GC_ORIGIN_CODEC": originCodec, "GC_ORIGIN_PINNED": originPinned, "GC_ORIGIN_COST_MODEL": originCostModel,
+		"GC_ORIGIN_VERIFICATION": originVerification, "GC_ORIGIN_WARMUP": originWarmup, "GC_ORIGIN_TRIAL": originTrial,
+		"GC_ORIGIN_GUARD": originGuard, "GC_ORIGIN_FALLBACK": originFallback,
+		"GC_CAUTION_NONE": cautionNone, "GC_CAUTION_RANDOMK_RATIO": cautionRandomKRatio,
+		"GC_GUARD_OFF": guardOff, "GC_GUARD_CLEAR": guardClear, "GC_GUARD_TRIPPED": guardTripped, "GC_GUARD_PENDING": guardPending,
 	}
 	defs := regexp.MustCompile(`(?m)^#define (\w+) (\d+)u?\b|^\s+(GC_\w+) = (\d+),?`).FindAllSubmatch(h, -1)
 	got := map[string]int64{}

@@ -26,7 +26,8 @@ func TestMirrorLayouts(t *testing.T) {
 		{"sizeof(gc_op)", unsafe.Sizeof(cOp{}), 72},
 		{"offsetof(gc_op, count)", unsafe.Offsetof(cOp{}.Count), 24},
 		{"offsetof(gc_op, stream)", unsafe.Offsetof(cOp{}.Stream), 64},
-		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), 128},
+		{"sizeof(gc_engine_config)", unsafe.Sizeof(cEngineConfig{}), engineConfigSize27},
+		{"offsetof(gc_engine_config, shapes)", unsafe.Offsetof(cEngineConfig{}.Shapes), 120},
 		{"offsetof(gc_engine_config, tensor_counts) (ABI 2.5 size)", unsafe.Offsetof(cEngineConfig{}.TensorCounts), engineConfigSize25},
 		{"offsetof(gc_engine_config, node_spec) (ABI 2.4 size)", unsafe.Offsetof(cEngineConfig{}.NodeSpec), engineConfigSize24},
 		{"offsetof(gc_engine_config, node)", unsafe.Offsetof(cEngineConfig{}.Node), 84},
@@ -40,6 +41,9 @@ func TestMirrorLayouts(t *testing.T) {
 		{"sizeof(gc_bucket_stats)", unsafe.Sizeof(cBucketStats{}), 640},
 		{"offsetof(gc_bucket_stats, compress_seconds)", unsafe.Offsetof(cBucketStats{}.Compress), 40},
 		{"offsetof(gc_bucket_stats, reason)", unsafe.Offsetof(cBucketStats{}.Reason), 128},
+		{"sizeof(gc_bucket_verdict)", unsafe.Sizeof(cBucketVerdict{}), verdictSize210},
+		{"offsetof(gc_bucket_verdict, guard)", unsafe.Offsetof(cBucketVerdict{}.Guard), 12},
+		{"offsetof(gc_bucket_verdict, held_back)", unsafe.Offsetof(cBucketVerdict{}.HeldBack), 16},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)

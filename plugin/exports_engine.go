@@ -17,17 +17,18 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
 	"github.com/gradcomp/gradcomp/gpu"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// The engine exports of gradcomp.h (ABI 2.0 to 2.4), documented there, over the
-// cores in engine.go. The structs the header declares are passed as
-// pointers and read or written through the Go mirrors below, whose
-// layouts equal the C structs' on every 64-bit target (checked by
-// TestMirrorLayouts and by the C test's static assertions).
+// The engine exports of gradcomp.h (ABI 2.0 to 2.10), documented there,
+// over the cores in engine.go. The structs the header declares are passed
+// as pointers and read or written through Go mirrors (cOp and
+// cBucketStats below, cEngineConfig in engineconfig.go, cBucketVerdict in
+// exports_verdict.go), whose layouts equal the C structs' on every 64-bit
+// target (checked by TestMirrorLayouts and by the C test's static
+// assertions).
 
 // cOp mirrors gc_op (72 bytes).
 type cOp struct {
@@ -39,38 +40,6 @@ type cOp struct {
 	SendBytes, RecvBytes uint64
 	Stream               uintptr
 }
-
-// cEngineConfig mirrors gc_engine_config (112 bytes; ABI 2.0's, without
-// Momentum and Schedule, 56; ABI 2.1's, without Guard and
-// MomentumMasking, 72; ABI 2.2's and 2.3's, without the topology, 88;
-// ABI 2.4's, without NodeSpec, 104).
-type cEngineConfig struct {
-	Size                     uint32
-	ErrorFeedback            int32
-	Spec, Strategy, Decision *C.char
-	FailOnNonFinite, Warmup  int32
-	Timeout                  float64
-	Workers, Device          int32
-	Momentum                 float64 // since ABI 2.1
-	Schedule                 *C.char // since ABI 2.1
-	Guard                    float64 // since ABI 2.2
-	MomentumMasking          int32   // since ABI 2.2
-	Node, Nodes              int32   // since ABI 2.4
-	LocalRank, LocalSize     int32   // since ABI 2.4
-	_                        int32
-	NodeSpec                 *C.char // since ABI 2.5
-	TensorCounts, Shapes     *uint64 // since ABI 2.7
-}
-
-// engineConfigSize20 and engineConfigSize21 are sizeof(gc_engine_config)
-// in ABI 2.0 and 2.1, which a caller built against those headers passes.
-const (
-	engineConfigSize20 = 56
-	engineConfigSize21 = 72
-	engineConfigSize22 = 88 // and 2.3
-	engineConfigSize24 = 104
-	engineConfigSize25 = 112 // and 2.6
-)
 
 // cBucketStats mirrors gc_bucket_stats (640 bytes).
 type cBucketStats struct {
@@ -295,102 +264,6 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 	*out = C.uint64_t(newHandle(e))
 	return C.int(statusOK)
 }
-
-// readEngineConfig reads gc_engine_config and the bucket sizes. On error
-// the configuration holds what could be read: its timeout at least, or 0
-// (the default) where that could not be read.
-func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) (engineConfig, []int, error) {
-	switch {
-	case cfg == nil:
-		return engineConfig{}, nil, errorf(errInvalid, "null cfg")
-	case sizes == nil && nbuckets > 0:
-		return engineConfig{}, nil, errorf(errInvalid, "null sizes with %d buckets", uint64(nbuckets))
-	case uint64(nbuckets) > math.MaxUint32:
-		return engineConfig{}, nil, errorf(errInvalid, "%d buckets: at most %d", uint64(nbuckets), uint64(math.MaxUint32))
-	}
-	c := (*cEngineConfig)(cfg)
-	if c.Size < engineConfigSize20 {
-		return engineConfig{}, nil, errorf(errInvalid, "cfg->size %d: want sizeof(gc_engine_config), %d (ABI 2.0: %d; set size from the header)", c.Size, unsafe.Sizeof(cEngineConfig{}), engineConfigSize20)
-	}
-	str := func(p *C.char) string {
-		if p == nil {
-			return ""
-		}
-		return C.GoString(p)
-	}
-	raw := rawEngineConfig{spec: str(c.Spec), strategy: str(c.Strategy), decision: str(c.Decision),
-		ef: c.ErrorFeedback != 0, failNonFinite: c.FailOnNonFinite != 0, warmup: int(c.Warmup),
-		timeout: float64(c.Timeout), workers: int(c.Workers), device: int(c.Device)}
-	if c.Size >= engineConfigSize21 { // an older caller's struct ends before them
-		raw.momentum, raw.schedule = c.Momentum, str(c.Schedule)
-	}
-	if c.Size >= engineConfigSize22 {
-		raw.guard, raw.momentumMasking = c.Guard, c.MomentumMasking != 0
-	}
-	if c.Size >= engineConfigSize24 {
-		raw.topo = comm.Topology{Node: int(c.Node), Nodes: int(c.Nodes), LocalRank: int(c.LocalRank), LocalSize: int(c.LocalSize)}
-	}
-	if c.Size >= engineConfigSize25 {
-		raw.nodeSpec = str(c.NodeSpec)
-	}
-	var shapesErr error
-	if c.Size >= uint32(unsafe.Sizeof(cEngineConfig{})) {
-		raw.shapes, shapesErr = readShapes(c.TensorCounts, c.Shapes, int(nbuckets))
-	}
-	conf, err := parseEngineConfig(raw)
-	if err == nil {
-		err = shapesErr
-	}
-	if err == nil && c.Spec == nil { // after parsing, so that conf holds the timeout
-		err = errorf(errInvalid, "null cfg->spec")
-	}
-	if err != nil {
-		return conf, nil, err
-	}
-	sz := make([]int, int(nbuckets))
-	for i, n := range unsafe.Slice((*uint64)(unsafe.Pointer(sizes)), int(nbuckets)) {
-		if n > math.MaxInt32 {
-			return conf, nil, errorf(errInvalid, "sizes[%d] = %d is not a plausible bucket size", i, n)
-		}
-		sz[i] = int(n)
-	}
-	return conf, sz, nil
-}
-
-// readShapes reads gc_engine_config's tensor_counts and shapes for
-// nbuckets buckets (nil, nil: none).
-func readShapes(counts, shapes *uint64, nbuckets int) ([][]overlap.Shape, error) {
-	switch {
-	case counts == nil && shapes == nil:
-		return nil, nil
-	case counts == nil || shapes == nil:
-		return nil, errorf(errConfig, "cfg->tensor_counts and cfg->shapes: give both or neither")
-	}
-	total := uint64(0)
-	cs := unsafe.Slice(counts, nbuckets)
-	for i, n := range cs {
-		if total += n; n > maxTensors || total > maxTensors {
-			return nil, errorf(errConfig, "cfg->tensor_counts[%d] = %d: more than %d tensors in all", i, n, maxTensors)
-		}
-	}
-	pairs := unsafe.Slice(shapes, 2*total)
-	out := make([][]overlap.Shape, nbuckets)
-	for i, n := range cs {
-		out[i] = make([]overlap.Shape, n)
-		for j := range out[i] {
-			rows, cols := pairs[0], pairs[1]
-			pairs = pairs[2:]
-			if rows > math.MaxInt32 || cols > math.MaxInt32 {
-				return nil, errorf(errConfig, "bucket %d, tensor %d: shape %d×%d is not plausible", i, j, rows, cols)
-			}
-			out[i][j] = overlap.Shape{Rows: int(rows), Cols: int(cols)}
-		}
-	}
-	return out, nil
-}
-
-// maxTensors bounds gc_engine_config's tensors, over every bucket.
-const maxTensors = 1 << 24
 
 //export gc_engine_destroy
 func gc_engine_destroy(h C.uint64_t) (st C.int) {

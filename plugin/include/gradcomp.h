@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 9
+#define GRADCOMP_ABI_MINOR 10
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -399,7 +399,12 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
  * device and this rank's place (node, local_rank) must be equal on every
  * rank (the handshake checks them and the bucket layout). */
 typedef struct gc_engine_config {
-	uint32_t size;             /* sizeof(gc_engine_config) */
+	uint32_t size;             /* sizeof(gc_engine_config) of the caller's header: 128 since 2.7; an older
+	                            * ABI's size (56, 72, 88, 104, 112) means the fields after it are 0. Any
+	                            * other size (a newer header's, whose fields this library cannot read, or
+	                            * garbage) is refused, naming both sizes, before a byte past the first
+	                            * four is read (since 2.10; GC_ERR_CONFIG from gc_engine_create,
+	                            * gc_engine_create_nccl and gc_engine_state_check). */
 	int32_t error_feedback;    /* 1: error-feedback memory on the compressed path */
 	const char *spec;          /* compressor spec, e.g. "topk:0.01"; no lossless stage */
 	const char *strategy;      /* "auto" (or NULL), "dense", "shared-index", "sparse-gather", "sra", "allgather",
@@ -422,8 +427,8 @@ typedef struct gc_engine_config {
 	double guard;              /* since 2.2: the accuracy guard's threshold (0: off; needs error_feedback;
 	                            * host and device buckets): a bucket whose error feedback holds back more than guard times the
 	                            * norm of its gradient, on some rank, goes dense with its residual on its next
-	                            * compressed step, emptying the memory (gc_bucket_stats.guarded, the reason, and
-	                            * gc_engine_held_back report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */
+	                            * compressed step, emptying the memory (gc_bucket_stats.guarded, the reason,
+	                            * gc_engine_held_back and gc_engine_verdict report it). A 2.0 or 2.1 caller's size (56, 72) means 0. */
 	int32_t momentum_masking;  /* since 2.2: 1: DGC's momentum factor masking (needs momentum): top-k/random-k
 	                            * zero u where they sent. 0 (and before 2.2): u is never masked. */
 	/* Since 2.4: this rank's place among the machines of the job: node `node` of `nodes`, local rank
@@ -584,7 +589,9 @@ gc_status gc_engine_done(gc_engine e, gc_stream stream);
 gc_status gc_engine_wait(gc_engine e, double timeout_seconds);
 
 /* Statistics of one bucket in the last waited step. strategy and reason
- * are copied NUL-terminated into the caller's buffers (cut to fit). */
+ * are copied NUL-terminated into the caller's buffers (cut to fit). The
+ * reason is written for people: gc_engine_verdict (since 2.10) gives what
+ * it says about the path, the caution and the accuracy guard as values. */
 typedef struct gc_bucket_stats {
 	uint64_t elements;
 	uint64_t bytes_sent;        /* this rank's bytes on the wire for the bucket */
@@ -614,6 +621,81 @@ gc_status gc_engine_stats(gc_engine e, size_t bucket, gc_bucket_stats *out,
  * not go compressed or the engine has no guard. GC_ERR_STATE before any
  * step was waited for. */
 gc_status gc_engine_held_back(gc_engine e, size_t bucket, double *held_back);
+
+/* ---- Structured statistics (since ABI 2.10) ----
+ * What chose each bucket's path, the configuration's caution and the
+ * accuracy guard's state, as values: gc_bucket_stats.reason says the same
+ * for people, in words that may change; a program reads these. The host
+ * and device engines fill them alike; gc_name gives each value's name. */
+
+/* What chose a bucket's path in a step, the same on every rank. A step
+ * takes the path of the bucket's decision (CODEC, PINNED, COST_MODEL,
+ * VERIFICATION) unless WARMUP, TRIAL, GUARD or FALLBACK overrides it (each
+ * of those over the ones before it). */
+typedef enum gc_origin {
+	GC_ORIGIN_CODEC = 0,        /* spec "none": the dense all-reduce is the only path */
+	GC_ORIGIN_PINNED = 1,       /* cfg->decision "compressed" or "dense" */
+	GC_ORIGIN_COST_MODEL = 2,   /* decision "auto": the cost model's, and no verification window has ended since */
+	GC_ORIGIN_VERIFICATION = 3, /* decision "auto": the latest verification window's (switched: it changed it) */
+	GC_ORIGIN_WARMUP = 4,       /* a warm-up step (cfg->warmup) sent the bucket, decided compressed, dense */
+	GC_ORIGIN_TRIAL = 5,        /* a verification trial ran the alternative configuration (gc_bucket_stats.trial) */
+	GC_ORIGIN_GUARD = 6,        /* the accuracy guard sent the bucket dense with its residual (guarded) */
+	GC_ORIGIN_FALLBACK = 7      /* the step did not take the path chosen for it: a rank's payload could not carry
+	                             * the bucket (NaN/Inf, a value the codec cannot hold) and it went dense instead of
+	                             * compressed (host buckets), or a NaN/Inf skipped it (cfg->fail_on_nonfinite) */
+} gc_origin;
+
+/* A warning about the engine's configuration, the same for every bucket
+ * and step: the engine runs, but accuracy or speed is likely to suffer. */
+typedef enum gc_caution {
+	GC_CAUTION_NONE = 0,
+	GC_CAUTION_RANDOMK_RATIO = 1 /* random-k keeps fewer than a quarter of each bucket, unscaled: accuracy at the
+	                              * same step budget suffers */
+} gc_caution;
+
+/* The accuracy guard's state of a bucket after a step (cfg->guard). */
+typedef enum gc_guard_state {
+	GC_GUARD_OFF = 0,     /* the engine has no accuracy guard (cfg->guard 0) */
+	GC_GUARD_CLEAR = 1,   /* no flush pending */
+	GC_GUARD_TRIPPED = 2, /* this step's held_back passed guard_threshold: the bucket's next compressed step
+	                       * flushes (goes dense with its residual: origin GC_ORIGIN_GUARD, guarded) */
+	GC_GUARD_PENDING = 3  /* a flush is pending from an earlier step (or a loaded state) and this step did not
+	                       * carry it out (it did not go compressed, or the flush met a NaN) */
+} gc_guard_state;
+
+/* The verdicts of one bucket in the last waited step. The library writes
+ * it: the caller sets size to sizeof(gc_bucket_verdict) of its header; the
+ * library writes at most that many bytes, leaving fields past its own
+ * struct (a newer header's) as they were, and sets size to the bytes it
+ * wrote. */
+typedef struct gc_bucket_verdict {
+	uint32_t size;
+	int32_t origin;         /* gc_origin */
+	int32_t caution;        /* gc_caution */
+	int32_t guard;          /* gc_guard_state */
+	double held_back;       /* gc_engine_held_back's */
+	double guard_threshold; /* cfg->guard (0: no guard) */
+} gc_bucket_verdict;
+
+/* Bucket's verdicts in the last waited step (since 2.10). GC_ERR_STATE
+ * before any step was waited for; GC_ERR_INVALID for a NULL out or a size
+ * below 2.10's (32). */
+gc_status gc_engine_verdict(gc_engine e, size_t bucket, gc_bucket_verdict *out);
+
+/* The lists of names gc_name reads (since 2.10): the library's own, the
+ * one source a binding needs. */
+typedef enum gc_name_list {
+	GC_NAMES_STRATEGY = 0, /* gc_engine_config.strategy's, "auto" first; gc_bucket_stats.strategy is one */
+	GC_NAMES_DECISION = 1, /* gc_engine_config.decision's, "auto" first */
+	GC_NAMES_ORIGIN = 2,   /* gc_origin's by value: "codec", "pinned", "cost-model", ... */
+	GC_NAMES_CAUTION = 3,  /* gc_caution's by value: "none", "random-k-ratio" */
+	GC_NAMES_GUARD = 4     /* gc_guard_state's by value: "off", "clear", "tripped", "pending" */
+} gc_name_list;
+
+/* Name i of list (since 2.10), in static storage valid while the library
+ * is loaded; NULL past the list's end (i = its length), for a negative i
+ * or an unknown list. A binding lists one with i = 0, 1, ... until NULL. */
+const char *gc_name(gc_name_list list, int i);
 
 /* The engine's state (error-feedback memories and momentum velocities,
  * next step number, world size and rank, bucket layout, and the settings

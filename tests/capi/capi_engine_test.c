@@ -17,6 +17,7 @@
  * Run from the repository root (make capi): it reads tests/golden/testdata.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -24,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gradcomp.h"
 #include "capi_check.h"
@@ -39,6 +42,8 @@ _Static_assert(offsetof(gc_engine_config, local_size) == 96, "local_size at 96")
 _Static_assert(offsetof(gc_op, group) == 20 && offsetof(gc_op, reserved) == 20, "group is 2.3's reserved");
 _Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
 _Static_assert(sizeof(gc_bucket_stats) == 640, "gc_bucket_stats is 640 bytes");
+_Static_assert(sizeof(gc_bucket_verdict) == 32 && offsetof(gc_bucket_verdict, held_back) == 16,
+               "gc_bucket_verdict is 32 bytes, held_back at 16 (ABI 2.10)");
 
 #define GOLDEN "tests/golden/testdata"
 #define RANKS 4
@@ -603,6 +608,69 @@ static void test_invalid_config(void) {
 	}
 }
 
+/* gc_engine_config is read as far as its size says and no further (since
+ * 2.10): each config lies at the end of a readable page, the next one
+ * unreadable. Every older ABI's size and this header's are accepted; a
+ * size the library does not know (the 4 GiB an 88-byte struct claims, a
+ * newer header's 136, one between two ABIs') is refused on every rank with
+ * GC_ERR_CONFIG naming it and the library's size, and nothing past the
+ * size is read: no fault. */
+static void test_config_size(void) {
+	enum { BAD = 1 };
+	static const struct {
+		uint32_t claim, room; /* cfg->size, and the bytes the caller's struct has */
+		const char *want;     /* "" where accepted */
+	} cases[] = {
+		{56, 56, ""}, {72, 72, ""}, {88, 88, ""}, {104, 104, ""}, {112, 112, ""},
+		{sizeof(gc_engine_config), sizeof(gc_engine_config), ""},
+		{0xFFFFFFFFu, 88, "cfg->size 4294967295: this library (ABI 2.10) reads a gc_engine_config of 128 bytes"},
+		{136, 136, "cfg->size 136: "},
+		{96, 96, "cfg->size 96: "},
+	};
+	long page = sysconf(_SC_PAGESIZE);
+	uint8_t *mem = mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(mem != MAP_FAILED && mprotect(mem + page, (size_t)page, PROT_NONE) == 0, "mmap/mprotect: %s", strerror(errno));
+	if (mem == MAP_FAILED) return;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		gc_engine_config full = config("int8", "auto");
+		full.size = cases[i].claim;
+		uint8_t *at = mem + page - cases[i].room;
+		memset(at, 0, cases[i].room);
+		memcpy(at, &full, cases[i].room < sizeof full ? cases[i].room : sizeof full);
+		gc_engine_config good = config("int8", "auto");
+		struct group g;
+		struct host hs[2];
+		struct creator cs[2];
+		group_init(&g, 2, 10);
+		hosts_start(hs, &g, 2, 0);
+		for (int r = 0; r < 2; r++) {
+			int bad = *cases[i].want && r == BAD;
+			cs[r] = (struct creator){.t = hs[r].t, .cfg = *cases[i].want && !bad ? &good : (const gc_engine_config *)at,
+			                         .sizes = sizes, .nbuckets = NBUCKETS};
+		}
+		create_all(cs, 2);
+		for (int r = 0; r < 2; r++) {
+			if (!*cases[i].want) {
+				CHECK(cs[r].st == GC_OK, "size %u: rank %d: gc_engine_create = %d (%s)", cases[i].claim, r, cs[r].st, cs[r].msg);
+			} else {
+				CHECK(cs[r].st == GC_ERR_CONFIG && strstr(cs[r].msg, "rank 1 has an invalid configuration: ") != NULL &&
+				          strstr(cs[r].msg, cases[i].want) != NULL,
+				      "size %u in %u bytes: rank %d: gc_engine_create = %d (%s), want GC_ERR_CONFIG saying %s", cases[i].claim,
+				      cases[i].room, r, cs[r].st, cs[r].msg, cases[i].want);
+			}
+			if (cs[r].e) OK(gc_engine_destroy(cs[r].e));
+		}
+		hosts_stop(hs, 2);
+		group_free(&g);
+		if (*cases[i].want && cases[i].claim == 0xFFFFFFFFu) printf("config size: 4 GiB claimed: %s\n", cs[0].msg);
+	}
+	/* The other readers of gc_engine_config refuse it alike. */
+	gc_engine_config *huge = (gc_engine_config *)(mem + page - 88);
+	huge->size = 0xFFFFFFFFu;
+	FAILS(gc_engine_state_check((const uint8_t *)"GCOV", 4, huge, sizes, NBUCKETS, 1), GC_ERR_CONFIG, "cfg->size 4294967295");
+	munmap(mem, 2 * (size_t)page);
+}
+
 /* Buffers no machine has (256 buckets of 2^31 - 1 elements: 6 TB of error
  * feedback) are refused before anything is allocated: the rank that asked
  * gets GC_ERR_NOMEM saying how much, the other GC_ERR_CONFIG naming it;
@@ -645,7 +713,10 @@ static void test_nomem(void) {
 
 /* The accuracy guard through the ABI: top-k 5 % with threshold 1.2 on 2
  * ranks; a step whose held_back passes it is followed by a guarded one
- * (dense with the residual, held_back 0), alike on both ranks. */
+ * (dense with the residual, held_back 0), alike on both ranks; the
+ * verdicts (since 2.10) say so as values: the trip's guard state
+ * GC_GUARD_TRIPPED, the flush's origin GC_ORIGIN_GUARD, every other step
+ * pinned and clear. */
 static void test_guard(void) {
 	struct member ms[2];
 	struct host hs[2];
@@ -653,7 +724,9 @@ static void test_guard(void) {
 	int tripped = -1, guarded = -1;
 	double rho[2] = {0, 0};
 	if (pair(ms, hs, &g, "topk:0.05", 10, 10, 1.2, 0)) {
+		gc_bucket_verdict v[2] = {{.size = sizeof v[0]}, {.size = sizeof v[1]}};
 		FAILS(gc_engine_held_back(ms[0].e, 0, &rho[0]), GC_ERR_STATE, "");
+		FAILS(gc_engine_verdict(ms[0].e, 0, &v[0]), GC_ERR_STATE, "");
 		for (int s = 0; s < 16 && guarded < 0 && failures == 0; s++) {
 			for (int r = 0; r < 2; r++)
 				for (int b = 0; b < NBUCKETS; b++) fill(ms[r].g[b], sizes[b], (uint64_t)(1000 * s + 10 * r + b + 1));
@@ -663,24 +736,87 @@ static void test_guard(void) {
 				CHECK(ms[r].st == GC_OK, "guard step %d rank %d: %d (%s)", s, r, ms[r].st, ms[r].msg);
 				OK(gc_engine_stats(ms[r].e, 0, &bs[r], NULL, NULL, NULL, NULL));
 				OK(gc_engine_held_back(ms[r].e, 0, &rho[r]));
+				OK(gc_engine_verdict(ms[r].e, 0, &v[r]));
+				CHECK(v[r].size == sizeof v[r] && v[r].held_back == rho[r] && v[r].guard_threshold == 1.2 &&
+				          v[r].caution == GC_CAUTION_NONE,
+				      "step %d rank %d: verdict size %u, held back %g (gc_engine_held_back: %g), threshold %g, caution %d", s, r,
+				      v[r].size, v[r].held_back, rho[r], v[r].guard_threshold, v[r].caution);
 			}
-			CHECK(bs[0].guarded == bs[1].guarded && rho[0] == rho[1],
-			      "step %d: the ranks disagree: guarded %d/%d, held back %g/%g", s, bs[0].guarded, bs[1].guarded, rho[0], rho[1]);
+			CHECK(bs[0].guarded == bs[1].guarded && rho[0] == rho[1] && v[0].origin == v[1].origin && v[0].guard == v[1].guard,
+			      "step %d: the ranks disagree: guarded %d/%d, held back %g/%g, origin %d/%d, guard %d/%d", s, bs[0].guarded,
+			      bs[1].guarded, rho[0], rho[1], v[0].origin, v[1].origin, v[0].guard, v[1].guard);
 			if (bs[0].guarded) {
 				guarded = s;
-				CHECK(tripped == s - 1 && rho[0] == 0 && !bs[0].compressed && strstr(bs[0].reason, "accuracy guard"),
-				      "step %d guarded after a trip at %d: held back %g, compressed %d, reason %s", s, tripped, rho[0],
-				      bs[0].compressed, bs[0].reason);
+				CHECK(tripped == s - 1 && rho[0] == 0 && !bs[0].compressed && strstr(bs[0].reason, "accuracy guard") &&
+				          v[0].origin == GC_ORIGIN_GUARD && v[0].guard == GC_GUARD_CLEAR,
+				      "step %d guarded after a trip at %d: held back %g, compressed %d, origin %s, guard %s, reason %s", s,
+				      tripped, rho[0], bs[0].compressed, gc_name(GC_NAMES_ORIGIN, v[0].origin),
+				      gc_name(GC_NAMES_GUARD, v[0].guard), bs[0].reason);
 			} else if (rho[0] > 1.2) {
 				tripped = s;
+				CHECK(v[0].guard == GC_GUARD_TRIPPED && strcmp(gc_name(GC_NAMES_GUARD, v[0].guard), "tripped") == 0 &&
+				          v[0].origin == GC_ORIGIN_PINNED,
+				      "step %d held back %g > 1.2: guard %d, origin %d", s, rho[0], v[0].guard, v[0].origin);
+			} else {
+				CHECK(v[0].guard == GC_GUARD_CLEAR && v[0].origin == GC_ORIGIN_PINNED,
+				      "step %d held back %g: guard %d, origin %d, want clear and pinned", s, rho[0], v[0].guard, v[0].origin);
 			}
 		}
 		CHECK(guarded > 0, "no step was guarded in 16 (last held back %g)", rho[0]);
 		FAILS(gc_engine_held_back(ms[0].e, 0, NULL), GC_ERR_INVALID, "null out");
 		FAILS(gc_engine_held_back(ms[0].e, 7, &rho[0]), GC_ERR_INVALID, "bucket 7");
+		/* A newer header's larger struct gets this library's fields, and
+		 * its size says how many; a size below 2.10's is refused. */
+		struct {
+			gc_bucket_verdict v;
+			uint64_t newer;
+		} w = {.v.size = sizeof w, .newer = 0x5a5a5a5a5a5a5a5aull};
+		OK(gc_engine_verdict(ms[0].e, 0, &w.v));
+		CHECK(w.v.size == sizeof(gc_bucket_verdict) && w.newer == 0x5a5a5a5a5a5a5a5aull && w.v.guard_threshold == 1.2,
+		      "a %zu-byte verdict: size %u, the newer field %#llx, threshold %g", sizeof w, w.v.size,
+		      (unsigned long long)w.newer, w.v.guard_threshold);
+		v[0].size = 16;
+		FAILS(gc_engine_verdict(ms[0].e, 0, &v[0]), GC_ERR_INVALID, "out->size 16: want sizeof(gc_bucket_verdict), 32");
+		FAILS(gc_engine_verdict(ms[0].e, 0, NULL), GC_ERR_INVALID, "null out");
+		v[0].size = sizeof v[0];
+		FAILS(gc_engine_verdict(ms[0].e, 7, &v[0]), GC_ERR_INVALID, "bucket 7");
 	}
 	unpair(ms, hs, &g);
 	printf("accuracy guard: held back past 1.2 at step %d, step %d guarded\n", tripped, guarded);
+}
+
+/* The names the library gives (since 2.10): every list read with i = 0,
+ * 1, ... until NULL, in the order of the header's enumerations; unknown
+ * lists and negative indices are NULL. */
+static void test_names(void) {
+	static const struct {
+		gc_name_list list;
+		int count;
+		int at;
+		const char *name; /* name at index at */
+	} lists[] = {
+		{GC_NAMES_STRATEGY, -1, 0, "auto"},  {GC_NAMES_DECISION, 3, 2, "dense"},
+		{GC_NAMES_ORIGIN, GC_ORIGIN_FALLBACK + 1, GC_ORIGIN_COST_MODEL, "cost-model"},
+		{GC_NAMES_CAUTION, GC_CAUTION_RANDOMK_RATIO + 1, GC_CAUTION_NONE, "none"},
+		{GC_NAMES_GUARD, GC_GUARD_PENDING + 1, GC_GUARD_TRIPPED, "tripped"},
+	};
+	int hier = 0, lowrank = 0;
+	for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++) {
+		int n = 0;
+		while (gc_name(lists[l].list, n) != NULL && n < 100) n++;
+		CHECK(lists[l].count < 0 || n == lists[l].count, "list %d has %d names, want %d", lists[l].list, n, lists[l].count);
+		const char *at = gc_name(lists[l].list, lists[l].at);
+		CHECK(at != NULL && strcmp(at, lists[l].name) == 0 && at == gc_name(lists[l].list, lists[l].at),
+		      "list %d name %d: %s, want %s (static, the same each call)", lists[l].list, lists[l].at, at ? at : "NULL",
+		      lists[l].name);
+		CHECK(gc_name(lists[l].list, -1) == NULL, "list %d: name -1 is not NULL", lists[l].list);
+		for (int i = 0; lists[l].list == GC_NAMES_STRATEGY && i < n; i++) {
+			hier |= strcmp(gc_name(GC_NAMES_STRATEGY, i), "hier") == 0;
+			lowrank |= strcmp(gc_name(GC_NAMES_STRATEGY, i), "low-rank") == 0;
+		}
+	}
+	CHECK(hier && lowrank, "the strategies lack hier (%d) or low-rank (%d)", hier, lowrank);
+	CHECK(gc_name((gc_name_list)5, 0) == NULL && gc_name((gc_name_list)-1, 0) == NULL, "unknown lists are not NULL");
 }
 
 /* PowerSGD through the C ABI (spec "powersgd:2", strategy "low-rank"): the
@@ -1163,8 +1299,10 @@ int main(void) {
 	test_lowrank();
 	test_untaken();
 	test_invalid_config();
+	test_config_size();
 	test_nomem();
 	test_guard();
+	test_names();
 	for (int launched = 0; launched < 2; launched++) {
 		test_fault(FAULT_ERROR, "host error", GC_OK, "injected host failure", launched);
 		test_fault(FAULT_WRONG_LENGTH, "wrong length", GC_ERR_STATE, "", launched);

@@ -256,6 +256,44 @@ class Errors(unittest.TestCase):
             gradcomp.Compressor(b"int8")
 
 
+class Names(unittest.TestCase):
+    def test_names_are_the_librarys(self):
+        # gradcomp.names reads each list from the library (gc_name, i = 0,
+        # 1, ... until NULL): the one list of strategies, decisions,
+        # origins, cautions and guard states, in value order.
+        lib = gradcomp._lib.lib()
+        for which in gradcomp.Names:
+            want = []
+            while lib.gc_name(int(which), len(want)) is not None:
+                want.append(lib.gc_name(int(which), len(want)).decode())
+            self.assertEqual(gradcomp.names(which), tuple(want), which)
+            self.assertEqual(len(set(want)), len(want), which)
+        strategies = gradcomp.names(gradcomp.Names.STRATEGY)
+        self.assertEqual(strategies[0], "auto")
+        for name in ("low-rank", "hier", "sra"):
+            self.assertIn(name, strategies)
+        self.assertEqual(gradcomp.names(gradcomp.Names.DECISION), ("auto", "compressed", "dense"))
+        self.assertEqual(gradcomp.names(gradcomp.Names.GUARD)[0], "off")
+        self.assertEqual(gradcomp.names(gradcomp.Names.CAUTION)[0], "none")
+        self.assertIsNone(lib.gc_name(len(gradcomp.Names), 0))
+        self.assertIsNone(lib.gc_name(int(gradcomp.Names.STRATEGY), -1))
+
+    def test_the_package_keeps_no_list_of_its_own(self):
+        # Nothing but the library's list names a strategy or decision in
+        # the package's code (docstrings aside), and nothing reads the
+        # engine's prose reason for what the verdicts carry.
+        import re
+        here = os.path.dirname(gradcomp.__file__)
+        for name in sorted(os.listdir(here)):
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(here, name)) as f:
+                src = f.read()
+            with self.subTest(module=name):
+                self.assertNotRegex(src, r"\(\s*\"auto\",\s*\"(dense|compressed)\"")
+                self.assertNotRegex(src, r"reason\s*\[|reason\.index\(|reason\.find\(|in b\.reason")
+
+
 class Memory(unittest.TestCase):
     CALLS = 10000
 

@@ -481,6 +481,14 @@ class Arguments(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "rank"):
             gf.FSDPState("powersgd:0", object())
 
+    def test_strategies_are_the_librarys_but_hier(self):
+        import gradcomp
+        import gradcomp.fsdp as gf
+
+        want = tuple(s for s in gradcomp.names(gradcomp.Names.STRATEGY) if s != "hier")
+        self.assertEqual(gf.FSDPState.strategies(), want)
+        self.assertIn("low-rank", want)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -74,6 +74,9 @@ class OneRank(unittest.TestCase):
                    dict(guard=2.0, error_feedback=False), dict(momentum_masking=True)]:
             with self.subTest(**kw), self.assertRaises(ValueError):
                 gct.State("int8", **kw)
+        # The strategies are the library's, low-rank included.
+        self.assertEqual(gct.State.strategies(), gradcomp.names(gradcomp.Names.STRATEGY))
+        gct.State("powersgd:2", strategy="low-rank").close()
 
     def test_momentum_correction_carries_the_velocity(self):
         # From the engine's first step (hook step 2) the bucket becomes
@@ -97,7 +100,7 @@ class OneRank(unittest.TestCase):
         # with the residual (held_back 0), is counted and logged.
         state = self.state("topk:0.05", guard=1.2)
         torch.manual_seed(3)
-        held, guarded = [], []
+        held, guarded, verdicts = [], [], []
         with self.assertLogs("gradcomp", "INFO") as cm:
             for _ in range(16):
                 gct.hook(state, workers.FakeBucket(torch.randn(1000))).wait()
@@ -105,6 +108,7 @@ class OneRank(unittest.TestCase):
                     b = state.last_step.buckets[0]
                     held.append(b.held_back)
                     guarded.append(b.guarded)
+                    verdicts.append((b.origin, b.guard, b.guard_threshold))
         self.assertIn(True, guarded, held)
         first = guarded.index(True)
         self.assertGreater(first, 0)
@@ -112,6 +116,13 @@ class OneRank(unittest.TestCase):
         self.assertEqual(held[first], 0.0)
         self.assertTrue(all(h <= 1.2 for h in held[:first - 1]), held)
         self.assertEqual(state.stats["guarded"], guarded.count(True))
+        # The verdicts say it as values: the trip, then the flush; the log
+        # lines come from them.
+        self.assertEqual(verdicts[first - 1], ("pinned", "tripped", 1.2))
+        self.assertEqual(verdicts[first], ("guard", "clear", 1.2))
+        self.assertTrue(all(v == ("pinned", "clear", 1.2) for v in verdicts[:first - 1]), verdicts)
+        self.assertTrue(any("accuracy guard tripped: held back %.3g" % held[first - 1] in line for line in cm.output),
+                        cm.output)
         self.assertTrue(any("accuracy guard: dense with the residual" in line for line in cm.output), cm.output)
 
     def test_momentum_masking_reaches_the_engine(self):
@@ -160,7 +171,8 @@ class OneRank(unittest.TestCase):
             # A step's lines come with its statistics, after its averages:
             # out once the State is read (or the next step begins).
             self.assertEqual(state.stats["engine_steps"], 1)
-        self.assertTrue(any("caution: random-k 0.01" in line for line in cm.output), cm.output)
+        self.assertEqual(state.last_step.buckets[0].caution, "random-k-ratio")
+        self.assertEqual(sum("caution random-k-ratio" in line for line in cm.output), 1, cm.output)
 
     def test_exact_codec_returns_the_gradient(self):
         state = self.state("none")
@@ -261,8 +273,9 @@ class OneRank(unittest.TestCase):
         decisions = [m for m in logs.output if "bucket 0 (1000 elements)" in m]
         self.assertEqual(len(decisions), 1, logs.output)  # one line per decision, not per step
         self.assertIn("sparse-gather, compressed", decisions[0])
+        self.assertEqual((state.last_step.buckets[0].origin, state.last_step.buckets[0].caution), ("pinned", "none"))
         table = state.summary()
-        for word in ("bucket", "sparse-gather", "compressed", "1000", "reason"):
+        for word in ("bucket", "sparse-gather", "compressed", "pinned", "1000", "reason"):
             self.assertIn(word, table)
         self.assertEqual(state.stats["compressed"], 3)
 

@@ -51,11 +51,13 @@ from ._lib import (
     InvalidArgumentError,
     LibraryError,
     LibraryNotFoundError,
+    Names,
     NonFiniteError,
     OpKind,
     OutOfMemoryError,
     Settle,
     Status,
+    names,
 )
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "InvalidArgumentError",
     "LibraryError",
     "LibraryNotFoundError",
+    "Names",
     "NonFiniteError",
     "OpKind",
     "OutOfMemoryError",
@@ -90,6 +93,7 @@ __all__ = [
     "device_info",
     "has_cuda",
     "live_handles",
+    "names",
     "payload_len",
     "payload_len_raw",
     "version",

@@ -30,11 +30,17 @@ BucketStats = collections.namedtuple(
     "bucket elements bytes_sent compressed nonfinite trial switched decided_compressed "
     "compress_seconds exchange_seconds decompress_seconds predicted_dense_seconds "
     "predicted_compressed_seconds measured_dense_seconds measured_compressed_seconds strategy reason "
-    "guarded held_back",
+    "guarded held_back origin caution guard guard_threshold",
 )
 BucketStats.__doc__ += (
     ": guarded is True when the accuracy guard sent the bucket dense with its residual this step; held_back is "
-    "the guard's measure, the largest over the ranks of |e|/|g| after a compressed step (0 without the guard)")
+    "the guard's measure, the largest over the ranks of |e|/|g| after a compressed step (0 without the guard). "
+    "The verdicts (gc_bucket_verdict, ABI 2.10), as the library's names (gradcomp.names): origin, what chose the "
+    "path this step (\"pinned\", \"cost-model\", \"verification\", \"warm-up\", \"trial\", \"guard\", "
+    "\"fallback\", ...); caution, a warning about the configuration (\"none\" without one); guard, the accuracy "
+    "guard's state after the step (\"off\", \"clear\", \"tripped\": held_back passed guard_threshold and the next "
+    "compressed step flushes, \"pending\"); guard_threshold, the guard's (0: off). reason says the same for "
+    "people: read these, not it")
 
 #: The last waited step (gc_engine_stats): its number, this rank's bytes
 #: on the wire, wall and exposed seconds, and one BucketStats per bucket.
@@ -128,9 +134,10 @@ class Engine:
     elements, exchanging over ``process_group`` (None: torch.distributed's
     default group) through a Hosted transport and a TorchHost.
 
-    ``strategy``: "auto", "dense", "shared-index", "sparse-gather", "sra",
-    "allgather", "hier" (ABI 2.4: needs ``topology`` and ``groups``),
-    "low-rank" (ABI 2.7: spec "powersgd:R").
+    ``strategy``: one of the library's strategies,
+    ``gradcomp.names(Names.STRATEGY)``: "auto", "dense", "sra", ...;
+    "hier" needs ``topology`` and ``groups``, "low-rank" spec
+    "powersgd:R".
     ``shapes`` (ABI 2.7): per bucket, its tensors as (rows, cols) in the
     order they lie in it (:func:`matrix_shape` of each tensor's shape);
     spec powersgd needs them, other specs ignore them.
@@ -194,8 +201,6 @@ class Engine:
         self.rank, self.world = rank, size
         #: The buckets' device ordinal (-1: host memory).
         self.device = int(device)
-        #: The accuracy guard's threshold (0: off; held_back is then 0).
-        self.guard = float(guard)
         if device >= 0:
             self.hosted = self.host = None
             uid = _nccl.unique_id(process_group, rank, self.timeout)
@@ -296,19 +301,20 @@ class Engine:
         step, sent = ctypes.c_uint64(), ctypes.c_uint64()
         total, exposed = ctypes.c_double(), ctypes.c_double()
         buckets = []
-        held = ctypes.c_double()
+        origins, cautions, guards = (_lib.names(n) for n in (_lib.Names.ORIGIN, _lib.Names.CAUTION, _lib.Names.GUARD))
         for i in range(len(self.sizes)):
             b = _lib.BucketStatsC()
             _lib.call("gc_engine_stats", h, i, ctypes.byref(b), ctypes.byref(step), ctypes.byref(sent),
                       ctypes.byref(total), ctypes.byref(exposed))
-            if self.guard:  # ABI 2.2; 0 without the guard
-                _lib.call("gc_engine_held_back", h, i, ctypes.byref(held))
+            v = _lib.BucketVerdictC(size=ctypes.sizeof(_lib.BucketVerdictC))
+            _lib.call("gc_engine_verdict", h, i, ctypes.byref(v))
             buckets.append(BucketStats(
                 i, b.elements, b.bytes_sent, bool(b.compressed), bool(b.nonfinite), bool(b.trial), bool(b.switched),
                 bool(b.decided_compressed), b.compress_seconds, b.exchange_seconds, b.decompress_seconds,
                 b.predicted_dense_seconds, b.predicted_compressed_seconds, b.measured_dense_seconds,
                 b.measured_compressed_seconds, b.strategy.decode("utf-8", "replace"),
-                b.reason.decode("utf-8", "replace"), bool(b.guarded), held.value,
+                b.reason.decode("utf-8", "replace"), bool(b.guarded), v.held_back, origins[v.origin],
+                cautions[v.caution], guards[v.guard], v.guard_threshold,
             ))
         if not buckets:
             _lib.call("gc_engine_stats", h, 0, None, ctypes.byref(step), ctypes.byref(sent), ctypes.byref(total),

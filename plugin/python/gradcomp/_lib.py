@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 9
+ABI_MINOR = 10
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -90,6 +90,17 @@ class Group(enum.IntEnum):
     WORLD = 0
     NODE = 1
     CROSS = 2
+
+
+class Names(enum.IntEnum):
+    """gc_name_list (ABI 2.10): the lists of names :func:`names` reads from
+    the library."""
+
+    STRATEGY = 0
+    DECISION = 1
+    ORIGIN = 2
+    CAUTION = 3
+    GUARD = 4
 
 
 class Settle(enum.IntEnum):
@@ -300,6 +311,21 @@ class BucketStatsC(ctypes.Structure):
     ]
 
 
+class BucketVerdictC(ctypes.Structure):
+    """gc_bucket_verdict (ABI 2.10): what chose one bucket's path in the
+    last waited step, the caution and the accuracy guard's state, as
+    values (set size to its sizeof)."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("origin", ctypes.c_int32),  # a gc_origin: names(Names.ORIGIN)[origin]
+        ("caution", ctypes.c_int32),  # a gc_caution
+        ("guard", ctypes.c_int32),  # a gc_guard_state
+        ("held_back", ctypes.c_double),
+        ("guard_threshold", ctypes.c_double),
+    ]
+
+
 _PROTOTYPES.update({
     # ABI 1.1 and 1.2, part of every 2.x library.
     "gc_live_handles": (ctypes.c_int, [_size_p]),
@@ -365,11 +391,14 @@ _OPTIONAL = {
         [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(EngineConfig), _u64_p, ctypes.c_size_t, _u64_p],
     ),
     "gc_spec_canonical": (8, ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "gc_engine_verdict": (10, ctypes.c_int, [_u64, ctypes.c_size_t, ctypes.POINTER(BucketVerdictC)]),
+    "gc_name": (10, ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]),
 }
 
 _lock = threading.Lock()
 _lib = None
 _path = None
+_names = {}  # Names -> its names, read once: the process loads one library
 
 
 def torch_sees_gpu():
@@ -484,6 +513,23 @@ def function(name):
             "the loaded library (ABI %d.%d) lacks %s" % (version >> 16, version & 0xFFFF, name),
         )
     return getattr(lib(), name)
+
+
+def names(which):
+    """The library's names of list ``which`` (a :class:`Names`), in value
+    order, as a tuple of str (gc_name, ABI 2.10): the one list of the
+    strategies, decisions, origins, cautions or guard states there is.
+    LibraryError when the loaded library is older."""
+    got = _names.get(which)
+    if got is None:
+        fn, out = function("gc_name"), []
+        while True:
+            name = fn(int(which), len(out))
+            if name is None:
+                break
+            out.append(name.decode("utf-8"))
+        got = _names[which] = tuple(out)
+    return got
 
 
 def cstring(what, value):

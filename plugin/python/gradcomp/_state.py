@@ -30,10 +30,6 @@ from ._engine import Engine, format_schedule
 
 logger = logging.getLogger("gradcomp")
 
-#: The exchange strategies a State takes ("hier": gradcomp.torch.State only).
-STRATEGIES = ("auto", "dense", "shared-index", "sparse-gather", "sra", "allgather", "hier")
-#: The decisions: the cost model ("auto"), or pinned.
-DECISIONS = ("auto", "compressed", "dense")
 #: What a bucket with NaN/Inf does: sent dense that step, or raised.
 ON_NONFINITE = ("dense", "raise")
 
@@ -123,19 +119,19 @@ class EngineState:
 
     A front end sets the class attributes below: ``NAME`` (its qualified
     class name) and ``WHO`` (its module) for messages, ``PLAIN_STEPS``
-    (steps exchanged before the engine exists), ``STRATEGIES`` (those it
-    takes), ``FORMATS`` (the checkpoint formats it reads, its own last),
+    (steps exchanged before the engine exists), ``EXCLUDED_STRATEGIES``
+    (the library's strategies it does not take), ``FORMATS`` (the checkpoint formats it reads, its own last),
     and the texts its messages use; and it overrides the methods that say
     "a front end's".
     """
 
     NAME = WHO = None
     PLAIN_STEPS = 1
-    STRATEGIES = STRATEGIES
+    EXCLUDED_STRATEGIES = ()
     FORMATS = ()
     #: Why warmup_steps must be at least PLAIN_STEPS.
     WARMUP_WHY = ""
-    #: What a strategy outside STRATEGIES is told besides the list.
+    #: What a strategy outside strategies() is told besides the list.
     STRATEGY_NOTE = ""
     #: Counters besides the common ones (stats).
     EXTRA_COUNTS = ()
@@ -146,19 +142,25 @@ class EngineState:
     #: When a checkpoint without an engine state was saved.
     SAVED_BEFORE = ""
 
+    @classmethod
+    def strategies(cls):
+        """The strategies this front end takes: the library's
+        (``gradcomp.names(Names.STRATEGY)``) but EXCLUDED_STRATEGIES."""
+        return tuple(s for s in _lib.names(_lib.Names.STRATEGY) if s not in cls.EXCLUDED_STRATEGIES)
+
     def __init__(self, spec, strategy, decision, warmup_steps, error_feedback, on_nonfinite, timeout, workers,
                  momentum, schedule, guard, momentum_masking):
         where = self.NAME
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < self.PLAIN_STEPS:
             raise ValueError("%s: warmup_steps=%r: want an int ≥ %d (%s)"
                              % (where, warmup_steps, self.PLAIN_STEPS, self.WARMUP_WHY))
-        if strategy not in self.STRATEGIES:
-            raise ValueError("%s: strategy=%r: want one of %s%s" % (where, strategy, self.STRATEGIES,
+        if strategy not in self.strategies():
+            raise ValueError("%s: strategy=%r: want one of %s%s" % (where, strategy, self.strategies(),
                                                                      self.STRATEGY_NOTE))
         if not isinstance(spec, str):
             raise TypeError("%s: spec must be a str, got %s" % (where, type(spec).__name__))
-        if decision not in DECISIONS:
-            raise ValueError("%s: decision=%r: want one of %s" % (where, decision, DECISIONS))
+        if decision not in _lib.names(_lib.Names.DECISION):
+            raise ValueError("%s: decision=%r: want one of %s" % (where, decision, _lib.names(_lib.Names.DECISION)))
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError("%s: on_nonfinite=%r: want one of %s" % (where, on_nonfinite, ON_NONFINITE))
         if not (_real(timeout) and timeout > 0):

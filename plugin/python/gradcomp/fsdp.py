@@ -166,7 +166,7 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from ._engine import Engine
 from ._fsdp_hook import FSDPHook, _managed, _shard_size
-from ._state import STRATEGIES, ms
+from ._state import ms
 
 __all__ = ["FSDPState", "init_mesh", "register"]
 
@@ -235,8 +235,9 @@ class FSDPState(FSDPHook):
     ``spec``: a compressor spec ("int8", "topk:0.01", "none", ...).
     ``replicate_group``: the process group of the ranks that hold the same
     shard (a ProcessGroup, or a 1-D DeviceMesh such as
-    ``init_mesh(...)["replicate"]``). ``strategy``: "auto", "dense",
-    "shared-index", "sparse-gather", "sra" or "allgather". ``decision``:
+    ``init_mesh(...)["replicate"]``). ``strategy``: one of the library's
+    strategies but "hier" (:meth:`strategies`: "auto", "dense", "sra",
+    ...). ``decision``:
     "auto" (the cost model, verified online), "compressed" or "dense"
     (pinned: reproducible). ``warmup_steps`` (≥ 1): backward passes
     exchanged dense (the first, plain, included). ``error_feedback``,
@@ -250,7 +251,7 @@ class FSDPState(FSDPHook):
 
     NAME, WHO, TAG, PEERS = "gradcomp.fsdp.FSDPState", "gradcomp.fsdp", "gradcomp.fsdp", "replicas"
     PLAIN_STEPS = PLAIN_STEPS
-    STRATEGIES = tuple(s for s in STRATEGIES if s != "hier")
+    EXCLUDED_STRATEGIES = ("hier",)
     STRATEGY_NOTE = " (the shard groups are FSDP's: no 'hier')"
     FORMATS = ("gradcomp.fsdp.FSDPState/1",)
     WARMUP_WHY = "the first backward learns the buckets"
@@ -286,10 +287,10 @@ class FSDPState(FSDPHook):
         return None if self._sizes is None else list(zip(self._names, self._sizes))
 
     def _summary_rows(self, s):
-        rows = [("bucket", "module", "elements", "strategy", "sent", "bytes", "compress", "exchange", "reason")]
+        rows = [("bucket", "module", "elements", "strategy", "sent", "by", "bytes", "compress", "exchange", "reason")]
         for b in s.buckets:
             rows.append((str(b.bucket), self._names[b.bucket] or "(root)", str(b.elements), b.strategy,
-                         "compressed" if b.compressed else "dense", str(b.bytes_sent), ms(b.compress_seconds),
+                         "compressed" if b.compressed else "dense", b.origin, str(b.bytes_sent), ms(b.compress_seconds),
                          ms(b.exchange_seconds), b.reason))
         return rows
 

@@ -148,7 +148,8 @@ class State(DDPHook):
     steps of that and of "hier" when it is created and keeps the faster,
     every rank alike: see docs/DESIGN.md, "Auto chooses by trial"; a checkpoint
     resumes in the strategy it was saved with), "dense",
-    "shared-index", "sparse-gather", "sra", "allgather" or "hier": the
+    "shared-index", "sparse-gather", "sra", "allgather", "low-rank" (spec
+    "powersgd:R"; :meth:`strategies` is the library's list) or "hier": the
     hierarchical exchange (a reduce-scatter in each node, the codec across
     nodes on each rank's shard, an all-gather in the node; the State
     learns the nodes and makes their groups, see :func:`hier_layout`:
@@ -294,10 +295,10 @@ class State(DDPHook):
     # ---- what a user reads
 
     def _summary_rows(self, s):
-        rows = [("bucket", "elements", "strategy", "sent", "decided", "bytes", "compress", "exchange",
+        rows = [("bucket", "elements", "strategy", "sent", "by", "decided", "bytes", "compress", "exchange",
                  "decompress", "reason")]
         for b in s.buckets:
-            rows.append((str(b.bucket), str(b.elements), b.strategy, "compressed" if b.compressed else "dense",
+            rows.append((str(b.bucket), str(b.elements), b.strategy, "compressed" if b.compressed else "dense", b.origin,
                          "compressed" if b.decided_compressed else "dense", str(b.bytes_sent),
                          ms(b.compress_seconds), ms(b.exchange_seconds), ms(b.decompress_seconds), b.reason))
         return rows
@@ -475,14 +476,19 @@ class State(DDPHook):
     def _log_step(self, s, hook_step):
         for b in s.buckets:
             if b.guarded:
-                logger.info("hook step %d (engine step %d): bucket %d: %s", hook_step, s.step, b.bucket,
-                            b.reason[b.reason.index("accuracy guard:"):])
+                logger.info("hook step %d (engine step %d): bucket %d: accuracy guard: dense with the residual (a "
+                            "flush, after a step held back more than %g·|g|)", hook_step, s.step, b.bucket,
+                            b.guard_threshold)
+            elif b.guard == "tripped":
+                logger.info("hook step %d (engine step %d): bucket %d: accuracy guard tripped: held back %.3g·|g| > "
+                            "%g; the next compressed step flushes", hook_step, s.step, b.bucket, b.held_back,
+                            b.guard_threshold)
         super()._log_step(s, hook_step)
 
     def _log_decision(self, s, b, prev):
-        if prev is None and "caution:" in b.reason and not self._cautioned:
+        if prev is None and b.caution != "none" and not self._cautioned:
             self._cautioned = True  # the engine's caution about the configuration, once per State
-            logger.warning("%s: %s", self.spec, b.reason[b.reason.index("caution:"):].split(";")[0])
+            logger.warning("%s: caution %s: %s", self.spec, b.caution, b.reason)
         logger.info(
             "bucket %d (%d elements): %s, %s%s; predicted dense %s, compressed %s; measured dense %s, "
             "compressed %s; %s", b.bucket, b.elements, b.strategy,
