@@ -310,6 +310,54 @@ func Flush(ctx *Context, s gpu.Stream, a FlushArgs) error {
 	return ctx.run(s, plan)
 }
 
+// ScaleArgs are the device buffers of one Scale call.
+type ScaleArgs struct {
+	X gpu.Ptr // N float32, scaled in place
+	N int
+	C float32 // the factor, finite
+}
+
+// scalePlan returns the operations of Scale.
+func scalePlan(a ScaleArgs) ([]step, error) {
+	bad := func(format string, v ...any) error {
+		return &ArgumentError{Op: "Scale", Reason: fmt.Sprintf(format, v...)}
+	}
+	switch {
+	case a.N < 0 || int64(a.N) > compress.MaxElements:
+		return nil, bad("element count %d outside [0, %d]", a.N, uint64(compress.MaxElements))
+	case a.C-a.C != 0:
+		return nil, bad("factor %v is not finite", a.C)
+	case a.N > 0 && (a.X == 0 || a.X%4 != 0):
+		return nil, bad("buffer %#x is null or not 4-byte aligned", a.X)
+	}
+	if a.N == 0 {
+		return nil, nil
+	}
+	n := uint64(a.N)
+	return []step{elementwise("gc_scale", n, ptrArg(a.X), n, f32Arg(a.C))}, nil
+}
+
+// Scale enqueues on s the product of every element of a.X by a.C (see
+// ScaleStep, its definition) and returns without waiting: overlap's decay
+// of error-feedback memory (Config.FeedbackDecay) on the residual an
+// Encode wrote.
+func Scale(ctx *Context, s gpu.Stream, a ScaleArgs) error {
+	plan, err := scalePlan(a)
+	if err != nil {
+		return err
+	}
+	return ctx.run(s, plan)
+}
+
+// ScaleStep is Scale's arithmetic on the host (its definition, and
+// overlap's host engine's decay of error-feedback memory): x[i] = c·x[i],
+// one float32 multiplication rounded to nearest even.
+func ScaleStep(x []float32, c float32) {
+	for i, v := range x {
+		x[i] = c * v
+	}
+}
+
 // gemmTile is GT in gemm.cu.
 const gemmTile = 16
 

@@ -240,3 +240,28 @@ func TestGuard(t *testing.T) {
 		}
 	}
 }
+
+// TestScale checks gc_scale against the host definition ScaleStep bit
+// for bit, subnormal results included.
+func TestScale(t *testing.T) {
+	ctx := device(t)
+	const n = 10007
+	rng := rand.New(rand.NewPCG(11, 12))
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64() * math.Exp2(float64(rng.IntN(260)-130)))
+	}
+	for _, c := range []float32{0.9, float32(1) / 3, 1} {
+		p := upload(t, ctx, x)
+		if err := Scale(ctx, 0, ScaleArgs{X: p, N: n, C: c}); err != nil {
+			t.Fatal(err)
+		}
+		got, want := download(t, ctx, p, n), append([]float32(nil), x...)
+		ScaleStep(want, c)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("c=%v element %d: %v, want %v", c, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -139,6 +139,10 @@ func TestPlansMatchPTX(t *testing.T) {
 			t.Fatalf("flush n=%d: %v", n, err)
 		}
 		checkPlan("flush", plan)
+		if plan, err = scalePlan(ScaleArgs{X: 1 << 40, N: n, C: 0.9}); err != nil {
+			t.Fatalf("scale n=%d: %v", n, err)
+		}
+		checkPlan("scale", plan)
 	}
 	plan, err = guardMaxPlan(GuardMaxArgs{Src: 1 << 40, Stride: 1 << 20, Count: 65535, Dst: 2 << 40})
 	if err != nil {
@@ -496,6 +500,58 @@ func TestGuardArgsRejected(t *testing.T) {
 		var ae *ArgumentError
 		if _, err := flushPlan(a); !errors.As(err, &ae) {
 			t.Errorf("flush %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+}
+
+// TestScaleArgsRejected checks that Scale refuses bad arguments on the
+// host with an *ArgumentError, and takes an empty buffer.
+func TestScaleArgsRejected(t *testing.T) {
+	good := ScaleArgs{X: 1 << 40, N: 100, C: 0.5}
+	if _, err := scalePlan(good); err != nil {
+		t.Fatalf("good scale arguments refused: %v", err)
+	}
+	if plan, err := scalePlan(ScaleArgs{C: 0.5}); err != nil || plan != nil {
+		t.Errorf("an empty scale: plan %v, %v; want nothing to run", plan, err)
+	}
+	for name, mod := range map[string]func(a *ScaleArgs){
+		"negative length":  func(a *ScaleArgs) { a.N = -1 },
+		"too long":         func(a *ScaleArgs) { a.N = compress.MaxElements + 1 },
+		"null buffer":      func(a *ScaleArgs) { a.X = 0 },
+		"misaligned":       func(a *ScaleArgs) { a.X += 2 },
+		"NaN factor":       func(a *ScaleArgs) { a.C = float32(math.NaN()) },
+		"infinite factor":  func(a *ScaleArgs) { a.C = float32(math.Inf(1)) },
+		"-infinite factor": func(a *ScaleArgs) { a.C = float32(math.Inf(-1)) },
+	} {
+		a := good
+		mod(&a)
+		var ae *ArgumentError
+		if _, err := scalePlan(a); !errors.As(err, &ae) {
+			t.Errorf("scale %s: got %v, want an *ArgumentError", name, err)
+		}
+	}
+}
+
+// TestScaleStep checks the definition: one float32 product per element,
+// rounded once (float64's product of two float32 is exact, so its
+// rounding to float32 is the reference).
+func TestScaleStep(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []float32{0.9, 0.5, 1, float32(1) / 3} {
+		x := make([]float32, 1000)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64() * math.Exp2(float64(rng.IntN(200)-100)))
+		}
+		x[0], x[1] = float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32
+		want := make([]float32, len(x))
+		for i, v := range x {
+			want[i] = float32(float64(c) * float64(v))
+		}
+		ScaleStep(x, c)
+		for i := range x {
+			if math.Float32bits(x[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("c=%v element %d: %v, want %v", c, i, x[i], want[i])
+			}
 		}
 	}
 }

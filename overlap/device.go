@@ -13,9 +13,10 @@ import (
 // EventQuery, CopyIn and CopyOut only enqueues work (or creates or
 // destroys a handle) and never waits for the device; their contracts are
 // kernels.Context's of the same names, and Encode, Decode, Average,
-// Momentum, Mask, Guard, GuardMax and Flush are kernels.Codec.Encode,
-// kernels.Codec.Decode, kernels.Average, kernels.Momentum,
-// kernels.Codec.Mask, kernels.Guard, kernels.GuardMax and kernels.Flush;
+// Momentum, Mask, Guard, GuardMax, Flush and Scale are
+// kernels.Codec.Encode, kernels.Codec.Decode, kernels.Average,
+// kernels.Momentum, kernels.Codec.Mask, kernels.Guard, kernels.GuardMax,
+// kernels.Flush and kernels.Scale;
 // LowRankEncode, LowRankReduce and LowRankDecode are kernels'.
 type Device interface {
 	gpu.Memory
@@ -36,6 +37,7 @@ type Device interface {
 	Guard(s gpu.Stream, a kernels.GuardArgs) error
 	GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error
 	Flush(s gpu.Stream, a kernels.FlushArgs) error
+	Scale(s gpu.Stream, a kernels.ScaleArgs) error
 	LowRankEncode(s gpu.Stream, a kernels.LowRankArgs) error
 	LowRankReduce(s gpu.Stream, a kernels.LowRankArgs) error
 	LowRankDecode(s gpu.Stream, a kernels.LowRankArgs) error
@@ -80,6 +82,10 @@ func (d cudaDevice) GuardMax(s gpu.Stream, a kernels.GuardMaxArgs) error {
 
 func (d cudaDevice) Flush(s gpu.Stream, a kernels.FlushArgs) error {
 	return kernels.Flush(d.Context, s, a)
+}
+
+func (d cudaDevice) Scale(s gpu.Stream, a kernels.ScaleArgs) error {
+	return kernels.Scale(d.Context, s, a)
 }
 
 func (d cudaDevice) LowRankEncode(s gpu.Stream, a kernels.LowRankArgs) error {

@@ -113,3 +113,8 @@ func (d *Device) Flush(s gpu.Stream, a kernels.FlushArgs) error {
 		}
 	})
 }
+
+// Scale is kernels.Scale by its host arithmetic, kernels.ScaleStep.
+func (d *Device) Scale(s gpu.Stream, a kernels.ScaleArgs) error {
+	return d.kernel("Scale", s, func() { kernels.ScaleStep(d.floats(a.X, a.N), a.C) })
+}

@@ -35,3 +35,21 @@ func TestKernelOnDeviceMemory(t *testing.T) {
 		t.Errorf("after Flush grad %v, resid out %v; want 11 22 33 44 and zeros", grad, out)
 	}
 }
+
+// TestScale: Scale multiplies in place, in stream order, by ScaleStep's
+// rule.
+func TestScale(t *testing.T) {
+	d := platform(t, 1).Device(0)
+	x := alloc(t, d, 16)
+	d.CopyIn(0, x, f32.Bytes([]float32{1, -2, 3, 0.1}))
+	if err := d.Scale(0, kernels.ScaleArgs{X: x, N: 3, C: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 4)
+	if err := d.CopyOut(0, f32.Bytes(got), x); err != nil {
+		t.Fatal(err)
+	}
+	if want := []float32{0.5, -1, 1.5, 0.1}; got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || got[3] != want[3] {
+		t.Errorf("after Scale %v, want %v (the fourth element untouched)", got, want)
+	}
+}

@@ -1,7 +1,7 @@
 // Kernels of the overlap engine on the device (overlap/device.go): the
 // averaging step after an exchange (reference: overlap's average,
-// engine.go), momentum correction, and the accuracy guard's measure and
-// flush.
+// engine.go), momentum correction, the accuracy guard's measure and
+// flush, and the decay of error-feedback memory.
 #include "common.cuh"
 
 // gc_average ends a bucket's exchange in place on dst (n float32, the sum
@@ -122,4 +122,11 @@ extern "C" __global__ void gc_flush(float *grad, const float *resid, float *out,
     grad[i] = __fadd_rn(resid[i], grad[i]);
     out[i] = 0.0f;
   }
+}
+
+// gc_scale sets x[i] = x[i]·c rounded once (CPU: kernels.ScaleStep): the
+// decay of the error-feedback residual an Encode wrote (overlap's
+// Config.FeedbackDecay, c = float32(β)).
+extern "C" __global__ void gc_scale(float *x, u64 n, float c) {
+  FOR_EACH(i, n) x[i] = __fmul_rn(x[i], c);
 }
