@@ -261,14 +261,16 @@ func CompressResidual(c Compressor, dst []byte, src []float32, key Key, res []fl
 // Pending is a Begin not yet settled. Exactly one of its methods takes
 // effect; later calls do nothing.
 type Pending struct {
-	once   sync.Once
-	r      *residual
-	sparse bool // Begin kept the residual in place (SparseCompressor)
-	flush  bool // a Flush: the payload is all of s
+	once    sync.Once
+	r       *residual
+	sparse  bool // Begin kept the residual in place (SparseCompressor)
+	flush   bool // a Flush: the payload is all of s
+	scaled  bool // Scale wrote the residual Commit installs to r.dec
+	settled bool // set by the settlement (Scale then does nothing)
 }
 
 // Commit records that the payload was delivered: e ← s − D(c), with s = e + g
-// as Begin computed it.
+// as Begin computed it (each element times Scale's factor after Scale).
 func (p *Pending) Commit() { p.CommitMasked(nil) }
 
 // CommitMasked is Commit that also zeroes u at the indices the payload
@@ -281,7 +283,12 @@ func (p *Pending) CommitMasked(u []float32) {
 			clear(r.e)
 			return
 		}
-		if !p.sparse {
+		if !p.sparse || p.scaled {
+			if p.sparse && u != nil {
+				for _, i := range r.sel {
+					u[i] = 0
+				}
+			}
 			r.e, r.dec = r.dec, r.e
 			return
 		}
@@ -297,18 +304,53 @@ func (p *Pending) CommitMasked(u []float32) {
 	})
 }
 
+// Scale makes Commit install c·(s − D(c)) instead of s − D(c): every
+// element of the residual multiplied by c, one float32 multiplication
+// rounded to nearest even (kernels.ScaleStep's rule), as a decaying error
+// feedback e ← β·(e + g − D(C(e + g))) needs (overlap's
+// Config.FeedbackDecay, c = float32(β)). It does the pass over the bucket
+// now, so that Commit stays a swap; a second call scales again. Retain and
+// Discard are unaffected; HeldBack measures the scaled residual after it.
+// A Flush's Pending ignores it (its Commit empties the memory). Of a BeginResidual, it scales the residual
+// the caller wrote: call it after writing it. The caller that holds p
+// calls it before settling; after the settlement it does nothing.
+func (p *Pending) Scale(c float32) {
+	if p.settled || p.flush {
+		return
+	}
+	r := p.r
+	if p.sparse && !p.scaled {
+		// s with +0 at the kept indices, scaled, into the scratch that
+		// Commit then swaps in; s stays for Retain.
+		r.sizeDec()
+		for i, v := range r.sum {
+			r.dec[i] = c * v
+		}
+		for _, i := range r.sel {
+			r.dec[i] = 0
+		}
+		p.scaled = true
+		return
+	}
+	for i, v := range r.dec {
+		r.dec[i] = c * v
+	}
+	p.scaled = true
+}
+
 // HeldBack returns the Euclidean norm of the residual Commit would
-// install, s − D(c) (a Flush's is 0), in float64: the squares summed in
-// increasing index order, for a SparseCompressor those of all of s less
-// those of the kept indices. The same inputs give the same bits. It reads
-// the bucket without settling it.
+// install, s − D(c) (a Flush's is 0; after Scale, the scaled residual), in
+// float64: the squares summed in increasing index order, for a
+// SparseCompressor not scaled those of all of s less those of the kept
+// indices. The same inputs give the same bits. It reads the bucket without
+// settling it.
 func (p *Pending) HeldBack() float64 {
 	r := p.r
 	var sum float64
 	switch {
 	case p.flush:
 		return 0
-	case p.sparse:
+	case p.sparse && !p.scaled:
 		// s with +0 at the kept indices.
 		for _, v := range r.sum {
 			sum += float64(v) * float64(v)
@@ -337,6 +379,7 @@ func (p *Pending) Discard() { p.settle(func(*residual) {}) }
 
 func (p *Pending) settle(apply func(r *residual)) {
 	p.once.Do(func() {
+		p.settled = true
 		apply(p.r)
 		p.r.mu.Unlock()
 	})

@@ -703,3 +703,92 @@ func TestFeedbackBeginResidual(t *testing.T) {
 		t.Fatalf("BeginResidual of another length: %v, want a *SizeError", err)
 	}
 }
+
+// TestPendingScale: after Scale(c), Commit installs c·(s − D(c)), each
+// element one float32 product, and CommitMasked masks as without it;
+// Retain and Discard are unaffected; HeldBack measures the scaled
+// residual; after the settlement, and on a Flush's Pending, Scale does
+// nothing.
+func TestPendingScale(t *testing.T) {
+	const c = float32(0.7)
+	g := ramp(257, 1.3)
+	for _, spec := range []string{"topk:0.1", "randomk:0.1", "int8", "int4:bucket=16", "sign", "fp16"} {
+		key := compress.Key{Bucket: 2, Step: 5}
+		begin := func(f *compress.ErrorFeedback) *compress.Pending {
+			t.Helper()
+			// A first step leaves memory, so that s = e + g.
+			if _, err := f.Compress(nil, ramp(257, 0.4), compress.Key{Bucket: 2, Step: 4}); err != nil {
+				t.Fatal(err)
+			}
+			_, p, err := f.Begin(nil, g, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		ref := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+		rp := begin(ref)
+		held := rp.HeldBack()
+		u0 := make([]float32, len(g))
+		for i := range u0 {
+			u0[i] = 1
+		}
+		rp.CommitMasked(u0)
+		want := ref.Residual(2)
+		for i, v := range want {
+			want[i] = c * v
+		}
+		f := compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+		p := begin(f)
+		p.Scale(c)
+		if got, w := p.HeldBack(), float64(c)*held; math.Abs(got-w) > 1e-6*max(w, 1e-30) {
+			t.Errorf("%s: HeldBack after Scale %v, want about %v", spec, got, w)
+		}
+		u := make([]float32, len(g))
+		for i := range u {
+			u[i] = 1
+		}
+		p.CommitMasked(u)
+		p.Scale(2) // settled: nothing
+		if got := f.Residual(2); !slices.Equal(math32bits(got), math32bits(want)) {
+			t.Errorf("%s: residual after Scale and Commit %v, want %v", spec, got[:6], want[:6])
+		}
+		if !slices.Equal(u, u0) {
+			t.Errorf("%s: CommitMasked after Scale masked u differently", spec)
+		}
+		for _, settle := range []func(*compress.Pending){(*compress.Pending).Retain, (*compress.Pending).Discard} {
+			f, plain := compress.NewErrorFeedback(compresstest.MustParse(t, spec)), compress.NewErrorFeedback(compresstest.MustParse(t, spec))
+			p, q := begin(f), begin(plain)
+			p.Scale(c)
+			settle(p)
+			settle(q)
+			if !slices.Equal(math32bits(f.Residual(2)), math32bits(plain.Residual(2))) {
+				t.Errorf("%s: Scale changed what Retain or Discard keeps", spec)
+			}
+		}
+	}
+	f := compress.NewErrorFeedback(compresstest.MustParse(t, "topk:0.05"))
+	if _, err := f.Compress(nil, ramp(100, 1.7), compress.Key{Bucket: 3}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.Flush(ramp(100, 0.9), compress.Key{Bucket: 3, Step: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Scale(c)
+	p.Commit()
+	if got := f.Residual(3); !slices.Equal(got, make([]float32, 100)) {
+		t.Errorf("a flush's Commit after Scale left %v, want zeros", got[:4])
+	}
+	none := compress.NewErrorFeedback(compresstest.MustParse(t, "none"))
+	_, res, p, err := none.BeginResidual([]float32{1, 2, 3}, compress.Key{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(res, []float32{2, -4, 0.3})
+	p.Scale(0.5)
+	p.Commit()
+	if got := none.Residual(0); !slices.Equal(got, []float32{1, -2, 0.5 * float32(0.3)}) {
+		t.Errorf("BeginResidual's residual after Scale: %v, want 1 -2 0.15", got)
+	}
+}
