@@ -70,6 +70,36 @@ type Config struct {
 	// section gives measured ones): set Guard above that level, to catch
 	// a memory that keeps growing.
 	Guard float64
+	// FeedbackDecay is β, the factor error-feedback memory decays by
+	// (SparseLoCo's error feedback: e ← β·e + g; c ← C(e); e ← e − D(c)):
+	// 0 means 1, no decay (the zero Config is unchanged); valid
+	// values are (0, 1], and a β other than 1 needs ErrorFeedback. Every
+	// step that leaves a compressed bucket's memory holding the residual
+	// of its payload multiplies that residual by β: with s = e + g (after
+	// momentum correction: e + u), the memory becomes
+	// e' = β·(s − D(C(s))), each element float32(β)·v, one float32
+	// product rounded to nearest even (kernels.ScaleStep; β itself is
+	// rounded to float32 once, and a β that rounds to 0 is refused), the
+	// same bits on both backends. It is the formulation above with the
+	// decay of a step moved to its end: a memory e' after this step is
+	// the decayed β·e of the next one's. Which memories: the rank's own
+	// first memory (stage 1 of every strategy; PowerSGD's residual
+	// M − P̂·Qᵀ); under StrategyHier's sharded shape, the engine across
+	// nodes' first memory of this rank's shard; not SRA's second memory
+	// (its memory of the re-encoded average, one quantization's error,
+	// which no rank's stale gradient enters), not PowerSGD's warm start Q
+	// and not momentum correction's velocity u (m is its decay). The
+	// memory is left as it was, undecayed, wherever a step does not
+	// commit a residual: dense steps (Decision, verification's dense
+	// trials, a codec that goes dense, a dense fallback of a non-finite
+	// or unrepresentable value), warm-up steps, a skipped step
+	// (FailOnNonFinite: every memory untouched) and a failed step
+	// (Engine keeps e + g, DeviceEngine e, neither decayed). A flush of
+	// the accuracy guard empties the memory (0, decayed or not). Guard's
+	// ρ measures the residual before the decay. Both backends; part of
+	// the handshake and of the state (a state of another β is refused;
+	// one older than format version 6 is of β = 1).
+	FeedbackDecay float64
 	// NodeSpec is the codec of StrategyHier's node stages (the sharded
 	// shape's reduce-scatter and all-gather in the node): "" for float32
 	// (the default), or "bf16", "fp16" or "int8" (SDP4Bit's 8-bit inside
@@ -120,6 +150,21 @@ func withDefaults(cfg Config) Config {
 	return cfg
 }
 
+// decay is FeedbackDecay's β: 1 for 0 (no decay).
+func (cfg Config) decay() float64 {
+	if cfg.FeedbackDecay == 0 {
+		return 1
+	}
+	return cfg.FeedbackDecay
+}
+
+// decaying reports whether error-feedback memory decays (β ≠ 1), and by
+// what factor in float32.
+func (cfg Config) decaying() (float32, bool) {
+	b := cfg.decay()
+	return float32(b), b != 1
+}
+
 // checkConfig checks what every backend requires of cfg and of the bucket
 // sizes on ranks ranks.
 func checkConfig(cfg Config, sizes []int, ranks int) error {
@@ -138,6 +183,12 @@ func checkConfig(cfg Config, sizes []int, ranks int) error {
 		return fmt.Errorf("Guard %v is not a finite threshold ≥ 0", cfg.Guard)
 	case cfg.Guard > 0 && !cfg.ErrorFeedback:
 		return fmt.Errorf("Guard %v needs ErrorFeedback: without it nothing is held back", cfg.Guard)
+	case !(cfg.FeedbackDecay >= 0 && cfg.FeedbackDecay <= 1):
+		return fmt.Errorf("FeedbackDecay %v is not in (0, 1] (0 means 1: no decay)", cfg.FeedbackDecay)
+	case cfg.FeedbackDecay > 0 && float32(cfg.FeedbackDecay) == 0:
+		return fmt.Errorf("FeedbackDecay %v rounds to 0 as a float32: the memory would be dropped every step (turn ErrorFeedback off for that)", cfg.FeedbackDecay)
+	case cfg.decay() != 1 && !cfg.ErrorFeedback:
+		return fmt.Errorf("FeedbackDecay %v needs ErrorFeedback: without it there is no memory to decay", cfg.FeedbackDecay)
 	case cfg.Decision < DecideAuto || cfg.Decision > DecideDense:
 		return fmt.Errorf("unknown Decision %v", cfg.Decision)
 	case cfg.NodeSpec != "" && cfg.Strategy != StrategyHier && cfg.Strategy != StrategyAuto:

@@ -233,7 +233,7 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 			copy(r.grad, grad)
 			r.key = compress.Key{Bucket: uint64(i), Step: uint64(reps)}
 			if s.exchanger != nil {
-				if err := timeCompressed(s.exchanger, st, r, &sum); err != nil {
+				if err := timeCompressed(s, st, r, &sum); err != nil {
 					return times, err
 				}
 			}
@@ -255,9 +255,11 @@ func timePath(e *Engine, ns []int) ([4][]float64, error) {
 	return times, nil
 }
 
-// timeCompressed runs r through x's compressed path once, adding each
-// stage's time (encode, between collectives, decode) to sum.
-func timeCompressed(x exchanger, st *step, r *run, sum *[4]float64) error {
+// timeCompressed runs r through e's compressed path once, adding each
+// stage's time (encode, between collectives, decode and the memory's
+// decay) to sum.
+func timeCompressed(e *Engine, st *step, r *run, sum *[4]float64) error {
+	x := e.exchanger
 	r.stats = BucketStats{}
 	t := time.Now()
 	err := x.encode(r)
@@ -275,6 +277,7 @@ func timeCompressed(x exchanger, st *step, r *run, sum *[4]float64) error {
 	t = time.Now()
 	if err == nil {
 		_, err = x.decode(r)
+		e.decay(r)
 	}
 	sum[2] += time.Since(t).Seconds()
 	discard(r.pend1)

@@ -227,7 +227,15 @@ func (e *DeviceEngine) lowRankStages(sc *deviceBuffers, n int) (stages [4]func()
 	return [4]func() error{
 		func() error { return e.dev.LowRankEncode(e.enc, a) },
 		func() error { return e.dev.LowRankReduce(e.enc, a) },
-		func() error { return e.dev.LowRankDecode(e.enc, a) },
+		func() error {
+			if err := e.dev.LowRankDecode(e.enc, a); err != nil {
+				return err
+			}
+			if c, ok := e.cfg.decaying(); ok && e.cfg.ErrorFeedback {
+				return e.dev.Scale(e.enc, kernels.ScaleArgs{X: a.M, N: n, C: c}) // the residual's decay
+			}
+			return nil
+		},
 		func() error {
 			return e.dev.Average(e.enc, kernels.AverageArgs{Dst: dst, N: n, Ranks: e.size, Out: a.Out})
 		},
@@ -284,7 +292,12 @@ func (e *DeviceEngine) codecStages(sc *deviceBuffers, n int) (stages [4]func() e
 				}
 			}
 			if e.cfg.Guard > 0 {
-				return e.dev.Guard(e.enc, kernels.GuardArgs{Resid: out, Grad: grad, N: n, Dst: send + kernels.StatusLen, Stride: slot, Count: sends})
+				if err := e.dev.Guard(e.enc, kernels.GuardArgs{Resid: out, Grad: grad, N: n, Dst: send + kernels.StatusLen, Stride: slot, Count: sends}); err != nil {
+					return err
+				}
+			}
+			if c, ok := e.cfg.decaying(); ok && ef {
+				return e.dev.Scale(e.enc, kernels.ScaleArgs{X: out, N: n, C: c})
 			}
 			return nil
 		},

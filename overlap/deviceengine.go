@@ -32,6 +32,9 @@ var ErrBadPointer = errors.New("device pointer is null or not 4-byte aligned")
 // succeeded and it is finite) and compresses the bucket (error feedback
 // fused: the kernel reads the memory e and writes the new residual to a
 // second buffer, installed by a swap only when the step succeeds; with
+// Config.FeedbackDecay kernels.Scale then multiplies that buffer by β on
+// the encode stream (on the decode stream for low-rank, whose residual
+// decode writes); with
 // MomentumMasking the decode stream zeroes the new u where a top-k or
 // random-k payload sent, kernels.Codec.Mask, when the residual is). The
 // wire stream, in bucket order on every rank (bucket i once buckets 0..i

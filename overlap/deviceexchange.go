@@ -173,7 +173,8 @@ func (e *DeviceEngine) average(st *step, r *run, ranks int, slots gpu.Ptr, strid
 // count parts of the bucket (SRA's, one per rank; else the whole bucket),
 // each into its slot of the send buffer under its own key, error
 // feedback fused; with Config.Guard, ρ of the whole bucket in every
-// part's slot (as Engine).
+// part's slot (as Engine); with Config.FeedbackDecay, then, the decay of
+// the residual settle installs (decay).
 func (e *DeviceEngine) encodeSlots(st *step, r *run, count int) error {
 	i, n := r.b.idx, r.b.n
 	b := e.bufs[i]
@@ -193,11 +194,28 @@ func (e *DeviceEngine) encodeSlots(st *step, r *run, count int) error {
 			return err
 		}
 	}
-	if e.cfg.Guard == 0 {
+	if e.cfg.Guard > 0 {
+		a := kernels.GuardArgs{Resid: b.resid.Out(), Grad: r.dgrad, N: n, Dst: b.send + kernels.StatusLen, Stride: b.slot, Count: count}
+		if err := e.dev.Guard(e.enc, a); err != nil {
+			return err
+		}
+	}
+	return e.decay(e.enc, r)
+}
+
+// decay enqueues on stream s, with Config.FeedbackDecay, the product of
+// the residual run r's compression wrote (its stage-1 memory's Out, which
+// settle installs after a step delivered compressed, and which is
+// dropped otherwise) by float32(β) (kernels.Scale: Engine's
+// compress.Pending.Scale, bit for bit). SRA's second memory is not
+// decayed (Config.FeedbackDecay).
+func (e *DeviceEngine) decay(s gpu.Stream, r *run) error {
+	c, ok := e.cfg.decaying()
+	b := e.bufs[r.b.idx]
+	if !ok || b.resid == nil {
 		return nil
 	}
-	a := kernels.GuardArgs{Resid: b.resid.Out(), Grad: r.dgrad, N: n, Dst: b.send + kernels.StatusLen, Stride: b.slot, Count: count}
-	return e.dev.Guard(e.enc, a)
+	return e.dev.Scale(s, kernels.ScaleArgs{X: b.resid.Out(), N: r.b.n, C: c})
 }
 
 // slotBuffers sets nb's slot for stage-1 payloads of unit elements and

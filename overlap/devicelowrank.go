@@ -83,6 +83,7 @@ func (x devLowRank) exchange(ctx context.Context, _ *step, r *run) (func() error
 			func() error { return e.dc.AllReduce(ctx, a.Vals2, l.QLen, e.wire) },
 			func() error { return e.toDecode(b) },
 			func() error { return e.dev.LowRankDecode(e.dec, a) },
+			func() error { return e.decay(e.dec, r) }, // the residual M − P̂·Qᵀ, with error feedback
 			func() error { return e.dev.Record(b.decEnd, e.dec) },
 		)
 	}, nil

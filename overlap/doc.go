@@ -77,8 +77,9 @@
 //	                   in the node
 //
 // where x_r = e_r + g_r with error feedback (e_r the rank's memory of the
-// bucket, updated e_r ← x_r − D(C(x_r)) when the step succeeds) and
-// x_r = g_r without. The division is float32 x / float32(N).
+// bucket, updated e_r ← x_r − D(C(x_r)) when the step succeeds, or
+// e_r ← β·(x_r − D(C(x_r))) with Config.FeedbackDecay β) and x_r = g_r
+// without. The division is float32 x / float32(N).
 //
 // Keys. A payload is compressed under compress.Key{Bucket: tag<<32 |
 // bucket, Step: step}: tag 0 for shared-index (the indices must agree);

@@ -94,11 +94,12 @@ type hostRun struct {
 // New builds an engine over c for buckets of the given element counts
 // (bucket i has sizes[i] float32s) and runs the handshake: every rank sends
 // its protocol version, canonical spec, strategy, error-feedback flag,
-// decision mode, FailOnNonFinite, warm-up steps, momentum and bucket
-// layout, and a difference is a *ConfigMismatchError on every rank naming
-// the field and both values; a rank whose configuration is invalid sends
-// only why, and every rank gets a *ConfigError naming it (its own wraps
-// its error; see also Refuse). Buckets whose host buffers would need more
+// decision mode, FailOnNonFinite, warm-up steps, the accuracy options
+// (momentum, schedule, guard, feedback decay; handshake.go lists every
+// field) and bucket layout, and a difference is a *ConfigMismatchError on
+// every rank naming the field and both values; a rank whose configuration
+// is invalid sends only why, and every rank gets a *ConfigError naming it
+// (its own wraps its error; see also Refuse). Buckets whose host buffers would need more
 // memory than the machine can give make a configuration invalid too (its
 // *ConfigError wraps a *MemoryError), checked before anything is
 // allocated. With DecideAuto and a
@@ -699,6 +700,7 @@ func (e *Engine) decodeTask(st *step, r *run) {
 			st.fail(&StepError{Step: st.num, Bucket: r.b.idx, Stage: "decode", Err: err})
 			return
 		}
+		e.decay(r)
 	}
 	r.stats.Decompress += time.Since(t)
 	r.doneAt = time.Now()
@@ -711,6 +713,17 @@ func (e *Engine) decodeTask(st *step, r *run) {
 	}
 	if e.cfg.FailOnNonFinite {
 		r.outcome = pathSkipped
+	}
+}
+
+// decay multiplies the residual that compressed run r's settle commits
+// by Config.FeedbackDecay (compress.Pending.Scale, on the decode stream
+// so that settle stays a swap per bucket); a step that is skipped or
+// fails afterwards discards it (settle's Discard and Retain do not read
+// it). SRA's second memory is not decayed (Config.FeedbackDecay).
+func (e *Engine) decay(r *run) {
+	if c, ok := e.cfg.decaying(); ok && r.pend1 != nil {
+		r.pend1.Scale(c)
 	}
 }
 

@@ -42,6 +42,7 @@ func handshakeRecord(e *core, sizes []int) []field {
 		{"momentum masking", onOff(e.cfg.MomentumMasking)},
 		{"schedule", cmp.Or(schedule(e), "none")},
 		{"accuracy guard", strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
+		{"feedback decay", formatFloat(e.cfg.decay())}, // β, 1 for none (FeedbackDecay 0)
 		{"buckets", strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {

@@ -31,7 +31,8 @@ import (
 // collective over e's ranks: every rank passes the state that rank saved
 // (rank r of the old job's; nil where the old job had no rank r, or none
 // at all: those ranks add nothing), each of e's spec, error feedback,
-// momentum, schedule, guard and bucket sizes and the same next step. A
+// momentum, schedule, guard, feedback decay and bucket sizes and the same
+// next step (the memories are summed as saved: already decayed). A
 // state that does not say so is a *StateError on its rank and fails every
 // rank's LoadReshaped (the others' naming that rank); nothing changes
 // then. Pending accuracy-guard flushes start cleared. Its collectives are

@@ -16,7 +16,7 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 )
 
-// The engine state format, version 5, little-endian:
+// The engine state format, version 6, little-endian:
 //
 //	"GCOV", version (1 byte)
 //	world size (uint32), rank (uint32), next step (uint64)
@@ -29,6 +29,8 @@ import (
 //	  FormatSchedule writes them, "" for none)
 //	the layout of StrategyHier (four uint32: nodes, ranks per node, this
 //	  rank's node and local rank; all 0 for the flat strategies)
+//	the feedback decay β (float64, Config.FeedbackDecay; 1 for none, as
+//	  for FeedbackDecay 0)
 //	bucket count (uint32), per bucket its element count (uint64)
 //	StrategyHier: the state of the engine across nodes (uint64 length,
 //	  then that state, in this format, with its own checksum), and
@@ -42,10 +44,11 @@ import (
 //	  length of its reason (uint16, 0: none), the reason (UTF-8)
 //	CRC32C of every byte before it (uint32)
 //
-// Version 4 is version 5 without the layout, version 3 version 4 without
+// Version 5 is version 6 without the feedback decay (a state of β = 1),
+// version 4 version 5 without the layout, version 3 version 4 without
 // the settings after the error-feedback
 // byte, version 2 version 3 without the guard part, version 1 version 2
-// without the momentum part; Load reads all four and checks every
+// without the momentum part; Load reads all five and checks every
 // setting a version records against the engine (checkSettings; the
 // configured strategy only where the strategies in use differ, which is
 // allowed between two engines configured auto). What the state does not
@@ -54,7 +57,7 @@ import (
 // FailOnNonFinite.
 const (
 	stateMagic     = "GCOV"
-	stateVersion   = 5
+	stateVersion   = 6
 	maxNestedState = 1 << 46
 	maxSpecLen     = 1 << 12
 	maxScheduleLen = 1 << 16
@@ -109,6 +112,7 @@ func (e *core) Save(w io.Writer) error {
 	for _, v := range []int{e.layout.Nodes, e.layout.LocalSize, e.layout.Node, e.layout.LocalRank} {
 		put32(uint32(v))
 	}
+	put64(math.Float64bits(e.cfg.decay()))
 	put32(uint32(len(e.buckets)))
 	for _, bk := range e.buckets {
 		put64(uint64(bk.n))
@@ -172,7 +176,9 @@ func boolByte(v bool) byte {
 // a state Save wrote. The state must come from an engine with the same
 // settings, as far as its version records them (see the format above:
 // spec, strategy, error feedback, momentum, momentum masking, accuracy
-// guard, schedule) and the same bucket layout, else a *StateError naming
+// guard, schedule, feedback decay: a state older than version 6 is one of
+// β = 1, which loads where FeedbackDecay is 0 or 1) and the same bucket
+// layout, else a *StateError naming
 // the setting and both values; it is validated whole (format, checksum,
 // residual lengths) before anything is replaced, so on error the engine is
 // unchanged. The strategy in use must be the engine's, unless both were
@@ -389,6 +395,9 @@ func (e *core) checkSettings(info StateInfo) error {
 			return settingError("schedule", cmp.Or(info.Schedule, "none"), cmp.Or(schedule(e), "none"))
 		}
 	}
+	if info.FeedbackDecay != e.cfg.decay() {
+		return settingError("feedback decay", formatFloat(info.FeedbackDecay), formatFloat(e.cfg.decay()))
+	}
 	if err := e.checkLayoutOf(info); err != nil {
 		return err
 	}
@@ -577,6 +586,13 @@ func readSettings(s *stateReader, version byte) (StateInfo, error) {
 		l := &info.Layout
 		l.Nodes, l.LocalSize, l.Node, l.LocalRank = int(s.u32()), int(s.u32()), int(s.u32()), int(s.u32())
 	}
+	info.FeedbackDecay = 1
+	if version >= 6 {
+		info.FeedbackDecay = s.f64()
+		if b := info.FeedbackDecay; s.err == nil && !(b > 0 && b <= 1 && float32(b) > 0) {
+			return info, &StateError{Reason: fmt.Sprintf("feedback decay %v in the header: want (0, 1], not 0 as a float32", b)}
+		}
+	}
 	count := s.u32()
 	info.Buckets = make([]int, 0, min(count, 1<<12)) // grows only as the input holds sizes
 	for i := uint32(0); i < count && s.err == nil; i++ {
@@ -697,8 +713,12 @@ type StateInfo struct {
 	Schedule        string // canonical phases as FormatSchedule writes them, "" for none
 	// Layout is StrategyHier's layout and this rank's place in it (version
 	// 5); zero for the flat strategies and older versions.
-	Layout  comm.Topology
-	Buckets []int // element count per bucket
+	Layout comm.Topology
+	// FeedbackDecay is the β error-feedback memory decayed by
+	// (Config.FeedbackDecay, version 6), 1 for none: for FeedbackDecay
+	// 0 and for older versions.
+	FeedbackDecay float64
+	Buckets       []int // element count per bucket
 }
 
 // InspectState reads the header of a state Save wrote, after checking its

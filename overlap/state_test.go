@@ -155,8 +155,8 @@ func TestInspectState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := StateInfo{Version: 5, WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true,
-		Configured: StrategyAuto, Buckets: sizes}
+	want := StateInfo{Version: 6, WorldSize: 2, Rank: 1, NextStep: 1, Spec: engines[1].spec, Strategy: engines[1].Strategy(), ErrorFeedback: true,
+		Configured: StrategyAuto, FeedbackDecay: 1, Buckets: sizes}
 	if !reflect.DeepEqual(info, want) {
 		t.Fatalf("InspectState = %+v, want %+v", info, want)
 	}
@@ -171,19 +171,23 @@ func TestInspectState(t *testing.T) {
 	}
 }
 
-// downgrade turns a flat engine's version-5 state into version 4 (without
-// the layout) and that into version 3 (without the settings after the
+// downgrade turns a flat engine's version-6 state of β = 1 into version
+// 5 (without the feedback decay), that into version 4 (without the
+// layout) and that into version 3 (without the settings after the
 // error-feedback byte): the state as an older build wrote it.
 func downgrade(t *testing.T, state []byte, to byte) []byte {
 	t.Helper()
 	info, err := InspectState(state)
-	if err != nil || info.Version < int(to) || info.Layout.Nodes != 0 {
-		t.Fatalf("not a flat state of version %d or later: %+v, %v", to, info, err)
+	if err != nil || info.Version < int(to) || info.Layout.Nodes != 0 || info.FeedbackDecay != 1 {
+		t.Fatalf("not a flat state of β = 1, version %d or later: %+v, %v", to, info, err)
 	}
 	at := 4 + 1 + 4 + 4 + 8 + 4 + len(info.Spec) + 2
 	settings := 1 + 1 + 8 + 4 + len(info.Schedule)
 	out := bytes.Clone(state)
-	if info.Version == 5 {
+	if info.Version == 6 && to < 6 {
+		out = append(out[:at+settings+16], out[at+settings+16+8:]...)
+	}
+	if info.Version >= 5 && to < 5 {
 		out = append(out[:at+settings], out[at+settings+16:]...)
 	}
 	if to == 3 {
@@ -278,8 +282,9 @@ func TestLoadSettings(t *testing.T) {
 func TestLoadUnknownStrategy(t *testing.T) {
 	sizes := []int{1000, 37}
 	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
-	v5 := savedBy(t, 4, sizes, cfg)
-	v4 := downgrade(t, v5, 4)
+	v6 := savedBy(t, 4, sizes, cfg)
+	v5 := downgrade(t, v6, 5)
+	v4 := downgrade(t, v6, 4)
 	v3, err := os.ReadFile("testdata/state-v3-int8-sra-rank0.bin")
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +295,7 @@ func TestLoadUnknownStrategy(t *testing.T) {
 	}
 	const strategyAt = 4 + 1 + 4 + 4 + 8 + 4 + len("int8") // after the spec
 	e := newEngines(t, 4, sizes, cfg)[0]
-	for name, state := range map[string][]byte{"version 5": v5, "version 4": v4, "version 3": v3, "version 1": v1, "downgraded to 3": downgrade(t, v5, 3)} {
+	for name, state := range map[string][]byte{"version 6": v6, "version 5": v5, "version 4": v4, "version 3": v3, "version 1": v1, "downgraded to 3": downgrade(t, v6, 3)} {
 		if err := e.Load(bytes.NewReader(state)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
@@ -358,7 +363,8 @@ func TestLoadBadPlace(t *testing.T) {
 	const ranks = 4
 	sizes := []int{1000, 37}
 	cfg := Config{Spec: "int8", ErrorFeedback: true, Decision: DecideCompressed}
-	v5 := savedBy(t, ranks, sizes, cfg)
+	v6 := savedBy(t, ranks, sizes, cfg)
+	v5 := downgrade(t, v6, 5)
 	v1, err := os.ReadFile("testdata/state-v1-int8-sra-rank0.bin")
 	if err != nil {
 		t.Fatal(err)
@@ -372,13 +378,15 @@ func TestLoadBadPlace(t *testing.T) {
 	const worldAt, rankAt = 5, 9
 	layoutAt := 4 + 1 + 4 + 4 + 8 + 4 + len("int8") + 2 + 1 + 1 + 8 + 4 // after the schedule (none)
 	bad := map[string][]byte{}
-	for name, state := range map[string][]byte{"version 5": v5, "version 3": downgrade(t, v5, 3), "version 1": v1} {
+	for name, state := range map[string][]byte{"version 6": v6, "version 5": v5, "version 3": downgrade(t, v6, 3), "version 1": v1} {
 		bad[name+", world size 0"] = u32(state, worldAt, 0)
 		bad[name+", rank 4 of 4"] = u32(state, rankAt, ranks)
 		bad[name+", rank 2³²−1"] = u32(state, rankAt, math.MaxUint32)
 	}
-	bad["version 5, 2 nodes × 3 ranks of 4"] = u32(u32(v5, layoutAt, 2), layoutAt+4, 3)
-	bad["version 5, node 2 of 2"] = u32(u32(u32(v5, layoutAt, 2), layoutAt+4, 2), layoutAt+8, 2)
+	for name, state := range map[string][]byte{"version 6": v6, "version 5": v5} {
+		bad[name+", 2 nodes × 3 ranks of 4"] = u32(u32(state, layoutAt, 2), layoutAt+4, 3)
+		bad[name+", node 2 of 2"] = u32(u32(u32(state, layoutAt, 2), layoutAt+4, 2), layoutAt+8, 2)
+	}
 	for _, backend := range backends {
 		g := newBackendRig(t, backend, ranks, sizes, cfg)
 		g.steps(t, stepGrads(ranks, 0, sizes))

@@ -42,6 +42,7 @@ type refModel struct {
 	parts      int
 	sra        bool // scatter-reduce-allgather: parts = ranks, second stage
 	sharedKeys bool
+	beta       float32 // Config.FeedbackDecay: the stage-1 residual's factor; 0 for none
 }
 
 func newRef(t *testing.T, spec string, strategy Strategy, ranks int, ef bool) *refModel {
@@ -120,6 +121,9 @@ func (m *refModel) step(step, bucket int, grads [][]float32) []float32 {
 			if e != nil {
 				for i := lo; i < hi; i++ {
 					e[i] = s[i] - d[i-lo]
+					if m.beta != 0 {
+						e[i] = m.beta * e[i]
+					}
 				}
 			}
 		}
