@@ -1,0 +1,176 @@
+package outer
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gradcomp/gradcomp/comm"
+)
+
+// protocolVersion names the Loop's schedule and update rules; ranks must
+// agree on it.
+const protocolVersion = 1
+
+// field is one entry of a configuration record.
+type field struct{ name, value string }
+
+// record is the canonical form of s that ranks compare at New and that a
+// state records: its fields in the order a mismatch is reported. The
+// handshake's adds OnNonFinite, a run-time policy a resumed run may
+// change.
+func (s *settings) record(handshake bool) []field {
+	f := []field{
+		{"SyncEvery", strconv.Itoa(s.SyncEvery)},
+		{"Fragments", strconv.Itoa(s.Fragments)},
+		{"Delay", strconv.Itoa(s.Delay)},
+		{"Alpha", strconv.FormatFloat(s.Alpha, 'g', -1, 64)},
+		{"Optimizer", s.Optimizer.String()},
+		{"BucketElements", strconv.Itoa(s.BucketElements)},
+	}
+	if handshake {
+		f = append(f, field{"OnNonFinite", s.OnNonFinite.String()})
+	}
+	f = append(f, field{"tensors", strconv.Itoa(len(s.sizes))})
+	for i, n := range s.sizes {
+		shape := "none"
+		if s.Shapes != nil {
+			shape = fmt.Sprintf("%d×%d", s.Shapes[i].Rows, s.Shapes[i].Cols)
+		}
+		f = append(f,
+			field{fmt.Sprintf("tensor %d elements", i), strconv.Itoa(n)},
+			field{fmt.Sprintf("tensor %d fragment", i), strconv.Itoa(s.fragmentOf[i])},
+			field{fmt.Sprintf("tensor %d shape", i), shape})
+	}
+	return f
+}
+
+// firstDifference returns the first field, in order, on which got differs
+// from want, with both values ("nothing" for a field one lacks); ok is
+// false when they are equal.
+func firstDifference(got, want []field) (name, gotValue, wantValue string, ok bool) {
+	for i := range max(len(got), len(want)) {
+		g, w := field{value: "nothing"}, field{value: "nothing"}
+		if i < len(got) {
+			g = got[i]
+		}
+		if i < len(want) {
+			w = want[i]
+		}
+		if g != w {
+			return cmp.Or(w.name, g.name), g.value, w.value, true
+		}
+	}
+	return "", "", "", false
+}
+
+func encodeRecord(fs []field) []byte {
+	var b []byte
+	for _, f := range fs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.name)))
+		b = append(b, f.name...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.value)))
+		b = append(b, f.value...)
+	}
+	return b
+}
+
+func decodeRecord(b []byte) ([]field, error) {
+	var fs []field
+	next := func() (string, bool) {
+		if len(b) < 4 {
+			return "", false
+		}
+		l := binary.LittleEndian.Uint32(b)
+		if uint64(len(b)-4) < uint64(l) {
+			return "", false
+		}
+		s := string(b[4 : 4+l])
+		b = b[4+l:]
+		return s, true
+	}
+	for len(b) > 0 {
+		name, ok1 := next()
+		value, ok2 := next()
+		if !ok1 || !ok2 {
+			return nil, errors.New("truncated configuration record")
+		}
+		fs = append(fs, field{name, value})
+	}
+	return fs, nil
+}
+
+// handshake exchanges every rank's record (an all-gather of the lengths,
+// then of the records padded to the longest) and compares them with rank
+// 0's. A rank whose configuration is invalid (invalid, a *ConfigError)
+// sends only why, so that the others fail at once naming it, and gets its
+// own error. Each all-gather is bounded by timeout.
+func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *settings, invalid *ConfigError) error {
+	rec := []field{{"invalid", ""}, {"protocol version", strconv.Itoa(protocolVersion)}}
+	if invalid != nil {
+		rec = []field{{"invalid", invalid.Reason}, {"invalid field", invalid.Field}}
+	} else {
+		rec = append(rec, s.record(true)...)
+	}
+	recs, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec), "handshake")
+	if invalid != nil {
+		return invalid
+	}
+	if err != nil {
+		return err
+	}
+	decoded := make([][]field, len(recs))
+	for r, b := range recs {
+		fs, err := decodeRecord(b)
+		if err != nil || len(fs) < 2 || fs[0].name != "invalid" {
+			return fmt.Errorf("outer: handshake: rank %d sent an unreadable record (%v)", r, err)
+		}
+		if fs[0].value != "" {
+			return &ConfigError{Rank: r, Field: fs[1].value, Reason: fs[0].value}
+		}
+		decoded[r] = fs
+	}
+	for r, fs := range decoded[1:] {
+		if name, mine, theirs, differ := firstDifference(fs, decoded[0]); differ {
+			return &ConfigMismatchError{Field: name, Rank: r + 1, Value: mine, OtherRank: 0, OtherValue: theirs}
+		}
+	}
+	return nil
+}
+
+// allGatherBytes all-gathers every rank's b, whatever its length, and
+// returns them by rank; what names the call in errors. Each of its two
+// all-gathers is bounded by timeout.
+func allGatherBytes(ctx context.Context, c comm.Comm, timeout time.Duration, b []byte, what string) ([][]byte, error) {
+	n := c.Size()
+	gather := func(dst, src []byte) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := c.AllGather(ctx, dst, src); err != nil {
+			return fmt.Errorf("outer: %s on rank %d: %w", what, c.Rank(), err)
+		}
+		return nil
+	}
+	lens := make([]byte, 8*n)
+	if err := gather(lens, binary.LittleEndian.AppendUint64(nil, uint64(len(b)))); err != nil {
+		return nil, err
+	}
+	longest := uint64(0)
+	for r := range n {
+		longest = max(longest, binary.LittleEndian.Uint64(lens[8*r:]))
+	}
+	all := make([]byte, uint64(n)*longest)
+	if err := gather(all, append(b, make([]byte, longest-uint64(len(b)))...)); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, n)
+	for r := range n {
+		at := uint64(r) * longest
+		out[r] = all[at : at+binary.LittleEndian.Uint64(lens[8*r:])]
+	}
+	return out, nil
+}
