@@ -128,11 +128,7 @@ func setup(t testing.TB, q quad, n int, cfg Config) ([]*Loop, [][][]float32) {
 func train(t testing.TB, q quad, loops []*Loop, params [][][]float32, from, steps int, hook func(r, k int)) [][]Report {
 	t.Helper()
 	reports := make([][]Report, len(loops))
-	comms := make([]comm.Comm, len(loops))
-	for r, l := range loops {
-		comms[r] = l.c
-	}
-	errs := onRanks(comms, func(r int, _ comm.Comm) error {
+	errs := onRanks(commsOf(loops), func(r int, _ comm.Comm) error {
 		for k := from; k < from+steps; k++ {
 			sgd(params[r], q.grad(r, k, params[r]), innerLR)
 			if hook != nil {
@@ -200,4 +196,13 @@ func sizesOf(x [][]float32) []int {
 		s[i] = len(x[i])
 	}
 	return s
+}
+
+// commsOf is the Loops' comms, for onRanks.
+func commsOf(loops []*Loop) []comm.Comm {
+	comms := make([]comm.Comm, len(loops))
+	for r, l := range loops {
+		comms[r] = l.c
+	}
+	return comms
 }
