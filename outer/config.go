@@ -22,7 +22,9 @@ type Config struct {
 	// synchronized at its own inner steps (see the package doc). 0 means
 	// one fragment, or with FragmentOf as many as FragmentOf names.
 	// Without FragmentOf the fragments are F contiguous groups of
-	// tensors, in order, balanced by elements.
+	// tensors, in order, balanced by elements (F at most the number of
+	// tensors): fragment k takes one tensor, then the next ones while
+	// that brings its end closer to (k+1)/F of the elements.
 	Fragments int
 	// FragmentOf, when not nil, gives the fragment of each tensor (one
 	// entry per tensor, fragments numbered from 0, every fragment holding

@@ -150,9 +150,11 @@ func New(ctx context.Context, c comm.Comm, params [][]float32, cfg Config) (*Loo
 // and, with FailNonFinite, Step returns its *NonFiniteSyncError after
 // doing the rest of the step's work; the Loop stays usable. A failed
 // exchange (a dead or stalled peer: the engine's error within its
-// Timeout; an ended ctx) is returned on every rank with params, the global
-// weights and the momentum as they were before the call, and breaks the
-// Loop: later calls return a *BrokenError.
+// Timeout; an ended ctx) is returned on every rank, and nothing of it is
+// applied: params, the global weights and the momentum stay as they were
+// before the call (but for a sync this call finished before it, with
+// Delay 0 and Fragments above SyncEvery). It breaks the Loop: later calls
+// return a *BrokenError.
 func (l *Loop) Step(ctx context.Context) (Report, error) {
 	if err := l.usable("Step"); err != nil {
 		return Report{}, err

@@ -52,7 +52,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // applied at its finish step, so a run resumed from the state applies
 // exactly what the uninterrupted run applies. params are not saved: they
 // are the caller's to checkpoint, with its inner optimizer. A failed wait
-// breaks the Loop as in Step.
+// breaks the Loop as in Step; a closed or broken Loop does not save. The
+// state is built in memory, then written.
 func (l *Loop) Save(w io.Writer) error {
 	if err := l.usable("Save"); err != nil {
 		return err
