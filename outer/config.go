@@ -2,6 +2,7 @@ package outer
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gradcomp/gradcomp/compress"
@@ -96,7 +97,6 @@ type settings struct {
 	Config
 	sizes      []int // elements per tensor
 	fragmentOf []int // per tensor
-	timeout    time.Duration
 }
 
 // resolve checks cfg against the parameter sizes and fills in the
@@ -105,6 +105,7 @@ func resolve(cfg Config, sizes []int, rank int) (*settings, *ConfigError) {
 	bad := func(field, format string, args ...any) *ConfigError {
 		return &ConfigError{Rank: rank, Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
+	cfg.FragmentOf, cfg.Shapes = slices.Clone(cfg.FragmentOf), slices.Clone(cfg.Shapes) // the caller's may change
 	var total int64
 	for _, n := range sizes {
 		total += int64(n)
@@ -158,15 +159,20 @@ func resolve(cfg Config, sizes []int, rank int) (*settings, *ConfigError) {
 	if cfg.FragmentOf != nil {
 		cfg.Fragments = maxFragment(of) + 1
 	}
-	if int64(cfg.Delay)*int64(cfg.Fragments) >= int64(cfg.SyncEvery) {
+	if cfg.Delay > (cfg.SyncEvery-1)/cfg.Fragments { // Delay·Fragments ≥ SyncEvery, without overflow
 		return nil, bad("Delay", "%d with Fragments %d and SyncEvery %d: want Delay·Fragments < SyncEvery, so that at most one fragment's exchange is in flight",
 			cfg.Delay, cfg.Fragments, cfg.SyncEvery)
 	}
-	timeout := cfg.Engine.Timeout
-	if timeout == 0 {
-		timeout = overlap.DefaultTimeout
+	return &settings{Config: cfg, sizes: sizes, fragmentOf: of}, nil
+}
+
+// timeout is what bounds each of the Loop's own collectives: Engine's
+// Timeout, or its default.
+func (cfg Config) timeout() time.Duration {
+	if cfg.Engine.Timeout > 0 {
+		return cfg.Engine.Timeout
 	}
-	return &settings{Config: cfg, sizes: sizes, fragmentOf: of, timeout: timeout}, nil
+	return overlap.DefaultTimeout
 }
 
 // fragments returns each tensor's fragment: FragmentOf checked, or the

@@ -7,8 +7,8 @@ import (
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// ErrClosed is returned (wrapped) by every call on a Loop after Close.
-var ErrClosed = errors.New("outer: loop closed")
+// ErrClosed is wrapped by the error of Step, Save and Load after Close.
+var ErrClosed = errors.New("loop closed")
 
 // ConfigError reports an invalid configuration or parameter list given to
 // New: this rank's own, or, found by the handshake, another rank's, so that

@@ -31,6 +31,7 @@ func TestConfigRefused(t *testing.T) {
 		{"τ negative", Config{SyncEvery: 4, Delay: -1}, three, "Delay", "-1"},
 		{"τ·F = H", Config{SyncEvery: 4, Fragments: 2, Delay: 2}, three, "Delay", "2 with Fragments 2 and SyncEvery 4"},
 		{"τ = H", Config{SyncEvery: 4, Delay: 4}, three, "Delay", "Delay·Fragments < SyncEvery"},
+		{"τ·F overflows", Config{SyncEvery: 4, Fragments: 2, Delay: math.MaxInt}, three, "Delay", "with Fragments 2 and SyncEvery 4"},
 		{"α 1", Config{SyncEvery: 4, Alpha: 1}, three, "Alpha", "1: want 0 ≤ Alpha < 1"},
 		{"α negative", Config{SyncEvery: 4, Alpha: -0.5}, three, "Alpha", "-0.5"},
 		{"α NaN", Config{SyncEvery: 4, Alpha: math.NaN()}, three, "Alpha", "NaN"},

@@ -116,7 +116,7 @@ func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *setti
 	} else {
 		rec = append(rec, s.record(true)...)
 	}
-	recs, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec), "handshake")
+	recs, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec))
 	if invalid != nil {
 		return invalid
 	}
@@ -143,15 +143,14 @@ func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *setti
 }
 
 // allGatherBytes all-gathers every rank's b, whatever its length, and
-// returns them by rank; what names the call in errors. Each of its two
-// all-gathers is bounded by timeout.
-func allGatherBytes(ctx context.Context, c comm.Comm, timeout time.Duration, b []byte, what string) ([][]byte, error) {
+// returns them by rank. Each of its two all-gathers is bounded by timeout.
+func allGatherBytes(ctx context.Context, c comm.Comm, timeout time.Duration, b []byte) ([][]byte, error) {
 	n := c.Size()
 	gather := func(dst, src []byte) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		if err := c.AllGather(ctx, dst, src); err != nil {
-			return fmt.Errorf("outer: %s on rank %d: %w", what, c.Rank(), err)
+			return fmt.Errorf("outer: handshake on rank %d: %w", c.Rank(), err)
 		}
 		return nil
 	}

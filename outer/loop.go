@@ -92,12 +92,7 @@ func New(ctx context.Context, c comm.Comm, params [][]float32, cfg Config) (*Loo
 		sizes[i] = len(p)
 	}
 	s, invalid := resolve(cfg, sizes, c.Rank())
-	timeout := cfg.Engine.Timeout
-	if s != nil {
-		timeout = s.timeout
-	} else if timeout <= 0 {
-		timeout = overlap.DefaultTimeout
-	}
+	timeout := cfg.timeout()
 	if err := handshake(ctx, c, timeout, s, invalid); err != nil {
 		return nil, err
 	}

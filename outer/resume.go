@@ -40,7 +40,7 @@ func (l *Loop) gatherDigests(ctx context.Context, d digest) ([]digest, error) {
 	binary.LittleEndian.PutUint32(b[20:], d.crc)
 	binary.LittleEndian.PutUint64(b[24:], d.length)
 	all := make([]byte, digestLen*l.c.Size())
-	gctx, cancel := context.WithTimeout(ctx, l.s.timeout)
+	gctx, cancel := context.WithTimeout(ctx, l.s.timeout())
 	defer cancel()
 	if err := l.c.AllGather(gctx, all, b); err != nil {
 		return nil, l.fail(fmt.Errorf("outer: Load on rank %d: agreeing on the states: %w", l.c.Rank(), err))
@@ -110,7 +110,7 @@ func (l *Loop) shareState(ctx context.Context, st *state, d digest, src int) (*s
 	if st != nil {
 		copy(buf, st.sharedBytes)
 	}
-	bctx, cancel := context.WithTimeout(ctx, l.s.timeout)
+	bctx, cancel := context.WithTimeout(ctx, l.s.timeout())
 	defer cancel()
 	if err := l.c.Broadcast(bctx, buf, src); err != nil {
 		return nil, fmt.Errorf("outer: Load on rank %d: the shared state from rank %d: %w", l.c.Rank(), src, err)

@@ -1,5 +1,7 @@
 package outer
 
+import "math/bits"
+
 // The schedule (the package doc states it for users). Inner steps count
 // s = 1, 2, …; fragment f of F starts its sync at the steps s ≥ off_f with
 // (s − off_f) mod H = 0, off_f = ⌊(f+1)·H/F⌋, and finishes it at s + τ.
@@ -18,7 +20,9 @@ package outer
 // offset is off_f, fragment f's first sync step (for F > H it may be 0,
 // which is never a step: the first sync is then at H).
 func (s *settings) offset(f int) uint64 {
-	return uint64(int64(f+1) * int64(s.SyncEvery) / int64(s.Fragments))
+	hi, lo := bits.Mul64(uint64(f+1), uint64(s.SyncEvery)) // f+1 ≤ F, so hi < F
+	off, _ := bits.Div64(hi, lo, uint64(s.Fragments))
+	return off
 }
 
 // startsAt reports whether fragment f starts a sync at inner step step.

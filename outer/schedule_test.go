@@ -3,6 +3,7 @@ package outer
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -87,6 +88,11 @@ func TestOffsets(t *testing.T) {
 				t.Errorf("H %d, F %d: fragment %d starts at %v, want %v", tc.h, tc.f, f, got, tc.starts[f])
 			}
 		}
+	}
+	// (f+1)·H past 64 bits.
+	s := &settings{Config: Config{SyncEvery: math.MaxInt, Fragments: 3}}
+	if got := []uint64{s.offset(0), s.offset(1), s.offset(2)}; !slices.Equal(got, []uint64{math.MaxInt / 3, 2 * (math.MaxInt / 3), math.MaxInt}) {
+		t.Errorf("H = MaxInt, F = 3: offsets %v", got)
 	}
 }
 
