@@ -46,8 +46,8 @@ type Optimizer struct {
 	// LR is the learning rate: Nesterov's (0: 0.7) and SGD's (> 0, no
 	// default); None takes none (0).
 	LR float64
-	// Momentum is Nesterov's μ in [0, 1) (0: 0.9; so μ 0 is not
-	// Nesterov's to ask for: that is SGD); SGD and None take none (0).
+	// Momentum is Nesterov's μ in (0, 1) (0 means 0.9: μ 0 would be
+	// SGD's rule); SGD and None take none (0).
 	Momentum float64
 }
 

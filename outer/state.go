@@ -45,11 +45,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Save writes this rank's state to w: the configuration, the inner step
 // count, the global weights, the outer momentum, the syncs in flight and
-// every fragment engine's state (see the format above). Call it on every
-// rank at the same inner step, between Steps. A sync in flight is first
-// waited for (its exchange ends as it would at its finish; the wait is
-// bounded by Engine.Timeout) and its arrived average is saved, to be
-// applied at its finish step, so a run resumed from the state applies
+// every fragment engine's state (state.go specifies the format). Call it
+// on every rank at the same inner step, between Steps. A sync in flight
+// is first waited for (its exchange ends as it would at its finish; the
+// wait is bounded by Engine.Timeout) and its arrived average is saved, to
+// be applied at its finish step, so a run resumed from the state applies
 // exactly what the uninterrupted run applies. params are not saved: they
 // are the caller's to checkpoint, with its inner optimizer. A failed wait
 // breaks the Loop as in Step; a closed or broken Loop does not save. The
