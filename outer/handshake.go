@@ -3,7 +3,9 @@ package outer
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -19,11 +21,13 @@ const protocolVersion = 1
 // field is one entry of a configuration record.
 type field struct{ name, value string }
 
-// record is the canonical form of s that ranks compare at New and that a
-// state records: its fields in the order a mismatch is reported. The
-// handshake's adds OnNonFinite, a run-time policy a resumed run may
-// change.
-func (s *settings) record(handshake bool) []field {
+// record is the canonical form of s that a state records, in the order a
+// difference is reported: settings(false), then tensors().
+func (s *settings) record() []field { return append(s.settings(false), s.tensors()...) }
+
+// settings are the fields of s but the tensors'; the handshake's add
+// OnNonFinite, a run-time policy a resumed run may change.
+func (s *settings) settings(handshake bool) []field {
 	f := []field{
 		{"SyncEvery", strconv.Itoa(s.SyncEvery)},
 		{"Fragments", strconv.Itoa(s.Fragments)},
@@ -35,7 +39,13 @@ func (s *settings) record(handshake bool) []field {
 	if handshake {
 		f = append(f, field{"OnNonFinite", s.OnNonFinite.String()})
 	}
-	f = append(f, field{"tensors", strconv.Itoa(len(s.sizes))})
+	return f
+}
+
+// tensors are the fields of the tensors: their count, then each one's
+// elements, fragment and shape.
+func (s *settings) tensors() []field {
+	f := []field{{"tensors", strconv.Itoa(len(s.sizes))}}
 	for i, n := range s.sizes {
 		shape := "none"
 		if s.Shapes != nil {
@@ -104,38 +114,67 @@ func decodeRecord(b []byte) ([]field, error) {
 	return fs, nil
 }
 
-// handshake exchanges every rank's record (an all-gather of the lengths,
-// then of the records padded to the longest) and compares them with rank
-// 0's. A rank whose configuration is invalid (invalid, a *ConfigError)
-// sends only why, so that the others fail at once naming it, and gets its
-// own error. Each all-gather is bounded by timeout.
+// handshake compares every rank's configuration with rank 0's. It
+// all-gathers the settings and a digest of the tensors' fields (a model of
+// many tensors costs each rank a few bytes per rank, not its whole list);
+// only where the digests differ does a second all-gather of the tensors'
+// fields find which differs. A rank whose configuration is invalid
+// (invalid, a *ConfigError) sends only why, so that the others fail at
+// once naming it, and gets its own error. Each all-gather is bounded by
+// timeout.
 func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *settings, invalid *ConfigError) error {
 	rec := []field{{"invalid", ""}, {"protocol version", strconv.Itoa(protocolVersion)}}
 	if invalid != nil {
 		rec = []field{{"invalid", invalid.Reason}, {"invalid field", invalid.Field}}
 	} else {
-		rec = append(rec, s.record(true)...)
+		digest := sha256.Sum256(encodeRecord(s.tensors()))
+		rec = append(append(rec, s.settings(true)...), field{"tensors digest", hex.EncodeToString(digest[:])})
 	}
-	recs, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec))
+	recs, err := gatherRecords(ctx, c, timeout, rec)
 	if invalid != nil {
 		return invalid
 	}
 	if err != nil {
 		return err
 	}
-	decoded := make([][]field, len(recs))
-	for r, b := range recs {
-		fs, err := decodeRecord(b)
-		if err != nil || len(fs) < 2 || fs[0].name != "invalid" {
-			return fmt.Errorf("outer: handshake: rank %d sent an unreadable record (%v)", r, err)
+	for r, fs := range recs {
+		if len(fs) < 2 || fs[0].name != "invalid" {
+			return fmt.Errorf("outer: handshake: rank %d sent an unreadable record", r)
 		}
 		if fs[0].value != "" {
 			return &ConfigError{Rank: r, Field: fs[1].value, Reason: fs[0].value}
 		}
-		decoded[r] = fs
 	}
-	for r, fs := range decoded[1:] {
-		if name, mine, theirs, differ := firstDifference(fs, decoded[0]); differ {
+	err = compareRecords(recs)
+	if m, ok := err.(*ConfigMismatchError); !ok || m.Field != "tensors digest" {
+		return err
+	}
+	if recs, err = gatherRecords(ctx, c, timeout, s.tensors()); err != nil {
+		return err
+	}
+	return compareRecords(recs)
+}
+
+// gatherRecords all-gathers every rank's record rec.
+func gatherRecords(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field) ([][]field, error) {
+	all, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec))
+	if err != nil {
+		return nil, err
+	}
+	recs := make([][]field, len(all))
+	for r, b := range all {
+		if recs[r], err = decodeRecord(b); err != nil {
+			return nil, fmt.Errorf("outer: handshake: rank %d sent an unreadable record: %w", r, err)
+		}
+	}
+	return recs, nil
+}
+
+// compareRecords returns the first field, in order, on which the lowest
+// rank that differs from rank 0 differs, as a *ConfigMismatchError, or nil.
+func compareRecords(recs [][]field) error {
+	for r, fs := range recs[1:] {
+		if name, mine, theirs, differ := firstDifference(fs, recs[0]); differ {
 			return &ConfigMismatchError{Field: name, Rank: r + 1, Value: mine, OtherRank: 0, OtherValue: theirs}
 		}
 	}

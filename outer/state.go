@@ -19,9 +19,9 @@ import (
 //	world size (uint32), rank (uint32)
 //	the shared part's length (uint64), then the shared part, the same on
 //	  every rank:
-//	    the configuration record's length (uint32), the record (the
-//	      handshake's fields but OnNonFinite, as (uint32 length, bytes)
-//	      pairs of name and value: SyncEvery, Fragments, Delay, Alpha,
+//	    the configuration record's length (uint32), the record (fields
+//	      as (uint32 length, bytes) pairs of name and value, named as the
+//	      handshake names them: SyncEvery, Fragments, Delay, Alpha,
 //	      Optimizer, BucketElements, tensors, then per tensor its
 //	      elements, fragment and shape)
 //	    the inner step s (uint64)
@@ -88,7 +88,7 @@ func (l *Loop) Save(w io.Writer) error {
 
 // encodeShared is the shared part of the state.
 func (l *Loop) encodeShared() []byte {
-	rec := encodeRecord(l.s.record(false))
+	rec := encodeRecord(l.s.record())
 	b := binary.LittleEndian.AppendUint32(nil, uint32(len(rec)))
 	b = append(b, rec...)
 	b = binary.LittleEndian.AppendUint64(b, l.step)
@@ -309,7 +309,7 @@ func (l *Loop) parseShared(b []byte) (*state, error) {
 	if err != nil {
 		return nil, &StateError{Reason: "the configuration record", Err: err}
 	}
-	if name, saved, current, differ := firstDifference(rec, l.s.record(false)); differ {
+	if name, saved, current, differ := firstDifference(rec, l.s.record()); differ {
 		return nil, &StateError{Field: name, Saved: saved, Current: current}
 	}
 	st := &state{sharedBytes: b, step: rd.u64(), global: rd.floats(l.s.sizes),
