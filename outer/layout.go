@@ -12,18 +12,17 @@ type segment struct {
 
 // layout is how a fragment's tensors lie in its engine's buckets.
 type layout struct {
-	tensors []int             // the fragment's tensors, ascending
-	sizes   []int             // elements per bucket
-	segs    []segment         // in tensor order, then element order
-	shapes  [][]overlap.Shape // per bucket, its tensors' shapes (nil without Config.Shapes)
+	sizes  []int             // elements per bucket
+	segs   []segment         // in tensor order, then element order
+	shapes [][]overlap.Shape // per bucket, its tensors' shapes (nil without Config.Shapes)
 }
 
 // layOut lays fragment f's tensors, in order, into buckets of at most
-// limit elements: each tensor joins the current bucket when it fits, else
-// starts the next one; a tensor larger than limit fills buckets of its own
-// (split, unless shapes are given: then it is one bucket, since PowerSGD
+// BucketElements elements: each tensor joins the current bucket when it
+// fits, else starts the next one; a larger tensor fills buckets of its own
+// (split, unless Shapes are given: then it is one bucket, since PowerSGD
 // needs whole matrices), its last piece starting the bucket later tensors
-// join. Empty tensors take no place.
+// join.
 func layOut(s *settings, f int) layout {
 	var l layout
 	fill := 0 // elements in the current bucket, the last of l.sizes
@@ -35,11 +34,7 @@ func layOut(s *settings, f int) layout {
 		fill = 0
 	}
 	for t, n := range s.sizes {
-		if s.fragmentOf[t] != f {
-			continue
-		}
-		l.tensors = append(l.tensors, t)
-		if n == 0 {
+		if s.fragmentOf[t] != f || n == 0 { // empty tensors take no place
 			continue
 		}
 		if len(l.sizes) == 0 || fill+n > s.BucketElements && fill > 0 {
