@@ -11,9 +11,11 @@ import (
 )
 
 // DefaultCodecs is the codec list the gradcomp CLI measures by default: every
-// codec at its usual setting, and the lossless stages on the two bodies they
-// target (top-k indices, 4-bit codes).
+// codec at its usual setting, SparseLoCo's chunked top-k with 2-bit values,
+// and the lossless stages on the two bodies they target (top-k indices,
+// 4-bit codes).
 const DefaultCodecs = "none,fp16,bf16,topk:0.01,topk:0.01:sampled,randomk:0.01,int8,int4,int2,sign," +
+	"topk:0.02:chunk=4096:bits=2," +
 	"topk:0.01:lossless=zstd,topk:0.01:lossless=huff0,int4:lossless=zstd,int4:lossless=huff0"
 
 // DefaultSizes is the size list the gradcomp CLI measures by default: one

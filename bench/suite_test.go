@@ -112,6 +112,19 @@ func TestRunSampledTopKRecall(t *testing.T) {
 	}
 }
 
+// TestRunChunkedTopK: SparseLoCo's setting, 4096-element chunks at 2%
+// with 2-bit values, is 256 chunks of 8 + 123 + 21 bytes at 1M elements.
+func TestRunChunkedTopK(t *testing.T) {
+	requireCodecs(t, "topk")
+	rs, err := Run(context.Background(), quick([]string{"topk:0.02:chunk=4096:bits=2"}, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := float64(4<<20) / float64(compress.HeaderLen+256*(8+123+21)+compress.TrailerLen); rs[0].Ratio != want || rs[0].RelL2Error <= 0 || rs[0].RelL2Error >= 1 {
+		t.Errorf("ratio %g (want %g), error %g", rs[0].Ratio, want, rs[0].RelL2Error)
+	}
+}
+
 // TestRunCodecError feeds fp16 a value it cannot hold: the run goes on and
 // the failed cell carries the codec's error.
 func TestRunCodecError(t *testing.T) {

@@ -120,6 +120,7 @@ var benchSpecs = []string{
 	"topk:0.01", "topk:0.01:sampled", "randomk:0.01",
 	"int8", "int4", "int2", "int8:round=nearest", "sign",
 	"topk:0.01:lossless=zstd", "int4:lossless=huff0",
+	"topk:0.02:chunk=4096", "topk:0.02:chunk=4096:bits=2", // SparseLoCo's
 }
 
 // BenchmarkCodec measures every spec of benchSpecs (sub-benchmark names are
@@ -189,7 +190,8 @@ func relL2(x, y []float32) float64 {
 // the payload and the new residual) of the quantizers, sign, top-k and
 // random-k, one goroutine, paired with a copy like BenchmarkCodec.
 func BenchmarkFeedback(b *testing.B) {
-	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign", "fp16", "bf16", "topk:0.01", "topk:0.01:sampled", "randomk:0.01"} {
+	for _, spec := range []string{"int8", "int4", "int8:round=nearest", "sign", "fp16", "bf16", "topk:0.01", "topk:0.01:sampled", "randomk:0.01",
+		"topk:0.02:chunk=4096", "topk:0.02:chunk=4096:bits=2"} {
 		b.Run(spec, func(b *testing.B) {
 			forSizes(b, func(b *testing.B, n int) {
 				g := benchGradient(n)
@@ -213,7 +215,7 @@ func BenchmarkFeedback(b *testing.B) {
 // BenchmarkDecompressAverage times DecompressAverage of 4 payloads (the
 // rank average of a 4-rank all-gather) into n elements.
 func BenchmarkDecompressAverage(b *testing.B) {
-	for _, spec := range []string{"int8", "sign", "fp16", "topk:0.01"} {
+	for _, spec := range []string{"int8", "sign", "fp16", "topk:0.01", "topk:0.02:chunk=4096:bits=2"} {
 		b.Run(spec, func(b *testing.B) {
 			forSizes(b, func(b *testing.B, n int) {
 				c := mustParse(b, spec, WithWorkers(1))

@@ -7,6 +7,8 @@
 //	none                       fp32, as is
 //	fp16 | bf16                half precision, round to nearest even
 //	topk:RATIO[:sampled]       the k = round(RATIO·n) largest magnitudes
+//	topk:RATIO:chunk=C[:bits=B] the same in each chunk of C elements, the
+//	                           kept values at B = 2, 4 or 8 bits (SparseLoCo)
 //	randomk:RATIO              k indices drawn from (seed, step, bucket)
 //	int8 | int4 | int2         per-bucket min-max quantization
 //	sign                       1 bit per element, per-bucket scale mean|x|
@@ -31,7 +33,7 @@ const (
 	CodecNone    Codec = 1 // fp32 values
 	CodecFP16    Codec = 2 // IEEE binary16 values
 	CodecBF16    Codec = 3 // bfloat16 values
-	CodecTopK    Codec = 4 // ascending uint32 indices, then float32 values
+	CodecTopK    Codec = 4 // ascending uint32 indices, then float32 values; chunked: see chunkTopK
 	CodecRandomK Codec = 5 // float32 values at indices derived from the header
 	CodecInt8    Codec = 6 // per-bucket (min, scale), then 8-bit codes
 	CodecInt4    Codec = 7 // per-bucket (min, scale), then 4-bit codes

@@ -33,14 +33,20 @@ func FuzzDecompress(f *testing.F) {
 	})
 }
 
-// decoderFamilies groups the codecs by decoder: each family has its own
+// decoderFamilies groups the specs by decoder: each family has its own
 // resealed fuzz target, so that each keeps its own corpus.
-var decoderFamilies = map[string][]compress.Codec{
-	"FuzzResealedDense":   {compress.CodecNone, compress.CodecFP16, compress.CodecBF16},
-	"FuzzResealedTopK":    {compress.CodecTopK},
-	"FuzzResealedRandomK": {compress.CodecRandomK},
-	"FuzzResealedQuant":   {compress.CodecInt8, compress.CodecInt4, compress.CodecInt2},
-	"FuzzResealedSign":    {compress.CodecSign},
+var decoderFamilies = map[string]func(s compress.Spec) bool{
+	"FuzzResealedDense":     codecsOf(compress.CodecNone, compress.CodecFP16, compress.CodecBF16),
+	"FuzzResealedTopK":      func(s compress.Spec) bool { return s.Codec == compress.CodecTopK && s.Chunk == 0 },
+	"FuzzResealedChunkTopK": func(s compress.Spec) bool { return s.Codec == compress.CodecTopK && s.Chunk != 0 },
+	"FuzzResealedRandomK":   codecsOf(compress.CodecRandomK),
+	"FuzzResealedQuant":     codecsOf(compress.CodecInt8, compress.CodecInt4, compress.CodecInt2),
+	"FuzzResealedSign":      codecsOf(compress.CodecSign),
+}
+
+// codecsOf returns the family of the specs of the codecs cs.
+func codecsOf(cs ...compress.Codec) func(s compress.Spec) bool {
+	return func(s compress.Spec) bool { return slices.Contains(cs, s.Codec) }
 }
 
 // fuzzResealed fixes the body length and the checksum of each mutated
@@ -50,17 +56,17 @@ func fuzzResealed(f *testing.F, name string) {
 	family := decoderFamilies[name]
 	registered := false
 	for _, spec := range compresstest.DefaultSpecs {
-		if c, err := compress.Parse(spec); err == nil && slices.Contains(family, c.Codec()) {
+		if c, err := compress.Parse(spec); err == nil && family(c.Spec()) {
 			registered = true
 		}
 	}
 	if !registered {
-		f.Skipf("no codec of %v is registered in this build", family)
+		f.Skipf("no spec of %s's family is registered in this build", name)
 	}
 	f.Fuzz(func(t *testing.T, spec string, payload []byte) {
 		c, err := compress.Parse(spec)
-		if err != nil || !slices.Contains(family, c.Codec()) {
-			t.Skipf("%q is not a spec of %v", spec, family)
+		if err != nil || !family(c.Spec()) {
+			t.Skipf("%q is not a spec of %s's family", spec, name)
 		}
 		p := bytes.Clone(payload)
 		compresstest.Reseal(p)
@@ -68,11 +74,15 @@ func fuzzResealed(f *testing.F, name string) {
 	})
 }
 
-func FuzzResealedDense(f *testing.F)   { fuzzResealed(f, "FuzzResealedDense") }
-func FuzzResealedTopK(f *testing.F)    { fuzzResealed(f, "FuzzResealedTopK") }
-func FuzzResealedRandomK(f *testing.F) { fuzzResealed(f, "FuzzResealedRandomK") }
-func FuzzResealedQuant(f *testing.F)   { fuzzResealed(f, "FuzzResealedQuant") }
-func FuzzResealedSign(f *testing.F)    { fuzzResealed(f, "FuzzResealedSign") }
+func FuzzResealedDense(f *testing.F) { fuzzResealed(f, "FuzzResealedDense") }
+func FuzzResealedTopK(f *testing.F)  { fuzzResealed(f, "FuzzResealedTopK") }
+
+// FuzzResealedChunkTopK covers chunked top-k's decoder: packed indices per
+// chunk, float32 values or the codes of bits= with their chunk headers.
+func FuzzResealedChunkTopK(f *testing.F) { fuzzResealed(f, "FuzzResealedChunkTopK") }
+func FuzzResealedRandomK(f *testing.F)   { fuzzResealed(f, "FuzzResealedRandomK") }
+func FuzzResealedQuant(f *testing.F)     { fuzzResealed(f, "FuzzResealedQuant") }
+func FuzzResealedSign(f *testing.F)      { fuzzResealed(f, "FuzzResealedSign") }
 
 // FuzzLoad feeds arbitrary bytes to ErrorFeedback.Load: it fails with a typed
 // error leaving the memory as it was, or succeeds with a state that Save and
@@ -115,7 +125,8 @@ func FuzzParse(f *testing.F) {
 		f.Add(s)
 	}
 	for _, s := range []string{"", ":", "topk:1.5", "topk:0x1p-3", "int8:bucket=0", "none:lossless=zstd:lossless=zstd",
-		"randomk:0.1:seed=0xffffffffffffffff", "topk:lossless=zstd:0.1", "sign:bucket=1:lossless=huff0"} {
+		"randomk:0.1:seed=0xffffffffffffffff", "topk:lossless=zstd:0.1", "sign:bucket=1:lossless=huff0",
+		"topk:0.1:bits=2", "topk:0.1:chunk=64:round=nearest", "topk:0.1:sampled:chunk=64", "topk:0.02:chunk=65536:bits=8:seed=0x9"} {
 		f.Add(s)
 	}
 	x := []float32{0.5, -1.25, 3, 0.01, -7, 2.5, 0.125, -0.75, 1, 4}
@@ -164,7 +175,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 			file := corpusFile(spec, p)
 			seeds["FuzzDecompress"] = append(seeds["FuzzDecompress"], file)
 			for name, family := range decoderFamilies {
-				if slices.Contains(family, c.Codec()) {
+				if family(c.Spec()) {
 					seeds[name] = append(seeds[name], file)
 				}
 			}

@@ -21,14 +21,22 @@ type Spec struct {
 	// Sampled makes top-k select by a threshold estimated from a sample
 	// instead of exactly.
 	Sampled bool
+	// Chunk makes top-k select within each chunk of Chunk consecutive
+	// elements on its own, in [MinTopKChunk, MaxTopKChunk]; 0 selects over
+	// the whole input (see chunkTopK).
+	Chunk int
+	// Bits is the width of the values chunked top-k keeps: 2, 4 or 8
+	// (sign and magnitude, the magnitude quantized per chunk); 0 keeps
+	// them as float32.
+	Bits int
 	// Bucket is the elements per scale of int8, int4, int2 and sign; 0 is
 	// the default, 512.
 	Bucket int
-	// Nearest makes int8, int4 and int2 round to nearest instead of
-	// stochastically.
+	// Nearest makes int8, int4, int2 and top-k's Bits round to nearest
+	// instead of stochastically.
 	Nearest bool
-	// Seed seeds random-k's indices, the quantizers' stochastic rounding
-	// and PowerSGD's initial Q.
+	// Seed seeds random-k's indices, the stochastic rounding of the
+	// quantizers and of top-k's Bits, and PowerSGD's initial Q.
 	Seed uint64
 	// Rank is PowerSGD's R, the rank of each matrix's approximation (≥ 1;
 	// clamped per matrix to its smaller side).
@@ -45,11 +53,13 @@ type Spec struct {
 }
 
 // The fields of a Spec, as a set: which ones a codec uses.
-type specFields uint8
+type specFields uint16
 
 const (
 	fieldRatio specFields = 1 << iota
 	fieldSampled
+	fieldChunk
+	fieldBits
 	fieldBucket
 	fieldNearest
 	fieldSeed
@@ -69,6 +79,10 @@ type codecDef struct {
 	// engineOnly is why New refuses the codec: it has no payload of its
 	// own, only an exchange (overlap's), e.g. PowerSGD's two all-reduces.
 	engineOnly string
+	// check reports why the fields a codec uses do not go together (a
+	// reason, which Validate and ParseSpec wrap in a *SpecError), or nil;
+	// nil for a codec without such rules.
+	check func(s Spec) error
 }
 
 // codecDefs holds every codec's definition, registered from init.
@@ -110,6 +124,10 @@ func CodecNames() []string {
 //
 //	none | fp16 | bf16
 //	topk:RATIO[:sampled]         RATIO in (0,1]; k = max(1, round(RATIO·n))
+//	topk:RATIO:chunk=C           k = max(1, round(RATIO·c)) per chunk of c ≤ C
+//	  [:bits=32|2|4|8]           elements, C in [64, 65536]; bits: the kept
+//	  [:round=stochastic|nearest] values' width (32: float32, the default),
+//	  [:seed=S]                  round and seed only with bits 2, 4 or 8
 //	randomk:RATIO[:seed=S]       same k; indices from (S, Key)
 //	int8 | int4 | int2           [:bucket=N (512)][:round=stochastic|nearest][:seed=S]
 //	sign                         [:bucket=N (512)]
@@ -130,6 +148,9 @@ func ParseSpec(spec string) (Spec, error) {
 	s := Spec{Codec: id}
 	if d := codecDefs[id]; d.parse != nil {
 		err = d.parse(a, &s)
+		if err == nil && d.check != nil {
+			err = d.check(s)
+		}
 	}
 	if err == nil {
 		s.Lossless, err = a.lossless()
@@ -158,6 +179,12 @@ func (s Spec) String() string {
 	}
 	if s.Bucket != 0 {
 		parts = append(parts, "bucket="+strconv.Itoa(s.Bucket))
+	}
+	if s.Chunk != 0 {
+		parts = append(parts, "chunk="+strconv.Itoa(s.Chunk))
+	}
+	if s.Bits != 0 {
+		parts = append(parts, "bits="+strconv.Itoa(s.Bits))
 	}
 	if s.Nearest {
 		parts = append(parts, "round=nearest")
@@ -189,7 +216,10 @@ func (s Spec) BucketLen() int {
 // Validate reports why s is not a configuration New accepts (a
 // *SpecError), or nil: an unknown codec or lossless stage, a field the
 // codec does not use that is not zero, a ratio that is not a normal
-// number in (0, 1], or a bucket outside [0, 16777216].
+// number in (0, 1], a bucket outside [0, 16777216], or top-k options that
+// do not go together (a chunk outside [MinTopKChunk, MaxTopKChunk], bits
+// other than 2, 4 or 8, bits without a chunk, sampled with a chunk,
+// round=nearest or a seed without bits).
 func (s Spec) Validate() error {
 	d, ok := codecDefs[s.Codec]
 	if !ok {
@@ -204,6 +234,7 @@ func (s Spec) Validate() error {
 		set   bool
 	}{
 		{fieldRatio, "Ratio", s.Ratio != 0}, {fieldSampled, "Sampled", s.Sampled}, {fieldBucket, "Bucket", s.Bucket != 0},
+		{fieldChunk, "Chunk", s.Chunk != 0}, {fieldBits, "Bits", s.Bits != 0},
 		{fieldNearest, "Nearest", s.Nearest}, {fieldSeed, "Seed", s.Seed != 0},
 		{fieldRank, "Rank", s.Rank != 0}, {fieldCold, "Cold", s.Cold}, {fieldMinCompression, "MinCompression", s.MinCompression != 0},
 	} {
@@ -222,6 +253,11 @@ func (s Spec) Validate() error {
 		return bad("bucket %d is not in [1, %d] (or 0, the default)", s.Bucket, maxQuantBucket)
 	case s.Lossless > LosslessHuff0:
 		return bad("unknown lossless stage %v", s.Lossless)
+	}
+	if d.check != nil {
+		if err := d.check(s); err != nil {
+			return bad("%v", err)
+		}
 	}
 	return nil
 }

@@ -2,21 +2,80 @@ package compress
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 )
 
 func init() {
 	registerCodec(CodecTopK, codecDef{
-		uses: fieldRatio | fieldSampled,
-		parse: func(a *specArgs, s *Spec) (err error) {
-			s.Ratio, err = a.ratio()
-			s.Sampled = err == nil && a.flag("sampled")
-			return err
+		uses:  fieldRatio | fieldSampled | fieldChunk | fieldBits | fieldNearest | fieldSeed,
+		parse: parseTopK,
+		check: checkTopK,
+		build: func(s Spec) codec {
+			if s.Chunk != 0 {
+				return newChunkTopK(s)
+			}
+			return topkCodec{ratio: s.Ratio, sampled: s.Sampled}
 		},
-		build: func(s Spec) codec { return topkCodec{ratio: s.Ratio, sampled: s.Sampled} },
 	})
+}
+
+// parseTopK reads top-k's arguments: the ratio, "sampled", and the
+// options chunk, bits, and, with bits, round and seed.
+func parseTopK(a *specArgs, s *Spec) (err error) {
+	if s.Ratio, err = a.ratio(); err != nil {
+		return err
+	}
+	s.Sampled = a.flag("sampled")
+	chunk, err := a.intOption("chunk", 0, MinTopKChunk, MaxTopKChunk)
+	if err != nil {
+		return err
+	}
+	s.Chunk = int(chunk)
+	bits, err := a.enumOption("bits", "32", "2", "4", "8")
+	if err != nil {
+		return err
+	}
+	if bits != "32" {
+		s.Bits, _ = strconv.Atoi(bits)
+	}
+	if s.Bits == 0 {
+		for _, name := range []string{"round", "seed"} {
+			if _, given := a.options[name]; given {
+				return fmt.Errorf("option %s applies only to the quantized values of bits=2|4|8, and the kept values are float32 here", name)
+			}
+		}
+		return nil
+	}
+	round, err := a.enumOption("round", "stochastic", "nearest")
+	if err != nil {
+		return err
+	}
+	s.Nearest = round == "nearest"
+	s.Seed, err = a.uintOption("seed")
+	return err
+}
+
+// checkTopK reports why top-k's fields do not go together, or nil.
+func checkTopK(s Spec) error {
+	switch {
+	case s.Chunk != 0 && (s.Chunk < MinTopKChunk || s.Chunk > MaxTopKChunk):
+		return fmt.Errorf("chunk %d is not in [%d, %d] (or 0: one selection over the whole input)", s.Chunk, MinTopKChunk, MaxTopKChunk)
+	case s.Bits != 0 && s.Bits != 2 && s.Bits != 4 && s.Bits != 8:
+		return fmt.Errorf("bits %d is not 2, 4 or 8 (or 0: float32 values)", s.Bits)
+	case s.Chunk != 0 && s.Sampled:
+		return errors.New("sampled does not apply with chunk=C: each chunk's selection is exact already")
+	case s.Bits != 0 && s.Chunk == 0:
+		return fmt.Errorf("bits=%d needs chunk=C: the kept values are scaled chunk by chunk", s.Bits)
+	case s.Bits == 0 && s.Nearest:
+		return errors.New("round=nearest applies only to the quantized values of bits=2|4|8")
+	case s.Bits == 0 && s.Seed != 0:
+		return errors.New("a seed applies only to the stochastic rounding of bits=2|4|8")
+	}
+	return nil
 }
 
 // sparseK returns how many elements a sparsifying codec keeps out of n:
@@ -29,8 +88,8 @@ func sparseK(ratio float64, n int) int {
 }
 
 // topkCodec keeps the k = sparseK(ratio, n) elements of largest magnitude
-// (spec topk:RATIO[:sampled]). Header: parameter A = k, parameter B = 0,
-// seed 0. Body: k uint32 indices, strictly ascending, then the k float32
+// (spec topk:RATIO[:sampled]; with chunk=C it is chunkTopK). Header:
+// parameter A = k, parameter B = 0, seed 0. Body: k uint32 indices, strictly ascending, then the k float32
 // values at those indices, all little-endian (8k bytes).
 //
 // The reference semantics, which every backend must reproduce bit for bit:

@@ -17,7 +17,9 @@ import (
 //	7      1    flags: bits 0-1 lossless stage (Lossless), bits 2-7 zero
 //	8      8    element count n (≤ MaxElements)
 //	16     4    parameter A: k (topk, randomk) or bucket size (int8/4/2, sign)
-//	20     4    parameter B: codec-specific (quantization: rounding mode)
+//	20     4    parameter B: codec-specific (quantization: rounding mode;
+//	            topk: 0, or with chunk=C its chunk and value layout, see
+//	            chunkTopK: C in bits 0-16, bits=B in 24-27, nearest bit 28)
 //	24     8    seed
 //	32     8    Key.Bucket
 //	40     8    Key.Step
@@ -27,7 +29,9 @@ import (
 //
 // The body layout of each codec is documented on its type. Without a lossless
 // stage its length is a function of n and the parameters alone, which is what
-// lets collectives use fixed-size buffers.
+// lets collectives use fixed-size buffers. A layout a codec gained later has
+// parameters an earlier decoder refuses (a *PayloadMismatchError): chunked
+// top-k's parameter B is nonzero, and version 1 top-k decoders want 0.
 const (
 	wireMagic   = "GCMP"
 	wireVersion = 1
@@ -412,7 +416,7 @@ func (c *compressor) open(payload []byte, n int) (*header, []byte, error) {
 	case h.paramA != a:
 		return nil, nil, &PayloadMismatchError{Field: "parameter A (k or bucket size)", Got: fmt.Sprint(h.paramA), Want: fmt.Sprint(a)}
 	case h.paramB != b:
-		return nil, nil, &PayloadMismatchError{Field: "parameter B (rounding mode)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
+		return nil, nil, &PayloadMismatchError{Field: "parameter B (rounding mode, or top-k's chunk layout)", Got: fmt.Sprint(h.paramB), Want: fmt.Sprint(b)}
 	case h.seed != c.impl.seed():
 		return nil, nil, &PayloadMismatchError{Field: "seed", Got: fmt.Sprint(h.seed), Want: fmt.Sprint(c.impl.seed())}
 	}
@@ -455,7 +459,7 @@ type Header struct {
 	Lossless Lossless // the lossless stage the body went through
 	Elements int      // element count n
 	ParamA   uint32   // k (topk, randomk) or the quantization bucket size (int8/4/2, sign)
-	ParamB   uint32   // codec-specific: the rounding mode of int8/4/2
+	ParamB   uint32   // codec-specific: the rounding mode of int8/4/2, top-k's chunk layout
 	Seed     uint64
 	Key      Key
 }

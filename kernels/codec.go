@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/gpu"
@@ -35,10 +36,16 @@ const (
 )
 
 // NewCodec returns the device codec of spec (which compress.New
-// validates). It needs no GPU.
+// validates). It needs no GPU. A spec the kernels do not implement is an
+// *ArgumentError that names the options: top-k's chunk= and bits=
+// (chunked top-k, SparseLoCo's compressor) run on the CPU only, in package
+// compress; the device never writes a payload of another layout instead.
 func NewCodec(spec compress.Spec) (*Codec, error) {
 	ref, err := compress.New(spec, compress.WithWorkers(1))
 	if err != nil {
+		return nil, err
+	}
+	if err := deviceSupports(ref.Spec()); err != nil {
 		return nil, err
 	}
 	c := &Codec{ref: ref, codec: ref.Codec(), bucket: 512}
@@ -59,6 +66,31 @@ func NewCodec(spec compress.Spec) (*Codec, error) {
 	s := ref.Spec()
 	c.bucket, c.nearest, c.seed, c.sampled = s.BucketLen(), s.Nearest, s.Seed, s.Sampled
 	return c, nil
+}
+
+// deviceSupports returns the *ArgumentError for a valid spec whose options
+// have no device kernels, or nil.
+func deviceSupports(s compress.Spec) error {
+	var opts []string
+	if s.Chunk != 0 {
+		opts = append(opts, fmt.Sprintf("chunk=%d", s.Chunk))
+	}
+	if s.Bits != 0 {
+		opts = append(opts, fmt.Sprintf("bits=%d", s.Bits))
+	}
+	if len(opts) == 0 {
+		return nil
+	}
+	return &ArgumentError{Op: "NewCodec(" + s.String() + ")", Reason: fmt.Sprintf("%s %s of %s: not supported on the device "+
+		"(chunked top-k runs on the CPU only, in package compress)", plural(len(opts), "option", "options"), strings.Join(opts, " and "), s.Codec)}
+}
+
+// plural returns one or many by n.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // codecOf returns the device codec of a spec string.

@@ -51,8 +51,38 @@ func fakeArgs(c *Codec, n int, ef bool) EncodeArgs {
 	return a
 }
 
-// allSpecs is every spec of the conformance suite plus the sampled path.
-var allSpecs = append([]string{"topk:0.001:sampled", "int8:bucket=3", "sign:bucket=7"}, compresstest.DefaultSpecs...)
+// allSpecs is every spec of the conformance suite the kernels implement
+// plus the sampled path: chunked top-k, which NewCodec refuses
+// (TestNewCodecRefusesChunkedTopK), is left out.
+var allSpecs = append([]string{"topk:0.001:sampled", "int8:bucket=3", "sign:bucket=7"}, deviceSpecs(compresstest.DefaultSpecs)...)
+
+// deviceSpecs returns specs less those of chunked top-k.
+func deviceSpecs(specs []string) []string {
+	var out []string
+	for _, spec := range specs {
+		if s, err := compress.ParseSpec(spec); err != nil || s.Chunk == 0 {
+			out = append(out, spec)
+		}
+	}
+	return out
+}
+
+// TestNewCodecRefusesChunkedTopK checks that top-k's chunk= and bits=,
+// which have no kernels, are an *ArgumentError naming them, never a codec
+// that would write another layout.
+func TestNewCodecRefusesChunkedTopK(t *testing.T) {
+	for spec, want := range map[string]string{
+		"topk:0.02:chunk=4096":                   "option chunk=4096 of topk: not supported on the device",
+		"topk:0.02:chunk=4096:bits=2":            "options chunk=4096 and bits=2 of topk: not supported on the device",
+		"topk:0.1:chunk=64:bits=8:round=nearest": "options chunk=64 and bits=8 of topk",
+	} {
+		c, err := codecOf(spec)
+		var ae *ArgumentError
+		if c != nil || !errors.As(err, &ae) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), spec) {
+			t.Errorf("codecOf(%q) = %v, %v; want an *ArgumentError saying %q", spec, c, err, want)
+		}
+	}
+}
 
 // TestPlansMatchPTX checks every launch the encoders and decoders build,
 // for every spec and a range of lengths (including the sampled top-k path

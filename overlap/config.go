@@ -34,7 +34,8 @@ type Config struct {
 	Momentum float64
 	// MomentumMasking is DGC's momentum factor masking (needs Momentum):
 	// after a compressed payload of a sparse codec (top-k, random-k) was
-	// delivered, u is zeroed at the coordinates it sent. Off by default:
+	// delivered, u is zeroed at the coordinates it sent. Top-k with bits=
+	// (quantized values) is refused with it. Off by default:
 	// on scripts/digits-momentum.py's MLP (4 ranks, 10 epochs, seeds 1–3)
 	// top-k 1 % with momentum correction and a compression warm-up ended
 	// 1.67 points below dense with masking and 0.09 above without; see

@@ -217,6 +217,17 @@ func newCore(host comm.Comm, cfg Config, sizes []int, t timing, strategyFor func
 	return c, c.configure(sizes, strategyFor)
 }
 
+// checkMasking refuses Config.MomentumMasking with a top-k spec whose
+// kept values are quantized (bits=): its payload is not its input at the
+// indices it sends (not a compress.SparseCompressor), so the memory's
+// CommitMasked would mask nothing.
+func checkMasking(cfg Config, s compress.Spec) error {
+	if cfg.MomentumMasking && s.Bits != 0 {
+		return fmt.Errorf("MomentumMasking with spec %s: masking needs a payload that is its input at the indices it sends (top-k without bits=, random-k), and bits=%d quantizes them", s, s.Bits)
+	}
+	return nil
+}
+
 func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec, int) (Strategy, error)) error {
 	cfg := c.cfg
 	if err := checkConfig(cfg, sizes, c.size); err != nil {
@@ -228,6 +239,9 @@ func (c *core) configure(sizes []int, strategyFor func(Strategy, compress.Codec,
 	}
 	if comp.Spec().Lossless != compress.LosslessNone {
 		return fmt.Errorf("spec %s: a lossless stage makes payload lengths vary, and every strategy exchanges fixed-size slots", comp.Spec())
+	}
+	if err := checkMasking(cfg, comp.Spec()); err != nil {
+		return err
 	}
 	c.spec = comp.Spec().String()
 	codec := comp.Codec()

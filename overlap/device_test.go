@@ -532,6 +532,27 @@ func TestDeviceEngineConfig(t *testing.T) {
 	}
 }
 
+// TestDeviceEngineRefusesChunkedTopK: top-k's chunk= and bits= have no
+// device kernels, so NewDevice refuses them with a *ConfigError that names
+// the options, before any kernel (fakegpu's CPU codecs included) runs.
+func TestDeviceEngineRefusesChunkedTopK(t *testing.T) {
+	for spec, want := range map[string]string{
+		"topk:0.02:chunk=4096:bits=2": "options chunk=4096 and bits=2 of topk: not supported on the device",
+		"topk:0.1:chunk=64":           "option chunk=64 of topk: not supported on the device",
+	} {
+		for _, cfg := range []Config{
+			{Spec: spec, ErrorFeedback: true, Decision: DecideCompressed},
+			{Spec: "topk:0.01", Schedule: []Phase{{Spec: spec, Steps: 5}}},
+		} {
+			_, errs := newDevRig(t, []int{10000}, []Config{cfg}, time.Second)
+			var ce *ConfigError
+			if !errors.As(errs[0], &ce) || !strings.Contains(errs[0].Error(), want) {
+				t.Errorf("%+v: %v, want a *ConfigError saying %q", cfg, errs[0], want)
+			}
+		}
+	}
+}
+
 // TestDeviceEngineCheckpoint saves the device engines' state after two
 // steps and loads it into new device engines and into CPU engines of the
 // same strategy: the third step of all three must be bit for bit the same

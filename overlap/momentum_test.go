@@ -2,6 +2,7 @@ package overlap
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -307,6 +308,38 @@ func TestRandomKAdvice(t *testing.T) {
 		mustNoErrors(t, c.spec, errs)
 		if got := strings.Contains(stats[0].Buckets[0].Reason, "caution: random-k"); got != c.warn {
 			t.Errorf("%s: reason %q; caution %v, want %v", c.spec, stats[0].Buckets[0].Reason, got, c.warn)
+		}
+	}
+}
+
+// TestMomentumMaskingQuantizedTopK: top-k with bits= sends quantized
+// values, so its memory has no index set to mask with: MomentumMasking is
+// a *ConfigError with it (as Spec or as a schedule phase), momentum
+// correction alone and chunked top-k with float32 values are not.
+func TestMomentumMaskingQuantizedTopK(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		fail bool
+	}{
+		{Config{Spec: "topk:0.05:chunk=64:bits=2", Momentum: 0.5, MomentumMasking: true}, true},
+		{Config{Spec: "topk:0.01", Momentum: 0.5, MomentumMasking: true, Schedule: []Phase{{Spec: "topk:0.05:chunk=64:bits=2", Steps: 3}}}, true},
+		{Config{Spec: "topk:0.05:chunk=64:bits=2", Momentum: 0.5}, false},
+		{Config{Spec: "topk:0.05:chunk=64", Momentum: 0.5, MomentumMasking: true}, false},
+	} {
+		tc.cfg.ErrorFeedback, tc.cfg.Decision = true, DecideCompressed
+		errs := onRanks(group(t, 1), func(_ int, c comm.Comm) error {
+			e, err := New(context.Background(), c, []int{300}, tc.cfg)
+			if err == nil {
+				e.Close()
+			}
+			return err
+		})
+		var ce *ConfigError
+		switch {
+		case tc.fail && (!errors.As(errs[0], &ce) || !strings.Contains(errs[0].Error(), "MomentumMasking with spec topk:0.05:chunk=64:bits=2")):
+			t.Errorf("%+v: %v, want a *ConfigError about MomentumMasking", tc.cfg, errs[0])
+		case !tc.fail && errs[0] != nil:
+			t.Errorf("%+v: %v", tc.cfg, errs[0])
 		}
 	}
 }

@@ -73,6 +73,9 @@ func (c *core) configurePhases(target compress.Compressor, strategyFor func(Stra
 		case st != c.strategy:
 			return fmt.Errorf("schedule phase %d (%s) takes strategy %v, Spec %s takes %v: a schedule keeps one strategy", i, comp.Spec(), st, target.Spec(), c.strategy)
 		}
+		if err := checkMasking(c.cfg, comp.Spec()); err != nil {
+			return fmt.Errorf("schedule phase %d: %w", i, err)
+		}
 		end += uint64(p.Steps)
 		mem1, mem2 := c.memories(comp)
 		c.phases = append(c.phases, phase{end: end, spec: comp.Spec().String(), comp: comp, mem1: mem1, mem2: mem2})

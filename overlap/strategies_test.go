@@ -178,6 +178,9 @@ func TestStrategiesMatchReference(t *testing.T) {
 		{"int2:round=nearest", StrategyQuantSRA, StrategyQuantSRA},
 		{"sign:bucket=32", StrategyAuto, StrategyQuantSRA},
 		{"int8", StrategySparseGather, StrategySparseGather},
+		{"topk:0.05:chunk=64:bits=2", StrategyAuto, StrategySparseGather},
+		{"topk:0.1:chunk=100", StrategyAuto, StrategySparseGather},
+		{"topk:0.1:chunk=64:bits=4:round=nearest", StrategyQuantSRA, StrategyQuantSRA},
 	}
 	sizes := []int{700, 3, 1025}
 	const steps = 3

@@ -13,7 +13,8 @@ type Strategy int
 // The strategies.
 const (
 	// StrategyAuto picks from the codec: none, fp16, bf16 → StrategyDense;
-	// randomk → StrategySharedIndex; topk → StrategySparseGather;
+	// randomk → StrategySharedIndex; topk (chunk= and bits= included: its
+	// payload's size is fixed by n too) → StrategySparseGather;
 	// powersgd → StrategyLowRank; int8, int4, int2, sign →
 	// StrategyQuantSRA, or StrategyQuantAllGather with two ranks or fewer (the same volume in one collective, without the
 	// second quantization). On a comm that places the ranks on two nodes

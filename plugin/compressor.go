@@ -29,12 +29,11 @@ func newCompressor(spec string, workers int) (*compressor, error) {
 		undo()
 		return nil, err
 	}
-	codec, err := kernels.NewCodec(c.Spec())
-	if err != nil {
-		undo()
-		return nil, err
-	}
-	return &compressor{c: c, codec: codec, ef: compress.NewErrorFeedback(c), pending: map[uint64]settler{}}, nil
+	// compress.Parse took the spec, so all NewCodec can refuse is an
+	// option the kernels lack (chunked top-k): the host calls work, the
+	// device calls return the refusal (checkDeviceSpec).
+	codec, deviceErr := kernels.NewCodec(c.Spec())
+	return &compressor{c: c, codec: codec, deviceErr: deviceErr, ef: compress.NewErrorFeedback(c), pending: map[uint64]settler{}}, nil
 }
 
 // checkFlags validates gc_compress's flags.

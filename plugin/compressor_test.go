@@ -176,3 +176,29 @@ func TestGuard(t *testing.T) {
 		t.Errorf("status after a panic = %d, want GC_ERR_INTERNAL (%d)", st, errInternal)
 	}
 }
+
+// TestChunkedTopKHost: a spec the device kernels lack (chunked top-k)
+// makes a compressor whose host calls work, with error feedback; only its
+// device calls are refused (TestDeviceArgs).
+func TestChunkedTopKHost(t *testing.T) {
+	c, err := newCompressor("topk:0.02:chunk=4096:bits=2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grad := make([]float32, 10000)
+	for i := range grad {
+		grad[i] = float32(math.Sin(float64(i)))
+	}
+	dst := make([]byte, c.c.MaxEncodedLen(len(grad)))
+	m, err := c.compress(compress.Key{Bucket: 1}, flagFeedback, grad, dst)
+	if err != nil || m != len(dst) {
+		t.Fatalf("compress = %d, %v; want %d bytes", m, err, len(dst))
+	}
+	out := make([]float32, len(grad))
+	if err := c.decompress(dst[:m], out, false); err != nil {
+		t.Fatal(err)
+	}
+	if c.deviceErr == nil {
+		t.Error("no device refusal recorded for chunked top-k")
+	}
+}

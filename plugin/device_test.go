@@ -42,6 +42,7 @@ func mustCompressor(t testing.TB, spec string) *compressor {
 func TestDeviceArgs(t *testing.T) {
 	c := mustCompressor(t, "int8")
 	lossless := mustCompressor(t, "topk:0.01:lossless=zstd")
+	chunked := mustCompressor(t, "topk:0.02:chunk=4096:bits=2") // host calls only
 	key := compress.Key{Bucket: 1, Step: 2}
 	need := uint64(c.c.MaxEncodedLen(1000))
 	compressCases := []struct {
@@ -62,6 +63,7 @@ func TestDeviceArgs(t *testing.T) {
 		{"unknown flag", c, 4, fakePtr, fakePtr, 1000, need, errInvalid, "unknown flag bits 0x4"},
 		{"defer without feedback", c, flagDefer, fakePtr, fakePtr, 1000, need, errInvalid, "GC_DEFER needs GC_FEEDBACK"},
 		{"lossless spec", lossless, 0, fakePtr, fakePtr, 1000, 1 << 20, errInvalid, "lossless stage"},
+		{"chunked top-k", chunked, flagFeedback, fakePtr, fakePtr, 1000, 1 << 20, errInvalid, "options chunk=4096 and bits=2 of topk: not supported on the device"},
 	}
 	for _, tc := range compressCases {
 		m, err := tc.c.compressDevice(key, tc.flags, tc.grad, tc.n, tc.dst, tc.cap, 0)
@@ -88,6 +90,7 @@ func TestDeviceArgs(t *testing.T) {
 		{"misaligned payload", c, fakePtr + 2, fakePtr, need, 1, true, 1000, errInvalid, "payload 0x7f0000000002 is not 4-byte aligned"},
 		{"misaligned dst", c, fakePtr, fakePtr + 2, need, 1, true, 1000, errInvalid, "dst 0x7f0000000002 is not 4-byte aligned"},
 		{"lossless spec", lossless, fakePtr, fakePtr, need, 1, true, 1000, errInvalid, "lossless stage"},
+		{"chunked top-k", chunked, fakePtr, fakePtr, need, 1, true, 1000, errInvalid, "not supported on the device"},
 	}
 	for _, tc := range decompressCases {
 		err := tc.c.decompressDevice(tc.p, tc.slotLen, tc.count, tc.exact, tc.dst, tc.n, false, 0)

@@ -36,8 +36,13 @@ const maxSlots = 1 << 16
 var sumCodec = sync.OnceValues(func() (*kernels.Codec, error) { return kernels.NewCodec(compress.Spec{Codec: compress.CodecNone}) })
 
 // checkDeviceSpec refuses a spec with a lossless stage: it runs on the host
-// and makes payloads of varying length, which device calls do not handle.
+// and makes payloads of varying length, which device calls do not handle;
+// and one whose options the kernels lack (chunked top-k), with
+// kernels.NewCodec's error naming them.
 func (c *compressor) checkDeviceSpec() error {
+	if c.deviceErr != nil {
+		return c.deviceErr
+	}
 	if s := c.c.Spec(); s.Lossless != compress.LosslessNone {
 		return errorf(errInvalid, "%s: device calls do not support a lossless stage (it runs on the host); use the spec without lossless=%v", s, s.Lossless)
 	}

@@ -14,9 +14,13 @@ import (
 // deferred compresses not settled yet.
 type compressor struct {
 	c     compress.Compressor
-	codec *kernels.Codec // the device kernels of c's spec (device.go)
-	ef    *compress.ErrorFeedback
-	dev   deviceMemory
+	codec *kernels.Codec // the device kernels of c's spec (device.go), nil with deviceErr
+	// deviceErr is why the kernels do not implement c's spec (a
+	// *kernels.ArgumentError naming the options, e.g. top-k's chunk=), or
+	// nil: every device call returns it.
+	deviceErr error
+	ef        *compress.ErrorFeedback
+	dev       deviceMemory
 
 	mu sync.Mutex
 	// pending holds, per bucket, the deferred compress (GC_DEFER) waiting

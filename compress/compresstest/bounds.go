@@ -88,6 +88,13 @@ func (r *report) done() {
 //	             bit-identical to x, and the top k by |x| with ties to the
 //	             lower index
 //	topk:sampled exactly k nonzero, bit-identical to x, recall ≥ sampledMinRecall
+//	topk:chunk=C per chunk of c ≤ C elements, exactly k_c = clamp(round(ratio·c),
+//	             1, c) nonzero, the chunk's top k_c by |x| with ties to the
+//	             lower index; without bits bit-identical to x; with bits=B
+//	             the sign of x and, with [lo, hi] the range of the kept
+//	             magnitudes, ||x| − |D|| ≤ (hi − lo)/(2^(B−1) − 1), half that
+//	             for round=nearest, plus quantSlackRel·(lo + hi) +
+//	             quantSlackAbs; at most 2^(B−1) distinct magnitudes
 //	randomk      exactly k nonzero, bit-identical to x, at the same positions
 //	             for every input compressed under the same key
 //	int8/4/2     per bucket of B elements with range [lo, hi]:
@@ -124,6 +131,8 @@ func checkRoundTrip(t *testing.T, e *env) {
 				checkHalf(r, x, d, fp16AbsTol, fp16RelTol)
 			case s.codec == compress.CodecBF16:
 				checkHalf(r, x, d, bf16AbsTol, bf16RelTol)
+			case s.codec == compress.CodecTopK && s.chunk != 0:
+				checkChunkTopK(r, x, d, s)
 			case s.codec == compress.CodecTopK:
 				recall := checkTopK(r, x, d, kFor(s.ratio, n), s.sampled)
 				if s.sampled {
@@ -244,6 +253,62 @@ func checkTopK(r *report, x, d []float32, k int, sampled bool) float64 {
 		r.errorf("recall %.4f below %.2f (k = %d)", recall, sampledMinRecall, k)
 	}
 	return recall
+}
+
+// checkChunkTopK checks chunked top-k chunk by chunk: the kept set, and
+// the kept values exactly or within the bound of their quantization.
+func checkChunkTopK(r *report, x, d []float32, s specInfo) {
+	for lo := 0; lo < len(x); lo += s.chunk {
+		hi := min(lo+s.chunk, len(x))
+		cx, cd := x[lo:hi], d[lo:hi]
+		k := kFor(s.ratio, hi-lo)
+		var kept []int
+		if s.bits == 0 {
+			kept = checkSparse(r, cx, cd, k)
+		} else {
+			for j := range cd {
+				switch {
+				case cd[j] != 0:
+					kept = append(kept, j)
+				case math.Float32bits(cd[j]) != 0:
+					r.errorf("dropped element %d decodes to %v, want +0", lo+j, cd[j])
+				}
+			}
+			if len(kept) != k {
+				r.errorf("chunk at %d: %d elements kept, want k = %d", lo, len(kept), k)
+			}
+		}
+		if ref, _ := topKRef(cx, k); !slices.Equal(kept, ref) {
+			r.errorf("chunk at %d: kept set %v… is not the top %d by |x| with ties to the lower index (%v…)", lo, kept[:min(4, len(kept))], k, ref[:min(4, len(ref))])
+			continue
+		}
+		if s.bits == 0 || len(kept) == 0 {
+			continue
+		}
+		mn, mx := math.Inf(1), 0.0
+		for _, j := range kept {
+			a := math.Abs(float64(cx[j]))
+			mn, mx = min(mn, a), max(mx, a)
+		}
+		bound := (mx - mn) / float64(int(1)<<(s.bits-1)-1)
+		if s.nearest {
+			bound /= 2
+		}
+		bound += quantSlackRel*(mn+mx) + quantSlackAbs
+		distinct := map[float32]bool{}
+		for _, j := range kept {
+			distinct[abs32(cd[j])] = true
+			if math.Signbit(float64(cd[j])) != math.Signbit(float64(cx[j])) {
+				r.errorf("element %d: decoded %v has the wrong sign for %v", lo+j, cd[j], cx[j])
+			}
+			if err := math.Abs(math.Abs(float64(cx[j])) - math.Abs(float64(cd[j]))); !(err <= bound) {
+				r.errorf("element %d: got %v for %v, magnitude error %g > %g (kept magnitudes [%g, %g])", lo+j, cd[j], cx[j], err, bound, mn, mx)
+			}
+		}
+		if len(distinct) > 1<<(s.bits-1) {
+			r.errorf("chunk at %d decodes to %d distinct magnitudes, more than 2^%d", lo, len(distinct), s.bits-1)
+		}
+	}
 }
 
 // checkQuant checks min-max quantization bucket by bucket.

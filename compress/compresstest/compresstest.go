@@ -40,6 +40,10 @@ var DefaultSpecs = []string{
 	"int4", "int4:bucket=100:round=nearest", "int4:lossless=huff0",
 	"int2", "int2:bucket=33:seed=3", "int2:round=nearest",
 	"sign", "sign:bucket=100", "sign:lossless=huff0",
+	// Chunked top-k (SparseLoCo's): float32 values, and 2, 4 or 8 bits.
+	"topk:0.1:chunk=64", "topk:0.01:chunk=1000:lossless=huff0",
+	"topk:0.05:chunk=100:bits=2", "topk:0.02:chunk=4096:bits=2:seed=9",
+	"topk:0.1:chunk=64:bits=4:round=nearest:lossless=zstd", "topk:0.03:chunk=300:bits=8",
 }
 
 // factory builds a backend's compressor for a spec string.
@@ -91,8 +95,10 @@ type specInfo struct {
 	codec    compress.Codec
 	ratio    float64 // topk, randomk
 	sampled  bool    // topk:RATIO:sampled
-	bucket   int     // quantization bucket (int8/4/2, sign); 512 for the rest
-	nearest  bool    // int8/4/2 with round=nearest
+	chunk    int     // topk:RATIO:chunk=C; 0 for the rest
+	bits     int     // topk's bits=B; 0 for float32 values and the rest
+	bucket   int     // quantization bucket (int8/4/2, sign), top-k's chunk; 512 for the rest
+	nearest  bool    // int8/4/2 and top-k's bits with round=nearest
 	lossless bool    // a lossless stage is configured
 }
 
@@ -123,8 +129,12 @@ func describe(spec string, codec compress.Codec) (specInfo, error) {
 	if err != nil {
 		return specInfo{}, errors.New("compresstest: cannot read spec " + strconv.Quote(spec) + ": " + err.Error())
 	}
-	return specInfo{codec: codec, ratio: s.Ratio, sampled: s.Sampled, bucket: s.BucketLen(), nearest: s.Nearest,
-		lossless: s.Lossless != compress.LosslessNone}, nil
+	info := specInfo{codec: codec, ratio: s.Ratio, sampled: s.Sampled, chunk: s.Chunk, bits: s.Bits, bucket: s.BucketLen(),
+		nearest: s.Nearest, lossless: s.Lossless != compress.LosslessNone}
+	if s.Chunk != 0 {
+		info.bucket = s.Chunk // the lengths cluster around chunk boundaries
+	}
+	return info, nil
 }
 
 // quantBits returns the code width of a min-max quantizing codec, or 0.
@@ -143,7 +153,7 @@ func (s specInfo) quantBits() int {
 // stochastic reports whether the decoded values depend on the Key: random-k
 // draws its indices from it and stochastic rounding its dither.
 func (s specInfo) stochastic() bool {
-	return s.codec == compress.CodecRandomK || s.quantBits() > 0 && !s.nearest
+	return s.codec == compress.CodecRandomK || (s.quantBits() > 0 || s.bits > 0) && !s.nearest
 }
 
 // keyFree reports whether the decoded values must not depend on the Key.
