@@ -21,7 +21,7 @@ import (
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 10
+	abiMinor   = 11
 	abiVersion = abiMajor<<16 | abiMinor
 )
 

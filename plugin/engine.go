@@ -142,6 +142,7 @@ type rawEngineConfig struct {
 	topo                     comm.Topology     // since ABI 2.4; zero: unknown
 	nodeSpec                 string            // since ABI 2.5; "": float32
 	shapes                   [][]overlap.Shape // since ABI 2.7; nil: none
+	feedbackDecay            float64           // since ABI 2.11; 0: none
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
@@ -154,7 +155,7 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 	c.Timeout = time.Duration(r.timeout * float64(time.Second))
 	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = r.spec, r.ef, r.failNonFinite, r.warmup, r.workers
 	c.Momentum, c.MomentumMasking, c.Guard, c.NodeSpec = r.momentum, r.momentumMasking, r.guard, r.nodeSpec
-	c.Shapes = r.shapes
+	c.Shapes, c.FeedbackDecay = r.shapes, r.feedbackDecay
 	var err error
 	if c.Schedule, err = overlap.ParseSchedule(r.schedule); err != nil {
 		return c, errorf(errInvalid, "schedule: %v", err)

@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 10
+#define GRADCOMP_ABI_MINOR 11
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -399,8 +399,8 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
  * device and this rank's place (node, local_rank) must be equal on every
  * rank (the handshake checks them and the bucket layout). */
 typedef struct gc_engine_config {
-	uint32_t size;             /* sizeof(gc_engine_config) of the caller's header: 128 since 2.7; an older
-	                            * ABI's size (56, 72, 88, 104, 112) means the fields after it are 0. Any
+	uint32_t size;             /* sizeof(gc_engine_config) of the caller's header: 136 since 2.11; an older
+	                            * ABI's size (56, 72, 88, 104, 112, 128) means the fields after it are 0. Any
 	                            * other size (a newer header's, whose fields this library cannot read, or
 	                            * garbage) is refused, naming both sizes, before a byte past the first
 	                            * four is read (since 2.10; GC_ERR_CONFIG from gc_engine_create,
@@ -463,6 +463,11 @@ typedef struct gc_engine_config {
 	 * (112) means none. */
 	const uint64_t *tensor_counts;
 	const uint64_t *shapes;
+	double feedback_decay;     /* since 2.11: β, decayed error feedback (SparseLoCo's e ← β·e + g): a compressed
+	                            * step keeps β times what its payload did not carry; in (0, 1], needs
+	                            * error_feedback; 0 (and a 2.10 or older caller's size, 128 or less) means 1, no
+	                            * decay. Host and device buckets; compared by the handshake and recorded in the
+	                            * engine state (a state of another β is GC_ERR_CORRUPT). */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over

@@ -37,7 +37,8 @@
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
 _Static_assert(offsetof(gc_engine_config, node) == 84, "node at 84 (ABI 2.4)");
 _Static_assert(offsetof(gc_engine_config, node_spec) == 104, "node_spec at 104, the ABI 2.4 size (ABI 2.5)");
-_Static_assert(sizeof(gc_engine_config) == 128, "gc_engine_config is 128 bytes (ABI 2.7)");
+_Static_assert(sizeof(gc_engine_config) == 136 && offsetof(gc_engine_config, feedback_decay) == 128,
+               "gc_engine_config is 136 bytes, feedback_decay at 128, the ABI 2.7 size (ABI 2.11)");
 _Static_assert(offsetof(gc_engine_config, local_size) == 96, "local_size at 96");
 _Static_assert(offsetof(gc_op, group) == 20 && offsetof(gc_op, reserved) == 20, "group is 2.3's reserved");
 _Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
@@ -567,6 +568,8 @@ static void test_invalid_config(void) {
 		{"null sizes", "null sizes with 2 buckets", NULL, 0, config("int8", "auto")},
 		{"empty bucket", "bucket 1 has 0 elements", zero, 0, config("int8", "auto")},
 		{"huge bucket", "sizes[0] = 1099511627776", huge, 0, config("int8", "auto")},
+		{"feedback decay", "FeedbackDecay 0.5 needs ErrorFeedback", sizes, 0, config("int8", "auto")},
+		{"feedback decay range", "FeedbackDecay 1.5 is not in (0, 1]", sizes, 0, config("int8", "auto")},
 	};
 	cases[1].cfg.decision = "bogus";
 	cases[2].cfg.schedule = "x@int8";
@@ -575,6 +578,9 @@ static void test_invalid_config(void) {
 	cases[5].cfg.workers = -1;
 	cases[6].cfg.device = -2;
 	cases[7].cfg.size = 48;
+	cases[14].cfg.feedback_decay = 0.5;
+	cases[14].cfg.error_feedback = 0;
+	cases[15].cfg.feedback_decay = 1.5;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		struct group g;
 		struct host hs[RANKS];
@@ -612,7 +618,7 @@ static void test_invalid_config(void) {
  * 2.10): each config lies at the end of a readable page, the next one
  * unreadable. Every older ABI's size and this header's are accepted; a
  * size the library does not know (the 4 GiB an 88-byte struct claims, a
- * newer header's 136, one between two ABIs') is refused on every rank with
+ * newer header's 144, one between two ABIs') is refused on every rank with
  * GC_ERR_CONFIG naming it and the library's size, and nothing past the
  * size is read: no fault. */
 static void test_config_size(void) {
@@ -621,10 +627,10 @@ static void test_config_size(void) {
 		uint32_t claim, room; /* cfg->size, and the bytes the caller's struct has */
 		const char *want;     /* "" where accepted */
 	} cases[] = {
-		{56, 56, ""}, {72, 72, ""}, {88, 88, ""}, {104, 104, ""}, {112, 112, ""},
+		{56, 56, ""}, {72, 72, ""}, {88, 88, ""}, {104, 104, ""}, {112, 112, ""}, {128, 128, ""},
 		{sizeof(gc_engine_config), sizeof(gc_engine_config), ""},
-		{0xFFFFFFFFu, 88, "cfg->size 4294967295: this library (ABI 2.10) reads a gc_engine_config of 128 bytes"},
-		{136, 136, "cfg->size 136: "},
+		{0xFFFFFFFFu, 88, "cfg->size 4294967295: this library (ABI 2.11) reads a gc_engine_config of 136 bytes"},
+		{144, 144, "cfg->size 144: "},
 		{96, 96, "cfg->size 96: "},
 	};
 	long page = sysconf(_SC_PAGESIZE);

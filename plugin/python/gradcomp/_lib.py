@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 10
+ABI_MINOR = 11
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -284,7 +284,15 @@ class EngineConfig(ctypes.Structure):
         ("node_spec", ctypes.c_char_p),  # since ABI 2.5: the codec of "hier"'s node stages (None: float32)
         ("tensor_counts", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: tensors per bucket (NULL: none)
         ("shapes", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: their (rows, cols) pairs
+        ("feedback_decay", ctypes.c_double),  # since ABI 2.11: β of decayed error feedback (0: none)
     ]
+
+    @classmethod
+    def size_for(cls, minor):
+        """The size field for a library of ABI 2.``minor``: this struct's
+        sizeof, or for a library older than 2.11 the 2.7 size it reads
+        (without feedback_decay)."""
+        return ctypes.sizeof(cls) if minor >= 11 else cls.feedback_decay.offset
 
 
 class BucketStatsC(ctypes.Structure):
