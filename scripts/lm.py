@@ -181,6 +181,18 @@ def make_model(vocab, context, layers, dim, heads, seed):
     return model
 
 
+def adamw(module, a):
+    """AdamW with lr a.lr, weight decay a.weight_decay on the matrices and
+    embeddings (parameters of 2 or more dimensions), none on biases and
+    LayerNorms."""
+    import torch
+
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=a.lr)
+
+
 def lr_at(step, a):
     """Linear warm-up over a.lr_warmup steps, then cosine to 0.1·lr."""
     if step < a.lr_warmup:
@@ -258,10 +270,7 @@ def train(rank, world, hook_name, a, train_bytes, val_bytes):
         state = gct.State(hook_name, model=module, decision=a.decision, warmup_steps=a.warmup_steps, workers=1,
                           timeout=float(COLLECTIVE_TIMEOUT))
         ddp.register_comm_hook(state, gct.hook)
-    decay = [p for p in module.parameters() if p.dim() >= 2]
-    no_decay = [p for p in module.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr)
+    opt = adamw(module, a)
     evals, times, losses, buckets = [], [], [], None
     t_start = time.monotonic()
     for step in range(a.steps):

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Emulated links in network namespaces, shared by scripts/netbench and
-# scripts/torchbench: source it, then call netns_init before anything else.
+# Emulated links in network namespaces, shared by scripts/netbench,
+# scripts/torchbench, scripts/wirebytes and scripts/diloco: source it, then
+# call netns_init before anything else.
 #
 # Everything it creates lives in namespaces whose names start with the
 # caller's prefix (gcnb-, gctb-): a hub namespace (PREFIXhub) holding a
@@ -58,11 +59,13 @@ netns_cleanup() {
   done
 }
 
-# netns_tbf_args LINK prints tc's tbf parameters for 1gbit or 10gbit: the
-# bucket holds at least rate/HZ and a few 64 KiB GSO packets; the queue
-# holds up to latency's worth of bytes.
+# netns_tbf_args LINK prints tc's tbf parameters for 10mbit, 100mbit, 1gbit
+# or 10gbit: the bucket holds at least rate/HZ and a few 64 KiB GSO
+# packets; the queue holds up to latency's worth of bytes.
 netns_tbf_args() {
   case $1 in
+    10mbit) echo "rate 10mbit burst 128kb latency 200ms" ;;
+    100mbit) echo "rate 100mbit burst 256kb latency 100ms" ;;
     1gbit) echo "rate 1gbit burst 512kb latency 50ms" ;;
     10gbit) echo "rate 10gbit burst 4mb latency 20ms" ;;
     *) netns_die "no rate limit known for link '$1'" ;;
