@@ -51,8 +51,10 @@ def time_to(row, goal):
 
 def exactness(rows, params_path):
     """One dict per configuration of EXACT that ran with reference on this
-    link: the largest |Δθ| of the final shared weights and the difference
-    of final validation losses."""
+    link: the largest |Δθ| of the final shared weights, ‖Δθ‖/‖θ‖ (AdamW
+    turns a rounding difference in a gradient near 0 into up to an lr's
+    step: the largest |Δθ| can be ~lr where the norm is not) and the
+    difference of final validation losses."""
     import torch
 
     ref = rows.get("reference")
@@ -64,6 +66,8 @@ def exactness(rows, params_path):
         a, b = torch.load(params_path(row["link"], c)), torch.load(params_path(ref["link"], "reference"))
         out.append({"run": row["run"], "link": row["link"], "compare": [c, "reference"],
                     "max_abs_dtheta": max(float((x - y).abs().max()) for x, y in zip(a, b)),
+                    "rel_l2_dtheta": float(torch.cat([(x - y).reshape(-1) for x, y in zip(a, b)]).norm()
+                                           / torch.cat([y.reshape(-1) for y in b]).norm()),
                     "val_loss_diff": row["final_val_loss"] - ref["final_val_loss"]})
     return out
 
@@ -131,8 +135,8 @@ def report(path, run, params_path, append):
     for link, rows in runs.items():
         link_table(link, rows)
         for e in exactness(rows, params_path):
-            print("%s vs reference on %s: max |Δθ| %.3g, final validation loss difference %.3g"
-                  % (e["compare"][0], link, e["max_abs_dtheta"], e["val_loss_diff"]))
+            print("%s vs reference on %s: max |Δθ| %.3g, ‖Δθ‖/‖θ‖ %.3g, final validation loss difference %.3g"
+                  % (e["compare"][0], link, e["max_abs_dtheta"], e["rel_l2_dtheta"], e["val_loss_diff"]))
             if (link, tuple(e["compare"])) not in have:
                 append(path, e)
     summary(runs)
