@@ -101,6 +101,7 @@ class Names(enum.IntEnum):
     ORIGIN = 2
     CAUTION = 3
     GUARD = 4
+    OUTER_OPTIMIZER = 5  # ABI 2.11: the outer loop's optimizers, "nesterov", "sgd", "none"
 
 
 class Settle(enum.IntEnum):
