@@ -330,20 +330,7 @@ class Engine:
 
     def save_state(self):
         """The engine's state as bytes (gc_engine_state_save)."""
-        h = self._h()
-        size = ctypes.c_size_t()
-        _lib.call("gc_engine_state_size", h, ctypes.byref(size))
-        while True:
-            buf = ctypes.create_string_buffer(max(size.value, 1))
-            written = ctypes.c_size_t()
-            try:
-                _lib.call("gc_engine_state_save", h, buf, size.value, ctypes.byref(written))
-            except _lib.InvalidArgumentError as e:
-                if e.status == Status.SIZE and written.value > size.value:
-                    size.value = written.value
-                    continue
-                raise
-            return buf.raw[: written.value]
+        return _lib.saved_state(self._h(), "gc_engine_state_size", "gc_engine_state_save")
 
     def load_state(self, data):
         """Replaces the engine's state with a saved one, validated whole
@@ -439,9 +426,7 @@ class Engine:
         # communicator has no transport: destroying it destroyed its comms.
         if self.hosted is None:
             return
-        self.host.stop(timeout=self.timeout)
-        self.hosted.close()
-        self.host.stop(timeout=1.0)
+        self.host.close(self.timeout)
 
     def close(self):
         """Destroys the engine (a step in flight is abandoned, error feedback
