@@ -70,14 +70,17 @@ class DDP:
 
 
 class Outer:
-    """gradcomp.outer.DiLoCo with the keyword arguments given."""
+    """gradcomp.outer.DiLoCo with the keyword arguments given, on a process
+    group of its own: its exchanges in flight (delay > 0) run collectives
+    from the loop's host thread, which must not interleave with the
+    training loop's barriers on the default group."""
 
     def __init__(self, model, a, **kw):
         import gradcomp.outer
 
         self.net, self.delay = model, kw.get("delay", 0)
         self.loop = gradcomp.outer.DiLoCo(list(model.parameters()), a.sync_every, decision=a.decision,
-                                          timeout=float(a.collective_timeout), **kw)
+                                          timeout=float(a.collective_timeout), group=dist.new_group(), **kw)
 
     def after_step(self, s):
         report = self.loop.step()
