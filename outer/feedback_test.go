@@ -85,7 +85,7 @@ func inTensors(l *Loop, f int, buckets [][]float32) [][]float32 {
 }
 
 // residuals reads fragment f's engine's stage-1 error-feedback memory,
-// per bucket, from the engine's state (overlap's format, version 5, of a
+// per bucket, from the engine's state (overlap's format, version 6, of a
 // flat strategy: the header, then the memory as compress.ErrorFeedback
 // saves it).
 func residuals(t *testing.T, f *fragment) [][]float32 {
@@ -95,14 +95,15 @@ func residuals(t *testing.T, f *fragment) [][]float32 {
 		t.Fatal(err)
 	}
 	s := b.Bytes()
-	if string(s[:4]) != "GCOV" || s[4] != 5 {
-		t.Fatalf("engine state %q version %d: this test reads version 5", s[:4], s[4])
+	if string(s[:4]) != "GCOV" || s[4] != 6 {
+		t.Fatalf("engine state %q version %d: this test reads version 6", s[:4], s[4])
 	}
 	at := 4 + 1 + 4 + 4 + 8
 	at += 4 + int(binary.LittleEndian.Uint32(s[at:])) // spec
 	at += 1 + 1 + 1 + 1 + 8                           // strategies, error feedback, masking, guard
 	at += 4 + int(binary.LittleEndian.Uint32(s[at:])) // schedule
 	at += 16                                          // layout
+	at += 8                                           // feedback decay
 	at += 4 + 8*int(binary.LittleEndian.Uint32(s[at:]))
 	if s[at] != 1 {
 		t.Fatal("the engine state has no error-feedback memory")
