@@ -121,9 +121,11 @@ mocknccl:
 
 # The C programs that drive every function of the ABI, linked against
 # build/libgradcomp.so (found through its rpath): capi_test (codecs,
-# state, threads, leaks) and capi_engine_test (the engine on 4 rank
+# state, threads, leaks), capi_engine_test (the engine on 4 rank
 # threads whose collectives it carries out itself, bit for bit against
-# tests/golden, and the transport's bad inputs). With libgradcomp_cuda.so,
+# tests/golden, and the transport's bad inputs) and capi_outer_test (the
+# outer loop on 2 rank threads: DiLoCo against a reference, the streaming
+# schedule, resume, refused configurations). With libgradcomp_cuda.so,
 # tests/capi/capi_cuda_test.c drives its device calls (its device tests
 # say SKIPPED, with the driver's reason, without a GPU).
 capi: plugin
@@ -133,6 +135,9 @@ capi: plugin
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_engine_test tests/capi/capi_engine_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
 	./build/capi_engine_test
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
+	  -o build/capi_outer_test tests/capi/capi_outer_test.c -Lbuild -lgradcomp -lm -Wl,-rpath,'$$ORIGIN'
+	./build/capi_outer_test
 ifeq ($(HAVE_CUDA_H),yes)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -pthread -Iplugin/include \
 	  -o build/capi_cuda_test tests/capi/capi_cuda_test.c -Lbuild -lgradcomp_cuda -lcuda -lm -Wl,-rpath,'$$ORIGIN'

@@ -92,6 +92,29 @@ func TestInvalidRankTellsOthers(t *testing.T) {
 	}
 }
 
+// TestRefuseTellsOthers: a rank that cannot even read its configuration
+// refuses through Refuse, and every other rank's New fails at once,
+// naming it, the field and why; Refuse returns that rank's own error.
+func TestRefuseTellsOthers(t *testing.T) {
+	comms := group(t, 3)
+	errs := onRanks(comms, func(r int, c comm.Comm) error {
+		if r == 1 {
+			return Refuse(context.Background(), c, 0, &ConfigError{Field: "ocfg->size", Reason: "99: not a size this library reads"})
+		}
+		l, err := New(context.Background(), c, zeros([]int{3, 3}), Config{SyncEvery: 4, Engine: dense})
+		if err == nil {
+			l.Close()
+		}
+		return err
+	})
+	for r, err := range errs {
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Rank != 1 || ce.Field != "ocfg->size" || !strings.Contains(err.Error(), "rank 1: invalid ocfg->size: 99: not a size") {
+			t.Errorf("rank %d: %v, want rank 1's invalid ocfg->size", r, err)
+		}
+	}
+}
+
 // TestRanksDisagree: ranks whose configurations differ in H, F, τ, α, the
 // optimizer, the policy, the tensors or the codec fail on every rank at
 // once, with the same error naming the field and both values.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/overlap"
 )
 
 // protocolVersion names the Loop's schedule and update rules; ranks must
@@ -153,6 +154,29 @@ func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *setti
 		return err
 	}
 	return compareRecords(recs)
+}
+
+// Refuse takes part in New's handshake for a rank that cannot build its
+// Loop because its configuration cannot even be read into a Config or its
+// parameters (a front end's parse error: a struct of an unknown size, a
+// null pointer), so that the other ranks' New fail at once with a
+// *ConfigError naming this rank, invalid's Field and its Reason, instead
+// of waiting for this rank until their timeout. It returns invalid, its
+// Rank set to c.Rank(), whether or not the others could be told. Each
+// all-gather is bounded by ctx and timeout (overlap.DefaultTimeout when
+// not positive). New refuses by itself when the Config is invalid.
+func Refuse(ctx context.Context, c comm.Comm, timeout time.Duration, invalid *ConfigError) error {
+	if c == nil {
+		return errors.New("outer: Refuse: nil comm.Comm")
+	}
+	if invalid == nil {
+		invalid = &ConfigError{Field: "configuration", Reason: "no reason given"}
+	}
+	if timeout <= 0 {
+		timeout = overlap.DefaultTimeout
+	}
+	invalid.Rank = c.Rank()
+	return handshake(ctx, c, timeout, nil, invalid)
 }
 
 // gatherRecords all-gathers every rank's record rec.

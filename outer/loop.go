@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/internal/f32"
@@ -169,17 +170,13 @@ func (l *Loop) Step(ctx context.Context) (Report, error) {
 		}
 		return nil
 	}
-	for _, f := range l.frags {
-		if f.flight != nil && f.flight.started+uint64(l.s.Delay) == l.step {
-			if err := finish(f); err != nil {
-				return rep, err
-			}
+	finishing, starting := l.dueAt(l.step)
+	for _, f := range finishing {
+		if err := finish(f); err != nil {
+			return rep, err
 		}
 	}
-	for _, f := range l.frags {
-		if !l.s.startsAt(f.idx, l.step) {
-			continue
-		}
+	for _, f := range starting {
 		if err := l.start(f); err != nil {
 			return rep, err
 		}
@@ -192,6 +189,56 @@ func (l *Loop) Step(ctx context.Context) (Report, error) {
 	}
 	return rep, errors.Join(failed...)
 }
+
+// dueAt returns the work of inner step s: the fragments whose exchange in
+// flight finishes at s and those whose sync starts at s, each in fragment
+// order. (With Delay 0 nothing is in flight between Steps, and Step
+// finishes each started sync at once.)
+func (l *Loop) dueAt(s uint64) (finishing, starting []*fragment) {
+	for _, f := range l.frags {
+		if f.flight != nil && f.flight.started+uint64(l.s.Delay) == s {
+			finishing = append(finishing, f)
+		}
+	}
+	for _, f := range l.frags {
+		if l.s.startsAt(f.idx, s) {
+			starting = append(starting, f)
+		}
+	}
+	return finishing, starting
+}
+
+// Due returns what the next Step does: the fragments whose sync it starts
+// and the fragments whose sync it finishes (with Delay 0 the ones it
+// starts, each finished at once), each ascending, from the schedule and
+// the syncs in flight (after a Load, the loaded ones). It is for a caller
+// whose weights live elsewhere (on a GPU) and are mirrored in params:
+// Step reads the tensors of every fragment in starts (Δ) and in finishes
+// (the blend) and writes those of finishes when it applies an average, so
+// copying the former into params before the Step and the latter back
+// after it keeps the two in step; the other tensors Step neither reads
+// nor writes. Due changes nothing and makes no collective.
+func (l *Loop) Due() (starts, finishes []int) {
+	finishing, starting := l.dueAt(l.step + 1)
+	for _, f := range finishing {
+		finishes = append(finishes, f.idx)
+	}
+	for _, f := range starting {
+		starts = append(starts, f.idx)
+		if l.s.Delay == 0 {
+			finishes = append(finishes, f.idx)
+		}
+	}
+	return starts, finishes
+}
+
+// Fragments returns F, the number of fragments.
+func (l *Loop) Fragments() int { return l.s.Fragments }
+
+// FragmentOf returns each tensor's fragment (0 to Fragments()−1), as
+// Config.FragmentOf gave it or the default layout made it; the slice is
+// the caller's.
+func (l *Loop) FragmentOf() []int { return slices.Clone(l.s.fragmentOf) }
 
 // start begins fragment f's sync at the current step: Δ into its buffers,
 // its engine's Step and every bucket's Ready.

@@ -23,6 +23,10 @@ const (
 	None
 )
 
+// OptimizerKinds returns every OptimizerKind, in value order (a front
+// end's list of the names String gives).
+func OptimizerKinds() []OptimizerKind { return []OptimizerKind{Nesterov, SGD, None} }
+
 // String returns the kind's name: "nesterov", "sgd", "none", or
 // "OptimizerKind(N)".
 func (k OptimizerKind) String() string {

@@ -65,6 +65,41 @@ func TestStreamingSchedule(t *testing.T) {
 	}
 }
 
+// TestDue: before every Step, Due names the fragments that Step then
+// reports started and finished, for streaming (τ = 1) and for F > H with
+// τ = 0 (several fragments at one step, each finished at once); with the
+// default layout FragmentOf is the balanced one and Fragments F.
+func TestDue(t *testing.T) {
+	q := quad{sizes: []int{3, 9, 4, 4, 7, 2}}
+	for _, cfg := range []Config{
+		{SyncEvery: 6, Fragments: 3, Delay: 1, Engine: dense},
+		{SyncEvery: 2, Fragments: 3, Engine: dense},
+	} {
+		loops, params := setup(t, q, 2, cfg)
+		if got := loops[0].FragmentOf(); loops[0].Fragments() != cfg.Fragments || !slices.Equal(got, balanced(q.sizes, cfg.Fragments)) {
+			t.Errorf("%+v: %d fragments, layout %v; want %d, %v", cfg, loops[0].Fragments(), got, cfg.Fragments, balanced(q.sizes, cfg.Fragments))
+		}
+		due := make([][2][]int, 2) // per rank, before the next Step
+		for k := range 14 {
+			for r, l := range loops {
+				due[r][0], due[r][1] = l.Due()
+			}
+			reports := train(t, q, loops, params, k, 1, nil)
+			for r := range loops {
+				rep := reports[r][0]
+				var finished []int
+				for _, f := range rep.Finished {
+					finished = append(finished, f.Fragment)
+				}
+				if !slices.Equal(due[r][0], rep.Started) || !slices.Equal(due[r][1], finished) {
+					t.Errorf("H %d, F %d, τ %d, step %d, rank %d: Due said starts %v, finishes %v; Step started %v, finished %v",
+						cfg.SyncEvery, cfg.Fragments, cfg.Delay, rep.Step, r, due[r][0], due[r][1], rep.Started, finished)
+				}
+			}
+		}
+	}
+}
+
 // TestOffsets: the schedule's first sync steps and start steps.
 func TestOffsets(t *testing.T) {
 	for _, tc := range []struct {

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/comm/hosted"
+	"github.com/gradcomp/gradcomp/outer"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -21,7 +22,7 @@ import (
 // The ABI version, GRADCOMP_ABI_MAJOR and GRADCOMP_ABI_MINOR.
 const (
 	abiMajor   = 2
-	abiMinor   = 10
+	abiMinor   = 11
 	abiVersion = abiMajor<<16 | abiMinor
 )
 
@@ -90,11 +91,25 @@ const (
 
 // The gc_name_list values (since ABI 2.10): the lists gc_name reads.
 const (
-	namesStrategy = 0 // GC_NAMES_STRATEGY
-	namesDecision = 1 // GC_NAMES_DECISION
-	namesOrigin   = 2 // GC_NAMES_ORIGIN
-	namesCaution  = 3 // GC_NAMES_CAUTION
-	namesGuard    = 4 // GC_NAMES_GUARD
+	namesStrategy  = 0 // GC_NAMES_STRATEGY
+	namesDecision  = 1 // GC_NAMES_DECISION
+	namesOrigin    = 2 // GC_NAMES_ORIGIN
+	namesCaution   = 3 // GC_NAMES_CAUTION
+	namesGuard     = 4 // GC_NAMES_GUARD
+	namesOptimizer = 5 // GC_NAMES_OUTER_OPTIMIZER (since ABI 2.11)
+)
+
+// The gc_outer_optimizer values (since ABI 2.11): outer.OptimizerKind's.
+const (
+	outerNesterov = int64(outer.Nesterov) // GC_OUTER_NESTEROV
+	outerSGD      = int64(outer.SGD)      // GC_OUTER_SGD
+	outerNone     = int64(outer.None)     // GC_OUTER_NONE
+)
+
+// The gc_outer_nonfinite values (since ABI 2.11): outer.NonFinitePolicy's.
+const (
+	outerSkip = int64(outer.SkipNonFinite) // GC_OUTER_SKIP
+	outerFail = int64(outer.FailNonFinite) // GC_OUTER_FAIL
 )
 
 // The gc_origin values (since ABI 2.10): overlap.Origin's.

@@ -40,6 +40,8 @@ func TestHeaderConstants(t *testing.T) {
 		"GC_ORIGIN_VERIFICATION": originVerification, "GC_ORIGIN_WARMUP": originWarmup, "GC_ORIGIN_TRIAL": originTrial,
 		"GC_ORIGIN_GUARD": originGuard, "GC_ORIGIN_FALLBACK": originFallback,
 		"GC_CAUTION_NONE": cautionNone, "GC_CAUTION_RANDOMK_RATIO": cautionRandomKRatio,
+		"GC_NAMES_OUTER_OPTIMIZER": namesOptimizer, "GC_OUTER_NESTEROV": outerNesterov, "GC_OUTER_SGD": outerSGD,
+		"GC_OUTER_NONE": outerNone, "GC_OUTER_SKIP": outerSkip, "GC_OUTER_FAIL": outerFail,
 		"GC_GUARD_OFF": guardOff, "GC_GUARD_CLEAR": guardClear, "GC_GUARD_TRIPPED": guardTripped, "GC_GUARD_PENDING": guardPending,
 	}
 	defs := regexp.MustCompile(`(?m)^#define (\w+) (\d+)u?\b|^\s+(GC_\w+) = (\d+),?`).FindAllSubmatch(h, -1)

@@ -22,13 +22,33 @@ import (
 
 // transport is what a gc_hosted handle refers to: a hosted transport, the
 // pins that keep the Go buffers of taken ops in place while the host
-// holds their addresses, and whether an engine uses it.
+// holds their addresses, and whether an engine or an outer loop uses it.
 type transport struct {
 	t *hosted.Transport
 
-	mu     sync.Mutex
-	pins   map[uint64]*runtime.Pinner // per taken op, until it is completed
-	engine bool                       // an engine was created on it
+	mu      sync.Mutex
+	pins    map[uint64]*runtime.Pinner // per taken op, until it is completed
+	claimed string                     // "engine" or "outer loop": what was created on it; "" for nothing
+}
+
+// claim marks tr as used by what (an engine, an outer loop): one per
+// transport, whose collectives alone it carries. GC_ERR_STATE when
+// something already uses it.
+func (tr *transport) claim(what string) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.claimed != "" {
+		return errorf(errState, "the transport already has an %s (one engine or outer loop per gc_hosted)", tr.claimed)
+	}
+	tr.claimed = what
+	return nil
+}
+
+// release ends claim's use.
+func (tr *transport) release() {
+	tr.mu.Lock()
+	tr.claimed = ""
+	tr.mu.Unlock()
 }
 
 // newTransport is gc_hosted_create's core.
@@ -142,6 +162,7 @@ type rawEngineConfig struct {
 	topo                     comm.Topology     // since ABI 2.4; zero: unknown
 	nodeSpec                 string            // since ABI 2.5; "": float32
 	shapes                   [][]overlap.Shape // since ABI 2.7; nil: none
+	feedbackDecay            float64           // since ABI 2.11; 0: none
 }
 
 // parseEngineConfig turns gc_engine_config's strings into overlap's types.
@@ -154,7 +175,7 @@ func parseEngineConfig(r rawEngineConfig) (engineConfig, error) {
 	c.Timeout = time.Duration(r.timeout * float64(time.Second))
 	c.Spec, c.ErrorFeedback, c.FailOnNonFinite, c.Warmup, c.Workers = r.spec, r.ef, r.failNonFinite, r.warmup, r.workers
 	c.Momentum, c.MomentumMasking, c.Guard, c.NodeSpec = r.momentum, r.momentumMasking, r.guard, r.nodeSpec
-	c.Shapes = r.shapes
+	c.Shapes, c.FeedbackDecay = r.shapes, r.feedbackDecay
 	var err error
 	if c.Schedule, err = overlap.ParseSchedule(r.schedule); err != nil {
 		return c, errorf(errInvalid, "schedule: %v", err)
@@ -207,15 +228,11 @@ type engine struct {
 // still takes part in the handshake (overlap.Refuse), so that the other
 // ranks fail at once with a *overlap.ConfigError naming it; it returns its
 // *overlap.ConfigError, or the device's own error. Only a transport that
-// already has an engine takes no part.
+// already has an engine or an outer loop takes no part.
 func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engine, error) {
-	tr.mu.Lock()
-	if tr.engine {
-		tr.mu.Unlock()
-		return nil, errorf(errState, "the transport already has an engine (one engine per gc_hosted)")
+	if err := tr.claim("engine"); err != nil {
+		return nil, err
 	}
-	tr.engine = true
-	tr.mu.Unlock()
 	ctx, host := context.Background(), tr.t.Host()
 	e := &engine{tr: tr, sizes: sizes}
 	undo := useWorkers(c.Workers)
@@ -240,9 +257,7 @@ func newEngine(tr *transport, c engineConfig, sizes []int, invalid error) (*engi
 	}
 	if err != nil {
 		undo()
-		tr.mu.Lock()
-		tr.engine = false
-		tr.mu.Unlock()
+		tr.release()
 		return nil, err
 	}
 	return e, nil
@@ -399,9 +414,7 @@ func (e *engine) loadReshaped(src []byte) error {
 func (e *engine) close() error {
 	err := e.stepper().Close()
 	if e.tr != nil {
-		e.tr.mu.Lock()
-		e.tr.engine = false
-		e.tr.mu.Unlock()
+		e.tr.release()
 	}
 	if err != nil {
 		err = fmt.Errorf("closing the engine: %w", err)

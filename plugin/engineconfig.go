@@ -7,16 +7,14 @@ package main
 import "C"
 
 import (
-	"fmt"
 	"math"
-	"strings"
 	"unsafe"
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// cEngineConfig mirrors gc_engine_config (engineConfigSize27 bytes; an
+// cEngineConfig mirrors gc_engine_config (engineConfigSize211 bytes; an
 // older ABI's struct ends at its engineConfigSizes entry).
 type cEngineConfig struct {
 	Size                     uint32
@@ -34,50 +32,34 @@ type cEngineConfig struct {
 	_                        int32
 	NodeSpec                 *C.char // since ABI 2.5
 	TensorCounts, Shapes     *uint64 // since ABI 2.7
+	FeedbackDecay            float64 // since ABI 2.11
 }
 
 // The sizes of gc_engine_config in the ABIs that changed it, which a
 // caller built against that header passes.
 const (
-	engineConfigSize20 = 56  // ABI 2.0: without Momentum and Schedule
-	engineConfigSize21 = 72  // ABI 2.1: without Guard and MomentumMasking
-	engineConfigSize22 = 88  // ABI 2.2 and 2.3: without the topology
-	engineConfigSize24 = 104 // ABI 2.4: without NodeSpec
-	engineConfigSize25 = 112 // ABI 2.5 and 2.6: without TensorCounts and Shapes
-	engineConfigSize27 = 128 // ABI 2.7 on: sizeof(cEngineConfig)
+	engineConfigSize20  = 56  // ABI 2.0: without Momentum and Schedule
+	engineConfigSize21  = 72  // ABI 2.1: without Guard and MomentumMasking
+	engineConfigSize22  = 88  // ABI 2.2 and 2.3: without the topology
+	engineConfigSize24  = 104 // ABI 2.4: without NodeSpec
+	engineConfigSize25  = 112 // ABI 2.5 and 2.6: without TensorCounts and Shapes
+	engineConfigSize27  = 128 // ABI 2.7 to 2.10: without FeedbackDecay
+	engineConfigSize211 = 136 // ABI 2.11 on: sizeof(cEngineConfig)
 )
 
 // engineConfigSizes are the sizes copyEngineConfig accepts, each with the
 // ABI that introduced it, this library's last.
-var engineConfigSizes = []struct {
-	size uint32
-	abi  string
-}{
+var engineConfigSizes = []knownSize{
 	{engineConfigSize20, "2.0"}, {engineConfigSize21, "2.1"}, {engineConfigSize22, "2.2"},
 	{engineConfigSize24, "2.4"}, {engineConfigSize25, "2.5"}, {engineConfigSize27, "2.7"},
+	{engineConfigSize211, "2.11"},
 }
 
-// copyEngineConfig returns the gc_engine_config at p: as many bytes as
-// its size says, the fields after them (which an older ABI's struct
-// lacks) zero, each one's default. A size not in engineConfigSizes is
-// refused before a byte past it is read: a larger one is a newer header's,
-// whose fields this library does not know, or a wrong one, which would
-// have it read past the caller's struct.
+// copyEngineConfig returns the gc_engine_config at p, read as far as its
+// size says (copySized: the fields an older ABI's struct lacks zero, an
+// unknown size refused before a byte past it is read).
 func copyEngineConfig(p unsafe.Pointer) (cEngineConfig, error) {
-	var c cEngineConfig
-	size := *(*uint32)(p)
-	var older []string
-	for _, s := range engineConfigSizes {
-		if s.size == size {
-			copy(unsafe.Slice((*byte)(unsafe.Pointer(&c)), size), unsafe.Slice((*byte)(p), size))
-			return c, nil
-		}
-		older = append(older, fmt.Sprintf("%d of ABI %s", s.size, s.abi))
-	}
-	own := unsafe.Sizeof(c)
-	return c, errorf(errInvalid, "cfg->size %d: this library (ABI %d.%d) reads a gc_engine_config of %d bytes or an older ABI's (%s); "+
-		"a larger size is a newer header's, whose fields it does not know: build against this library's gradcomp.h and set size from it",
-		size, abiMajor, abiMinor, own, strings.Join(older[:len(older)-1], ", "))
+	return copySized[cEngineConfig](p, "cfg", "gc_engine_config", engineConfigSizes)
 }
 
 // readEngineConfig reads gc_engine_config and the bucket sizes. On error
@@ -107,7 +89,7 @@ func readEngineConfig(cfg unsafe.Pointer, sizes *C.uint64_t, nbuckets C.size_t) 
 		timeout: float64(c.Timeout), workers: int(c.Workers), device: int(c.Device),
 		momentum: c.Momentum, schedule: str(c.Schedule), guard: c.Guard, momentumMasking: c.MomentumMasking != 0,
 		topo:     comm.Topology{Node: int(c.Node), Nodes: int(c.Nodes), LocalRank: int(c.LocalRank), LocalSize: int(c.LocalSize)},
-		nodeSpec: str(c.NodeSpec)}
+		nodeSpec: str(c.NodeSpec), feedbackDecay: c.FeedbackDecay}
 	var shapesErr error
 	raw.shapes, shapesErr = readShapes(c.TensorCounts, c.Shapes, int(nbuckets))
 	conf, err := parseEngineConfig(raw)

@@ -27,7 +27,7 @@ func TestEngineConfigSizes(t *testing.T) {
 		t.Skipf("mprotect: %v", err)
 	}
 	counts := []uint64{1}
-	full := cEngineConfig{ErrorFeedback: 1, Warmup: 3, Momentum: 0.5, Guard: 1.5, Nodes: 2, TensorCounts: &counts[0]}
+	full := cEngineConfig{ErrorFeedback: 1, Warmup: 3, Momentum: 0.5, Guard: 1.5, Nodes: 2, TensorCounts: &counts[0], FeedbackDecay: 0.9}
 	src := unsafe.Slice((*byte)(unsafe.Pointer(&full)), unsafe.Sizeof(full))
 	for _, s := range engineConfigSizes {
 		at := page - int(s.size) // the struct ends where the unreadable page begins
@@ -39,12 +39,13 @@ func TestEngineConfigSizes(t *testing.T) {
 		}
 		has := func(since uint32) bool { return s.size > since }
 		if c.Warmup != 3 || (c.Momentum == 0.5) != has(engineConfigSize20) || (c.Guard == 1.5) != has(engineConfigSize21) ||
-			(c.Nodes == 2) != has(engineConfigSize22) || (c.TensorCounts != nil) != has(engineConfigSize25) {
+			(c.Nodes == 2) != has(engineConfigSize22) || (c.TensorCounts != nil) != has(engineConfigSize25) ||
+			(c.FeedbackDecay == 0.9) != has(engineConfigSize27) {
 			t.Errorf("size %d (ABI %s): read %+v", s.size, s.abi, c)
 		}
 	}
 	own := unsafe.Sizeof(cEngineConfig{})
-	for _, size := range []uint32{0, 4, 48, 60, engineConfigSize27 + 8, 1 << 20, 1<<32 - 1} {
+	for _, size := range []uint32{0, 4, 48, 60, engineConfigSize211 + 8, 1 << 20, 1<<32 - 1} {
 		*(*uint32)(unsafe.Pointer(&mem[page-4])) = size // only the size field is readable
 		_, err := copyEngineConfig(unsafe.Pointer(&mem[page-4]))
 		var se *statusError

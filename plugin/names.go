@@ -5,18 +5,20 @@ import "C"
 import (
 	"fmt"
 
+	"github.com/gradcomp/gradcomp/outer"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
-// nameLists are the lists gc_name reads, by gc_name_list: overlap's own
-// names of each enumeration, in value order, as C strings made once and
-// kept for the process's lifetime.
+// nameLists are the lists gc_name reads, by gc_name_list: overlap's and
+// outer's own names of each enumeration, in value order, as C strings
+// made once and kept for the process's lifetime.
 var nameLists = [...][]*C.char{
-	namesStrategy: cNames(overlap.Strategies()),
-	namesDecision: cNames(overlap.Decisions()),
-	namesOrigin:   cNames(overlap.Origins()),
-	namesCaution:  cNames(overlap.Cautions()),
-	namesGuard:    cNames(overlap.GuardStates()),
+	namesStrategy:  cNames(overlap.Strategies()),
+	namesDecision:  cNames(overlap.Decisions()),
+	namesOrigin:    cNames(overlap.Origins()),
+	namesCaution:   cNames(overlap.Cautions()),
+	namesGuard:     cNames(overlap.GuardStates()),
+	namesOptimizer: cNames(outer.OptimizerKinds()),
 }
 
 // cNames returns the names of vs as C strings.

@@ -17,6 +17,7 @@ import (
 	"github.com/gradcomp/gradcomp/compress"
 	"github.com/gradcomp/gradcomp/kernels"
 	"github.com/gradcomp/gradcomp/nccl"
+	"github.com/gradcomp/gradcomp/outer"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -50,9 +51,12 @@ func errorf(st status, format string, args ...any) error {
 }
 
 // statusOf maps an error to its status code: a *statusError's own, else
-// that of overlap's, comm's, compress's and kernels' typed errors. An error
+// that of outer's, overlap's, comm's, compress's and kernels' typed errors. An error
 // of no known type is a bug in gradcomp: GC_ERR_INTERNAL.
 func statusOf(err error) status {
+	if st, ok := outerStatus(err); ok {
+		return st
+	}
 	if st, ok := engineStatus(err); ok {
 		return st
 	}
@@ -88,6 +92,31 @@ func statusOf(err error) status {
 		return errCorrupt
 	}
 	return errInternal
+}
+
+// outerStatus maps the errors of package outer's Loop; ok is false for
+// others (among them the Loop's failed exchanges, which wrap the engine's
+// and the transport's errors). A *outer.BrokenError wraps the failure that
+// broke the Loop, so it comes first; a *outer.NonFiniteSyncError wraps
+// the engine's *overlap.NonFiniteStepError, which maps alike.
+func outerStatus(err error) (status, bool) {
+	var (
+		broken   *outer.BrokenError
+		config   *outer.ConfigError
+		mismatch *outer.ConfigMismatchError
+		state    *outer.StateError
+	)
+	switch {
+	case errors.As(err, &broken):
+		return errBroken, true
+	case errors.Is(err, outer.ErrClosed):
+		return errClosed, true
+	case errors.As(err, &config), errors.As(err, &mismatch):
+		return errConfig, true
+	case errors.As(err, &state):
+		return errCorrupt, true
+	}
+	return 0, false
 }
 
 // engineStatus maps the errors of the engine and its transport; ok is

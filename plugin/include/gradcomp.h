@@ -34,7 +34,7 @@ extern "C" {
 /* The ABI this header describes. A library whose gc_abi_version() differs
  * in GRADCOMP_ABI_MAJOR is not compatible with this header. */
 #define GRADCOMP_ABI_MAJOR 2
-#define GRADCOMP_ABI_MINOR 10
+#define GRADCOMP_ABI_MINOR 11
 #define GRADCOMP_ABI_VERSION ((GRADCOMP_ABI_MAJOR << 16) | GRADCOMP_ABI_MINOR)
 
 typedef enum gc_status {
@@ -399,8 +399,8 @@ gc_status gc_hosted_complete(gc_hosted h, uint64_t id, int status, const char *m
  * device and this rank's place (node, local_rank) must be equal on every
  * rank (the handshake checks them and the bucket layout). */
 typedef struct gc_engine_config {
-	uint32_t size;             /* sizeof(gc_engine_config) of the caller's header: 128 since 2.7; an older
-	                            * ABI's size (56, 72, 88, 104, 112) means the fields after it are 0. Any
+	uint32_t size;             /* sizeof(gc_engine_config) of the caller's header: 136 since 2.11; an older
+	                            * ABI's size (56, 72, 88, 104, 112, 128) means the fields after it are 0. Any
 	                            * other size (a newer header's, whose fields this library cannot read, or
 	                            * garbage) is refused, naming both sizes, before a byte past the first
 	                            * four is read (since 2.10; GC_ERR_CONFIG from gc_engine_create,
@@ -463,6 +463,11 @@ typedef struct gc_engine_config {
 	 * (112) means none. */
 	const uint64_t *tensor_counts;
 	const uint64_t *shapes;
+	double feedback_decay;     /* since 2.11: β, decayed error feedback (SparseLoCo's e ← β·e + g): a compressed
+	                            * step keeps β times what its payload did not carry; in (0, 1], needs
+	                            * error_feedback; 0 (and a 2.10 or older caller's size, 128 or less) means 1, no
+	                            * decay. Host and device buckets; compared by the handshake and recorded in the
+	                            * engine state (a state of another β is GC_ERR_CORRUPT). */
 } gc_engine_config;
 
 /* Creates an engine for nbuckets buckets of sizes[i] float32 elements over
@@ -689,7 +694,8 @@ typedef enum gc_name_list {
 	GC_NAMES_DECISION = 1, /* gc_engine_config.decision's, "auto" first */
 	GC_NAMES_ORIGIN = 2,   /* gc_origin's by value: "codec", "pinned", "cost-model", ... */
 	GC_NAMES_CAUTION = 3,  /* gc_caution's by value: "none", "random-k-ratio" */
-	GC_NAMES_GUARD = 4     /* gc_guard_state's by value: "off", "clear", "tripped", "pending" */
+	GC_NAMES_GUARD = 4,    /* gc_guard_state's by value: "off", "clear", "tripped", "pending" */
+	GC_NAMES_OUTER_OPTIMIZER = 5 /* since 2.11: gc_outer_optimizer's by value: "nesterov", "sgd", "none" */
 } gc_name_list;
 
 /* Name i of list (since 2.10), in static storage valid while the library
@@ -756,6 +762,187 @@ gc_status gc_engine_state_layout(const uint8_t *src, size_t len, int *node, int 
  * it). */
 gc_status gc_engine_state_check(const uint8_t *src, size_t len, const gc_engine_config *cfg,
                                 const uint64_t *sizes, size_t nbuckets, int world_size);
+
+/* ---- Outer synchronization: DiLoCo, Streaming DiLoCo, SparseLoCo (since ABI 2.11) ----
+ *
+ * A gc_outer is gradcomp's outer loop (package outer's Loop) over a hosted
+ * transport, whose collectives the host carries out with its own
+ * communicator exactly as for gc_engine_create (posts, take or launcher,
+ * complete; see "Engines" above). Each rank (a worker) trains its own
+ * copy of the model with its own inner optimizer and data and calls
+ * gc_outer_step after every inner optimizer step; every H inner steps
+ * (sync_every) the workers average how far they moved from the global
+ * weights θ_global — the pseudo-gradient Δ = θ_global − θ_local, float32 —
+ * through one engine per fragment (gc_engine_config's codec, strategy,
+ * error feedback and its decay apply to it), an outer optimizer applies
+ * the average to θ_global (the same on every rank) and the local weights,
+ * the caller's params, become α·θ_local + (1 − α)·θ_global. Fragment f
+ * of F starts its sync at the inner steps s ≥ off_f with (s − off_f) mod
+ * H = 0, off_f = floor((f+1)·H/F), and finishes it τ (delay) steps later,
+ * its exchange overlapping those inner steps (τ = 0: within the same
+ * gc_outer_step). The schedule, the optimizer and the state live in the
+ * library; gc_outer_due tells a host what the next step touches.
+ *
+ * The params are the caller's host float32 tensors, given at
+ * gc_outer_create: the library reads and writes them during
+ * gc_outer_create (which copies rank 0's into every rank's) and
+ * gc_outer_step only, and keeps their addresses until gc_outer_destroy,
+ * so they must stay valid and in place until then. */
+typedef uint64_t gc_outer;
+
+/* The outer optimizer (gc_outer_config.optimizer); gc_name's
+ * GC_NAMES_OUTER_OPTIMIZER lists their names. With Δ̄ the average of an
+ * element's pseudo-gradient, θ its global weight and m its momentum,
+ * every operation a float32 one rounded on its own: */
+typedef enum gc_outer_optimizer {
+	GC_OUTER_NESTEROV = 0, /* DiLoCo's, torch.optim.SGD(nesterov=True): m ← μ·m + Δ̄; θ ← θ − lr·(Δ̄ + μ·m)
+	                        * (lr 0: 0.7, momentum 0: 0.9) */
+	GC_OUTER_SGD = 1,      /* SparseLoCo's: θ ← θ − lr·Δ̄ (lr > 0, momentum 0) */
+	GC_OUTER_NONE = 2      /* θ ← θ − Δ̄: the average of the local weights (lr and momentum 0) */
+} gc_outer_optimizer;
+
+/* What a sync whose average is not finite (some rank's Δ held NaN/Inf)
+ * does (gc_outer_config.on_nonfinite). Either way it is skipped on every
+ * rank: the fragment's global weights, momentum, local weights and
+ * error-feedback memory stay as they were, and gc_outer_report names it. */
+typedef enum gc_outer_nonfinite {
+	GC_OUTER_SKIP = 0, /* gc_outer_step returns GC_OK */
+	GC_OUTER_FAIL = 1  /* gc_outer_step returns GC_ERR_NONFINITE (the loop stays usable) */
+} gc_outer_nonfinite;
+
+/* An outer loop's configuration. Set size to sizeof(gc_outer_config);
+ * later versions append fields, and the library reads as far as size
+ * says (only the sizes of ABIs it knows: 72 since 2.11; any other is
+ * refused, naming both sizes, before a byte past the first four is read).
+ * Every field must be equal on every rank: gc_outer_create's handshake
+ * compares them all, with the tensor sizes, fragments and shapes. */
+typedef struct gc_outer_config {
+	uint32_t size;                /* sizeof(gc_outer_config) of the caller's header: 72 */
+	int32_t sync_every;           /* H ≥ 1: each fragment syncs once every H inner steps */
+	int32_t fragments;            /* F: 0 means 1, or with fragment_of as many as it names. Without fragment_of
+	                               * the fragments are F contiguous groups of tensors, in order, balanced by elements
+	                               * (F at most the number of tensors; gc_outer_layout gives the layout) */
+	int32_t delay;                /* τ ≥ 0, with τ·F < H: a fragment's exchange is applied τ inner steps after its
+	                               * start (0: within the same gc_outer_step) */
+	double alpha;                 /* α in [0, 1): at a finish the local weights become α·θ_local + (1−α)·θ_global */
+	int32_t optimizer;            /* gc_outer_optimizer */
+	int32_t on_nonfinite;         /* gc_outer_nonfinite */
+	double lr;                    /* the outer learning rate (0: nesterov's 0.7; sgd needs one; none takes 0) */
+	double momentum;              /* nesterov's μ in (0, 1) (0: 0.9); sgd and none take 0 */
+	uint64_t bucket_elements;     /* the largest engine bucket, in float32s (0: 4 Mi): a fragment's tensors are laid
+	                               * out in buckets along tensor boundaries, a larger tensor split (not with shapes) */
+	const int32_t *fragment_of;   /* NULL (the default layout) or ntensors entries: each tensor's fragment, numbered
+	                               * from 0, every fragment holding a tensor with elements */
+	const uint64_t *shapes;       /* NULL or ntensors (rows, cols) pairs: each tensor as a matrix (1-D: 1×n), which
+	                               * spec "powersgd:R" needs */
+} gc_outer_config;
+
+/* Creates rank t's outer loop over ntensors tensors, params[i] of
+ * sizes[i] float32 elements (host memory, see above; a tensor of 0
+ * elements may be NULL), with ocfg and the fragment engines' ecfg: its
+ * spec, strategy, decision, error_feedback, feedback_decay, warmup,
+ * schedule, guard, momentum, timeout_seconds (which also bounds the
+ * loop's own collectives) and workers; device must be -1 and
+ * tensor_counts and shapes NULL (the loop's shapes are ocfg->shapes);
+ * fail_on_nonfinite is the loop's (set, so a NaN is never averaged in).
+ * COLLECTIVE, it BLOCKS until its posts are completed: the handshake (a
+ * configuration differing from another rank's is GC_ERR_CONFIG on every
+ * rank, naming the field and both values), the broadcast of rank 0's
+ * params into every rank's params, which become θ_global, and each
+ * fragment engine's creation (as gc_engine_create). A rank whose
+ * configuration or arguments are invalid (NULL or a size this library
+ * does not read, a value out of range, NULL params or sizes) still takes
+ * part to say so: every rank gets GC_ERR_CONFIG at once, naming that rank
+ * and the field. Only a NULL out (GC_ERR_INVALID), an unknown transport
+ * (GC_ERR_HANDLE) and a transport that already has an engine or outer loop
+ * (GC_ERR_STATE) fail without taking part. One engine or outer loop per
+ * transport. */
+gc_status gc_outer_create(gc_hosted t, const gc_outer_config *ocfg, const gc_engine_config *ecfg,
+                          float *const *params, const uint64_t *sizes, size_t ntensors, gc_outer *out);
+
+/* Destroys o: an exchange in flight is abandoned; the transport is not
+ * destroyed and may take another engine or loop. */
+gc_status gc_outer_destroy(gc_outer o);
+
+/* What one gc_outer_step did. The caller sets size (sizeof, at least 64,
+ * ABI 2.11's) and capacity and the arrays (each NULL or capacity int32
+ * entries; F ≤ ntensors, so ntensors entries always suffice); the library
+ * writes the counts and the first capacity fragment indices of each list
+ * into the arrays that are not NULL, and never writes past its own struct
+ * (a newer header's fields stay as they were). */
+typedef struct gc_outer_report {
+	uint32_t size;          /* in: sizeof(gc_outer_report) */
+	uint32_t capacity;      /* in: entries each non-NULL array holds */
+	int32_t *started;       /* in: NULL or an array; out: the fragments whose sync started, ascending */
+	int32_t *finished;      /* out: the fragments whose sync ended (applied or skipped), ascending */
+	int32_t *skipped;       /* out: those of finished that were skipped (a non-finite average), ascending */
+	uint64_t step;          /* out: the inner step s this call counted (1 for the first) */
+	uint64_t bytes_sent;    /* out: this rank's bytes on the wire for the finished syncs' exchanges */
+	uint32_t nstarted;      /* out: how many started (the array holds the first capacity) */
+	uint32_t nfinished;     /* out: how many finished */
+	uint32_t nskipped;      /* out: how many were skipped */
+	int32_t first_skipped;  /* out: the first skipped fragment, -1 for none */
+} gc_outer_report;
+
+/* Counts one inner step s and carries out the schedule's work at s: it
+ * finishes the exchanges due at s (waiting for them, bounded by the
+ * engines' timeout) and applies their averages (θ_global and the params
+ * of those fragments), then starts the syncs due at s (Δ from the params;
+ * with delay 0 finishing each at once). Call it on every rank after each
+ * inner optimizer step; between two calls the host keeps carrying out the
+ * posts of the exchanges in flight. *rep is filled whatever the status:
+ * GC_ERR_NONFINITE (GC_OUTER_FAIL: a sync skipped on every rank, the
+ * loop usable; the other finished fragments were applied), GC_ERR_COMM (a
+ * collective failed or timed out; the loop is broken, later calls
+ * GC_ERR_BROKEN: what rep says was done before the failure, nothing of
+ * the failed sync). A NULL rep or a size below 64 is GC_ERR_INVALID and
+ * counts no step. */
+gc_status gc_outer_step(gc_outer o, gc_outer_report *rep);
+
+/* What the NEXT gc_outer_step does: the fragments whose sync it starts
+ * (*nstarts of them) and those whose sync it finishes (*nfinishes; with
+ * delay 0 the ones it starts), each ascending, the first capacity of each
+ * into starts and finishes (NULL only with capacity 0). For a host whose
+ * weights live elsewhere (a GPU) and are mirrored in params: the step
+ * reads the tensors of both lists' fragments and writes those of
+ * finishes, so copy the former into params before the step and the
+ * latter back after it (gc_outer_layout gives each tensor's fragment); it
+ * touches no other tensor. No collective. */
+gc_status gc_outer_due(gc_outer o, int32_t *starts, int32_t *finishes, size_t capacity, size_t *nstarts,
+                       size_t *nfinishes);
+
+/* Each tensor's fragment into fragment_of (ntensors entries, the loop's
+ * tensor count, else GC_ERR_SIZE; NULL with ntensors 0 to get only the
+ * count) and the number of fragments F into *nfragments. */
+gc_status gc_outer_layout(gc_outer o, int32_t *fragment_of, size_t ntensors, size_t *nfragments);
+
+/* Copies tensor's global weights θ_global (n its elements, else
+ * GC_ERR_SIZE) into dst: to evaluate or export the global model. */
+gc_status gc_outer_global(gc_outer o, size_t tensor, float *dst, size_t n);
+
+/* The loop's state (its configuration, the inner step, θ_global, the
+ * outer momentum, the syncs in flight with their arrived averages and
+ * every fragment engine's state; versioned, checksummed): size, save
+ * (GC_ERR_SIZE if cap is short, *written the size needed) and load. Call
+ * save on every rank at the same inner step: a sync in flight is first
+ * waited for (BLOCKING until its posts are completed) and its average
+ * saved, so a run resumed from the states applies exactly what the
+ * uninterrupted one would. The params are the caller's to checkpoint,
+ * with its inner optimizer. Load is COLLECTIVE (it BLOCKS until its posts
+ * are completed), into a loop with no sync in flight (a new one, to
+ * resume; else GC_ERR_CORRUPT, nothing changed): every rank passes
+ * the state its rank saved, or src NULL (len 0) where the saved job had no
+ * such rank. On the saved number of ranks the resumed run is bit for bit
+ * the uninterrupted one; on another the shared part comes from the lowest
+ * rank with a state and the engines' error-feedback memories are summed
+ * and handed out again. A damaged state, one of another configuration
+ * (tensors, fragments, H, F, τ, α, optimizer, engine settings: the
+ * message names the field and both values) or states the ranks disagree
+ * on are GC_ERR_CORRUPT on every rank and nothing changes; a failed
+ * collective during the load is GC_ERR_COMM and breaks the loop. */
+gc_status gc_outer_state_size(gc_outer o, size_t *len);
+gc_status gc_outer_state_save(gc_outer o, uint8_t *dst, size_t cap, size_t *written);
+gc_status gc_outer_state_load(gc_outer o, const uint8_t *src, size_t len);
 
 /* In libgradcomp_cuda.so, gc_settle of a device bucket only swaps device
  * pointers, and gc_state_size/save copy device residuals to the host on

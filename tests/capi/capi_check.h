@@ -60,7 +60,7 @@ static void expect_fail(const char *file, int line, const char *call, gc_status 
 }
 
 /* A deterministic gradient: Student-t-ish values from a xorshift generator. */
-static void fill(float *g, size_t n, uint64_t seed) {
+static inline void fill(float *g, size_t n, uint64_t seed) {
 	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
 	for (size_t i = 0; i < n; i++) {
 		x ^= x << 13;

@@ -2,9 +2,9 @@
  * capi_engine_test.c — the engine through the C ABI (gc_engine_*, gc_hosted_*)
  * as a host program that brings its own communicator would drive it.
  *
- * The "communicator" is this file's: each rank has a host thread that takes
- * its transport's posts and carries them out with the other ranks' host
- * threads through shared memory (a rendezvous per collective, with a
+ * The "communicator" is capi_host.h's: each rank has a host thread that
+ * takes its transport's posts and carries them out with the other ranks'
+ * host threads through shared memory (a rendezvous per collective, with a
  * timeout, as gloo or NCCL would time out), and a rank thread that runs the
  * engine's steps. With 4 ranks it runs every case of tests/golden and checks
  * every average and every rank's final engine state against the Go engine's
@@ -31,13 +31,15 @@
 
 #include "gradcomp.h"
 #include "capi_check.h"
+#include "capi_host.h"
 
 /* The ABI's structs have the same layout on every LP64 platform: the
  * Python binding (ctypes) and other hosts mirror them field by field. */
 _Static_assert(sizeof(gc_op) == 72, "gc_op is 72 bytes");
 _Static_assert(offsetof(gc_engine_config, node) == 84, "node at 84 (ABI 2.4)");
 _Static_assert(offsetof(gc_engine_config, node_spec) == 104, "node_spec at 104, the ABI 2.4 size (ABI 2.5)");
-_Static_assert(sizeof(gc_engine_config) == 128, "gc_engine_config is 128 bytes (ABI 2.7)");
+_Static_assert(sizeof(gc_engine_config) == 136 && offsetof(gc_engine_config, feedback_decay) == 128,
+               "gc_engine_config is 136 bytes, feedback_decay at 128, the ABI 2.7 size (ABI 2.11)");
 _Static_assert(offsetof(gc_engine_config, local_size) == 96, "local_size at 96");
 _Static_assert(offsetof(gc_op, group) == 20 && offsetof(gc_op, reserved) == 20, "group is 2.3's reserved");
 _Static_assert(offsetof(gc_engine_config, momentum_masking) == 80, "momentum_masking at 80");
@@ -50,12 +52,6 @@ _Static_assert(sizeof(gc_bucket_verdict) == 32 && offsetof(gc_bucket_verdict, he
 #define STEPS 3
 #define NBUCKETS 2
 static const uint64_t sizes[NBUCKETS] = {1000, 37};
-
-static double now(void) {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* tests/golden's gradient: a multiple of 1/64, exact in any summation order. */
 static float gradient(int r, int s, int b, int i) {
@@ -73,213 +69,6 @@ static uint8_t *read_file(const char *path, size_t *len) {
 	*len = fread(buf, 1, (size_t)n, f);
 	fclose(f);
 	return buf;
-}
-
-/* ---- The host's communicator: a group of host threads in one process ---- */
-
-/* group is a barrier with a timeout: a rank that does not arrive in time
- * breaks it for good, and every later collective fails at once. */
-struct group {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int n, count;
-	unsigned gen;
-	int broken;
-	double timeout;
-	gc_op ops[RANKS];
-};
-
-static void group_init(struct group *g, int n, double timeout) {
-	memset(g, 0, sizeof *g);
-	pthread_mutex_init(&g->mu, NULL);
-	pthread_cond_init(&g->cv, NULL);
-	g->n = n;
-	g->timeout = timeout;
-}
-
-static void group_free(struct group *g) {
-	pthread_mutex_destroy(&g->mu);
-	pthread_cond_destroy(&g->cv);
-}
-
-/* arrive waits for every rank; 0, or -1 once the group is broken. */
-static int arrive(struct group *g) {
-	pthread_mutex_lock(&g->mu);
-	unsigned gen = g->gen;
-	if (!g->broken && ++g->count == g->n) {
-		g->count = 0;
-		g->gen++;
-		pthread_cond_broadcast(&g->cv);
-	}
-	struct timespec dl;
-	clock_gettime(CLOCK_REALTIME, &dl);
-	double t = dl.tv_sec + dl.tv_nsec / 1e9 + g->timeout;
-	dl.tv_sec = (time_t)t;
-	dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
-	while (gen == g->gen && !g->broken) {
-		if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT) {
-			g->broken = 1;
-			pthread_cond_broadcast(&g->cv);
-		}
-	}
-	int ok = gen != g->gen;
-	pthread_mutex_unlock(&g->mu);
-	return ok ? 0 : -1;
-}
-
-/* Faults a host thread can inject into the first op it takes once armed. */
-enum fault { FAULT_NONE, FAULT_ERROR, FAULT_WRONG_LENGTH, FAULT_HUGE_LENGTH, FAULT_UNKNOWN_ID, FAULT_TWICE };
-
-struct host {
-	gc_hosted t;
-	struct group *g;
-	int rank;
-	int armed;         /* atomic: apply fault to the next op */
-	int paused;        /* atomic: take nothing (a host that hangs) */
-	enum fault fault;
-	gc_status fault_status; /* what gc_hosted_complete returned for the fault */
-	int ops;           /* ops carried out */
-	int faulted_at;    /* ops when the fault was applied */
-	int split;         /* 1: take gid's posts alone (gc_hosted_take_group) */
-	int gid;           /* with split: the GC_GROUP_* this host serves */
-	int launched;      /* 1: a launcher (gc_hosted_set_launcher), no thread */
-	pthread_t thread;
-};
-
-/* carry_out computes rank h->rank's output of op from every rank's op,
- * into tmp (recv_bytes long). The ranks' ops must agree. */
-static const char *carry_out(struct host *h, const gc_op *op, uint8_t *tmp) {
-	struct group *g = h->g;
-	int n = g->n, r = h->rank;
-	for (int q = 0; q < n; q++) {
-		const gc_op *o = &g->ops[q];
-		if (o->kind != op->kind || o->count != op->count || o->root != op->root) return "ranks posted different collectives";
-	}
-	size_t c = (size_t)op->count;
-	switch (op->kind) {
-	case GC_OP_ALLREDUCE:
-	case GC_OP_REDUCESCATTER: {
-		size_t off = op->kind == GC_OP_REDUCESCATTER ? (size_t)r * c : 0;
-		float *out = (float *)tmp;
-		for (size_t i = 0; i < c; i++) {
-			float s = 0;
-			for (int q = 0; q < n; q++) s += ((const float *)g->ops[q].send)[off + i];
-			out[i] = s;
-		}
-		return NULL;
-	}
-	case GC_OP_ALLGATHER:
-		for (int q = 0; q < n; q++) memcpy(tmp + (size_t)q * c, (const void *)g->ops[q].send, c);
-		return NULL;
-	case GC_OP_ALLTOALL: {
-		size_t k = c / (size_t)n;
-		for (int q = 0; q < n; q++) memcpy(tmp + (size_t)q * k, (const uint8_t *)g->ops[q].send + (size_t)r * k, k);
-		return NULL;
-	}
-	case GC_OP_BROADCAST:
-		memcpy(tmp, (const void *)g->ops[op->root].send, c);
-		return NULL;
-	case GC_OP_BARRIER:
-		return NULL;
-	}
-	return "unknown op kind";
-}
-
-/* carry carries out op, taken by host h, and completes it, applying h's
- * armed fault. */
-static void carry(struct host *h, gc_op op) {
-	CHECK(op.device == 0 && op.group == (h->split ? h->gid : GC_GROUP_WORLD), "rank %d op %llu: device %d, group %d",
-	      h->rank, (unsigned long long)op.id, op.device, op.group);
-	if (__atomic_exchange_n(&h->armed, 0, __ATOMIC_ACQ_REL)) {
-		h->faulted_at = h->ops;
-		switch (h->fault) {
-		case FAULT_ERROR:
-			h->fault_status = gc_hosted_complete(h->t, op.id, GC_ERR_COMM, "injected host failure", 0);
-			return;
-		case FAULT_WRONG_LENGTH:
-			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes + 4);
-			return;
-		case FAULT_HUGE_LENGTH: /* no plausible length: refused, and the op fails at once */
-			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, 1ull << 63);
-			return;
-		case FAULT_UNKNOWN_ID:
-			h->fault_status = gc_hosted_complete(h->t, op.id + 1000, GC_OK, NULL, op.recv_bytes);
-			return;
-		case FAULT_TWICE: /* carried out below, then completed again */
-		case FAULT_NONE:
-			break;
-		}
-	}
-	uint8_t *tmp = malloc(op.recv_bytes + 1);
-	const char *err = NULL;
-	h->g->ops[h->rank] = op;
-	if (arrive(h->g) != 0) {
-		err = "a peer did not post the collective in time";
-	} else {
-		err = carry_out(h, &op, tmp);
-		if (arrive(h->g) != 0 && err == NULL) err = "a peer did not finish the collective in time";
-	}
-	if (err == NULL) {
-		if (op.kind != GC_OP_BARRIER) memcpy((void *)op.recv, tmp, op.recv_bytes);
-		OK(gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.kind == GC_OP_BARRIER ? 0 : op.recv_bytes));
-		if (h->fault == FAULT_TWICE && h->ops == h->faulted_at)
-			h->fault_status = gc_hosted_complete(h->t, op.id, GC_OK, NULL, op.recv_bytes);
-	} else {
-		/* Unchecked: the engine may have given up on the op
-		 * (GC_ERR_STATE), or the transport be destroyed. */
-		gc_hosted_complete(h->t, op.id, GC_ERR_COMM, err, 0);
-	}
-	free(tmp);
-	h->ops++;
-}
-
-/* host_main takes and carries out h->t's posts until the transport is
- * destroyed. */
-static void *host_main(void *arg) {
-	struct host *h = arg;
-	for (;;) {
-		gc_op op;
-		if (__atomic_load_n(&h->paused, __ATOMIC_ACQUIRE)) {
-			struct timespec ts = {0, 10 * 1000 * 1000};
-			nanosleep(&ts, NULL);
-			continue;
-		}
-		gc_status st = h->split ? gc_hosted_take_group(h->t, h->gid, 0.05, &op) : gc_hosted_take(h->t, 0.05, &op);
-		if (st == GC_ERR_TIMEOUT) continue;
-		if (st != GC_OK) break; /* GC_ERR_CLOSED: destroyed */
-		carry(h, op);
-	}
-	return NULL;
-}
-
-/* launch is a gc_launch_fn: it carries out op on the engine's thread that
- * posts it, before returning (a host of this test's kind, whose
- * collectives are synchronous; a real one starts it and returns). */
-static void launch(void *ctx, const gc_op *op) { carry(ctx, *op); }
-
-/* hosts_start starts n hosts of group g: threads taking the posts, or,
- * with launched, launchers (gc_hosted_set_launcher) carrying them out. */
-static void hosts_start(struct host *hs, struct group *g, int n, int launched) {
-	for (int r = 0; r < n; r++) {
-		memset(&hs[r], 0, sizeof hs[r]);
-		hs[r].g = g;
-		hs[r].rank = r;
-		hs[r].launched = launched;
-		OK(gc_hosted_create(r, n, &hs[r].t));
-		if (launched)
-			OK(gc_hosted_set_launcher(hs[r].t, GC_GROUP_WORLD, launch, &hs[r]));
-		else
-			pthread_create(&hs[r].thread, NULL, host_main, &hs[r]);
-	}
-}
-
-static void hosts_stop(struct host *hs, int n) {
-	for (int r = 0; r < n; r++) {
-		OK(gc_hosted_destroy(hs[r].t));
-		__atomic_store_n(&hs[r].paused, 0, __ATOMIC_RELEASE); /* a paused host takes, and sees the end */
-	}
-	for (int r = 0; r < n; r++)
-		if (!hs[r].launched) pthread_join(hs[r].thread, NULL);
 }
 
 static gc_engine_config config(const char *spec, const char *strategy) {
@@ -567,6 +356,8 @@ static void test_invalid_config(void) {
 		{"null sizes", "null sizes with 2 buckets", NULL, 0, config("int8", "auto")},
 		{"empty bucket", "bucket 1 has 0 elements", zero, 0, config("int8", "auto")},
 		{"huge bucket", "sizes[0] = 1099511627776", huge, 0, config("int8", "auto")},
+		{"feedback decay", "FeedbackDecay 0.5 needs ErrorFeedback", sizes, 0, config("int8", "auto")},
+		{"feedback decay range", "FeedbackDecay 1.5 is not in (0, 1]", sizes, 0, config("int8", "auto")},
 	};
 	cases[1].cfg.decision = "bogus";
 	cases[2].cfg.schedule = "x@int8";
@@ -575,6 +366,9 @@ static void test_invalid_config(void) {
 	cases[5].cfg.workers = -1;
 	cases[6].cfg.device = -2;
 	cases[7].cfg.size = 48;
+	cases[14].cfg.feedback_decay = 0.5;
+	cases[14].cfg.error_feedback = 0;
+	cases[15].cfg.feedback_decay = 1.5;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		struct group g;
 		struct host hs[RANKS];
@@ -612,7 +406,7 @@ static void test_invalid_config(void) {
  * 2.10): each config lies at the end of a readable page, the next one
  * unreadable. Every older ABI's size and this header's are accepted; a
  * size the library does not know (the 4 GiB an 88-byte struct claims, a
- * newer header's 136, one between two ABIs') is refused on every rank with
+ * newer header's 144, one between two ABIs') is refused on every rank with
  * GC_ERR_CONFIG naming it and the library's size, and nothing past the
  * size is read: no fault. */
 static void test_config_size(void) {
@@ -621,10 +415,10 @@ static void test_config_size(void) {
 		uint32_t claim, room; /* cfg->size, and the bytes the caller's struct has */
 		const char *want;     /* "" where accepted */
 	} cases[] = {
-		{56, 56, ""}, {72, 72, ""}, {88, 88, ""}, {104, 104, ""}, {112, 112, ""},
+		{56, 56, ""}, {72, 72, ""}, {88, 88, ""}, {104, 104, ""}, {112, 112, ""}, {128, 128, ""},
 		{sizeof(gc_engine_config), sizeof(gc_engine_config), ""},
-		{0xFFFFFFFFu, 88, "cfg->size 4294967295: this library (ABI 2.10) reads a gc_engine_config of 128 bytes"},
-		{136, 136, "cfg->size 136: "},
+		{0xFFFFFFFFu, 88, "cfg->size 4294967295: this library (ABI 2.11) reads a gc_engine_config of 136 bytes"},
+		{144, 144, "cfg->size 144: "},
 		{96, 96, "cfg->size 96: "},
 	};
 	long page = sysconf(_SC_PAGESIZE);
@@ -816,7 +610,7 @@ static void test_names(void) {
 		}
 	}
 	CHECK(hier && lowrank, "the strategies lack hier (%d) or low-rank (%d)", hier, lowrank);
-	CHECK(gc_name((gc_name_list)5, 0) == NULL && gc_name((gc_name_list)-1, 0) == NULL, "unknown lists are not NULL");
+	CHECK(gc_name((gc_name_list)6, 0) == NULL && gc_name((gc_name_list)-1, 0) == NULL, "unknown lists are not NULL");
 }
 
 /* PowerSGD through the C ABI (spec "powersgd:2", strategy "low-rank"): the

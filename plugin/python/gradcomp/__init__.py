@@ -3,8 +3,10 @@
 A pure-Python (ctypes) binding of gradcomp's C ABI (plugin/include/gradcomp.h):
 the codecs (:class:`Compressor`), the engine over a hosted transport
 (:class:`Engine`, whose collectives a thread carries out with
-torch.distributed; see gradcomp._engine and gradcomp._host) and, in
-:mod:`gradcomp.torch`, a DDP communication hook that drives the engine.
+torch.distributed; see gradcomp._engine and gradcomp._host), in
+:mod:`gradcomp.torch`, a DDP communication hook that drives the engine, and
+in :mod:`gradcomp.outer` (imported with the package) the outer loop of
+DiLoCo, Streaming DiLoCo and SparseLoCo.
 Importing this
 package needs neither torch nor a GPU nor the library: the library is found
 and loaded on first use, from ``$GRADCOMP_LIB`` or next to this package
@@ -37,6 +39,7 @@ from ._compressor import (
     version,
 )
 from ._engine import BucketStats, Engine, StateInfo, StepStats
+from . import outer
 from ._host import Hosted, TorchHost
 from ._lib import (
     ABI_MAJOR,
@@ -94,6 +97,7 @@ __all__ = [
     "has_cuda",
     "live_handles",
     "names",
+    "outer",
     "payload_len",
     "payload_len_raw",
     "version",

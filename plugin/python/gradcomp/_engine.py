@@ -70,7 +70,7 @@ def format_schedule(schedule):
 
 def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True, fail_on_nonfinite=False, warmup=0,
                   timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="", guard=0.0, momentum_masking=False,
-                  topology=None, node_spec="", shapes=None):
+                  topology=None, node_spec="", shapes=None, feedback_decay=0.0):
     """A gc_engine_config of :class:`Engine`'s settings (its docstring
     says what each means); ValueError for settings this library's ABI
     lacks. The library checks the names (spec, strategy, decision) when
@@ -84,8 +84,12 @@ def engine_config(spec, *, strategy="auto", decision="auto", error_feedback=True
         raise ValueError("gradcomp: node_spec needs libgradcomp ABI 2.5; %s is older" % _lib.path())
     if (guard or momentum_masking) and not _lib.has("gc_engine_held_back"):
         raise ValueError("gradcomp: guard and momentum_masking need libgradcomp ABI 2.2; %s is older" % _lib.path())
+    minor = _lib.lib().gc_abi_version() & 0xFFFF
+    if feedback_decay and minor < 11:
+        raise ValueError("gradcomp: feedback_decay needs libgradcomp ABI 2.11; %s is older" % _lib.path())
     cfg = _lib.EngineConfig()
-    cfg.size = ctypes.sizeof(_lib.EngineConfig)
+    cfg.size = _lib.EngineConfig.size_for(minor)
+    cfg.feedback_decay = float(feedback_decay)
     cfg.error_feedback = 1 if error_feedback else 0
     cfg.spec = _lib.cstring("spec", spec)
     cfg.strategy = _lib.cstring("strategy", strategy)
@@ -173,7 +177,9 @@ class Engine:
     buckets): a
     bucket whose error feedback holds back more than ``guard`` times its
     gradient's norm on some rank goes dense with its residual on its next
-    compressed step. Spec, strategy, decision, error feedback,
+    compressed step. ``feedback_decay`` (ABI 2.11): β of decayed error
+    feedback (SparseLoCo's e ← β·e + g), in (0, 1] with error feedback; 0
+    means none. Spec, strategy, decision, error feedback,
     fail_on_nonfinite, warmup, momentum and its masking, schedule, guard and
     the sizes must
     be equal on every rank: the handshake (run here, through the host,
@@ -182,14 +188,15 @@ class Engine:
 
     def __init__(self, spec, sizes, *, process_group=None, strategy="auto", decision="auto", error_feedback=True,
                  fail_on_nonfinite=False, warmup=0, timeout=60.0, workers=0, device=-1, momentum=0.0, schedule="",
-                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None):
+                 guard=0.0, momentum_masking=False, topology=None, groups=None, node_spec="", shapes=None,
+                 feedback_decay=0.0):
         import torch.distributed as dist
 
         cfg = engine_config(spec, strategy=strategy, decision=decision, error_feedback=error_feedback,
                             fail_on_nonfinite=fail_on_nonfinite, warmup=warmup, timeout=timeout, workers=workers,
                             device=device, momentum=momentum, schedule=schedule, guard=guard,
                             momentum_masking=momentum_masking, topology=topology, node_spec=node_spec,
-                            shapes=shapes)
+                            shapes=shapes, feedback_decay=feedback_decay)
         if groups is not None and not all(g in groups for g in (_lib.Group.NODE, _lib.Group.CROSS)):
             raise ValueError("gradcomp: groups=%r: want {Group.NODE: process group, Group.CROSS: process group}"
                              % (groups,))
@@ -323,20 +330,7 @@ class Engine:
 
     def save_state(self):
         """The engine's state as bytes (gc_engine_state_save)."""
-        h = self._h()
-        size = ctypes.c_size_t()
-        _lib.call("gc_engine_state_size", h, ctypes.byref(size))
-        while True:
-            buf = ctypes.create_string_buffer(max(size.value, 1))
-            written = ctypes.c_size_t()
-            try:
-                _lib.call("gc_engine_state_save", h, buf, size.value, ctypes.byref(written))
-            except _lib.InvalidArgumentError as e:
-                if e.status == Status.SIZE and written.value > size.value:
-                    size.value = written.value
-                    continue
-                raise
-            return buf.raw[: written.value]
+        return _lib.saved_state(self._h(), "gc_engine_state_size", "gc_engine_state_save")
 
     def load_state(self, data):
         """Replaces the engine's state with a saved one, validated whole
@@ -432,9 +426,7 @@ class Engine:
         # communicator has no transport: destroying it destroyed its comms.
         if self.hosted is None:
             return
-        self.host.stop(timeout=self.timeout)
-        self.hosted.close()
-        self.host.stop(timeout=1.0)
+        self.host.close(self.timeout)
 
     def close(self):
         """Destroys the engine (a step in flight is abandoned, error feedback

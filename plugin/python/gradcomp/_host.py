@@ -592,3 +592,14 @@ class TorchHost:
             self._count.wait_for(lambda: not self._flights, left())
             idle = not self._flights
         return idle and not any(t.is_alive() for t in self._threads)
+
+    def close(self, timeout):
+        """Ends the host and then its transport, after the library's
+        handle that posts on it is destroyed: waits up to ``timeout``
+        seconds for the collectives in flight to finish and be completed
+        (their buffers stay valid until then, and torch cannot cancel
+        them), destroys the transport, then waits a second more for the
+        threads to see it."""
+        self.stop(timeout=timeout)
+        self.hosted.close()
+        self.stop(timeout=1.0)

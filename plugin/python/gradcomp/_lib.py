@@ -20,7 +20,7 @@ import threading
 #: The ABI major version this package speaks (GRADCOMP_ABI_MAJOR).
 ABI_MAJOR = 2
 #: The ABI minor version this package was written against (GRADCOMP_ABI_MINOR).
-ABI_MINOR = 10
+ABI_MINOR = 11
 
 #: The environment variable naming the library to load.
 ENV_LIB = "GRADCOMP_LIB"
@@ -101,6 +101,7 @@ class Names(enum.IntEnum):
     ORIGIN = 2
     CAUTION = 3
     GUARD = 4
+    OUTER_OPTIMIZER = 5  # ABI 2.11: the outer loop's optimizers, "nesterov", "sgd", "none"
 
 
 class Settle(enum.IntEnum):
@@ -284,6 +285,57 @@ class EngineConfig(ctypes.Structure):
         ("node_spec", ctypes.c_char_p),  # since ABI 2.5: the codec of "hier"'s node stages (None: float32)
         ("tensor_counts", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: tensors per bucket (NULL: none)
         ("shapes", ctypes.POINTER(ctypes.c_uint64)),  # since ABI 2.7: their (rows, cols) pairs
+        ("feedback_decay", ctypes.c_double),  # since ABI 2.11: β of decayed error feedback (0: none)
+    ]
+
+    @classmethod
+    def size_for(cls, minor):
+        """The size field for a library of ABI 2.``minor``: this struct's
+        sizeof, or for a library older than 2.11 the 2.7 size it reads
+        (without feedback_decay)."""
+        return ctypes.sizeof(cls) if minor >= 11 else cls.feedback_decay.offset
+
+
+class OuterConfig(ctypes.Structure):
+    """gc_outer_config (ABI 2.11; size must be sizeof(gc_outer_config))."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("sync_every", ctypes.c_int32),
+        ("fragments", ctypes.c_int32),
+        ("delay", ctypes.c_int32),
+        ("alpha", ctypes.c_double),
+        ("optimizer", ctypes.c_int32),  # a gc_outer_optimizer: names(Names.OUTER_OPTIMIZER).index(name)
+        ("on_nonfinite", ctypes.c_int32),  # OUTER_SKIP or OUTER_FAIL
+        ("lr", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("bucket_elements", ctypes.c_uint64),
+        ("fragment_of", ctypes.POINTER(ctypes.c_int32)),
+        ("shapes", ctypes.POINTER(ctypes.c_uint64)),
+    ]
+
+
+#: gc_outer_nonfinite (ABI 2.11): a non-finite average skips its sync;
+#: GC_OUTER_FAIL also makes gc_outer_step return GC_ERR_NONFINITE.
+OUTER_SKIP, OUTER_FAIL = 0, 1
+
+
+class OuterReport(ctypes.Structure):
+    """gc_outer_report (ABI 2.11): what one gc_outer_step did (set size,
+    capacity and the arrays; the library writes the rest)."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("capacity", ctypes.c_uint32),
+        ("started", ctypes.POINTER(ctypes.c_int32)),
+        ("finished", ctypes.POINTER(ctypes.c_int32)),
+        ("skipped", ctypes.POINTER(ctypes.c_int32)),
+        ("step", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("nstarted", ctypes.c_uint32),
+        ("nfinished", ctypes.c_uint32),
+        ("nskipped", ctypes.c_uint32),
+        ("first_skipped", ctypes.c_int32),
     ]
 
 
@@ -393,6 +445,23 @@ _OPTIONAL = {
     "gc_spec_canonical": (8, ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "gc_engine_verdict": (10, ctypes.c_int, [_u64, ctypes.c_size_t, ctypes.POINTER(BucketVerdictC)]),
     "gc_name": (10, ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]),
+    # ABI 2.11: the outer loop.
+    "gc_outer_create": (
+        11, ctypes.c_int,
+        [_u64, ctypes.POINTER(OuterConfig), ctypes.POINTER(EngineConfig), ctypes.c_void_p, _u64_p, ctypes.c_size_t,
+         _u64_p],
+    ),
+    "gc_outer_destroy": (11, ctypes.c_int, [_u64]),
+    "gc_outer_step": (11, ctypes.c_int, [_u64, ctypes.POINTER(OuterReport)]),
+    "gc_outer_due": (
+        11, ctypes.c_int,
+        [_u64, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t, _size_p, _size_p],
+    ),
+    "gc_outer_layout": (11, ctypes.c_int, [_u64, ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t, _size_p]),
+    "gc_outer_global": (11, ctypes.c_int, [_u64, ctypes.c_size_t, _float_p, ctypes.c_size_t]),
+    "gc_outer_state_size": (11, ctypes.c_int, [_u64, _size_p]),
+    "gc_outer_state_save": (11, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t, _size_p]),
+    "gc_outer_state_load": (11, ctypes.c_int, [_u64, _byte_p, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()
@@ -560,16 +629,40 @@ def call(name, *args):
     DeviceError for GC_ERR_NOCUDA, GC_ERR_NODEVICE and GC_ERR_CUDA; and
     LibraryError (RuntimeError) for the rest.
     """
-    fn = function(name)
-    status = fn(*args)
+    check(name, function(name)(*args))
+
+
+def check(name, status):
+    """Raises what :func:`call` raises for ``status``, returned by the
+    library's function ``name`` (nothing for GC_OK): for a caller that has
+    work to do between the call and the exception."""
     if status == Status.OK:
         return
     try:
         status = Status(status)
     except ValueError:
         raise LibraryError(name, Status.INTERNAL, "unknown status %d; %s" % (status, last_error()))
-    message = last_error()
-    raise error(name, status, message)
+    raise error(name, status, last_error())
+
+
+def saved_state(handle, size_name, save_name):
+    """A handle's state as bytes: ``size_name`` (gc_*_state_size) for its
+    length, then ``save_name`` (gc_*_state_save) into a buffer of that
+    length, again with the length the save asks for if the state grew in
+    between (GC_ERR_SIZE)."""
+    size = ctypes.c_size_t()
+    call(size_name, handle, ctypes.byref(size))
+    while True:
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        written = ctypes.c_size_t()
+        try:
+            call(save_name, handle, buf, size.value, ctypes.byref(written))
+        except InvalidArgumentError as e:
+            if e.status == Status.SIZE and written.value > size.value:
+                size.value = written.value
+                continue
+            raise
+        return buf.raw[: written.value]
 
 
 def error(name, status, message):
