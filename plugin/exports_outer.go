@@ -22,11 +22,11 @@ const outerKind = "outer loop"
 // caller's inputs (Size, Capacity and the arrays), then what the library
 // writes.
 type cOuterReport struct {
-	Size, Capacity             uint32
-	Started, Finished, Skipped *int32
-	Step, BytesSent            uint64
-	NStarted, NFinished, NSkip uint32
-	FirstSkipped               int32
+	Size, Capacity                uint32
+	Started, Finished, Skipped    *int32
+	Step, BytesSent               uint64
+	NStarted, NFinished, NSkipped uint32
+	FirstSkipped                  int32
 }
 
 // outerReportSize211 is sizeof(gc_outer_report) in ABI 2.11, which added
@@ -129,7 +129,7 @@ func putOuterReport(r *cOuterReport, rep outer.Report) {
 		}
 	}
 	r.Step, r.BytesSent = rep.Step, uint64(max(rep.BytesSent, 0))
-	r.NStarted, r.NFinished, r.NSkip = uint32(len(rep.Started)), uint32(len(finished)), uint32(len(skipped))
+	r.NStarted, r.NFinished, r.NSkipped = uint32(len(rep.Started)), uint32(len(finished)), uint32(len(skipped))
 	r.FirstSkipped = -1
 	if len(skipped) > 0 {
 		r.FirstSkipped = int32(skipped[0])

@@ -38,8 +38,8 @@ type settler interface {
 	Discard()
 }
 
-// handles is the registry of live handles: compressors, hosted transports
-// and engines. A handle is a runtime/cgo.Handle whose Value is called only
+// handles is the registry of live handles: compressors, hosted transports,
+// engines and outer loops. A handle is a runtime/cgo.Handle whose Value is called only
 // after the registry has confirmed it is live, so an unknown or destroyed
 // value is an error, never cgo's panic.
 var handles = struct {

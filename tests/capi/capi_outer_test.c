@@ -79,7 +79,16 @@ static gc_outer_config outer_config(int sync_every) {
 	return c;
 }
 
-/* One rank: its weights, its loop and what each step reported. */
+/* One step of a rank: what gc_outer_due said before it and what it
+ * reported. */
+struct step_record {
+	gc_outer_report rep;
+	int32_t started[NT], finished[NT], skipped[NT];
+	int32_t due_starts[NT], due_finishes[NT];
+	size_t ndue_starts, ndue_finishes;
+};
+
+/* One rank: its weights, its loop and its steps. */
 struct worker {
 	struct host *host;
 	int r;
@@ -92,12 +101,7 @@ struct worker {
 	gc_status st;
 	char msg[512];
 	int from, to; /* the inner steps to run, s = from+1 ... to */
-	struct {
-		gc_outer_report rep;
-		int32_t started[NT], finished[NT], skipped[NT];
-		int32_t due_starts[NT], due_finishes[NT];
-		size_t ndue_starts, ndue_finishes;
-	} steps[STEPS];
+	struct step_record steps[STEPS];
 };
 
 static void record(struct worker *w, gc_status st) {
@@ -120,7 +124,7 @@ static void *run_main(void *arg) {
 	struct worker *w = arg;
 	for (int s = w->from; s < w->to && w->st == GC_OK; s++) {
 		inner(w->p, w->r, s);
-		__typeof__(w->steps[0]) *k = &w->steps[s];
+		struct step_record *k = &w->steps[s];
 		record(w, gc_outer_due(w->o, k->due_starts, k->due_finishes, NT, &k->ndue_starts, &k->ndue_finishes));
 		k->rep = (gc_outer_report){.size = sizeof k->rep, .capacity = NT, .started = k->started,
 		                           .finished = k->finished, .skipped = k->skipped};
@@ -264,7 +268,7 @@ static void test_streaming(void) {
 		run(ws, 0, SETTLED);
 		for (int r = 0; r < RANKS; r++)
 			for (int s = 0; s < SETTLED; s++) {
-				__typeof__(ws[r].steps[0]) *k = &ws[r].steps[s];
+				struct step_record *k = &ws[r].steps[s];
 				int step = s + 1;
 				int starts = step % 2 == 0 ? (step % 4 == 2 ? 0 : 1) : -1;                         /* fragment starting, or -1 */
 				int finishes = step % 2 == 1 && step > 1 ? ((step - 1) % 4 == 2 ? 0 : 1) : -1; /* finishing, or -1 */
