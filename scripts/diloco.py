@@ -343,7 +343,6 @@ def main(argv):
     print("scripts/diloco.py: torch %s (%s), run %s, link %s: %d workers × batch %d × context %d, %d layers, dim %d:"
           " %d parameters, %d steps, H %d" % (torch.__version__, sys.executable, a.run, a.link, a.workers, a.batch,
                                             a.context, a.layers, a.dim, n, a.steps, a.sync_every), flush=True)
-    forward = [x for x in argv if x != "--report"]
     failed = False
     for c in configs:
         why = torchft_missing(a) if c == "torchft" else None
@@ -352,7 +351,7 @@ def main(argv):
             append(a.out, dict(row_head(a, c), skipped=why))
             continue
         t0 = time.monotonic()
-        error = run_config(a, forward, c)
+        error = run_config(a, argv, c)
         print("%s: %s in %.0f s%s" % (c, "failed" if error else "done", time.monotonic() - t0,
                                       ": " + error if error else ""), flush=True)
         if error:
