@@ -59,32 +59,16 @@ const (
 )
 
 func lookupTransport(h C.uint64_t) (*transport, error) {
-	tr, err := lookupAs[*transport](uint64(h), hostedKind)
-	if err != nil {
-		return nil, errorf(errHandle, "%v", err)
-	}
-	return tr, nil
+	return lookupKind[*transport](uint64(h), hostedKind)
 }
 
-// withEngine runs call on the engine of handle h and returns fn's status:
-// GC_OK, or the error's (recorded as the thread's last error).
+// withEngine runs call on the engine of handle h (withHandle).
 func withEngine(fn string, h C.uint64_t, call func(e *engine) error) C.int {
-	e, err := lookupEngine(h)
-	if err == nil {
-		err = call(e)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return C.int(withHandle(fn, uint64(h), engineKind, call))
 }
 
 func lookupEngine(h C.uint64_t) (*engine, error) {
-	e, err := lookupAs[*engine](uint64(h), engineKind)
-	if err != nil {
-		return nil, errorf(errHandle, "%v", err)
-	}
-	return e, nil
+	return lookupKind[*engine](uint64(h), engineKind)
 }
 
 // seconds converts a C timeout, refusing NaN, negative and absurd values.

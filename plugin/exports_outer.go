@@ -33,25 +33,9 @@ type cOuterReport struct {
 // it: the least a caller's struct holds.
 const outerReportSize211 = 64
 
-func lookupOuter(h C.uint64_t) (*outerLoop, error) {
-	o, err := lookupAs[*outerLoop](uint64(h), outerKind)
-	if err != nil {
-		return nil, errorf(errHandle, "%v", err)
-	}
-	return o, nil
-}
-
-// withOuter runs call on the outer loop of handle h and returns fn's
-// status: GC_OK, or the error's (recorded as the thread's last error).
+// withOuter runs call on the outer loop of handle h (withHandle).
 func withOuter(fn string, h C.uint64_t, call func(o *outerLoop) error) C.int {
-	o, err := lookupOuter(h)
-	if err == nil {
-		err = call(o)
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return C.int(withHandle(fn, uint64(h), outerKind, call))
 }
 
 //export gc_outer_create

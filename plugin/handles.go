@@ -64,6 +64,29 @@ func lookupAs[T any](h uint64, kind string) (T, error) {
 	return liveValue[T](h, kind)
 }
 
+// lookupKind is lookupAs whose error is the ABI's GC_ERR_HANDLE.
+func lookupKind[T any](h uint64, kind string) (T, error) {
+	v, err := lookupAs[T](h, kind)
+	if err != nil {
+		return v, errorf(errHandle, "%v", err)
+	}
+	return v, nil
+}
+
+// withHandle runs call on the value of kind at handle h and returns fn's
+// status: GC_OK, or the error's (recorded as the thread's last error; a
+// handle that is not a live kind is GC_ERR_HANDLE).
+func withHandle[T any](fn string, h uint64, kind string, call func(T) error) int {
+	v, err := lookupKind[T](h, kind)
+	if err == nil {
+		err = call(v)
+	}
+	if err != nil {
+		return int(failErr(fn, err))
+	}
+	return int(statusOK)
+}
+
 // liveValue is lookupAs under handles.mu.
 func liveValue[T any](h uint64, kind string) (T, error) {
 	var zero T
