@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/internal/record"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -20,7 +20,7 @@ import (
 const protocolVersion = 1
 
 // field is one entry of a configuration record.
-type field struct{ name, value string }
+type field = record.Field
 
 // record is the canonical form of s that a state records, in the order a
 // difference is reported: settings(false), then tensors().
@@ -30,15 +30,15 @@ func (s *settings) record() []field { return append(s.settings(false), s.tensors
 // OnNonFinite, a run-time policy a resumed run may change.
 func (s *settings) settings(handshake bool) []field {
 	f := []field{
-		{"SyncEvery", strconv.Itoa(s.SyncEvery)},
-		{"Fragments", strconv.Itoa(s.Fragments)},
-		{"Delay", strconv.Itoa(s.Delay)},
-		{"Alpha", strconv.FormatFloat(s.Alpha, 'g', -1, 64)},
-		{"Optimizer", s.Optimizer.String()},
-		{"BucketElements", strconv.Itoa(s.BucketElements)},
+		{Name: "SyncEvery", Value: strconv.Itoa(s.SyncEvery)},
+		{Name: "Fragments", Value: strconv.Itoa(s.Fragments)},
+		{Name: "Delay", Value: strconv.Itoa(s.Delay)},
+		{Name: "Alpha", Value: strconv.FormatFloat(s.Alpha, 'g', -1, 64)},
+		{Name: "Optimizer", Value: s.Optimizer.String()},
+		{Name: "BucketElements", Value: strconv.Itoa(s.BucketElements)},
 	}
 	if handshake {
-		f = append(f, field{"OnNonFinite", s.OnNonFinite.String()})
+		f = append(f, field{Name: "OnNonFinite", Value: s.OnNonFinite.String()})
 	}
 	return f
 }
@@ -46,16 +46,16 @@ func (s *settings) settings(handshake bool) []field {
 // tensors are the fields of the tensors: their count, then each one's
 // elements, fragment and shape.
 func (s *settings) tensors() []field {
-	f := []field{{"tensors", strconv.Itoa(len(s.sizes))}}
+	f := []field{{Name: "tensors", Value: strconv.Itoa(len(s.sizes))}}
 	for i, n := range s.sizes {
 		shape := "none"
 		if s.Shapes != nil {
 			shape = fmt.Sprintf("%d×%d", s.Shapes[i].Rows, s.Shapes[i].Cols)
 		}
 		f = append(f,
-			field{fmt.Sprintf("tensor %d elements", i), strconv.Itoa(n)},
-			field{fmt.Sprintf("tensor %d fragment", i), strconv.Itoa(s.fragmentOf[i])},
-			field{fmt.Sprintf("tensor %d shape", i), shape})
+			field{Name: fmt.Sprintf("tensor %d elements", i), Value: strconv.Itoa(n)},
+			field{Name: fmt.Sprintf("tensor %d fragment", i), Value: strconv.Itoa(s.fragmentOf[i])},
+			field{Name: fmt.Sprintf("tensor %d shape", i), Value: shape})
 	}
 	return f
 }
@@ -64,55 +64,17 @@ func (s *settings) tensors() []field {
 // from want, with both values ("nothing" for a field one lacks); ok is
 // false when they are equal.
 func firstDifference(got, want []field) (name, gotValue, wantValue string, ok bool) {
-	for i := range max(len(got), len(want)) {
-		g, w := field{value: "nothing"}, field{value: "nothing"}
-		if i < len(got) {
-			g = got[i]
-		}
-		if i < len(want) {
-			w = want[i]
-		}
-		if g != w {
-			return cmp.Or(w.name, g.name), g.value, w.value, true
-		}
+	g, w, differ := record.FirstDifference(got, want)
+	if !differ {
+		return "", "", "", false
 	}
-	return "", "", "", false
-}
-
-func encodeRecord(fs []field) []byte {
-	var b []byte
-	for _, f := range fs {
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.name)))
-		b = append(b, f.name...)
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.value)))
-		b = append(b, f.value...)
-	}
-	return b
-}
-
-func decodeRecord(b []byte) ([]field, error) {
-	var fs []field
-	next := func() (string, bool) {
-		if len(b) < 4 {
-			return "", false
+	value := func(f field) string {
+		if f.Name == "" {
+			return "nothing"
 		}
-		l := binary.LittleEndian.Uint32(b)
-		if uint64(len(b)-4) < uint64(l) {
-			return "", false
-		}
-		s := string(b[4 : 4+l])
-		b = b[4+l:]
-		return s, true
+		return f.Value
 	}
-	for len(b) > 0 {
-		name, ok1 := next()
-		value, ok2 := next()
-		if !ok1 || !ok2 {
-			return nil, errors.New("truncated configuration record")
-		}
-		fs = append(fs, field{name, value})
-	}
-	return fs, nil
+	return cmp.Or(w.Name, g.Name), value(g), value(w), true
 }
 
 // handshake compares every rank's configuration with rank 0's. It
@@ -124,12 +86,12 @@ func decodeRecord(b []byte) ([]field, error) {
 // once naming it, and gets its own error. Each all-gather is bounded by
 // timeout.
 func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *settings, invalid *ConfigError) error {
-	rec := []field{{"invalid", ""}, {"protocol version", strconv.Itoa(protocolVersion)}}
+	rec := []field{{Name: "invalid", Value: ""}, {Name: "protocol version", Value: strconv.Itoa(protocolVersion)}}
 	if invalid != nil {
-		rec = []field{{"invalid", invalid.Reason}, {"invalid field", invalid.Field}}
+		rec = []field{{Name: "invalid", Value: invalid.Reason}, {Name: "invalid field", Value: invalid.Field}}
 	} else {
-		digest := sha256.Sum256(encodeRecord(s.tensors()))
-		rec = append(append(rec, s.settings(true)...), field{"tensors digest", hex.EncodeToString(digest[:])})
+		digest := sha256.Sum256(record.Encode(s.tensors()))
+		rec = append(append(rec, s.settings(true)...), field{Name: "tensors digest", Value: hex.EncodeToString(digest[:])})
 	}
 	recs, err := gatherRecords(ctx, c, timeout, rec)
 	if invalid != nil {
@@ -139,11 +101,11 @@ func handshake(ctx context.Context, c comm.Comm, timeout time.Duration, s *setti
 		return err
 	}
 	for r, fs := range recs {
-		if len(fs) < 2 || fs[0].name != "invalid" {
+		if len(fs) < 2 || fs[0].Name != "invalid" {
 			return fmt.Errorf("outer: handshake: rank %d sent an unreadable record", r)
 		}
-		if fs[0].value != "" {
-			return &ConfigError{Rank: r, Field: fs[1].value, Reason: fs[0].value}
+		if fs[0].Value != "" {
+			return &ConfigError{Rank: r, Field: fs[1].Value, Reason: fs[0].Value}
 		}
 	}
 	err = compareRecords(recs)
@@ -181,17 +143,7 @@ func Refuse(ctx context.Context, c comm.Comm, timeout time.Duration, invalid *Co
 
 // gatherRecords all-gathers every rank's record rec.
 func gatherRecords(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field) ([][]field, error) {
-	all, err := allGatherBytes(ctx, c, timeout, encodeRecord(rec))
-	if err != nil {
-		return nil, err
-	}
-	recs := make([][]field, len(all))
-	for r, b := range all {
-		if recs[r], err = decodeRecord(b); err != nil {
-			return nil, fmt.Errorf("outer: handshake: rank %d sent an unreadable record: %w", r, err)
-		}
-	}
-	return recs, nil
+	return record.Gather(ctx, c, timeout, "outer: handshake", rec)
 }
 
 // compareRecords returns the first field, in order, on which the lowest
@@ -203,36 +155,4 @@ func compareRecords(recs [][]field) error {
 		}
 	}
 	return nil
-}
-
-// allGatherBytes all-gathers every rank's b, whatever its length, and
-// returns them by rank. Each of its two all-gathers is bounded by timeout.
-func allGatherBytes(ctx context.Context, c comm.Comm, timeout time.Duration, b []byte) ([][]byte, error) {
-	n := c.Size()
-	gather := func(dst, src []byte) error {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		if err := c.AllGather(ctx, dst, src); err != nil {
-			return fmt.Errorf("outer: handshake on rank %d: %w", c.Rank(), err)
-		}
-		return nil
-	}
-	lens := make([]byte, 8*n)
-	if err := gather(lens, binary.LittleEndian.AppendUint64(nil, uint64(len(b)))); err != nil {
-		return nil, err
-	}
-	longest := uint64(0)
-	for r := range n {
-		longest = max(longest, binary.LittleEndian.Uint64(lens[8*r:]))
-	}
-	all := make([]byte, uint64(n)*longest)
-	if err := gather(all, append(b, make([]byte, longest-uint64(len(b)))...)); err != nil {
-		return nil, err
-	}
-	out := make([][]byte, n)
-	for r := range n {
-		at := uint64(r) * longest
-		out[r] = all[at : at+binary.LittleEndian.Uint64(lens[8*r:])]
-	}
-	return out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 
 	"github.com/gradcomp/gradcomp/comm"
+	"github.com/gradcomp/gradcomp/internal/record"
 	"github.com/gradcomp/gradcomp/overlap"
 )
 
@@ -88,7 +89,7 @@ func (l *Loop) Save(w io.Writer) error {
 
 // encodeShared is the shared part of the state.
 func (l *Loop) encodeShared() []byte {
-	rec := encodeRecord(l.s.record())
+	rec := record.Encode(l.s.record())
 	b := binary.LittleEndian.AppendUint32(nil, uint32(len(rec)))
 	b = append(b, rec...)
 	b = binary.LittleEndian.AppendUint64(b, l.step)
@@ -302,7 +303,7 @@ func (l *Loop) readState(r io.Reader) (*state, error) {
 // parseShared reads and validates the shared part of a state.
 func (l *Loop) parseShared(b []byte) (*state, error) {
 	rd := &reader{b: b}
-	rec, err := decodeRecord(rd.take(uint64(rd.u32())))
+	rec, err := record.Decode(rd.take(uint64(rd.u32())))
 	if rd.err != nil {
 		return nil, rd.err
 	}

@@ -3,7 +3,6 @@ package overlap
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/gradcomp/gradcomp/comm"
 	"github.com/gradcomp/gradcomp/compress"
+	"github.com/gradcomp/gradcomp/internal/record"
 )
 
 // protocolVersion names the engine's exchange protocol (slot format,
@@ -19,35 +19,35 @@ import (
 const protocolVersion = 2
 
 // field is one entry of a rank's handshake record.
-type field struct{ name, value string }
+type field = record.Field
 
 // handshakeRecord lists what every rank must agree on, in the order a
 // mismatch is reported. Its first field, "invalid", is empty: a rank whose
 // configuration is invalid sends invalidRecord instead.
 func handshakeRecord(e *core, sizes []int) []field {
 	f := []field{
-		{"invalid", ""},
-		{"protocol version", strconv.Itoa(protocolVersion)},
-		{"random stream", compress.RandomStreamVersion}, // stochastic rounding's draws
-		{"spec", e.spec},
-		{"strategy", e.strategy.String()},
-		{"layout", layoutName(e.layout)},
-		{"shape", shapeName(e.trials)},
-		{"node spec", nodeSpecName(e.cfg.NodeSpec)},
-		{"error feedback", onOff(e.cfg.ErrorFeedback)},
-		{"decision", e.cfg.Decision.String()},
-		{"fail on non-finite", onOff(e.cfg.FailOnNonFinite)},
-		{"warm-up steps", strconv.Itoa(e.cfg.Warmup)},
-		{"momentum", strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
-		{"momentum masking", onOff(e.cfg.MomentumMasking)},
-		{"schedule", cmp.Or(schedule(e), "none")},
-		{"accuracy guard", strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
-		{"feedback decay", formatFloat(e.cfg.decay())}, // β, 1 for none (FeedbackDecay 0)
-		{"buckets", strconv.Itoa(len(sizes))},
+		{Name: "invalid", Value: ""},
+		{Name: "protocol version", Value: strconv.Itoa(protocolVersion)},
+		{Name: "random stream", Value: compress.RandomStreamVersion}, // stochastic rounding's draws
+		{Name: "spec", Value: e.spec},
+		{Name: "strategy", Value: e.strategy.String()},
+		{Name: "layout", Value: layoutName(e.layout)},
+		{Name: "shape", Value: shapeName(e.trials)},
+		{Name: "node spec", Value: nodeSpecName(e.cfg.NodeSpec)},
+		{Name: "error feedback", Value: onOff(e.cfg.ErrorFeedback)},
+		{Name: "decision", Value: e.cfg.Decision.String()},
+		{Name: "fail on non-finite", Value: onOff(e.cfg.FailOnNonFinite)},
+		{Name: "warm-up steps", Value: strconv.Itoa(e.cfg.Warmup)},
+		{Name: "momentum", Value: strconv.FormatFloat(e.cfg.Momentum, 'g', -1, 64)},
+		{Name: "momentum masking", Value: onOff(e.cfg.MomentumMasking)},
+		{Name: "schedule", Value: cmp.Or(schedule(e), "none")},
+		{Name: "accuracy guard", Value: strconv.FormatFloat(e.cfg.Guard, 'g', -1, 64)},
+		{Name: "feedback decay", Value: formatFloat(e.cfg.decay())}, // β, 1 for none (FeedbackDecay 0)
+		{Name: "buckets", Value: strconv.Itoa(len(sizes))},
 	}
 	for i, n := range sizes {
-		f = append(f, field{fmt.Sprintf("bucket %d elements", i), strconv.Itoa(n)})
-		f = append(f, field{fmt.Sprintf("bucket %d shapes", i), shapesName(e.cfg.Shapes, i)})
+		f = append(f, field{Name: fmt.Sprintf("bucket %d elements", i), Value: strconv.Itoa(n)})
+		f = append(f, field{Name: fmt.Sprintf("bucket %d shapes", i), Value: shapesName(e.cfg.Shapes, i)})
 	}
 	return f
 }
@@ -72,43 +72,7 @@ func nodeSpecName(spec string) string {
 
 // invalidRecord is the record of a rank whose configuration is invalid:
 // the reason alone (the other fields would not be compared).
-func invalidRecord(reason error) []field { return []field{{"invalid", reason.Error()}} }
-
-func encodeRecord(fs []field) []byte {
-	var b []byte
-	for _, f := range fs {
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.name)))
-		b = append(b, f.name...)
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(f.value)))
-		b = append(b, f.value...)
-	}
-	return b
-}
-
-func decodeRecord(b []byte) ([]field, error) {
-	var fs []field
-	next := func() (string, bool) {
-		if len(b) < 4 {
-			return "", false
-		}
-		l := binary.LittleEndian.Uint32(b)
-		if uint64(len(b)-4) < uint64(l) {
-			return "", false
-		}
-		s := string(b[4 : 4+l])
-		b = b[4+l:]
-		return s, true
-	}
-	for len(b) > 0 {
-		name, ok1 := next()
-		value, ok2 := next()
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("truncated handshake record")
-		}
-		fs = append(fs, field{name, value})
-	}
-	return fs, nil
-}
+func invalidRecord(reason error) []field { return []field{{Name: "invalid", Value: reason.Error()}} }
 
 // handshake runs New's handshake for e, whose configuration is invalid
 // when invalid is not nil (then it tells the others, as Refuse does).
@@ -145,7 +109,7 @@ func Refuse(ctx context.Context, c comm.Comm, timeout time.Duration, reason erro
 // whatever the exchange gave. Each all-gather is bounded by timeout
 // (DefaultTimeout when not positive).
 func agree(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field, invalid error) error {
-	recs, err := exchangeRecords(ctx, c, timeout, encodeRecord(rec))
+	recs, err := exchangeRecords(ctx, c, timeout, rec)
 	switch {
 	case invalid != nil:
 		return &ConfigError{Rank: c.Rank(), Reason: invalid.Error(), Err: invalid}
@@ -153,48 +117,27 @@ func agree(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field,
 		return err
 	}
 	for r, fs := range recs {
-		if fs[0].value != "" {
-			return &ConfigError{Rank: r, Reason: fs[0].value}
+		if fs[0].Value != "" {
+			return &ConfigError{Rank: r, Reason: fs[0].Value}
 		}
 	}
 	return compareRecords(recs)
 }
 
-// exchangeRecords all-gathers this rank's encoded record rec and returns
-// every rank's, decoded.
-func exchangeRecords(ctx context.Context, c comm.Comm, timeout time.Duration, rec []byte) ([][]field, error) {
-	rank, n := c.Rank(), c.Size()
+// exchangeRecords all-gathers this rank's record rec and returns every
+// rank's, each a record that starts with its "invalid" field.
+func exchangeRecords(ctx context.Context, c comm.Comm, timeout time.Duration, rec []field) ([][]field, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	gather := func(dst, src []byte) error {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		if err := c.AllGather(ctx, dst, src); err != nil {
-			return fmt.Errorf("overlap: handshake on rank %d: %w", rank, err)
-		}
-		return nil
-	}
-	lens := make([]byte, 8*n)
-	if err := gather(lens, binary.LittleEndian.AppendUint64(nil, uint64(len(rec)))); err != nil {
+	recs, err := record.Gather(ctx, c, timeout, "overlap: handshake", rec)
+	if err != nil {
 		return nil, err
 	}
-	longest := 0
-	for r := range n {
-		longest = max(longest, int(binary.LittleEndian.Uint64(lens[8*r:])))
-	}
-	all := make([]byte, n*longest)
-	if err := gather(all, append(rec, make([]byte, longest-len(rec))...)); err != nil {
-		return nil, err
-	}
-	recs := make([][]field, n)
-	for r := range n {
-		l := int(binary.LittleEndian.Uint64(lens[8*r:]))
-		fs, err := decodeRecord(all[r*longest : r*longest+l])
-		if err != nil || len(fs) == 0 || fs[0].name != "invalid" {
-			return nil, fmt.Errorf("overlap: handshake: rank %d sent an unreadable record (%v)", r, err)
+	for r, fs := range recs {
+		if len(fs) == 0 || fs[0].Name != "invalid" {
+			return nil, fmt.Errorf("overlap: handshake: rank %d sent an unreadable record (no invalid field first)", r)
 		}
-		recs[r] = fs
 	}
 	return recs, nil
 }
@@ -202,23 +145,9 @@ func exchangeRecords(ctx context.Context, c comm.Comm, timeout time.Duration, re
 // compareRecords returns the first field, in record order, on which the
 // lowest rank that differs from rank 0 differs.
 func compareRecords(recs [][]field) error {
-	ref := recs[0]
 	for r, fs := range recs[1:] {
-		for i := range max(len(fs), len(ref)) {
-			var mine, theirs field
-			if i < len(fs) {
-				mine = fs[i]
-			}
-			if i < len(ref) {
-				theirs = ref[i]
-			}
-			if mine != theirs {
-				name := theirs.name
-				if name == "" {
-					name = mine.name
-				}
-				return &ConfigMismatchError{Field: name, Rank: r + 1, Value: orNone(mine.value), OtherRank: 0, OtherValue: orNone(theirs.value)}
-			}
+		if mine, theirs, differ := record.FirstDifference(fs, recs[0]); differ {
+			return &ConfigMismatchError{Field: cmp.Or(theirs.Name, mine.Name), Rank: r + 1, Value: orNone(mine.Value), OtherRank: 0, OtherValue: orNone(theirs.Value)}
 		}
 	}
 	return nil

@@ -26,8 +26,9 @@ var allowed = map[string][]string{
 	"kernels":           {"compress", "compress/lowrank", "gpu"},
 	"comm/ncclcomm":     {"comm", "gpu", "nccl"},
 	"internal/devresid": {"compress", "gpu", "internal/f32"},
+	"internal/record":   {"comm"},
 	"overlap": {"compress", "compress/lowrank", "comm", "comm/twolevel", "gpu", "kernels",
-		"internal/devresid", "internal/f32", "internal/workq"},
+		"internal/devresid", "internal/f32", "internal/record", "internal/workq"},
 }
 
 // TestImportsPointDown fails, naming the file and the import, when a
