@@ -253,14 +253,7 @@ func gc_engine_create(t C.uint64_t, cfg unsafe.Pointer, sizes *C.uint64_t, nbuck
 func gc_engine_destroy(h C.uint64_t) (st C.int) {
 	const fn = "gc_engine_destroy"
 	defer guard(fn, &st)
-	e, err := releaseAs[*engine](uint64(h), engineKind)
-	if err != nil {
-		return C.int(fail(errHandle, fn, "%v", err))
-	}
-	if err := e.close(); err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return destroyHandle[*engine](fn, h, engineKind)
 }
 
 //export gc_engine_step
@@ -425,47 +418,14 @@ func putCString(dst []byte, s string) {
 func gc_engine_state_size(h C.uint64_t, length *C.size_t) (st C.int) {
 	const fn = "gc_engine_state_size"
 	defer guard(fn, &st)
-	if length == nil {
-		return C.int(fail(errInvalid, fn, "null len"))
-	}
-	e, err := lookupEngine(h)
-	var b []byte
-	if err == nil {
-		b, err = e.saveState()
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	*length = C.size_t(len(b))
-	return C.int(statusOK)
+	return stateSize(fn, h, engineKind, (*engine).saveState, length)
 }
 
 //export gc_engine_state_save
 func gc_engine_state_save(h C.uint64_t, dst unsafe.Pointer, capacity C.size_t, written *C.size_t) (st C.int) {
 	const fn = "gc_engine_state_save"
 	defer guard(fn, &st)
-	if written == nil {
-		return C.int(fail(errInvalid, fn, "null written"))
-	}
-	*written = 0
-	out, err := cBytes(dst, capacity, "dst")
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	e, err := lookupEngine(h)
-	var b []byte
-	if err == nil {
-		b, err = e.saveState()
-	}
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	if len(out) < len(b) {
-		*written = C.size_t(len(b))
-		return C.int(fail(errSize, fn, "dst holds %d bytes, the state needs %d", len(out), len(b)))
-	}
-	*written = C.size_t(copy(out, b))
-	return C.int(statusOK)
+	return stateSave(fn, h, engineKind, (*engine).saveState, dst, capacity, written)
 }
 
 //export gc_engine_state_load

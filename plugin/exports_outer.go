@@ -74,14 +74,7 @@ func gc_outer_create(t C.uint64_t, ocfg, ecfg unsafe.Pointer, params unsafe.Poin
 func gc_outer_destroy(h C.uint64_t) (st C.int) {
 	const fn = "gc_outer_destroy"
 	defer guard(fn, &st)
-	o, err := releaseAs[*outerLoop](uint64(h), outerKind)
-	if err != nil {
-		return C.int(fail(errHandle, fn, "%v", err))
-	}
-	if err := o.close(); err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return C.int(statusOK)
+	return destroyHandle[*outerLoop](fn, h, outerKind)
 }
 
 //export gc_outer_step
@@ -190,42 +183,14 @@ func gc_outer_global(h C.uint64_t, tensor C.size_t, dst *C.float, n C.size_t) (s
 func gc_outer_state_size(h C.uint64_t, length *C.size_t) (st C.int) {
 	const fn = "gc_outer_state_size"
 	defer guard(fn, &st)
-	if length == nil {
-		return C.int(fail(errInvalid, fn, "null len"))
-	}
-	return withOuter(fn, h, func(o *outerLoop) error {
-		b, err := o.save()
-		if err == nil {
-			*length = C.size_t(len(b))
-		}
-		return err
-	})
+	return stateSize(fn, h, outerKind, (*outerLoop).save, length)
 }
 
 //export gc_outer_state_save
 func gc_outer_state_save(h C.uint64_t, dst unsafe.Pointer, capacity C.size_t, written *C.size_t) (st C.int) {
 	const fn = "gc_outer_state_save"
 	defer guard(fn, &st)
-	if written == nil {
-		return C.int(fail(errInvalid, fn, "null written"))
-	}
-	*written = 0
-	out, err := cBytes(dst, capacity, "dst")
-	if err != nil {
-		return C.int(failErr(fn, err))
-	}
-	return withOuter(fn, h, func(o *outerLoop) error {
-		b, err := o.save()
-		switch {
-		case err != nil:
-			return err
-		case len(out) < len(b):
-			*written = C.size_t(len(b))
-			return errorf(errSize, "dst holds %d bytes, the state needs %d", len(out), len(b))
-		}
-		*written = C.size_t(copy(out, b))
-		return nil
-	})
+	return stateSave(fn, h, outerKind, (*outerLoop).save, dst, capacity, written)
 }
 
 //export gc_outer_state_load
